@@ -1,0 +1,43 @@
+# tilewise: the two commands of README.md.
+#   make demo   install what is missing, build, run workflows/sample.yaml
+#   make test   install what is missing, build, run the whole test suite
+#               (release build with -Werror, then again under ASan+UBSan)
+JOBS ?= $(shell nproc)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+CMAKE_FLAGS ?=
+
+.PHONY: all setup build demo test test-release test-asan clean format-check
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DTILEWISE_WERROR=ON $(CMAKE_FLAGS)
+
+build: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)/tilewise
+
+test: build
+	$(MAKE) test-release
+	$(MAKE) test-asan
+
+test-release:
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEWISE_WERROR=ON \
+	  -DTILEWISE_SANITIZE=ON -DTILEWISE_CUDA=OFF $(CMAKE_FLAGS)
+
+test-asan: setup $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && TW_SANITIZED=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE slow
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) out

@@ -1,0 +1,69 @@
+/* model_file.h - read model weights: safetensors or the tilewise HDF5 bundle.
+ *
+ * Both formats hold a torchvision-layout ResNet state_dict (conv1.weight,
+ * bn1.weight/bias/running_mean/running_var, layer1.0.conv1.weight, ...,
+ * fc.weight, fc.bias). Tensors are converted to float32 at load (F32, F16 and
+ * BF16 accepted). The bundle also carries metadata a user should not retype
+ * (arch, bands, scale, mean, std, class names, tile size); a safetensors file
+ * may carry the same in its "__metadata__" map (same key names, JSON-encoded
+ * values), otherwise those fields are "unset".
+ *
+ * HDF5 bundle layout (written by tools/export_model.py):
+ *   /tensors/<name>     float32/float16 dataset, one per state_dict entry
+ *                       (bf16 is stored as float32 by the exporter)
+ *   root attributes     format = "tilewise-resnet", format_version = 1,
+ *                       arch (string), bands (int array, 1-based),
+ *                       scale (double), mean, std (float arrays),
+ *                       classes (string array), tile (int)
+ *   Every attribute except format/format_version is optional.
+ */
+#ifndef TW_MODEL_FILE_H
+#define TW_MODEL_FILE_H
+
+#include <stdint.h>
+
+#include "pipeline/error.h"
+#include "pipeline/params.h"
+
+typedef struct tw_tensor {
+    char name[128];
+    int ndim;                 /* 1..4 */
+    int64_t shape[4];
+    int64_t numel;
+    float *data;              /* owned by the tw_model_file (tw_alloc, TW_MEM_WEIGHTS) */
+} tw_tensor;
+
+typedef struct tw_model_file {
+    char path[TW_PATH_MAX];
+    tw_tensor *tensors;
+    int n_tensors;
+    /* metadata; n_* == 0 / empty / NaN / 0 means "not in the file" */
+    char arch[16];
+    int bands[TW_MAX_BANDS];
+    int n_bands;
+    double scale;
+    float mean[TW_MAX_BANDS];
+    int n_mean;
+    float std[TW_MAX_BANDS];
+    int n_std;
+    char classes[TW_MAX_CLASSES][TW_NAME_MAX];
+    int n_classes;
+    int tile;
+    char sha256[65];          /* hex digest of the whole file */
+} tw_model_file;
+
+/* Load a model file; the format is detected from its content (HDF5 signature,
+ * else safetensors). On success *out owns everything and must be released
+ * with tw_model_file_destroy. On error *out is NULL and err names the file
+ * and what is wrong (TW_ERR_MODEL; TW_ERR_NOMEM for allocation failures).
+ * Hostile files (bad header length, offsets past the end, overlapping
+ * tensors, wrong dtypes) are errors, never crashes. Thread-safe. */
+tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *err);
+
+/* Release; accepts NULL. */
+void tw_model_file_destroy(tw_model_file *mf);
+
+/* The tensor called name, or NULL. Borrowed: valid until destroy. */
+const tw_tensor *tw_model_file_find(const tw_model_file *mf, const char *name);
+
+#endif

@@ -1,0 +1,76 @@
+/* raster.h - GDAL raster reader: tiles of raw pixels plus a validity mask.
+ *
+ * One tw_raster per thread (GDAL datasets are not thread-safe): each stage
+ * worker opens its own. Reads are windowed RasterIO calls in the raster's own
+ * data type, band-interleaved into the caller's buffer; pixels of a window
+ * that fall outside the raster are filled with 0 and marked invalid-and-
+ * outside (padding). GDAL's messages are routed into the tw_error of the call.
+ */
+#ifndef TW_RASTER_H
+#define TW_RASTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipeline/error.h"
+
+typedef enum tw_dtype {
+    TW_DT_BYTE = 0,
+    TW_DT_UINT16,
+    TW_DT_INT16,
+    TW_DT_UINT32,
+    TW_DT_INT32,
+    TW_DT_FLOAT32,
+    TW_DT_FLOAT64,
+    TW_DT_INT8,
+} tw_dtype;
+
+/* Bytes per pixel of a dtype; name ("Byte", "UInt16", ... as GDAL says). */
+size_t tw_dtype_size(tw_dtype t);
+const char *tw_dtype_name(tw_dtype t);
+
+typedef struct tw_raster_info {
+    int width, height, band_count;
+    tw_dtype dtype;               /* of the first selected band (all must agree) */
+    int block_w, block_h;         /* natural block size of band 1 */
+    bool has_nodata;              /* raster's own nodata on band 1 */
+    double nodata;
+    double geotransform[6];       /* GDAL order; identity-like when absent */
+    bool has_geotransform;
+    char crs_wkt[4096];           /* "" when absent */
+    char driver[32];
+} tw_raster_info;
+
+typedef struct tw_raster tw_raster;
+
+/* Open path read-only. bands: 1-based band list in model order (n_bands == 0:
+ * all bands). Every listed band must exist and all must share one data type
+ * (else TW_ERR_INPUT naming the file and band). Unsupported types (complex)
+ * are TW_ERR_INPUT. */
+tw_status tw_raster_open(const char *path, const int *bands, int n_bands, tw_raster **out,
+                         tw_error *err);
+void tw_raster_close(tw_raster *r);
+
+/* Borrowed; valid until close. */
+const tw_raster_info *tw_raster_get_info(const tw_raster *r);
+/* Number of bands selected (= n_bands given to open, or band_count). */
+int tw_raster_selected_bands(const tw_raster *r);
+
+/* Nodata rule for reads: use_nodata false = no nodata value; else pixels
+ * equal to nodata_value (after conversion to the raster's type; NaN matches
+ * NaN) are invalid. Non-finite values of float rasters (NaN, +-Inf) are
+ * always invalid. A pixel is invalid when any selected band is invalid. */
+void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value);
+
+/* Read the window with top-left (x0, y0) and size w x h (may extend past the
+ * right/bottom edge and start at x0 >= 0, y0 >= 0). Output:
+ *   raw   [bands][h][w] in the raster's dtype (pixels outside: 0)
+ *   valid [h][w]: 1 valid, 0 nodata or outside
+ * *n_nodata receives the count of invalid pixels inside the raster (outside
+ * pixels are not counted); *n_inside the count of pixels inside.
+ * Errors: TW_ERR_INPUT naming the file and the window. */
+tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
+                         int64_t *n_nodata, int64_t *n_inside, tw_error *err);
+
+#endif

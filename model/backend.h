@@ -1,0 +1,105 @@
+/* backend.h - the one seam between tilewise and the hardware that runs the net.
+ *
+ * A backend is a vtable (struct tw_backend_i) plus an opaque context, as in
+ * ggml. The CPU backend (model/cpu_backend.c, oneDNN) is always built; the
+ * CUDA backend (cuda/) registers itself only when compiled in. No CUDA type
+ * appears here, and no struct here changes layout with a build flag.
+ *
+ * Lifetime: create -> reserve (once, worst case: max batch) -> infer... -> destroy.
+ * After reserve, infer allocates nothing.
+ */
+#ifndef TW_BACKEND_H
+#define TW_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/raster.h"
+#include "pipeline/normalize.h"
+#include "model/resnet.h"
+#include "pipeline/error.h"
+#include "pipeline/params.h"
+
+/* One batch as the backend sees it. All buffers belong to the batch slot.
+ *   x      [n][bands][tile][tile] float32, already normalized (CPU path)
+ *   raw    [n][bands][tile][tile] of raw_type, with valid [n][tile][tile]
+ *          (1 = valid pixel): for backends with wants_raw (GPU path)
+ *   probs  out: [n][n_classes] softmax probabilities
+ *   emb    out: [n][feat_dim] pooled features, or NULL when not wanted */
+typedef struct tw_infer_batch {
+    int n;
+    int tile;
+    const float *x;
+    const void *raw;
+    tw_dtype raw_type;
+    const uint8_t *valid;
+    const tw_norm *norm;
+    float *probs;
+    float *emb;
+} tw_infer_batch;
+
+/* Backend timings accumulated over a run, for run.json. Seconds. */
+typedef struct tw_backend_stats {
+    double compute_s;         /* device/CPU compute */
+    double copy_in_s;         /* host->device copies (0 on CPU) */
+    double copy_out_s;        /* device->host copies (0 on CPU) */
+    double copy_hidden_s;     /* copy time overlapped with compute */
+    size_t device_peak_bytes; /* device memory high-water mark (0 on CPU) */
+    int batch_halvings;       /* times the batch was halved after an allocation failure */
+} tw_backend_stats;
+
+struct tw_backend_i {
+    const char *name;         /* "cpu", "cuda" */
+    /* Bytes of workspace (activations, scratch, device weights) infer needs
+     * for batches of up to max_batch tiles of tile x tile pixels, without
+     * allocating. Used by the budget to pick batch: auto. */
+    size_t (*workspace_bytes)(void *ctx, const tw_resnet *net, int tile, int max_batch,
+                              tw_precision prec);
+    /* Allocate everything for batches up to max_batch. May lower *max_batch
+     * (and say so once on stderr) when the device cannot hold it; fails with
+     * TW_ERR_NOMEM when not even batch 1 fits. */
+    tw_status (*reserve)(void *ctx, const tw_resnet *net, int tile, int *max_batch,
+                         tw_precision prec, tw_error *err);
+    /* Run one batch (b->n <= max_batch). Allocates nothing. */
+    tw_status (*infer)(void *ctx, const tw_infer_batch *b, tw_error *err);
+    /* true: infer reads b->raw/valid/norm and normalizes itself (x may be NULL);
+     * false: infer reads b->x. */
+    bool (*wants_raw)(void *ctx);
+    /* Host memory for batch slots that this backend can copy from fast
+     * (pinned on CUDA). NULL means "use tw_alloc". Freed with host_free. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    void (*get_stats)(void *ctx, tw_backend_stats *out);
+    void (*destroy)(void *ctx);
+};
+
+typedef struct tw_backend {
+    const struct tw_backend_i *i;
+    void *ctx;
+} tw_backend;
+
+/* Create a backend for runtime.device ("auto", "cpu", "cuda", "cuda:N").
+ * "auto" picks CUDA when compiled in and a device is present, else the CPU
+ * with one notice on stderr (unless quiet). "cuda"/"cuda:N" without a usable
+ * device is TW_ERR_DEVICE. threads: CPU threads (0 = all cores).
+ * On success *out must be released with tw_backend_destroy. */
+tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_backend *out,
+                            tw_error *err);
+void tw_backend_destroy(tw_backend *b);
+
+/* Constructors of the individual backends (used by tw_backend_create). */
+tw_status tw_cpu_backend_create(int threads, tw_backend *out, tw_error *err);
+#ifdef TW_WITH_CUDA
+tw_status tw_cuda_backend_create(int device_index, tw_backend *out, tw_error *err);
+int tw_cuda_device_count(void);
+#endif
+
+/* Reference forward pass in plain C (slow, used by tests and as the
+ * definition of the semantics in resnet.h): x [n][bands][tile][tile] ->
+ * probs [n][classes], emb [n][feat_dim] (may be NULL). Allocates its own
+ * scratch with tw_alloc; TW_ERR_NOMEM when it cannot. */
+tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile,
+                                float *probs, float *emb, tw_error *err);
+
+#endif

@@ -1,0 +1,27 @@
+/* normalize.h - raw pixels to model input, on the fly, with OpenMP.
+ *
+ * x = (v * scale - mean[c]) / std[c] per selected band; pixels whose valid
+ * flag is 0 (nodata or outside the raster) become 0 after normalization.
+ */
+#ifndef TW_NORMALIZE_H
+#define TW_NORMALIZE_H
+
+#include <stdint.h>
+
+#include "io/raster.h"
+#include "pipeline/params.h"
+
+typedef struct tw_norm {
+    int bands;
+    double scale;
+    float mean[TW_MAX_BANDS];
+    float std[TW_MAX_BANDS];
+} tw_norm;
+
+/* Normalize n tiles: raw [n][bands][h][w] of type t, valid [n][h][w],
+ * into x [n][bands][h][w]. Parallel over tiles and bands (OpenMP).
+ * Cannot fail; thread-safe for distinct outputs. */
+void tw_normalize(const void *raw, tw_dtype t, const uint8_t *valid, int n, int h, int w,
+                  const tw_norm *norm, float *x);
+
+#endif

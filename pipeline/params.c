@@ -1,0 +1,26 @@
+/* params.c - defaults for tw_run_params (see params.h) */
+#include "pipeline/params.h"
+
+#include <math.h>
+#include <string.h>
+
+tw_run_params tw_run_default_params(void)
+{
+    tw_run_params p;
+    memset(&p, 0, sizeof p);
+    p.input.scale = NAN;
+    p.input.nodata_auto = true;
+    p.input.on_error = TW_ON_ERROR_FAIL;
+    p.tiling.edge = TW_EDGE_PAD;
+    p.tiling.max_nodata_fraction = 0.5;
+    strcpy(p.runtime.device, "auto");
+    p.runtime.precision = TW_PREC_FP32;
+    p.runtime.memory = (size_t)2 << 30;
+    strcpy(p.output.dir, "out");
+    p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB;
+    p.output.prob_type = TW_PROB_FLOAT32;
+    p.output.format = TW_FORMAT_GTIFF;
+    p.shard_index = 0;
+    p.shard_count = 1;
+    return p;
+}

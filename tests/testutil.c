@@ -1,0 +1,70 @@
+/* testutil.c - see testutil.h */
+#include "tests/testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *tw_test_fixtures(void)
+{
+    const char *d = getenv("TW_FIXTURES");
+    return (d && *d) ? d : NULL;
+}
+
+const char *tw_test_path(const char *dir, const char *name)
+{
+    static char bufs[8][4096];
+    static int next;
+    char *b = bufs[next++ & 7];
+    snprintf(b, 4096, "%s/%s", dir, name);
+    return b;
+}
+
+const char *tw_test_shared_rasters(void)
+{
+    static char buf[4096];
+    const char *d = getenv("TW_SHARED_DATA");
+    if (!d || !*d) return NULL;
+    snprintf(buf, sizeof buf, "%s/rasters", d);
+    struct stat st;
+    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
+    return buf;
+}
+
+long tw_test_read_f32(const char *path, float **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return -1; }
+    long bytes = ftell(f);
+    rewind(f);
+    if (bytes < 0 || bytes % 4) { fclose(f); return -1; }
+    float *v = malloc(bytes ? (size_t)bytes : 1);
+    if (!v || fread(v, 1, (size_t)bytes, f) != (size_t)bytes) {
+        free(v);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    *out = v;
+    return bytes / 4;
+}
+
+const char *tw_test_tmpdir(void)
+{
+    static char bufs[4][4096];
+    static int next;
+    char *b = bufs[next++ & 3];
+    const char *t = getenv("TMPDIR");
+    snprintf(b, 4096, "%s/tilewise-test-XXXXXX", (t && *t) ? t : "/tmp");
+    return mkdtemp(b);
+}
+
+bool tw_test_file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}

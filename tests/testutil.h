@@ -1,0 +1,20 @@
+/* testutil.h - helpers shared by the cmocka tests. */
+#ifndef TW_TESTUTIL_H
+#define TW_TESTUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Directory of generated fixtures ($TW_FIXTURES), or NULL. */
+const char *tw_test_fixtures(void);
+/* Path join into a static buffer rotating over 8 slots. */
+const char *tw_test_path(const char *dir, const char *name);
+/* ../shared/data/rasters directory if present, else NULL (tests then skip()). */
+const char *tw_test_shared_rasters(void);
+/* Read a whole file of float32 values; returns count or -1. *out malloc'ed. */
+long tw_test_read_f32(const char *path, float **out);
+/* A fresh empty temporary directory (mkdtemp under $TMPDIR or /tmp). */
+const char *tw_test_tmpdir(void);
+bool tw_test_file_exists(const char *path);
+
+#endif
