@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""Export a PyTorch ResNet checkpoint to the tilewise HDF5 bundle.
+
+    export_model.py CHECKPOINT -o OUT.h5 [--arch resnet18] [--bands 1,2,3]
+                    [--scale S] [--mean m1,m2,..] [--std s1,s2,..]
+                    [--classes a,b,c] [--tile 64]
+
+CHECKPOINT is a .pth/.pt file (a state_dict, a dict holding one under
+'state_dict' or 'model', or a whole nn.Module) or a .safetensors file. The
+bundle layout is the one documented in io/model_file.h: every tensor under
+/tensors/<name> as float32 (BN running statistics kept, num_batches_tracked
+dropped) and the metadata as root attributes, so that a run needs no retyping.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io  # noqa: E402
+
+FORMAT = "tilewise-resnet"
+FORMAT_VERSION = 1
+
+# blocks per stage -> depth, for BasicBlock and Bottleneck ResNets
+_DEPTHS = {
+    (False, (2, 2, 2, 2)): "resnet18",
+    (False, (3, 4, 6, 3)): "resnet34",
+    (True, (3, 4, 6, 3)): "resnet50",
+    (True, (3, 4, 23, 3)): "resnet101",
+    (True, (3, 8, 36, 3)): "resnet152",
+}
+
+
+class ExportError(Exception):
+    pass
+
+
+def _as_numpy(v):
+    if hasattr(v, "detach"):
+        v = v.detach().cpu()
+        if str(v.dtype) == "torch.bfloat16":
+            v = v.float()
+        return v.numpy()
+    return np.asarray(v)
+
+
+def load_state_dict(path):
+    """name -> numpy array from a .pth/.pt or .safetensors checkpoint."""
+    if path.endswith(".safetensors"):
+        tensors, _ = safetensors_io.load(path)
+        sd = tensors
+    else:
+        import torch
+        obj = torch.load(path, map_location="cpu")
+        if isinstance(obj, torch.nn.Module):
+            obj = obj.state_dict()
+        if isinstance(obj, dict):
+            for key in ("state_dict", "model"):
+                if key in obj and isinstance(obj[key], (dict, torch.nn.Module)):
+                    obj = obj[key]
+                    if isinstance(obj, torch.nn.Module):
+                        obj = obj.state_dict()
+                    break
+        if not isinstance(obj, dict):
+            raise ExportError(f"{path}: not a state_dict, a checkpoint dict or an nn.Module")
+        sd = {k: v for k, v in obj.items() if hasattr(v, "detach")}
+    # DataParallel / DDP checkpoints prefix every key with "module."
+    if sd and all(k.startswith("module.") for k in sd):
+        sd = {k[len("module."):]: v for k, v in sd.items()}
+    return {k: _as_numpy(v) for k, v in sd.items() if not k.endswith("num_batches_tracked")}
+
+
+def infer_arch(sd):
+    """resnetNN from the state_dict keys, or raise ExportError."""
+    bottleneck = any(k.endswith(".conv3.weight") for k in sd)
+    blocks = []
+    for stage in range(1, 5):
+        idx = {int(k.split(".")[1]) for k in sd if k.startswith(f"layer{stage}.")}
+        blocks.append(len(idx))
+    arch = _DEPTHS.get((bottleneck, tuple(blocks)))
+    if arch is None:
+        kind = "Bottleneck" if bottleneck else "BasicBlock"
+        raise ExportError(f"cannot infer the ResNet depth: {kind} with blocks {blocks}")
+    return arch
+
+
+def _floats(text, what):
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ExportError(f"--{what}: expected comma-separated numbers, got '{text}'")
+
+
+def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
+           classes=None, tile=None, source=None):
+    """Validate sd (name -> array) and the metadata, then write the bundle to out."""
+    import h5py
+    for req in ("conv1.weight", "fc.weight", "fc.bias"):
+        if req not in sd:
+            raise ExportError(f"checkpoint has no '{req}': not a torchvision-layout ResNet")
+    inferred = infer_arch(sd)
+    if arch is None:
+        arch = inferred
+    elif arch != inferred:
+        raise ExportError(f"--arch {arch} but the weights are a {inferred}")
+    n_in = int(sd["conv1.weight"].shape[1])
+    n_cls = int(sd["fc.weight"].shape[0])
+    if bands is None:
+        bands = list(range(1, n_in + 1))
+    if len(bands) != n_in:
+        raise ExportError(f"--bands lists {len(bands)} bands but conv1.weight takes {n_in}")
+    if any(b < 1 for b in bands):
+        raise ExportError("--bands are 1-based")
+    for what, v in (("mean", mean), ("std", std)):
+        if v is not None and len(v) != n_in:
+            raise ExportError(f"--{what} has {len(v)} values but the model takes {n_in} bands")
+    if std is not None and any(s <= 0 for s in std):
+        raise ExportError("--std values must be > 0")
+    if classes is not None and len(classes) != n_cls:
+        raise ExportError(f"--classes names {len(classes)} classes but fc.weight has {n_cls}")
+    if tile is not None and tile < 32:
+        raise ExportError(f"--tile {tile}: a ResNet needs at least 32 pixels")
+
+    tmp = out + ".tmp"
+    with h5py.File(tmp, "w") as f:
+        f.attrs["format"] = np.bytes_(FORMAT)
+        f.attrs["format_version"] = np.int32(FORMAT_VERSION)
+        f.attrs["arch"] = np.bytes_(arch)
+        f.attrs["bands"] = np.asarray(bands, dtype=np.int32)
+        f.attrs["scale"] = np.float64(scale)
+        if mean is not None:
+            f.attrs["mean"] = np.asarray(mean, dtype=np.float32)
+        if std is not None:
+            f.attrs["std"] = np.asarray(std, dtype=np.float32)
+        if classes is not None:
+            width = max(len(c.encode("utf-8")) for c in classes) + 1
+            f.attrs["classes"] = np.array([c.encode("utf-8") for c in classes], dtype=f"S{width}")
+        if tile is not None:
+            f.attrs["tile"] = np.int32(tile)
+        if source:
+            f.attrs["source"] = np.bytes_(os.path.basename(source))
+        g = f.create_group("tensors")
+        for name, a in sd.items():
+            g.create_dataset(name, data=np.ascontiguousarray(a, dtype=np.float32))
+    os.replace(tmp, out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("checkpoint")
+    ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("--arch", choices=sorted(set(_DEPTHS.values())))
+    ap.add_argument("--bands", help="1-based band numbers, comma separated")
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--mean")
+    ap.add_argument("--std")
+    ap.add_argument("--classes", help="class names, comma separated")
+    ap.add_argument("--tile", type=int)
+    a = ap.parse_args(argv)
+    try:
+        bands = None
+        if a.bands:
+            try:
+                bands = [int(x) for x in a.bands.split(",") if x.strip()]
+            except ValueError:
+                raise ExportError(f"--bands: expected comma-separated integers, got '{a.bands}'")
+        mean = _floats(a.mean, "mean") if a.mean else None
+        std = _floats(a.std, "std") if a.std else None
+        classes = [c.strip() for c in a.classes.split(",")] if a.classes else None
+        sd = load_state_dict(a.checkpoint)
+        export(sd, a.output, a.arch, bands, a.scale, mean, std, classes, a.tile, a.checkpoint)
+    except (ExportError, OSError, ValueError, KeyError) as e:
+        print(f"export_model.py: {a.checkpoint}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
