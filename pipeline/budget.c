@@ -1,0 +1,125 @@
+/* budget.c - see budget.h */
+#include "pipeline/budget.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MIB ((size_t)1 << 20)
+
+static int ref_capacity_for(int batch) { return batch + 256; }
+
+size_t tw_budget_slot_bytes(const tw_budget_in *in, int batch, int ref_capacity)
+{
+    size_t px = (size_t)in->tile * (size_t)in->tile;
+    size_t b = (size_t)batch;
+    size_t bytes = b * (size_t)in->bands * px * tw_dtype_size(in->dtype); /* raw */
+    bytes += b * px;                                                       /* valid */
+    if (!in->backend->i->wants_raw(in->backend->ctx))
+        bytes += b * (size_t)in->bands * px * sizeof(float);               /* normalized */
+    bytes += b * (size_t)in->n_classes * sizeof(float);                    /* probs */
+    if (in->want_emb) bytes += b * (size_t)in->feat_dim * sizeof(float);   /* embeddings */
+    bytes += (size_t)ref_capacity * 48;                                    /* tile refs */
+    return bytes + 8 * 64;
+}
+
+/* Enough GDAL block cache to keep one tile row's blocks across the width, so
+ * no block is decoded twice; capped so that a very wide raster re-reads
+ * rather than blowing the budget. */
+static size_t gdal_cache_for(const tw_budget_in *in, size_t cap)
+{
+    int bw = in->block_w > 0 ? in->block_w : in->raster_w;
+    int bh = in->block_h > 0 ? in->block_h : 1;
+    size_t blocks_x = (size_t)((in->raster_w + bw - 1) / bw);
+    size_t rows = (size_t)((in->tile + bh - 1) / bh + 1);
+    size_t need = blocks_x * rows * (size_t)bw * (size_t)bh * (size_t)in->bands *
+                  tw_dtype_size(in->dtype);
+    need += need / 4; /* GDAL's per-block bookkeeping */
+    if (need < 4 * MIB) need = 4 * MIB;
+    return need < cap ? need : cap;
+}
+
+static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
+{
+    b->batch = batch;
+    b->n_slots = 4; /* one per stage: read, normalize, infer, write */
+    b->ref_capacity = ref_capacity_for(batch);
+    b->slot_bytes = tw_budget_slot_bytes(in, batch, b->ref_capacity);
+    b->slots = b->slot_bytes * (size_t)b->n_slots;
+    b->workspace = in->backend->i->workspace_bytes(in->backend->ctx, in->net, in->tile, batch,
+                                                   in->precision);
+    b->weights = in->weights;
+    b->strip = in->strip;
+    b->base = in->base;
+    b->margin = 8 * MIB;
+    size_t fixed = b->base + b->weights + b->strip + b->margin;
+    size_t cap = in->total > fixed ? (in->total - fixed) / 4 : 4 * MIB;
+    b->gdal_cache = gdal_cache_for(in, cap);
+    b->total = fixed + b->slots + b->workspace + b->gdal_cache;
+    return b->total;
+}
+
+tw_status tw_budget_plan(const tw_budget_in *in, tw_budget *out, tw_error *err)
+{
+    char need[32], have[32];
+    memset(out, 0, sizeof *out);
+    if (in->fixed_batch > 0) {
+        if (total_for(in, in->fixed_batch, out) > in->total)
+            return tw_error_set(err, TW_ERR_NOMEM,
+                                "runtime.memory %s is too small for tiling.batch %d: it needs "
+                                "about %s (use batch: auto or a larger budget)",
+                                tw_format_bytes(in->total, have, sizeof have), in->fixed_batch,
+                                tw_format_bytes(out->total, need, sizeof need));
+        return TW_OK;
+    }
+    if (total_for(in, 1, out) > in->total)
+        return tw_error_set(err, TW_ERR_NOMEM,
+                            "runtime.memory %s is too small: even batch 1 needs about %s "
+                            "(weights %zu MiB, workspace %zu MiB, slots %zu MiB, base %zu MiB)",
+                            tw_format_bytes(in->total, have, sizeof have),
+                            tw_format_bytes(out->total, need, sizeof need), out->weights / MIB,
+                            out->workspace / MIB, out->slots / MIB, out->base / MIB);
+    /* Largest power-of-two-ish batch that fits: bisection over [1, max]. */
+    int lo = 1, hi = in->max_auto_batch > 0 ? in->max_auto_batch : 64;
+    tw_budget tmp;
+    if (total_for(in, hi, &tmp) <= in->total) {
+        *out = tmp;
+        return TW_OK;
+    }
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (total_for(in, mid, &tmp) <= in->total)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    total_for(in, lo, out);
+    return TW_OK;
+}
+
+const char *tw_format_bytes(size_t bytes, char *buf, size_t size)
+{
+    if (bytes >= ((size_t)1 << 30))
+        snprintf(buf, size, "%.2f GiB", bytes / (double)((size_t)1 << 30));
+    else
+        snprintf(buf, size, "%.1f MiB", bytes / (double)MIB);
+    return buf;
+}
+
+static size_t status_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kib = 0, n = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, n) == 0) {
+            sscanf(line + n, " %zu", &kib);
+            break;
+        }
+    }
+    fclose(f);
+    return kib * 1024;
+}
+
+size_t tw_rss_now(void) { return status_kib("VmRSS:"); }
+size_t tw_rss_peak(void) { return status_kib("VmHWM:"); }

@@ -1,0 +1,68 @@
+/* budget.h - one memory budget for the whole run, fixed at start-up.
+ *
+ * Peak memory = base (the process before any work: code, libraries) +
+ * weights + slots x slot size + backend workspace + output strip + GDAL block
+ * cache. Raster size enters only through the strip (one band of output rows)
+ * and the GDAL cache (one row of blocks, capped). batch: auto is the largest
+ * batch whose total fits; an explicit batch that does not fit, or a budget
+ * too small for batch 1, is refused before any work with the number needed.
+ */
+#ifndef TW_BUDGET_H
+#define TW_BUDGET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "io/raster.h"
+#include "model/backend.h"
+#include "pipeline/error.h"
+#include "pipeline/plan.h"
+
+typedef struct tw_budget_in {
+    size_t total;                 /* runtime.memory */
+    size_t base;                  /* process RSS before the run's allocations */
+    size_t weights;               /* folded weights on the host */
+    const tw_backend *backend;
+    const tw_resnet *net;
+    tw_precision precision;
+    int tile, bands;
+    tw_dtype dtype;
+    int n_classes, feat_dim;
+    bool want_emb;
+    int fixed_batch;              /* 0: auto */
+    int max_auto_batch;           /* upper bound for auto */
+    int raster_w;                 /* widest input, pixels */
+    int block_w, block_h;         /* its natural block */
+    size_t strip;                 /* stitcher + writer row buffers */
+} tw_budget_in;
+
+typedef struct tw_budget {
+    int batch;                    /* tiles per batch slot */
+    int n_slots;
+    int ref_capacity;             /* tile refs per slot (kept + skipped tiles) */
+    size_t slot_bytes;            /* one slot */
+    size_t slots;                 /* all slots */
+    size_t workspace;             /* backend */
+    size_t weights;
+    size_t strip;
+    size_t gdal_cache;
+    size_t base;
+    size_t margin;                /* allocator slack, GDAL datasets, HDF5, threads */
+    size_t total;                 /* estimate of the peak */
+} tw_budget;
+
+/* Bytes of one batch slot for `batch` tiles. */
+size_t tw_budget_slot_bytes(const tw_budget_in *in, int batch, int ref_capacity);
+
+/* Fit the run into in->total. TW_ERR_NOMEM with the bytes needed when even
+ * batch 1 does not fit (or the fixed batch does not). */
+tw_status tw_budget_plan(const tw_budget_in *in, tw_budget *out, tw_error *err);
+
+/* "1.5 GiB", "512.0 MiB" into buf. Returns buf. */
+const char *tw_format_bytes(size_t bytes, char *buf, size_t size);
+
+/* Resident set size of this process now, and its peak (VmHWM), in bytes. */
+size_t tw_rss_now(void);
+size_t tw_rss_peak(void);
+
+#endif

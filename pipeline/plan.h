@@ -1,0 +1,56 @@
+/* plan.h - the tiling plan: where tiles go and which output cells they feed.
+ *
+ * Output cell (i, j) covers input rows [i*S, i*S+S) and cols [j*S, j*S+S)
+ * (S = stride); the grid is ceil(H/S) x ceil(W/S) whatever the edge mode.
+ * T = tile must be a multiple of S (k = T/S): an aligned tile at position a
+ * covers cells [a, a+k). Per axis, edge mode decides the last tiles:
+ *   pad   aligned tiles until the raster is covered; the last ones read past
+ *         the edge (padding is 0 after normalization, not counted as nodata)
+ *   shift aligned tiles that fit, plus one tile flush with the edge
+ *         (position size-T) feeding the cells that start inside it
+ *         (falls back to pad when the raster is smaller than a tile)
+ *   skip  only tiles that fit; the uncovered cells at the edge are nodata
+ * Tiles are produced row by row (raster order). A shard owns a contiguous
+ * band of output rows and runs every tile row that touches it.
+ */
+#ifndef TW_PLAN_H
+#define TW_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pipeline/error.h"
+#include "pipeline/params.h"
+
+typedef struct tw_axis {
+    int size;          /* raster pixels along this axis */
+    int cells;         /* output cells: ceil(size / S) */
+    int n_aligned;     /* aligned tile positions a = 0..n_aligned-1 at a*S */
+    bool shifted;      /* one more tile at size - T */
+    int n_pos;         /* n_aligned + shifted */
+} tw_axis;
+
+typedef struct tw_plan {
+    int tile, stride, k;
+    tw_edge_mode edge;
+    tw_axis x, y;
+    int grid_w, grid_h;      /* = x.cells, y.cells */
+    /* this shard */
+    int row_begin, row_end;  /* output cell rows owned, [begin, end) */
+    int ty_begin, ty_end;    /* tile rows to run, [begin, end) */
+    int64_t n_tiles;         /* tiles this shard runs */
+} tw_plan;
+
+/* Make the plan for a width x height raster. shard_index/shard_count split
+ * the output rows in contiguous bands (count 1 = whole raster). Errors:
+ * TW_ERR_CONFIG when tile % stride != 0, TW_ERR_INPUT when edge=skip and
+ * the raster is smaller than one tile. */
+tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode edge,
+                       int shard_index, int shard_count, tw_plan *out, tw_error *err);
+
+/* Pixel position of tile index a along an axis. */
+int tw_axis_pos(const tw_axis *ax, int tile, int stride, int a);
+/* Cells [*c0, *c1) fed by tile index a along an axis (clipped to the grid). */
+void tw_axis_cells(const tw_axis *ax, int tile, int stride, int a, int *c0, int *c1);
+
+#endif

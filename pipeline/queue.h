@@ -1,0 +1,28 @@
+/* queue.h - a bounded, blocking FIFO of pointers between two stage workers.
+ *
+ * Capacity is fixed at creation (no allocation afterwards). push blocks while
+ * full, pop while empty. close() wakes everybody: pop then drains what is
+ * left and returns NULL; push on a closed queue drops the item and returns
+ * false. Thread-safe for any number of producers and consumers.
+ */
+#ifndef TW_QUEUE_H
+#define TW_QUEUE_H
+
+#include <stdbool.h>
+
+#include "pipeline/error.h"
+
+typedef struct tw_queue tw_queue;
+
+/* NULL on allocation failure. */
+tw_queue *tw_queue_create(int capacity);
+void tw_queue_destroy(tw_queue *q);
+
+/* Blocks while full. false if the queue is closed. wait_s (may be NULL)
+ * accumulates the seconds spent blocked. */
+bool tw_queue_push(tw_queue *q, void *item, double *wait_s);
+/* Blocks while empty. NULL once closed and drained. */
+void *tw_queue_pop(tw_queue *q, double *wait_s);
+void tw_queue_close(tw_queue *q);
+
+#endif

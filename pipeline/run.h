@@ -1,0 +1,108 @@
+/* run.h - the run driver: a workflow's params in, output rasters and a report out.
+ *
+ * tw_run loads the model once, checks every input against it before any
+ * work, fixes the memory budget, then for each input runs four stage workers
+ * joined by bounded queues of preallocated batch slots:
+ *
+ *   read (GDAL windows, nodata mask) -> normalize (OpenMP) -> infer (backend)
+ *        -> stitch + write (strip buffer, output rasters, tile table)
+ *
+ * Slots circulate through a free queue, so nothing is allocated once the
+ * first batch is under way. Errors stop every stage; outputs of an input that
+ * did not finish are removed (they only ever exist under temporary names).
+ */
+#ifndef TW_RUN_H
+#define TW_RUN_H
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/backend.h"
+#include "pipeline/budget.h"
+#include "pipeline/error.h"
+#include "pipeline/params.h"
+
+/* GDAL-style progress: complete in [0, 1]; return 0 to cancel the run. */
+typedef int (*tw_progress_fn)(double complete, const char *message, void *user);
+
+typedef struct tw_run_hooks {
+    tw_progress_fn progress;       /* may be NULL */
+    void *progress_user;
+    volatile sig_atomic_t *stop;   /* may be NULL; non-zero: stop soon (signal) */
+} tw_run_hooks;
+
+enum { TW_STAGE_READ = 0, TW_STAGE_NORMALIZE, TW_STAGE_INFER, TW_STAGE_WRITE, TW_STAGE_COUNT };
+
+typedef struct tw_stage_stats {
+    double busy_s;                 /* working */
+    double wait_s;                 /* blocked on its queues */
+} tw_stage_stats;
+
+/* What the model and the bundle resolve to, after config overrides. */
+typedef struct tw_resolved {
+    char arch[16];
+    int bands[TW_MAX_BANDS];
+    int n_bands;                   /* 0: all bands of the raster */
+    double scale;
+    float mean[TW_MAX_BANDS];
+    float std[TW_MAX_BANDS];
+    int n_norm;                    /* = input bands of the model */
+    char classes[TW_MAX_CLASSES][TW_NAME_MAX];
+    int n_classes;
+    int tile, stride;
+    int in_bands, feat_dim;
+    char model_sha256[65];
+} tw_resolved;
+
+typedef struct tw_input_result {
+    char path[TW_PATH_MAX];
+    char stem[256];
+    int width, height, grid_w, grid_h;
+    int64_t tiles_total;           /* tiles this shard had to look at */
+    int64_t tiles_classified;
+    int64_t tiles_nodata;          /* skipped: above max_nodata_fraction */
+    int64_t tiles_read_errors;     /* unreadable, made nodata (on_error: skip) */
+    double seconds;
+    tw_stage_stats stage[TW_STAGE_COUNT];
+    int64_t hist[TW_MAX_CLASSES];  /* output cells per argmax class */
+    int64_t nodata_cells;
+    uint64_t steady_state_allocs;  /* tw_alloc calls after the first batch was written */
+    char outputs[4][TW_PATH_MAX];  /* files written */
+    int n_outputs;
+} tw_input_result;
+
+typedef struct tw_run_result {
+    tw_resolved model;
+    char backend[16];
+    tw_budget budget;
+    tw_backend_stats backend_stats;
+    int n_inputs;
+    tw_input_result *inputs;       /* [n_inputs] */
+    double seconds;
+    size_t peak_rss;
+    int64_t tiles_classified;
+} tw_run_result;
+
+/* Run the workflow. *result (may be NULL to not ask) receives what happened,
+ * also on failure (as far as it got); free it with tw_run_result_destroy.
+ * Returns TW_CANCELLED when stopped through hooks (progress returned 0 or
+ * *stop was set). */
+tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
+                 tw_error *err);
+
+/* Check config, inputs and the model against each other and print the plan
+ * (tile grid, batch, slots, memory estimate) to out, without running the model. */
+tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err);
+
+void tw_run_result_destroy(tw_run_result *r);
+
+/* Write run.json for params p and result r to path (atomically: temp + rename). */
+tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run_result *r,
+                          tw_status status, const char *message, tw_error *err);
+/* The resolved configuration as a JSON object (for GDAL metadata). Returns
+ * the length written (truncated to size-1). */
+size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char *buf,
+                             size_t size);
+
+#endif

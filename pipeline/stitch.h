@@ -1,0 +1,38 @@
+/* stitch.h - overlap averaging in a strip buffer, finished rows to the writer.
+ *
+ * Tiles arrive in raster order. Each classified tile adds its probabilities
+ * to every output cell it covers (plan.h); a cell's value is the mean over
+ * the tiles that covered it. Only k = tile/stride rows of cells are held:
+ * when a new tile row starts, every row above its first cell row is final
+ * and goes to the writer. Allocation happens in create only.
+ */
+#ifndef TW_STITCH_H
+#define TW_STITCH_H
+
+#include <stdint.h>
+
+#include "io/writer.h"
+#include "pipeline/plan.h"
+
+typedef struct tw_stitch tw_stitch;
+
+/* writer may be NULL (nothing written; the class histogram is still kept).
+ * Borrowed: plan and writer must outlive the stitcher. */
+tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_writer *writer,
+                           tw_stitch **out, tw_error *err);
+void tw_stitch_destroy(tw_stitch *s);
+
+/* Announce that tiles of tile row ty follow: finishes the rows above it. */
+tw_status tw_stitch_begin_row(tw_stitch *s, int ty, tw_error *err);
+/* Add one classified tile (tx, ty) of the current row; probs [n_classes]. */
+void tw_stitch_add(tw_stitch *s, int tx, int ty, const float *probs);
+/* Finish every remaining row of the shard. */
+tw_status tw_stitch_finish(tw_stitch *s, tw_error *err);
+
+/* Output cells per class written so far (argmax), and nodata cells.
+ * Borrowed: [n_classes] counts, valid until destroy. */
+const int64_t *tw_stitch_histogram(const tw_stitch *s, int64_t *nodata_cells);
+/* Bytes the stitcher holds for a plan (for the memory budget). */
+size_t tw_stitch_bytes(const tw_plan *plan, int n_classes);
+
+#endif
