@@ -1,0 +1,478 @@
+/* raster.c - GDAL raster reader: see raster.h.
+ *
+ * Every GDAL call of a public function runs under a pushed error handler
+ * (tw_gdal_capture) so GDAL never prints to stderr; the first failure message
+ * (or, lacking one, the last warning) is copied into the caller's tw_error by
+ * the code that notices the failure. Reads clip the window to the raster and
+ * hand GDAL the caller's [bands][h][w] buffer with explicit pixel/line/band
+ * spacing, so no intermediate copy is made.
+ */
+#include "io/raster.h"
+
+#include <cpl_conv.h>
+#include <cpl_error.h>
+#include <gdal.h>
+#include <math.h>
+#include <ogr_srs_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/alloc.h"
+
+struct tw_raster {
+    GDALDatasetH ds;
+    char *path;
+    int *bands;            /* 1-based, n_bands entries (int, not const: GDAL 3.6 API) */
+    int n_bands;
+    tw_raster_info info;
+    bool use_nodata;
+    double nodata_value;
+    GDALRasterBandH mask;  /* per-dataset mask or alpha band, or NULL */
+    uint8_t *mask_buf;     /* scratch for mask reads, mask_cap bytes */
+    size_t mask_cap;
+};
+
+/* ---- dtypes ---------------------------------------------------------------- */
+
+size_t tw_dtype_size(tw_dtype t)
+{
+    switch (t) {
+    case TW_DT_BYTE:
+    case TW_DT_INT8: return 1;
+    case TW_DT_UINT16:
+    case TW_DT_INT16: return 2;
+    case TW_DT_UINT32:
+    case TW_DT_INT32:
+    case TW_DT_FLOAT32: return 4;
+    case TW_DT_FLOAT64: return 8;
+    }
+    return 0;
+}
+
+const char *tw_dtype_name(tw_dtype t)
+{
+    switch (t) {
+    case TW_DT_BYTE: return "Byte";
+    case TW_DT_INT8: return "Int8";
+    case TW_DT_UINT16: return "UInt16";
+    case TW_DT_INT16: return "Int16";
+    case TW_DT_UINT32: return "UInt32";
+    case TW_DT_INT32: return "Int32";
+    case TW_DT_FLOAT32: return "Float32";
+    case TW_DT_FLOAT64: return "Float64";
+    }
+    return "unknown";
+}
+
+/* The GDAL type we ask RasterIO for. Int8 is read as raw bytes under GDAL
+ * < 3.7 (where it is Byte + PIXELTYPE=SIGNEDBYTE) and as GDT_Int8 above. */
+static GDALDataType gdal_type_of(tw_dtype t)
+{
+    switch (t) {
+    case TW_DT_BYTE: return GDT_Byte;
+#if GDAL_VERSION_NUM >= 3070000
+    case TW_DT_INT8: return GDT_Int8;
+#else
+    case TW_DT_INT8: return GDT_Byte;
+#endif
+    case TW_DT_UINT16: return GDT_UInt16;
+    case TW_DT_INT16: return GDT_Int16;
+    case TW_DT_UINT32: return GDT_UInt32;
+    case TW_DT_INT32: return GDT_Int32;
+    case TW_DT_FLOAT32: return GDT_Float32;
+    case TW_DT_FLOAT64: return GDT_Float64;
+    }
+    return GDT_Unknown;
+}
+
+/* Map a band's GDAL type to ours; false when unsupported. */
+static bool band_dtype(GDALRasterBandH b, tw_dtype *out)
+{
+    switch (GDALGetRasterDataType(b)) {
+    case GDT_Byte: {
+        const char *pt = GDALGetMetadataItem(b, "PIXELTYPE", "IMAGE_STRUCTURE");
+        *out = (pt && strcmp(pt, "SIGNEDBYTE") == 0) ? TW_DT_INT8 : TW_DT_BYTE;
+        return true;
+    }
+#if GDAL_VERSION_NUM >= 3070000
+    case GDT_Int8: *out = TW_DT_INT8; return true;
+#endif
+    case GDT_UInt16: *out = TW_DT_UINT16; return true;
+    case GDT_Int16: *out = TW_DT_INT16; return true;
+    case GDT_UInt32: *out = TW_DT_UINT32; return true;
+    case GDT_Int32: *out = TW_DT_INT32; return true;
+    case GDT_Float32: *out = TW_DT_FLOAT32; return true;
+    case GDT_Float64: *out = TW_DT_FLOAT64; return true;
+    default: return false;
+    }
+}
+
+/* ---- GDAL message capture ------------------------------------------------- */
+
+typedef struct gdal_msgs {
+    char failure[512]; /* first CE_Failure/CE_Fatal message */
+    char warning[512]; /* last warning, used when a call fails silently */
+} gdal_msgs;
+
+static void CPL_STDCALL capture_handler(CPLErr cls, CPLErrorNum num, const char *msg)
+{
+    (void)num;
+    gdal_msgs *m = CPLGetErrorHandlerUserData();
+    if (!m || !msg) return;
+    if (cls == CE_Failure || cls == CE_Fatal) {
+        if (!m->failure[0]) snprintf(m->failure, sizeof m->failure, "%s", msg);
+    } else if (cls == CE_Warning) {
+        snprintf(m->warning, sizeof m->warning, "%s", msg);
+    }
+}
+
+static void capture_begin(gdal_msgs *m)
+{
+    m->failure[0] = m->warning[0] = '\0';
+    CPLPushErrorHandlerEx(capture_handler, m);
+}
+
+static void capture_end(void) { CPLPopErrorHandler(); }
+
+static const char *capture_text(const gdal_msgs *m)
+{
+    if (m->failure[0]) return m->failure;
+    if (m->warning[0]) return m->warning;
+    return "no message from GDAL";
+}
+
+static pthread_once_t g_register_once = PTHREAD_ONCE_INIT;
+static void register_drivers(void) { GDALAllRegister(); }
+
+/* ---- open / close ----------------------------------------------------------- */
+
+/* Copy the CRS as WKT into info. WKT of exotic CRSs can exceed the fixed
+ * buffer; then fall back to the compact WKT1 form rather than truncating
+ * (a truncated WKT would be written into outputs as garbage). */
+static tw_status fill_crs(tw_raster *r, tw_error *err)
+{
+    const char *wkt = GDALGetProjectionRef(r->ds);
+    r->info.crs_wkt[0] = '\0';
+    if (!wkt || !*wkt) return TW_OK;
+    if (strlen(wkt) < sizeof r->info.crs_wkt) {
+        memcpy(r->info.crs_wkt, wkt, strlen(wkt) + 1);
+        return TW_OK;
+    }
+    OGRSpatialReferenceH srs = OSRNewSpatialReference(wkt);
+    char *simple = NULL;
+    const char *opts[] = {"FORMAT=WKT1_SIMPLE", NULL};
+    bool ok = srs && OSRExportToWktEx(srs, &simple, opts) == OGRERR_NONE && simple &&
+              strlen(simple) < sizeof r->info.crs_wkt;
+    if (ok) memcpy(r->info.crs_wkt, simple, strlen(simple) + 1);
+    CPLFree(simple);
+    if (srs) OSRDestroySpatialReference(srs);
+    if (!ok)
+        return tw_error_set(err, TW_ERR_INPUT, "%s: CRS definition is too long (%zu chars)",
+                            r->path, strlen(wkt));
+    return TW_OK;
+}
+
+/* An explicit mask (internal/external .msk) or an alpha band marks pixels
+ * invalid where it is 0. Nodata-derived and all-valid masks are skipped: the
+ * nodata rule already covers them and reading them would cost a second pass. */
+static void find_mask(tw_raster *r)
+{
+    GDALRasterBandH b1 = GDALGetRasterBand(r->ds, r->bands[0]);
+    int flags = GDALGetMaskFlags(b1);
+    if (flags & GMF_ALL_VALID) return;
+    if (flags & GMF_NODATA) return;
+    if ((flags & GMF_PER_DATASET) || (flags & GMF_ALPHA)) r->mask = GDALGetMaskBand(b1);
+}
+
+static tw_status open_checked(tw_raster *r, const char *path, const int *bands, int n_bands,
+                              tw_error *err, gdal_msgs *msgs)
+{
+    r->ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
+    if (!r->ds)
+        return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open as a raster: %s", path,
+                            capture_text(msgs));
+    msgs->failure[0] = '\0';
+
+    int count = GDALGetRasterCount(r->ds);
+    int width = GDALGetRasterXSize(r->ds), height = GDALGetRasterYSize(r->ds);
+    if (count <= 0) return tw_error_set(err, TW_ERR_INPUT, "%s has no raster bands", path);
+    if (width <= 0 || height <= 0)
+        return tw_error_set(err, TW_ERR_INPUT, "%s: empty raster (%dx%d)", path, width, height);
+    if (n_bands < 0) return tw_error_set(err, TW_ERR_INPUT, "%s: negative band count", path);
+
+    r->n_bands = n_bands > 0 ? n_bands : count;
+    r->bands = tw_alloc(TW_MEM_OTHER, (size_t)r->n_bands * sizeof *r->bands);
+    if (!r->bands) return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; i < r->n_bands; i++) {
+        int b = n_bands > 0 ? bands[i] : i + 1;
+        if (b < 1 || b > count)
+            return tw_error_set(err, TW_ERR_INPUT, "%s has %d band%s, input.bands asks for band %d",
+                                path, count, count == 1 ? "" : "s", b);
+        r->bands[i] = b;
+    }
+
+    tw_raster_info *in = &r->info;
+    in->width = width;
+    in->height = height;
+    in->band_count = count;
+    for (int i = 0; i < r->n_bands; i++) {
+        GDALRasterBandH bh = GDALGetRasterBand(r->ds, r->bands[i]);
+        tw_dtype t;
+        if (!bh) return tw_error_set(err, TW_ERR_INPUT, "%s: band %d: %s", path, r->bands[i],
+                                     capture_text(msgs));
+        if (!band_dtype(bh, &t))
+            return tw_error_set(err, TW_ERR_INPUT,
+                                "%s: band %d has data type %s, which is not supported "
+                                "(Byte, Int8, UInt16, Int16, UInt32, Int32, Float32, Float64)",
+                                path, r->bands[i], GDALGetDataTypeName(GDALGetRasterDataType(bh)));
+        if (i == 0) {
+            in->dtype = t;
+        } else if (t != in->dtype) {
+            return tw_error_set(err, TW_ERR_INPUT,
+                                "%s: band %d is %s but band %d is %s; selected bands must share "
+                                "one data type",
+                                path, r->bands[i], tw_dtype_name(t), r->bands[0],
+                                tw_dtype_name(in->dtype));
+        }
+    }
+
+    GDALRasterBandH b1 = GDALGetRasterBand(r->ds, 1);
+    GDALGetBlockSize(b1, &in->block_w, &in->block_h);
+    int has_nd = 0;
+    double nd = GDALGetRasterNoDataValue(b1, &has_nd);
+    in->has_nodata = has_nd != 0;
+    in->nodata = has_nd ? nd : 0.0;
+    if (GDALGetGeoTransform(r->ds, in->geotransform) == CE_None) {
+        in->has_geotransform = true;
+    } else {
+        const double ident[6] = {0, 1, 0, 0, 0, 1};
+        memcpy(in->geotransform, ident, sizeof ident);
+        in->has_geotransform = false;
+    }
+    msgs->failure[0] = '\0'; /* a missing geotransform is not an error */
+    tw_status st = fill_crs(r, err);
+    if (st != TW_OK) return st;
+    GDALDriverH drv = GDALGetDatasetDriver(r->ds);
+    snprintf(in->driver, sizeof in->driver, "%s", drv ? GDALGetDriverShortName(drv) : "");
+
+    /* Default rule = "nodata: auto": the raster's own nodata, if any. */
+    r->use_nodata = in->has_nodata;
+    r->nodata_value = in->nodata;
+    find_mask(r);
+    return TW_OK;
+}
+
+tw_status tw_raster_open(const char *path, const int *bands, int n_bands, tw_raster **out,
+                         tw_error *err)
+{
+    *out = NULL;
+    if (!path || !*path) return tw_error_set(err, TW_ERR_INPUT, "raster path is empty");
+    if (n_bands > 0 && !bands)
+        return tw_error_set(err, TW_ERR_INTERNAL, "%s: band list missing", path);
+    pthread_once(&g_register_once, register_drivers);
+
+    tw_raster *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
+    if (!r) return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
+    r->path = strdup(path);
+    if (!r->path) {
+        tw_free(r);
+        return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
+    }
+    gdal_msgs msgs;
+    capture_begin(&msgs);
+    tw_status st = open_checked(r, path, bands, n_bands, err, &msgs);
+    capture_end();
+    if (st != TW_OK) {
+        tw_raster_close(r);
+        return st;
+    }
+    *out = r;
+    return TW_OK;
+}
+
+void tw_raster_close(tw_raster *r)
+{
+    if (!r) return;
+    if (r->ds) {
+        gdal_msgs msgs;
+        capture_begin(&msgs); /* read-only close: nothing to report, but keep stderr quiet */
+        GDALClose(r->ds);
+        capture_end();
+    }
+    tw_free(r->mask_buf);
+    tw_free(r->bands);
+    free(r->path);
+    tw_free(r);
+}
+
+const tw_raster_info *tw_raster_get_info(const tw_raster *r) { return &r->info; }
+
+int tw_raster_selected_bands(const tw_raster *r) { return r->n_bands; }
+
+void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value)
+{
+    r->use_nodata = use_nodata;
+    r->nodata_value = nodata_value;
+}
+
+/* ---- validity ----------------------------------------------------------------- */
+
+/* The nodata value as an integer of a type spanning [lo, hi]; false when it
+ * cannot occur in that type (fractional, out of range, NaN), so no pixel
+ * matches. */
+static bool nodata_as_int(double v, double lo, double hi, int64_t *out)
+{
+    if (!(v >= lo && v <= hi) || v != floor(v)) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
+/* Clear valid[] where band plane p (clipped region xr x yr, row stride w)
+ * equals the nodata value. One loop per type so the compare stays a plain
+ * integer/float compare. */
+#define MARK_INT(T, LO, HI)                                                        \
+    do {                                                                           \
+        int64_t ndi;                                                               \
+        if (!nodata_as_int(nd, (LO), (HI), &ndi)) break;                           \
+        const T ndv = (T)ndi;                                                      \
+        const T *p = plane;                                                        \
+        for (int y = 0; y < yr; y++) {                                             \
+            const T *row = p + (size_t)y * (size_t)w;                              \
+            uint8_t *vrow = valid + (size_t)y * (size_t)w;                         \
+            for (int x = 0; x < xr; x++) vrow[x] &= (uint8_t)(row[x] != ndv);      \
+        }                                                                          \
+    } while (0)
+
+#define MARK_FLOAT(T)                                                              \
+    do {                                                                           \
+        const T *p = plane;                                                        \
+        const bool has = use_nd && !isnan(nd);                                     \
+        const T ndv = has ? (T)nd : (T)0;                                          \
+        for (int y = 0; y < yr; y++) {                                             \
+            const T *row = p + (size_t)y * (size_t)w;                              \
+            uint8_t *vrow = valid + (size_t)y * (size_t)w;                         \
+            for (int x = 0; x < xr; x++) {                                         \
+                T v = row[x];                                                      \
+                bool bad = !isfinite(v) || (has && v == ndv);                      \
+                vrow[x] &= (uint8_t)!bad;                                          \
+            }                                                                      \
+        }                                                                          \
+    } while (0)
+
+static void mark_band(tw_dtype t, const void *plane, int w, int xr, int yr, bool use_nd,
+                      double nd, uint8_t *valid)
+{
+    switch (t) {
+    case TW_DT_BYTE:
+        if (use_nd) MARK_INT(uint8_t, 0, 255);
+        break;
+    case TW_DT_INT8:
+        if (use_nd) MARK_INT(int8_t, -128, 127);
+        break;
+    case TW_DT_UINT16:
+        if (use_nd) MARK_INT(uint16_t, 0, 65535);
+        break;
+    case TW_DT_INT16:
+        if (use_nd) MARK_INT(int16_t, -32768, 32767);
+        break;
+    case TW_DT_UINT32:
+        if (use_nd) MARK_INT(uint32_t, 0, 4294967295.0);
+        break;
+    case TW_DT_INT32:
+        if (use_nd) MARK_INT(int32_t, -2147483648.0, 2147483647.0);
+        break;
+    case TW_DT_FLOAT32:
+        /* A nodata value beyond float range cannot be stored in the file. */
+        if (use_nd && !isnan(nd) && fabs(nd) > 3.4028234663852886e38) use_nd = false;
+        MARK_FLOAT(float);
+        break;
+    case TW_DT_FLOAT64: MARK_FLOAT(double); break;
+    }
+}
+
+/* ---- read ------------------------------------------------------------------------ */
+
+tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
+                         int64_t *n_nodata, int64_t *n_inside, tw_error *err)
+{
+    *n_nodata = 0;
+    *n_inside = 0;
+    if (x0 < 0 || y0 < 0 || w <= 0 || h <= 0)
+        return tw_error_set(err, TW_ERR_INPUT, "%s: invalid window x=%d y=%d %dx%d", r->path, x0,
+                            y0, w, h);
+
+    const size_t esz = tw_dtype_size(r->info.dtype);
+    const size_t plane = (size_t)w * (size_t)h;
+    const int xr = x0 < r->info.width ? (int)((int64_t)x0 + w > r->info.width
+                                                  ? r->info.width - x0 : w) : 0;
+    const int yr = y0 < r->info.height ? (int)((int64_t)y0 + h > r->info.height
+                                                   ? r->info.height - y0 : h) : 0;
+
+    /* Zero the padding: the right part of the clipped rows and the rows below. */
+    uint8_t *rb = raw;
+    for (int b = 0; b < r->n_bands; b++) {
+        uint8_t *pl = rb + (size_t)b * plane * esz;
+        if (xr < w)
+            for (int y = 0; y < yr; y++)
+                memset(pl + ((size_t)y * w + xr) * esz, 0, (size_t)(w - xr) * esz);
+        memset(pl + (size_t)yr * w * esz, 0, (size_t)(h - yr) * w * esz);
+    }
+    memset(valid, 0, plane);
+    if (xr == 0 || yr == 0) return TW_OK;
+
+    gdal_msgs msgs;
+    capture_begin(&msgs);
+    GDALRasterIOExtraArg extra;
+    INIT_RASTERIO_EXTRA_ARG(extra);
+    CPLErr e = GDALDatasetRasterIOEx(r->ds, GF_Read, x0, y0, xr, yr, raw, xr, yr,
+                                     gdal_type_of(r->info.dtype), r->n_bands, r->bands,
+                                     (GSpacing)esz, (GSpacing)(esz * (size_t)w),
+                                     (GSpacing)(esz * plane), &extra);
+    tw_status st = TW_OK;
+    if (e != CE_None) {
+        st = tw_error_set(err, TW_ERR_INPUT, "%s: read failed at window x=%d y=%d %dx%d: %s",
+                          r->path, x0, y0, w, h, capture_text(&msgs));
+    } else if (r->mask) {
+        size_t need = (size_t)xr * (size_t)yr;
+        if (need > r->mask_cap) {
+            tw_free(r->mask_buf);
+            r->mask_buf = tw_alloc(TW_MEM_SLOTS, need);
+            r->mask_cap = r->mask_buf ? need : 0;
+        }
+        if (!r->mask_buf) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory for the mask of window "
+                              "x=%d y=%d %dx%d", r->path, x0, y0, w, h);
+        } else if (GDALRasterIO(r->mask, GF_Read, x0, y0, xr, yr, r->mask_buf, xr, yr, GDT_Byte,
+                                0, 0) != CE_None) {
+            st = tw_error_set(err, TW_ERR_INPUT,
+                              "%s: mask read failed at window x=%d y=%d %dx%d: %s", r->path, x0,
+                              y0, w, h, capture_text(&msgs));
+        }
+    }
+    capture_end();
+    if (st != TW_OK) return st;
+
+    for (int y = 0; y < yr; y++) {
+        uint8_t *vrow = valid + (size_t)y * w;
+        if (r->mask) {
+            const uint8_t *mrow = r->mask_buf + (size_t)y * xr;
+            for (int x = 0; x < xr; x++) vrow[x] = mrow[x] != 0;
+        } else {
+            memset(vrow, 1, (size_t)xr);
+        }
+    }
+    for (int b = 0; b < r->n_bands; b++)
+        mark_band(r->info.dtype, rb + (size_t)b * plane * esz, w, xr, yr, r->use_nodata,
+                  r->nodata_value, valid);
+
+    int64_t inside = (int64_t)xr * yr, good = 0;
+    for (int y = 0; y < yr; y++) {
+        const uint8_t *vrow = valid + (size_t)y * w;
+        for (int x = 0; x < xr; x++) good += vrow[x];
+    }
+    *n_inside = inside;
+    *n_nodata = inside - good;
+    return TW_OK;
+}
