@@ -492,6 +492,12 @@ static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, d
     gt[5] = g[5] * S;
 }
 
+static tw_status write_rows_sink(void *user, int row0, int n, const float *probs,
+                                 const uint8_t *has, tw_error *err)
+{
+    return tw_writer_write_rows(user, row0, n, probs, has, err);
+}
+
 static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *err)
 {
     const tw_run_params *p = c->p;
@@ -571,7 +577,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         st = tw_tiletable_create(&tp, &pp.table, err);
         if (st == TW_OK) snprintf(res->outputs[res->n_outputs++], TW_PATH_MAX, "%s", tpath);
     }
-    if (st == TW_OK) st = tw_stitch_create(&plan, c->m.n_classes, writer, &pp.stitch, err);
+    if (st == TW_OK) st = tw_stitch_create(&plan, c->m.n_classes, writer ? write_rows_sink : NULL, writer,
+                                         &pp.stitch, err);
     if (st == TW_OK) {
         pp.q_free = tw_queue_create(pp.n_slots);
         pp.q_norm = tw_queue_create(pp.n_slots);

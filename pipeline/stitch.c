@@ -7,7 +7,8 @@
 
 struct tw_stitch {
     const tw_plan *plan;
-    tw_writer *writer;
+    tw_rows_fn sink;
+    void *sink_user;
     int n_classes, k, grid_w;
     int next_row;        /* first row still held = first row of the buffer */
     float *sum;          /* [k][grid_w][n_classes] */
@@ -25,7 +26,7 @@ size_t tw_stitch_bytes(const tw_plan *plan, int n_classes)
            (size_t)n_classes * sizeof(int64_t) + 5 * 64;
 }
 
-tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_writer *writer,
+tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_rows_fn sink, void *sink_user,
                            tw_stitch **out, tw_error *err)
 {
     *out = NULL;
@@ -44,7 +45,8 @@ tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_writer *writer
                             cells);
     }
     s->plan = plan;
-    s->writer = writer;
+    s->sink = sink;
+    s->sink_user = sink_user;
     s->n_classes = n_classes;
     s->k = plan->k;
     s->grid_w = plan->grid_w;
@@ -90,8 +92,9 @@ static tw_status flush_rows(tw_stitch *s, int n, tw_error *err)
             s->hist[best]++;
         }
     }
-    if (s->writer) {
-        tw_status st = tw_writer_write_rows(s->writer, s->next_row - s->plan->row_begin, n, s->out, s->has, err);
+    if (s->sink) {
+        tw_status st = s->sink(s->sink_user, s->next_row - s->plan->row_begin, n, s->out, s->has,
+                               err);
         if (st != TW_OK) return st;
     }
     size_t row_cells = (size_t)W;

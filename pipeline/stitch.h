@@ -11,14 +11,19 @@
 
 #include <stdint.h>
 
-#include "io/writer.h"
 #include "pipeline/plan.h"
 
 typedef struct tw_stitch tw_stitch;
 
-/* writer may be NULL (nothing written; the class histogram is still kept).
- * Borrowed: plan and writer must outlive the stitcher. */
-tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_writer *writer,
+/* Where finished rows go: rows [row0, row0 + n) relative to the shard's
+ * first row; probs [n][grid_w][n_classes] averaged, has [n][grid_w] 1 where
+ * some tile covered the cell. tw_writer_write_rows has this shape. */
+typedef tw_status (*tw_rows_fn)(void *user, int row0, int n, const float *probs,
+                                const uint8_t *has, tw_error *err);
+
+/* sink may be NULL (nothing written; the class histogram is still kept).
+ * Borrowed: plan and sink_user must outlive the stitcher. */
+tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_rows_fn sink, void *sink_user,
                            tw_stitch **out, tw_error *err);
 void tw_stitch_destroy(tw_stitch *s);
 
