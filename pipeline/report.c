@@ -98,13 +98,6 @@ static void jint(jbuf *j, const char *key, long long v)
     j->need_comma = true;
 }
 
-static void jbool(jbuf *j, const char *key, bool v)
-{
-    jkey(j, key);
-    jraw(j, v ? "true" : "false");
-    j->need_comma = true;
-}
-
 static const char *edge_name(tw_edge_mode e)
 {
     return e == TW_EDGE_SHIFT ? "shift" : e == TW_EDGE_SKIP ? "skip" : "pad";

@@ -112,7 +112,7 @@ static void input_stem(const char *path, char *out, size_t size)
 {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    snprintf(out, size, "%s", base);
+    if (snprintf(out, size, "%s", base) >= (int)size) out[size - 1] = '\0';
     char *dot = strrchr(out, '.');
     if (dot && dot != out) *dot = '\0';
 }
@@ -575,7 +575,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         };
         memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
         st = tw_tiletable_create(&tp, &pp.table, err);
-        if (st == TW_OK) snprintf(res->outputs[res->n_outputs++], TW_PATH_MAX, "%s", tpath);
+        if (st == TW_OK) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
     }
     if (st == TW_OK) st = tw_stitch_create(&plan, c->m.n_classes, writer ? write_rows_sink : NULL, writer,
                                          &pp.stitch, err);
@@ -625,7 +625,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         for (int i = 0; i < 3; i++)
             if (p->output.products & prods[i].bit)
                 tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
-                                       res->outputs[res->n_outputs++], TW_PATH_MAX);
+                                       res->outputs[res->n_outputs++], sizeof res->outputs[0]);
     }
     if (st != TW_OK) res->n_outputs = 0;
     tw_stitch_destroy(pp.stitch);

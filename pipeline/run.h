@@ -68,7 +68,7 @@ typedef struct tw_input_result {
     int64_t hist[TW_MAX_CLASSES];  /* output cells per argmax class */
     int64_t nodata_cells;
     uint64_t steady_state_allocs;  /* tw_alloc calls after the first batch was written */
-    char outputs[4][TW_PATH_MAX];  /* files written */
+    char outputs[4][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
 } tw_input_result;
 
