@@ -1,0 +1,344 @@
+/* resnet.c - see resnet.h
+ *
+ * The graph is read off the tensor names: blocks per stage from
+ * layer{1..4}.{i}.conv1.weight, bottleneck from layer1.0.conv3.weight.
+ * Output channel counts are taken from each tensor's dim 0 (so any widths
+ * work); every other dimension is checked against what the graph so far
+ * implies, and a mismatch names the tensor with the found and expected shape.
+ */
+#include "model/resnet.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pipeline/alloc.h"
+
+#define BN_EPS 1e-5
+
+static const struct {
+    int depth;
+    bool bottleneck;
+    int blocks[4];
+} k_layouts[] = {
+    {18, false, {2, 2, 2, 2}},   {34, false, {3, 4, 6, 3}},  {50, true, {3, 4, 6, 3}},
+    {101, true, {3, 4, 23, 3}}, {152, true, {3, 8, 36, 3}},
+};
+
+int tw_resnet_out_size(int in, int k, int stride, int pad)
+{
+    return (in + 2 * pad - k) / stride + 1;
+}
+
+static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t used = 0;
+    used += (size_t)snprintf(buf + used, cap - used, "[");
+    for (int d = 0; d < ndim && used < cap; d++)
+        used += (size_t)snprintf(buf + used, cap - used, d ? ",%lld" : "%lld",
+                                 (long long)shape[d]);
+    if (used < cap) snprintf(buf + used, cap - used, "]");
+}
+
+/* Look up name and check its shape against want[0..ndim). A negative entry
+ * in want accepts any size (a free width); in the message it shows the found
+ * size, so "expected" reads as the one shape that would have been accepted. */
+static tw_status get_tensor(const tw_model_file *mf, const char *name, int ndim,
+                            const int64_t *want, const tw_tensor **out, tw_error *err)
+{
+    const tw_tensor *t = tw_model_file_find(mf, name);
+    if (!t)
+        return tw_error_set(err, TW_ERR_MODEL, "model file %s: tensor '%s' is missing", mf->path,
+                            name);
+    bool ok = t->ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++)
+        if (want[d] >= 0 && t->shape[d] != want[d]) ok = false;
+    for (int d = 0; ok && d < ndim; d++)
+        if (t->shape[d] <= 0) ok = false;
+    if (!ok) {
+        int64_t exp[4];
+        for (int d = 0; d < ndim; d++)
+            exp[d] = want[d] >= 0 ? want[d] : (d < t->ndim && t->shape[d] > 0 ? t->shape[d] : 1);
+        char found_s[96], exp_s[96];
+        format_shape(found_s, sizeof found_s, t->ndim, t->shape);
+        format_shape(exp_s, sizeof exp_s, ndim, exp);
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "model file %s: tensor '%s' has shape %s, expected %s", mf->path,
+                            name, found_s, exp_s);
+    }
+    if (t->numel < 0 || !t->data)
+        return tw_error_set(err, TW_ERR_MODEL, "model file %s: tensor '%s' has no data",
+                            mf->path, name);
+    *out = t;
+    return TW_OK;
+}
+
+static bool has_tensor(const tw_model_file *mf, const char *name)
+{
+    return tw_model_file_find(mf, name) != NULL;
+}
+
+/* Read conv `prefix`.weight ([*][cin][k][k]) and its batch norm `bn_prefix`.*,
+ * fold them into c (allocating c->w and c->b). */
+static tw_status load_conv_bn(const tw_model_file *mf, const char *prefix, const char *bn_prefix,
+                              int cin, int k, int stride, int pad, tw_conv *c, size_t *bytes,
+                              tw_error *err)
+{
+    char name[160];
+    const tw_tensor *w = NULL;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    tw_status st = get_tensor(mf, name, 4, (const int64_t[]){-1, cin, k, k}, &w, err);
+    if (st != TW_OK) return st;
+    if (w->shape[0] > (1 << 20))
+        return tw_error_set(err, TW_ERR_MODEL, "model file %s: tensor '%s' has %lld outputs",
+                            mf->path, name, (long long)w->shape[0]);
+    int cout = (int)w->shape[0];
+
+    static const char *bn_names[4] = {"weight", "bias", "running_mean", "running_var"};
+    const tw_tensor *bn[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "%s.%s", bn_prefix, bn_names[i]);
+        st = get_tensor(mf, name, 1, (const int64_t[]){cout}, &bn[i], err);
+        if (st != TW_OK) return st;
+    }
+    for (int o = 0; o < cout; o++) {
+        float v = bn[3]->data[o];
+        if (!(v >= 0.0f) || !isfinite(v))
+            return tw_error_set(err, TW_ERR_MODEL,
+                                "model file %s: tensor '%s.running_var' has an invalid value "
+                                "(%g) at index %d",
+                                mf->path, bn_prefix, (double)v, o);
+    }
+
+    size_t per_out = (size_t)cin * (size_t)k * (size_t)k;
+    c->cin = cin;
+    c->cout = cout;
+    c->k = k;
+    c->stride = stride;
+    c->pad = pad;
+    c->w = tw_alloc(TW_MEM_WEIGHTS, (size_t)cout * per_out * sizeof(float));
+    c->b = tw_alloc(TW_MEM_WEIGHTS, (size_t)cout * sizeof(float));
+    if (!c->w || !c->b)
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory folding '%s' of %s", prefix,
+                            mf->path);
+    *bytes += ((size_t)cout * per_out + (size_t)cout) * sizeof(float);
+    for (int o = 0; o < cout; o++) {
+        /* double keeps the fold within float rounding of PyTorch's eval BN */
+        double scale = (double)bn[0]->data[o] / sqrt((double)bn[3]->data[o] + BN_EPS);
+        const float *src = w->data + (size_t)o * per_out;
+        float *dst = c->w + (size_t)o * per_out;
+        for (size_t j = 0; j < per_out; j++) dst[j] = (float)((double)src[j] * scale);
+        c->b[o] = (float)((double)bn[1]->data[o] - (double)bn[2]->data[o] * scale);
+    }
+    return TW_OK;
+}
+
+static void free_conv(tw_conv *c)
+{
+    tw_free(c->w);
+    tw_free(c->b);
+    c->w = c->b = NULL;
+}
+
+void tw_resnet_destroy(tw_resnet *net)
+{
+    if (!net) return;
+    free_conv(&net->stem);
+    if (net->blocks) {
+        for (int i = 0; i < net->n_blocks; i++) {
+            free_conv(&net->blocks[i].c1);
+            free_conv(&net->blocks[i].c2);
+            free_conv(&net->blocks[i].c3);
+            free_conv(&net->blocks[i].down);
+        }
+        tw_free(net->blocks);
+    }
+    tw_free(net->fc_w);
+    tw_free(net->fc_b);
+    tw_free(net);
+}
+
+/* Depth from the counted layout; 0 when it matches no torchvision ResNet. */
+static int layout_depth(const int blocks[4], bool bottleneck)
+{
+    for (size_t i = 0; i < sizeof k_layouts / sizeof k_layouts[0]; i++)
+        if (k_layouts[i].bottleneck == bottleneck &&
+            memcmp(k_layouts[i].blocks, blocks, sizeof k_layouts[i].blocks) == 0)
+            return k_layouts[i].depth;
+    return 0;
+}
+
+static int arch_depth(const char *arch)
+{
+    for (size_t i = 0; i < sizeof k_layouts / sizeof k_layouts[0]; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "resnet%d", k_layouts[i].depth);
+        if (strcmp(arch, name) == 0) return k_layouts[i].depth;
+    }
+    return 0;
+}
+
+static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bottleneck,
+                            int *ch, tw_block *blk, size_t *bytes, tw_error *err)
+{
+    char p[96], bn[96];
+    int stride = (stage > 0 && idx == 0) ? 2 : 1;
+    int cin = *ch;
+    tw_status st;
+
+    snprintf(p, sizeof p, "layer%d.%d.conv1", stage + 1, idx);
+    snprintf(bn, sizeof bn, "layer%d.%d.bn1", stage + 1, idx);
+    /* torchvision v1.5: a bottleneck strides in its 3x3 conv2, a basic block in conv1 */
+    if (bottleneck)
+        st = load_conv_bn(mf, p, bn, cin, 1, 1, 0, &blk->c1, bytes, err);
+    else
+        st = load_conv_bn(mf, p, bn, cin, 3, stride, 1, &blk->c1, bytes, err);
+    if (st != TW_OK) return st;
+
+    snprintf(p, sizeof p, "layer%d.%d.conv2", stage + 1, idx);
+    snprintf(bn, sizeof bn, "layer%d.%d.bn2", stage + 1, idx);
+    st = load_conv_bn(mf, p, bn, blk->c1.cout, 3, bottleneck ? stride : 1, 1, &blk->c2, bytes,
+                      err);
+    if (st != TW_OK) return st;
+    int cout = blk->c2.cout;
+
+    if (bottleneck) {
+        snprintf(p, sizeof p, "layer%d.%d.conv3", stage + 1, idx);
+        snprintf(bn, sizeof bn, "layer%d.%d.bn3", stage + 1, idx);
+        st = load_conv_bn(mf, p, bn, blk->c2.cout, 1, 1, 0, &blk->c3, bytes, err);
+        if (st != TW_OK) return st;
+        cout = blk->c3.cout;
+    }
+
+    snprintf(p, sizeof p, "layer%d.%d.downsample.0", stage + 1, idx);
+    snprintf(bn, sizeof bn, "layer%d.%d.downsample.1", stage + 1, idx);
+    char wname[128];
+    snprintf(wname, sizeof wname, "%s.weight", p);
+    blk->has_down = has_tensor(mf, wname);
+    if (blk->has_down) {
+        st = load_conv_bn(mf, p, bn, cin, 1, stride, 0, &blk->down, bytes, err);
+        if (st != TW_OK) return st;
+        if (blk->down.cout != cout)
+            return tw_error_set(err, TW_ERR_MODEL,
+                                "model file %s: tensor '%s' has %d outputs but the block "
+                                "outputs %d channels",
+                                mf->path, wname, blk->down.cout, cout);
+    } else if (stride != 1 || cin != cout) {
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "model file %s: tensor '%s' is missing (block layer%d.%d changes "
+                            "%s from %d to %d)",
+                            mf->path, wname, stage + 1, idx,
+                            stride != 1 ? "the stride" : "channels", stride != 1 ? 1 : cin,
+                            stride != 1 ? stride : cout);
+    }
+    *ch = cout;
+    return TW_OK;
+}
+
+tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet **out,
+                           tw_error *err)
+{
+    *out = NULL;
+    int blocks[4] = {0, 0, 0, 0};
+    char name[96];
+    for (int s = 0; s < 4; s++) {
+        for (;;) {
+            snprintf(name, sizeof name, "layer%d.%d.conv1.weight", s + 1, blocks[s]);
+            if (!has_tensor(mf, name) || blocks[s] >= 1000) break;
+            blocks[s]++;
+        }
+    }
+    bool bottleneck = has_tensor(mf, "layer1.0.conv3.weight");
+    int depth = layout_depth(blocks, bottleneck);
+    if (depth == 0)
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "model file %s: %s blocks per stage [%d,%d,%d,%d] match no ResNet "
+                            "(18/34/50/101/152)",
+                            mf->path, bottleneck ? "bottleneck" : "basic", blocks[0], blocks[1],
+                            blocks[2], blocks[3]);
+    if (arch && *arch) {
+        int want = arch_depth(arch);
+        if (want == 0)
+            return tw_error_set(err, TW_ERR_MODEL,
+                                "model.arch '%s' is not one of resnet18, resnet34, resnet50, "
+                                "resnet101, resnet152",
+                                arch);
+        if (want != depth)
+            return tw_error_set(err, TW_ERR_MODEL,
+                                "model file %s: weights are resnet%d but model.arch says %s",
+                                mf->path, depth, arch);
+    }
+
+    tw_resnet *net = tw_calloc(TW_MEM_OTHER, 1, sizeof *net);
+    if (!net) return tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
+    net->depth = depth;
+    net->bottleneck = bottleneck;
+    memcpy(net->stage_blocks, blocks, sizeof blocks);
+    net->n_blocks = blocks[0] + blocks[1] + blocks[2] + blocks[3];
+    net->blocks = tw_calloc(TW_MEM_OTHER, (size_t)net->n_blocks, sizeof *net->blocks);
+    tw_status st = TW_OK;
+    if (!net->blocks) {
+        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
+        goto fail;
+    }
+
+    const tw_tensor *c1 = tw_model_file_find(mf, "conv1.weight");
+    if (!c1 || c1->ndim != 4) {
+        /* let get_tensor phrase the message (missing, or shape [*,*,7,7]) */
+        const tw_tensor *dummy;
+        st = get_tensor(mf, "conv1.weight", 4, (const int64_t[]){-1, -1, 7, 7}, &dummy, err);
+        if (st == TW_OK) st = TW_ERR_INTERNAL;
+        goto fail;
+    }
+    if (c1->shape[1] <= 0 || c1->shape[1] > TW_MAX_BANDS) {
+        st = tw_error_set(err, TW_ERR_MODEL,
+                          "model file %s: tensor 'conv1.weight' has %lld input bands (1..%d "
+                          "supported)",
+                          mf->path, (long long)c1->shape[1], TW_MAX_BANDS);
+        goto fail;
+    }
+    net->in_bands = (int)c1->shape[1];
+    st = load_conv_bn(mf, "conv1", "bn1", net->in_bands, 7, 2, 3, &net->stem, &net->weight_bytes,
+                      err);
+    if (st != TW_OK) goto fail;
+
+    int ch = net->stem.cout;
+    int bi = 0;
+    for (int s = 0; s < 4; s++)
+        for (int i = 0; i < blocks[s]; i++) {
+            st = load_block(mf, s, i, bottleneck, &ch, &net->blocks[bi++], &net->weight_bytes,
+                            err);
+            if (st != TW_OK) goto fail;
+        }
+    net->feat_dim = ch;
+
+    const tw_tensor *fw = NULL, *fb = NULL;
+    st = get_tensor(mf, "fc.weight", 2, (const int64_t[]){-1, ch}, &fw, err);
+    if (st != TW_OK) goto fail;
+    if (fw->shape[0] > TW_MAX_CLASSES) {
+        st = tw_error_set(err, TW_ERR_MODEL,
+                          "model file %s: tensor 'fc.weight' has %lld classes (at most %d "
+                          "supported)",
+                          mf->path, (long long)fw->shape[0], TW_MAX_CLASSES);
+        goto fail;
+    }
+    net->n_classes = (int)fw->shape[0];
+    st = get_tensor(mf, "fc.bias", 1, (const int64_t[]){net->n_classes}, &fb, err);
+    if (st != TW_OK) goto fail;
+    size_t fc_n = (size_t)net->n_classes * (size_t)ch;
+    net->fc_w = tw_alloc(TW_MEM_WEIGHTS, fc_n * sizeof(float));
+    net->fc_b = tw_alloc(TW_MEM_WEIGHTS, (size_t)net->n_classes * sizeof(float));
+    if (!net->fc_w || !net->fc_b) {
+        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
+        goto fail;
+    }
+    memcpy(net->fc_w, fw->data, fc_n * sizeof(float));
+    memcpy(net->fc_b, fb->data, (size_t)net->n_classes * sizeof(float));
+    net->weight_bytes += (fc_n + (size_t)net->n_classes) * sizeof(float);
+    *out = net;
+    return TW_OK;
+
+fail:
+    tw_resnet_destroy(net);
+    return st;
+}
