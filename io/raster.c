@@ -189,10 +189,16 @@ static void find_mask(tw_raster *r)
 static tw_status open_checked(tw_raster *r, const char *path, const int *bands, int n_bands,
                               tw_error *err, gdal_msgs *msgs)
 {
-    r->ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
-    if (!r->ds)
-        return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open as a raster: %s", path,
-                            capture_text(msgs));
+    /* VERBOSE_ERROR: without it GDAL says nothing about an unrecognized file. */
+    r->ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, NULL,
+                       NULL, NULL);
+    if (!r->ds) {
+        /* GDAL often starts with the path itself; don't say it twice. */
+        const char *why = capture_text(msgs);
+        size_t n = strlen(path);
+        if (strncmp(why, path, n) == 0 && why[n] == ':') why += n + 1 + (why[n + 1] == ' ');
+        return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open as a raster: %s", path, why);
+    }
     msgs->failure[0] = '\0';
 
     int count = GDALGetRasterCount(r->ds);
