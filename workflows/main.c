@@ -49,7 +49,7 @@ static int usage_error(const char *fmt, const char *arg)
 {
     fprintf(stderr, "tilewise: ");
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see tilewise --help)\n");
+    fprintf(stderr, " (see tilewise --help)\n");
     return TW_EXIT_USAGE;
 }
 
