@@ -134,7 +134,7 @@ static tw_status write_attributes(tw_tiletable *t, const tw_tiletable_params *p,
     if (st == TW_OK) st = write_attr(t, "stride", H5T_NATIVE_INT, 0, &p->stride, err);
     if (st == TW_OK) {
         const char *names[TW_MAX_CLASSES];
-        char fallback[TW_MAX_CLASSES][16];
+        char fallback[TW_MAX_CLASSES][24];
         for (int i = 0; i < p->n_classes; i++) {
             if (p->class_names && p->class_names[i][0]) {
                 names[i] = p->class_names[i];
