@@ -654,7 +654,6 @@ static void test_shared_rasters(void **state)
         assert_int_equal(total_nd, n_nd_full);
         free(buf);
         free(v);
-        tw_raster_close(r);
 
         if (strstr(file, "hls_10band_float32")) {
             seen_hls = true;
@@ -672,6 +671,7 @@ static void test_shared_rasters(void **state)
             seen_rgb = true;
             assert_true(in->has_nodata && in->nodata == 0.0 && n_nd_full > 0);
         }
+        tw_raster_close(r);
         n++;
     }
     fclose(f);
