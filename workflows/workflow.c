@@ -1,0 +1,1165 @@
+/* workflow.c - the YAML workflow file into tw_run_params (see workflow.h).
+ *
+ * The file is loaded with libyaml's document API (nodes carry their line),
+ * then walked with a fixed depth: sections -> keys -> list items. Nothing is
+ * recursive, so anchors, aliases and cycles in hostile input cannot hurt us;
+ * every node is checked for the type we expect before it is used.
+ *
+ * Each known key has one setter that fully validates its value and replaces
+ * the field it owns, so a key given in the file and again with --set goes
+ * through exactly the same checks. Checks that involve two keys (stride vs
+ * tile, mean vs std vs bands) and the required keys run once at the end, after
+ * the overrides, and name where the offending key came from.
+ *
+ * All work happens on a private copy of the params: *out is written only on
+ * success, so a failed parse leaves the caller's struct as it was.
+ */
+#include "workflows/workflow.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <yaml.h>
+
+/* A workflow file is a few hundred bytes; anything this large is a mistake
+ * (a raster passed instead of the YAML), not a config to read into memory. */
+#define WF_FILE_MAX ((size_t)16 << 20)
+#define WF_MEMORY_MIN ((size_t)16 << 20)
+#define WF_SHOW_MAX 40
+
+enum wf_key {
+    K_INPUT_PATH,
+    K_INPUT_BANDS,
+    K_INPUT_SCALE,
+    K_INPUT_NODATA,
+    K_INPUT_ON_ERROR,
+    K_MODEL_WEIGHTS,
+    K_MODEL_ARCH,
+    K_MODEL_MEAN,
+    K_MODEL_STD,
+    K_MODEL_CLASSES,
+    K_TILING_TILE,
+    K_TILING_STRIDE,
+    K_TILING_BATCH,
+    K_TILING_EDGE,
+    K_TILING_MAX_NODATA_FRACTION,
+    K_RUNTIME_DEVICE,
+    K_RUNTIME_PRECISION,
+    K_RUNTIME_MEMORY,
+    K_RUNTIME_THREADS,
+    K_OUTPUT_DIR,
+    K_OUTPUT_PRODUCTS,
+    K_OUTPUT_PROB_TYPE,
+    K_OUTPUT_FORMAT,
+    K_OUTPUT_CREATION_OPTIONS,
+    K_COUNT
+};
+
+/* Where a key's current value came from, for messages about it. */
+typedef struct wf_origin {
+    int line;     /* 1-based line in the file; 0: not given */
+    bool by_set;  /* given (last) by --set */
+} wf_origin;
+
+typedef struct wf_ctx {
+    const char *name;           /* file name for messages */
+    tw_error *err;
+    yaml_document_t *doc;       /* the document the current node belongs to */
+    bool in_set;                /* the current value comes from --set */
+    int key;                    /* the key being set (enum wf_key) */
+    wf_origin origin[K_COUNT];
+} wf_ctx;
+
+typedef tw_status (*wf_setter)(wf_ctx *c, const yaml_node_t *v, tw_run_params *p);
+
+typedef struct wf_key_def {
+    const char *path;
+    wf_setter set;
+} wf_key_def;
+
+static const char *const k_sections[] = {"input", "model", "tiling", "runtime", "output"};
+#define N_SECTIONS ((int)(sizeof k_sections / sizeof k_sections[0]))
+
+/* ------------------------------------------------------------------------ */
+/* messages                                                                 */
+
+/* Copy at most WF_SHOW_MAX bytes of user text into buf for a message, with
+ * control bytes replaced so that the message stays one readable line. */
+static const char *show(const char *s, size_t len, char *buf, size_t cap)
+{
+    size_t n = len;
+    bool cut = false;
+    if (n > WF_SHOW_MAX) {
+        n = WF_SHOW_MAX;
+        /* do not split a UTF-8 sequence */
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+        cut = true;
+    }
+    if (n + 4 > cap) n = cap > 4 ? cap - 4 : 0;
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        buf[j++] = (ch < 0x20 || ch == 0x7F) ? '?' : (char)ch;
+    }
+    if (cut) {
+        memcpy(buf + j, "...", 3);
+        j += 3;
+    }
+    buf[j] = '\0';
+    return buf;
+}
+
+static int node_line(const yaml_node_t *n)
+{
+    return n ? (int)n->start_mark.line + 1 : 0;
+}
+
+/* Record "WHERE: KEY: what" where WHERE is "file:line", "file" or "--set". */
+static tw_status fail_v(const wf_ctx *c, bool by_set, int line, const char *key,
+                        const char *fmt, va_list ap)
+{
+    char what[TW_ERROR_MSG_MAX];
+    vsnprintf(what, sizeof what, fmt, ap);
+    char where[TW_ERROR_MSG_MAX / 2];
+    if (by_set && key) /* "--set tiling.tile: ..." */
+        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: %s", key, what);
+    if (by_set)
+        snprintf(where, sizeof where, "--set");
+    else if (line > 0)
+        snprintf(where, sizeof where, "%s:%d", c->name, line);
+    else
+        snprintf(where, sizeof where, "%s", c->name);
+    if (key)
+        return tw_error_set(c->err, TW_ERR_CONFIG, "%s: %s: %s", where, key, what);
+    return tw_error_set(c->err, TW_ERR_CONFIG, "%s: %s", where, what);
+}
+
+/* An error about the value of the key being set, at node n. */
+__attribute__((format(printf, 3, 4))) static tw_status fail(const wf_ctx *c,
+                                                            const yaml_node_t *n,
+                                                            const char *fmt, ...);
+
+/* An error at an explicit line with an explicit key label (may be NULL). */
+__attribute__((format(printf, 4, 5))) static tw_status
+fail_at(const wf_ctx *c, int line, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    tw_status st = fail_v(c, c->in_set, line, key, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* An error about key k as it stands after file and overrides. */
+__attribute__((format(printf, 3, 4))) static tw_status fail_key(const wf_ctx *c, int k,
+                                                                const char *fmt, ...);
+
+/* ------------------------------------------------------------------------ */
+/* scalars                                                                  */
+
+static bool is_null(const yaml_node_t *n)
+{
+    if (!n) return true;
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    const char *s = (const char *)n->data.scalar.value;
+    return n->data.scalar.length == 0 || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 ||
+           strcmp(s, "Null") == 0 || strcmp(s, "NULL") == 0;
+}
+
+/* "a list", "a mapping", "nothing" or 'text', for "expected X, got Y". */
+static const char *describe(const yaml_node_t *n, char *buf, size_t cap)
+{
+    if (is_null(n)) return "nothing";
+    if (n->type == YAML_SEQUENCE_NODE) return "a list";
+    if (n->type == YAML_MAPPING_NODE) return "a mapping";
+    if (n->type != YAML_SCALAR_NODE) return "nothing";
+    char tmp[WF_SHOW_MAX + 8];
+    show((const char *)n->data.scalar.value, n->data.scalar.length, tmp, sizeof tmp);
+    snprintf(buf, cap, "'%s'", tmp);
+    return buf;
+}
+
+/* The text of a non-null scalar, or an error "expected <what>, got ...". */
+static tw_status get_text(wf_ctx *c, const yaml_node_t *n, const char *what, const char **s,
+                          size_t *len)
+{
+    char d[WF_SHOW_MAX + 16];
+    if (!n || n->type != YAML_SCALAR_NODE || is_null(n))
+        return fail(c, n, "expected %s, got %s", what, describe(n, d, sizeof d));
+    *s = (const char *)n->data.scalar.value;
+    *len = n->data.scalar.length;
+    /* "\0" in a double-quoted scalar would silently truncate a C string */
+    if (strlen(*s) != *len) return fail(c, n, "contains a NUL byte (expected %s)", what);
+    return TW_OK;
+}
+
+/* A decimal integer with nothing else around it. */
+static bool parse_int(const char *s, long long *v)
+{
+    const char *p = s;
+    if (*p == '+' || *p == '-') p++;
+    if (!isdigit((unsigned char)*p)) return false;
+    for (const char *q = p; *q; q++)
+        if (!isdigit((unsigned char)*q)) return false;
+    errno = 0;
+    char *end = NULL;
+    long long x = strtoll(s, &end, 10);
+    if (errno == ERANGE || *end) return false;
+    *v = x;
+    return true;
+}
+
+/* A finite decimal number (no hex, no inf/nan) with nothing around it. */
+static bool parse_number(const char *s, double *v)
+{
+    const char *p = s;
+    if (*p == '+' || *p == '-') p++;
+    if (!(isdigit((unsigned char)*p) || (*p == '.' && isdigit((unsigned char)p[1]))))
+        return false;
+    for (const char *q = p; *q; q++)
+        if (!(isdigit((unsigned char)*q) || *q == '.' || *q == 'e' || *q == 'E' || *q == '+' ||
+              *q == '-'))
+            return false;
+    errno = 0;
+    char *end = NULL;
+    double x = strtod(s, &end);
+    if (*end || errno == ERANGE || !isfinite(x)) return false;
+    *v = x;
+    return true;
+}
+
+static tw_status get_int(wf_ctx *c, const yaml_node_t *n, long long lo, long long hi, int *out)
+{
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, n, "an integer", &s, &len);
+    if (st) return st;
+    long long v;
+    char d[WF_SHOW_MAX + 8];
+    if (!parse_int(s, &v)) {
+        double x;
+        /* an integer-looking number that strtoll cannot hold */
+        if (parse_number(s, &x) && strpbrk(s, ".eE") == NULL)
+            return fail(c, n, "'%s' is out of range (expected %lld..%lld)", show(s, len, d, sizeof d),
+                        lo, hi);
+        return fail(c, n, "expected an integer, got '%s'", show(s, len, d, sizeof d));
+    }
+    if (v < lo || v > hi) return fail(c, n, "%lld is out of range (expected %lld..%lld)", v, lo, hi);
+    *out = (int)v;
+    return TW_OK;
+}
+
+/* "auto" (-> 0) or an integer lo..hi. */
+static tw_status get_auto_int(wf_ctx *c, const yaml_node_t *n, long long lo, long long hi, int *out)
+{
+    char what[64];
+    snprintf(what, sizeof what, "auto or an integer %lld..%lld", lo, hi);
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, n, what, &s, &len);
+    if (st) return st;
+    if (strcasecmp(s, "auto") == 0) {
+        *out = 0;
+        return TW_OK;
+    }
+    long long v;
+    char d[WF_SHOW_MAX + 8];
+    if (!parse_int(s, &v)) return fail(c, n, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
+    if (v < lo || v > hi) return fail(c, n, "%lld is out of range (expected %s)", v, what);
+    *out = (int)v;
+    return TW_OK;
+}
+
+static tw_status get_number(wf_ctx *c, const yaml_node_t *n, double *out)
+{
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, n, "a number", &s, &len);
+    if (st) return st;
+    char d[WF_SHOW_MAX + 8];
+    if (!parse_number(s, out)) return fail(c, n, "expected a number, got '%s'", show(s, len, d, sizeof d));
+    return TW_OK;
+}
+
+/* One of choices[] (case-insensitive); *idx is its index. */
+static tw_status get_choice(wf_ctx *c, const yaml_node_t *n, const char *const *choices, int n_choices,
+                            int *idx)
+{
+    char what[256] = "one of ";
+    for (int i = 0; i < n_choices; i++) {
+        if (i) strncat(what, " | ", sizeof what - strlen(what) - 1);
+        strncat(what, choices[i], sizeof what - strlen(what) - 1);
+    }
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, n, what, &s, &len);
+    if (st) return st;
+    for (int i = 0; i < n_choices; i++)
+        if (strcasecmp(s, choices[i]) == 0) {
+            *idx = i;
+            return TW_OK;
+        }
+    char d[WF_SHOW_MAX + 8];
+    return fail(c, n, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
+}
+
+/* A non-empty string that fits dst[cap] with its terminator. */
+static tw_status get_string(wf_ctx *c, const yaml_node_t *n, const char *what, char *dst, size_t cap)
+{
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, n, what, &s, &len);
+    if (st) return st;
+    if (len == 0) return fail(c, n, "must not be empty (expected %s)", what);
+    if (len >= cap) return fail(c, n, "too long (%zu bytes, at most %zu)", len, cap - 1);
+    memcpy(dst, s, len + 1);
+    return TW_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* lists: a sequence of scalars, or one scalar standing for a list of one    */
+
+static int list_len(const yaml_node_t *n)
+{
+    if (is_null(n)) return 0;
+    if (n->type == YAML_SEQUENCE_NODE)
+        return (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+    return 1;
+}
+
+static const yaml_node_t *list_item(const wf_ctx *c, const yaml_node_t *n, int i)
+{
+    if (n->type != YAML_SEQUENCE_NODE) return n;
+    return yaml_document_get_node(c->doc, n->data.sequence.items.start[i]);
+}
+
+/* Checks that n is a list of 1..max items (or a single scalar). */
+static tw_status check_list(wf_ctx *c, const yaml_node_t *n, const char *what, int max, int *count)
+{
+    if (n && n->type == YAML_MAPPING_NODE)
+        return fail(c, n, "expected a list of %s, got a mapping", what);
+    int len = list_len(n);
+    if (len == 0) return fail(c, n, "expected a list of %s, got %s", what, is_null(n) ? "nothing" : "an empty list");
+    if (len > max) return fail(c, n, "too many items (%d, at most %d)", len, max);
+    *count = len;
+    return TW_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* setters, one per key                                                     */
+
+static tw_status set_input_path(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    int n;
+    tw_status st = check_list(c, v, "raster paths", TW_MAX_INPUTS, &n);
+    for (int i = 0; !st && i < n; i++)
+        st = get_string(c, list_item(c, v, i), "a raster path", p->input.paths[i], TW_PATH_MAX);
+    if (!st) p->input.n_paths = n;
+    return st;
+}
+
+static tw_status set_input_bands(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    int n;
+    tw_status st = check_list(c, v, "band numbers (1-based)", TW_MAX_BANDS, &n);
+    for (int i = 0; !st && i < n; i++)
+        st = get_int(c, list_item(c, v, i), 1, INT_MAX, &p->input.bands[i]);
+    if (!st) p->input.n_bands = n;
+    return st;
+}
+
+static tw_status set_input_scale(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    double x;
+    tw_status st = get_number(c, v, &x);
+    if (st) return st;
+    if (!(x > 0)) return fail(c, v, "%g is out of range (expected a number > 0)", x);
+    p->input.scale = x;
+    return TW_OK;
+}
+
+static tw_status set_input_nodata(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *what = "auto, nan or a number";
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, v, what, &s, &len);
+    if (st) return st;
+    if (strcasecmp(s, "auto") == 0) {
+        p->input.nodata_auto = true;
+        return TW_OK;
+    }
+    double x;
+    if (strcasecmp(s, "nan") == 0 || strcasecmp(s, ".nan") == 0) {
+        x = NAN;
+    } else if (!parse_number(s, &x)) {
+        char d[WF_SHOW_MAX + 8];
+        return fail(c, v, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
+    }
+    p->input.nodata_auto = false;
+    p->input.nodata = x;
+    return TW_OK;
+}
+
+static tw_status set_input_on_error(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"fail", "skip"};
+    static const tw_on_error vals[] = {TW_ON_ERROR_FAIL, TW_ON_ERROR_SKIP};
+    int i;
+    tw_status st = get_choice(c, v, names, 2, &i);
+    if (!st) p->input.on_error = vals[i];
+    return st;
+}
+
+static tw_status set_model_weights(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_string(c, v, "a model file path", p->model.weights, TW_PATH_MAX);
+}
+
+static tw_status set_model_arch(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"};
+    int i;
+    tw_status st = get_choice(c, v, names, 5, &i);
+    if (!st) snprintf(p->model.arch, sizeof p->model.arch, "%s", names[i]);
+    return st;
+}
+
+/* mean or std: finite numbers that fit a float; std must be > 0. */
+static tw_status set_norm(wf_ctx *c, const yaml_node_t *v, float *dst, int *n_dst, bool positive)
+{
+    int n;
+    tw_status st = check_list(c, v, "numbers, one per band", TW_MAX_BANDS, &n);
+    for (int i = 0; !st && i < n; i++) {
+        const yaml_node_t *it = list_item(c, v, i);
+        double x;
+        st = get_number(c, it, &x);
+        if (st) break;
+        if (fabs(x) > FLT_MAX) st = fail(c, it, "%g is too large for float32", x);
+        else if (positive && !(x > 0))
+            st = fail(c, it, "%g is out of range (expected a number > 0)", x);
+        else
+            dst[i] = (float)x;
+    }
+    if (!st) *n_dst = n;
+    return st;
+}
+
+static tw_status set_model_mean(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return set_norm(c, v, p->model.mean, &p->model.n_mean, false);
+}
+
+static tw_status set_model_std(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return set_norm(c, v, p->model.std, &p->model.n_std, true);
+}
+
+static tw_status set_model_classes(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    int n;
+    tw_status st = check_list(c, v, "class names", TW_MAX_CLASSES, &n);
+    for (int i = 0; !st && i < n; i++) {
+        const yaml_node_t *it = list_item(c, v, i);
+        st = get_string(c, it, "a class name", p->model.classes[i], TW_NAME_MAX);
+        for (int j = 0; !st && j < i; j++)
+            if (strcmp(p->model.classes[i], p->model.classes[j]) == 0) {
+                char d[WF_SHOW_MAX + 8];
+                const char *s = p->model.classes[i];
+                st = fail(c, it, "duplicate class name '%s' (items %d and %d)", show(s, strlen(s), d, sizeof d),
+                          j + 1, i + 1);
+            }
+    }
+    if (!st) p->model.n_classes = n;
+    return st;
+}
+
+static tw_status set_tiling_tile(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_int(c, v, 8, 4096, &p->tiling.tile);
+}
+
+static tw_status set_tiling_stride(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_int(c, v, 1, 4096, &p->tiling.stride);
+}
+
+static tw_status set_tiling_batch(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_auto_int(c, v, 1, 4096, &p->tiling.batch);
+}
+
+static tw_status set_tiling_edge(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"pad", "shift", "skip"};
+    static const tw_edge_mode vals[] = {TW_EDGE_PAD, TW_EDGE_SHIFT, TW_EDGE_SKIP};
+    int i;
+    tw_status st = get_choice(c, v, names, 3, &i);
+    if (!st) p->tiling.edge = vals[i];
+    return st;
+}
+
+static tw_status set_tiling_max_nodata(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    double x;
+    tw_status st = get_number(c, v, &x);
+    if (st) return st;
+    if (!(x >= 0 && x <= 1)) return fail(c, v, "%g is out of range (expected 0..1)", x);
+    p->tiling.max_nodata_fraction = x;
+    return TW_OK;
+}
+
+static tw_status set_runtime_device(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *what = "auto | cpu | cuda | cuda:N";
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, v, what, &s, &len);
+    if (st) return st;
+    char *dev = p->runtime.device;
+    size_t cap = sizeof p->runtime.device;
+    if (strcasecmp(s, "auto") == 0 || strcasecmp(s, "cpu") == 0 || strcasecmp(s, "cuda") == 0) {
+        for (size_t i = 0; i <= len && i < cap; i++) dev[i] = (char)tolower((unsigned char)s[i]);
+        return TW_OK;
+    }
+    long long n;
+    if (strncasecmp(s, "cuda:", 5) == 0 && isdigit((unsigned char)s[5]) && parse_int(s + 5, &n)) {
+        if (n > 1023) return fail(c, v, "GPU index %lld is out of range (expected 0..1023)", n);
+        snprintf(dev, cap, "cuda:%d", (int)n);
+        return TW_OK;
+    }
+    char d[WF_SHOW_MAX + 8];
+    return fail(c, v, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
+}
+
+static tw_status set_runtime_precision(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
+    static const tw_precision vals[] = {TW_PREC_FP32, TW_PREC_TF32, TW_PREC_FP16, TW_PREC_BF16,
+                                        TW_PREC_INT8};
+    int i;
+    tw_status st = get_choice(c, v, names, 5, &i);
+    if (!st) p->runtime.precision = vals[i];
+    return st;
+}
+
+static tw_status set_runtime_memory(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *what = "a size such as 512MiB, 2GiB, 1.5GB or a number of bytes";
+    const char *s = NULL;
+    size_t len = 0;
+    tw_status st = get_text(c, v, what, &s, &len);
+    if (st) return st;
+    size_t bytes;
+    char d[WF_SHOW_MAX + 8];
+    if (tw_parse_bytes(s, &bytes) != 0)
+        return fail(c, v, "bad size '%s' (expected %s)", show(s, len, d, sizeof d), what);
+    if (bytes < WF_MEMORY_MIN)
+        return fail(c, v, "%s is too small (at least 16MiB)", show(s, len, d, sizeof d));
+    p->runtime.memory = bytes;
+    return TW_OK;
+}
+
+static tw_status set_runtime_threads(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_auto_int(c, v, 1, 1024, &p->runtime.threads);
+}
+
+static tw_status set_output_dir(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_string(c, v, "a directory path", p->output.dir, TW_PATH_MAX);
+}
+
+static tw_status set_output_products(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg"};
+    /* embeddings live in the HDF5 tile table, so they imply it */
+    static const unsigned bits[] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB, TW_PRODUCT_CONF,
+                                    TW_PRODUCT_EMB | TW_PRODUCT_TILES, TW_PRODUCT_TILES,
+                                    TW_PRODUCT_TILES_GPKG};
+    int n;
+    tw_status st = check_list(c, v, "products", 16, &n);
+    unsigned products = 0;
+    for (int i = 0; !st && i < n; i++) {
+        int k;
+        st = get_choice(c, list_item(c, v, i), names, 6, &k);
+        if (!st) products |= bits[k];
+    }
+    if (!st) p->output.products = products;
+    return st;
+}
+
+static tw_status set_output_prob_type(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"float32", "uint8"};
+    static const tw_prob_type vals[] = {TW_PROB_FLOAT32, TW_PROB_UINT8};
+    int i;
+    tw_status st = get_choice(c, v, names, 2, &i);
+    if (!st) p->output.prob_type = vals[i];
+    return st;
+}
+
+static tw_status set_output_format(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"GTiff", "COG"};
+    static const tw_format vals[] = {TW_FORMAT_GTIFF, TW_FORMAT_COG};
+    int i;
+    tw_status st = get_choice(c, v, names, 2, &i);
+    if (!st) p->output.format = vals[i];
+    return st;
+}
+
+static tw_status set_output_creation_options(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    /* An explicit empty list is allowed: it clears the options. */
+    if (v && v->type == YAML_SEQUENCE_NODE && list_len(v) == 0) {
+        p->output.n_creation_options = 0;
+        return TW_OK;
+    }
+    int n;
+    tw_status st = check_list(c, v, "KEY=VALUE strings", TW_MAX_CREATION_OPTIONS, &n);
+    for (int i = 0; !st && i < n; i++) {
+        const yaml_node_t *it = list_item(c, v, i);
+        char *o = p->output.creation_options[i];
+        st = get_string(c, it, "a KEY=VALUE string", o, sizeof p->output.creation_options[i]);
+        if (!st) {
+            const char *eq = strchr(o, '=');
+            char d[WF_SHOW_MAX + 8];
+            if (!eq || eq == o)
+                st = fail(c, it, "expected KEY=VALUE, got '%s'", show(o, strlen(o), d, sizeof d));
+        }
+    }
+    if (!st) p->output.n_creation_options = n;
+    return st;
+}
+
+static const wf_key_def k_keys[K_COUNT] = {
+    [K_INPUT_PATH] = {"input.path", set_input_path},
+    [K_INPUT_BANDS] = {"input.bands", set_input_bands},
+    [K_INPUT_SCALE] = {"input.scale", set_input_scale},
+    [K_INPUT_NODATA] = {"input.nodata", set_input_nodata},
+    [K_INPUT_ON_ERROR] = {"input.on_error", set_input_on_error},
+    [K_MODEL_WEIGHTS] = {"model.weights", set_model_weights},
+    [K_MODEL_ARCH] = {"model.arch", set_model_arch},
+    [K_MODEL_MEAN] = {"model.mean", set_model_mean},
+    [K_MODEL_STD] = {"model.std", set_model_std},
+    [K_MODEL_CLASSES] = {"model.classes", set_model_classes},
+    [K_TILING_TILE] = {"tiling.tile", set_tiling_tile},
+    [K_TILING_STRIDE] = {"tiling.stride", set_tiling_stride},
+    [K_TILING_BATCH] = {"tiling.batch", set_tiling_batch},
+    [K_TILING_EDGE] = {"tiling.edge", set_tiling_edge},
+    [K_TILING_MAX_NODATA_FRACTION] = {"tiling.max_nodata_fraction", set_tiling_max_nodata},
+    [K_RUNTIME_DEVICE] = {"runtime.device", set_runtime_device},
+    [K_RUNTIME_PRECISION] = {"runtime.precision", set_runtime_precision},
+    [K_RUNTIME_MEMORY] = {"runtime.memory", set_runtime_memory},
+    [K_RUNTIME_THREADS] = {"runtime.threads", set_runtime_threads},
+    [K_OUTPUT_DIR] = {"output.dir", set_output_dir},
+    [K_OUTPUT_PRODUCTS] = {"output.products", set_output_products},
+    [K_OUTPUT_PROB_TYPE] = {"output.prob_type", set_output_prob_type},
+    [K_OUTPUT_FORMAT] = {"output.format", set_output_format},
+    [K_OUTPUT_CREATION_OPTIONS] = {"output.creation_options", set_output_creation_options},
+};
+
+static tw_status fail(const wf_ctx *c, const yaml_node_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    tw_status st = fail_v(c, c->in_set, c->in_set ? 0 : node_line(n), k_keys[c->key].path, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static tw_status fail_key(const wf_ctx *c, int k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    tw_status st = fail_v(c, c->origin[k].by_set, c->origin[k].line, k_keys[k].path, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* key lookup and "did you mean"                                            */
+
+static int find_key(const char *path)
+{
+    for (int k = 0; k < K_COUNT; k++)
+        if (strcmp(k_keys[k].path, path) == 0) return k;
+    return -1;
+}
+
+/* Edit distance, capped: names are short (< 64 bytes) in every caller. */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return INT_MAX;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* The known key closest to path ("input.bandz" -> "input.bands"; a known
+ * leaf in the wrong section, "input.tile" -> "tiling.tile"), or NULL. */
+static const char *suggest_key(const char *path)
+{
+    const char *dot = strchr(path, '.');
+    const char *leaf = dot ? dot + 1 : path;
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (int k = 0; k < K_COUNT; k++) {
+        int d = edit_distance(path, k_keys[k].path);
+        const char *kl = strchr(k_keys[k].path, '.') + 1;
+        if (*leaf && strcmp(kl, leaf) == 0) d = d < 1 ? d : 1;
+        if (d < best_d) {
+            best_d = d;
+            best = k_keys[k].path;
+        }
+    }
+    int limit = (int)strlen(path) / 3;
+    if (limit < 2) limit = 2;
+    return best_d <= limit ? best : NULL;
+}
+
+static const char *suggest_section(const char *name)
+{
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (int i = 0; i < N_SECTIONS; i++) {
+        int d = edit_distance(name, k_sections[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = k_sections[i];
+        }
+    }
+    return best_d <= 2 ? best : NULL;
+}
+
+/* "path, bands, scale" for the keys of one section. */
+static void section_keys(const char *section, char *buf, size_t cap)
+{
+    size_t sl = strlen(section);
+    buf[0] = '\0';
+    for (int k = 0; k < K_COUNT; k++) {
+        const char *kp = k_keys[k].path;
+        if (strncmp(kp, section, sl) != 0 || kp[sl] != '.') continue;
+        if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
+        strncat(buf, kp + sl + 1, cap - strlen(buf) - 1);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* the document walk                                                        */
+
+/* A mapping key: a non-null scalar without NUL bytes and of sane length. */
+static tw_status key_name(wf_ctx *c, const yaml_node_t *k, const char *where, const char **name)
+{
+    char d[WF_SHOW_MAX + 16];
+    if (!k || k->type != YAML_SCALAR_NODE || is_null(k))
+        return fail_at(c, node_line(k), where, "expected a key name, got %s", describe(k, d, sizeof d));
+    const char *s = (const char *)k->data.scalar.value;
+    if (strlen(s) != k->data.scalar.length || k->data.scalar.length > 63) {
+        char lbl[TW_ERROR_MSG_MAX / 4];
+        snprintf(lbl, sizeof lbl, "%s%s%s", where ? where : "", where ? "." : "",
+                 show(s, k->data.scalar.length, d, sizeof d));
+        return fail_at(c, node_line(k), lbl, "unknown key");
+    }
+    *name = s;
+    return TW_OK;
+}
+
+static tw_status walk_section(wf_ctx *c, const char *section, const yaml_node_t *map,
+                              tw_run_params *p, int *seen_line)
+{
+    char d[WF_SHOW_MAX + 16];
+    if (is_null(map)) return TW_OK; /* "runtime:" with nothing under it */
+    if (map->type != YAML_MAPPING_NODE)
+        return fail_at(c, node_line(map), section, "expected a mapping of keys, got %s",
+                       describe(map, d, sizeof d));
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+        const yaml_node_t *kn = yaml_document_get_node(c->doc, pr->key);
+        const yaml_node_t *vn = yaml_document_get_node(c->doc, pr->value);
+        const char *name;
+        tw_status st = key_name(c, kn, section, &name);
+        if (st) return st;
+        char path[160];
+        snprintf(path, sizeof path, "%s.%s", section, name);
+        int line = node_line(kn);
+        int k = find_key(path);
+        if (k < 0) {
+            char shown[WF_SHOW_MAX + 80];
+            snprintf(shown, sizeof shown, "%s.%s", section, show(name, strlen(name), d, sizeof d));
+            const char *s = suggest_key(path);
+            if (s) return fail_at(c, line, shown, "unknown key (did you mean %s?)", s);
+            char known[256];
+            section_keys(section, known, sizeof known);
+            return fail_at(c, line, shown, "unknown key (known keys of %s: %s)", section, known);
+        }
+        if (seen_line[k])
+            return fail_at(c, line, path, "duplicate key (first given at line %d)", seen_line[k]);
+        seen_line[k] = line;
+        c->key = k;
+        c->origin[k].line = line;
+        c->origin[k].by_set = false;
+        st = k_keys[k].set(c, vn, p);
+        if (st) return st;
+    }
+    return TW_OK;
+}
+
+static tw_status walk_document(wf_ctx *c, tw_run_params *p)
+{
+    char d[WF_SHOW_MAX + 16];
+    const yaml_node_t *root = yaml_document_get_root_node(c->doc);
+    if (is_null(root))
+        return fail_at(c, 0, NULL,
+                       "empty workflow file (expected sections input, model, tiling, runtime, output)");
+    if (root->type != YAML_MAPPING_NODE)
+        return fail_at(c, node_line(root), NULL,
+                       "expected a mapping of sections (input, model, tiling, runtime, output), got %s",
+                       describe(root, d, sizeof d));
+    int seen_section[N_SECTIONS] = {0};
+    int seen_key[K_COUNT] = {0};
+    for (yaml_node_pair_t *pr = root->data.mapping.pairs.start; pr < root->data.mapping.pairs.top; pr++) {
+        const yaml_node_t *kn = yaml_document_get_node(c->doc, pr->key);
+        const char *name;
+        tw_status st = key_name(c, kn, NULL, &name);
+        if (st) return st;
+        int line = node_line(kn);
+        int s = -1;
+        for (int i = 0; i < N_SECTIONS; i++)
+            if (strcmp(name, k_sections[i]) == 0) s = i;
+        if (s < 0) {
+            show(name, strlen(name), d, sizeof d);
+            const char *dot = strchr(name, '.');
+            if (dot && find_key(name) >= 0) /* "tiling.tile: 64" written flat */
+                return fail_at(c, line, d, "unknown key (write it nested: '%.*s:' with '%s:' indented under it)",
+                               (int)(dot - name), name, dot + 1);
+            const char *sug = suggest_section(name);
+            if (!sug && dot) sug = suggest_key(name);
+            if (sug) return fail_at(c, line, d, "unknown key (did you mean %s?)", sug);
+            return fail_at(c, line, d, "unknown section (expected input, model, tiling, runtime, output)");
+        }
+        if (seen_section[s])
+            return fail_at(c, line, name, "duplicate key (first given at line %d)", seen_section[s]);
+        seen_section[s] = line;
+        st = walk_section(c, k_sections[s], yaml_document_get_node(c->doc, pr->value), p, seen_key);
+        if (st) return st;
+    }
+    return TW_OK;
+}
+
+/* libyaml's own error, with the line and column it points at. */
+static tw_status yaml_failure(wf_ctx *c, const yaml_parser_t *y, const char *text, size_t len,
+                              const char *set_key, const char *set_value)
+{
+    if (y->error == YAML_MEMORY_ERROR)
+        return tw_error_set(c->err, TW_ERR_NOMEM, "%s: out of memory while reading YAML", c->name);
+    size_t line, col;
+    if (y->error == YAML_READER_ERROR) {
+        /* reader errors carry a byte offset, not a mark */
+        size_t off = y->problem_offset < len ? y->problem_offset : len;
+        line = 0;
+        col = 0;
+        for (size_t i = 0; i < off; i++) {
+            if (text[i] == '\n') {
+                line++;
+                col = 0;
+            } else {
+                col++;
+            }
+        }
+    } else {
+        line = y->problem_mark.line;
+        col = y->problem_mark.column;
+    }
+    const char *problem = y->problem ? y->problem : "unknown error";
+    char ctxbuf[160] = "";
+    if (y->context && y->error != YAML_READER_ERROR)
+        snprintf(ctxbuf, sizeof ctxbuf, " (%s at line %zu)", y->context, (size_t)y->context_mark.line + 1);
+    if (set_key) {
+        char d[WF_SHOW_MAX + 8];
+        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: YAML syntax error in value '%s': %s%s",
+                            set_key, show(set_value, strlen(set_value), d, sizeof d), problem, ctxbuf);
+    }
+    return tw_error_set(c->err, TW_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s%s", c->name, line + 1,
+                        col + 1, problem, ctxbuf);
+}
+
+/* Load text as one YAML document into *doc (deleted by the caller on
+ * success only: libyaml frees it itself when loading fails). */
+static tw_status load_document(wf_ctx *c, yaml_document_t *doc, const char *text, size_t len,
+                               const char *set_key)
+{
+    yaml_parser_t y;
+    if (!yaml_parser_initialize(&y))
+        return tw_error_set(c->err, TW_ERR_NOMEM, "%s: out of memory while reading YAML", c->name);
+    yaml_parser_set_input_string(&y, (const unsigned char *)text, len);
+    tw_status st = TW_OK;
+    if (!yaml_parser_load(&y, doc)) {
+        st = yaml_failure(c, &y, text, len, set_key, text);
+        yaml_parser_delete(&y);
+        return st;
+    }
+    /* A second document would be silently ignored: say so instead. */
+    if (yaml_document_get_root_node(doc)) {
+        yaml_document_t extra;
+        if (!yaml_parser_load(&y, &extra)) {
+            st = yaml_failure(c, &y, text, len, set_key, text);
+        } else {
+            const yaml_node_t *r = yaml_document_get_root_node(&extra);
+            if (r) {
+                if (set_key)
+                    st = tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: more than one YAML document in the value",
+                                      set_key);
+                else
+                    st = fail_at(c, node_line(r), NULL, "only one YAML document is allowed in a workflow file");
+            }
+            yaml_document_delete(&extra);
+        }
+    }
+    yaml_parser_delete(&y);
+    if (st) yaml_document_delete(doc);
+    return st;
+}
+
+static tw_status apply_set(wf_ctx *c, const char *set, tw_run_params *p)
+{
+    char d[WF_SHOW_MAX + 16];
+    if (!set) return tw_error_set(c->err, TW_ERR_CONFIG, "--set: missing key.path=value");
+    const char *eq = strchr(set, '=');
+    const char *kb = set, *ke = eq ? eq : set + strlen(set);
+    while (kb < ke && isspace((unsigned char)*kb)) kb++;
+    while (ke > kb && isspace((unsigned char)ke[-1])) ke--;
+    char key[64];
+    size_t kl = (size_t)(ke - kb);
+    if (!eq || kl == 0)
+        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: expected key.path=value (e.g. tiling.tile=32)",
+                            show(set, strlen(set), d, sizeof d));
+    int k = -1;
+    if (kl < sizeof key) {
+        memcpy(key, kb, kl);
+        key[kl] = '\0';
+        k = find_key(key);
+    }
+    if (k < 0) {
+        show(kb, kl, d, sizeof d);
+        const char *s = kl < sizeof key ? suggest_key(key) : NULL;
+        if (s) return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: unknown key (did you mean %s?)", d, s);
+        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: unknown key", d);
+    }
+    const char *value = eq + 1;
+    yaml_document_t doc;
+    tw_status st = load_document(c, &doc, value, strlen(value), k_keys[k].path);
+    if (st) return st;
+    yaml_document_t *saved = c->doc;
+    c->doc = &doc;
+    c->in_set = true;
+    c->key = k;
+    st = k_keys[k].set(c, yaml_document_get_root_node(&doc), p);
+    c->in_set = false;
+    c->doc = saved;
+    yaml_document_delete(&doc);
+    if (!st) {
+        c->origin[k].by_set = true;
+        c->origin[k].line = 0;
+    }
+    return st;
+}
+
+static bool given(const wf_ctx *c, int k)
+{
+    return c->origin[k].by_set || c->origin[k].line > 0;
+}
+
+/* Checks that involve more than one key, after the file and the overrides. */
+static tw_status check_all(wf_ctx *c, const tw_run_params *p)
+{
+    if (!given(c, K_INPUT_PATH))
+        return fail_at(c, 0, NULL, "input.path is required (the raster(s) to classify)");
+    if (!given(c, K_MODEL_WEIGHTS))
+        return fail_at(c, 0, NULL, "model.weights is required (an HDF5 bundle or a safetensors file)");
+    const tw_tiling_params *t = &p->tiling;
+    if (t->tile > 0 && t->stride > 0) {
+        if (t->stride > t->tile)
+            return fail_key(c, K_TILING_STRIDE, "%d is larger than tile %d (expected 1..tile)", t->stride,
+                            t->tile);
+        if (t->tile % t->stride != 0)
+            return fail_key(c, K_TILING_STRIDE, "%d does not divide tile %d (expected a divisor such as %d)",
+                            t->stride, t->tile, t->tile / 2 >= 1 ? t->tile / 2 : 1);
+    }
+    const tw_model_params *m = &p->model;
+    if (m->n_mean > 0 && m->n_std > 0 && m->n_mean != m->n_std)
+        return fail_key(c, K_MODEL_STD, "%d values but model.mean has %d (expected one per band)", m->n_std,
+                        m->n_mean);
+    if (p->input.n_bands > 0) {
+        if (m->n_mean > 0 && m->n_mean != p->input.n_bands)
+            return fail_key(c, K_MODEL_MEAN, "%d values but input.bands selects %d bands (expected one per band)",
+                            m->n_mean, p->input.n_bands);
+        if (m->n_std > 0 && m->n_std != p->input.n_bands)
+            return fail_key(c, K_MODEL_STD, "%d values but input.bands selects %d bands (expected one per band)",
+                            m->n_std, p->input.n_bands);
+    }
+    return TW_OK;
+}
+
+tw_status tw_workflow_parse(const char *name, const char *text, size_t len, const char *const *sets,
+                            int n_sets, tw_run_params *out, tw_error *err)
+{
+    TW_ASSERT(out != NULL);
+    TW_ASSERT(text != NULL || len == 0);
+    if (!name) name = "<workflow>";
+    wf_ctx c;
+    memset(&c, 0, sizeof c);
+    c.name = name;
+    c.err = err;
+    if (strlen(name) >= TW_PATH_MAX)
+        return fail_at(&c, 0, NULL, "workflow path too long (at most %d bytes)", TW_PATH_MAX - 1);
+    /* ~100 KiB: on the heap, so that threads with small stacks can call us */
+    tw_run_params *p = malloc(sizeof *p);
+    if (!p) return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", name);
+    *p = tw_run_default_params();
+
+    yaml_document_t doc;
+    tw_status st = load_document(&c, &doc, text ? text : "", len, NULL);
+    if (!st) {
+        c.doc = &doc;
+        st = walk_document(&c, p);
+        c.doc = NULL;
+        yaml_document_delete(&doc);
+    }
+    for (int i = 0; !st && i < n_sets; i++) st = apply_set(&c, sets[i], p);
+    if (!st) st = check_all(&c, p);
+    if (!st) {
+        snprintf(p->workflow_path, sizeof p->workflow_path, "%s", name);
+        *out = *p;
+    }
+    free(p);
+    return st;
+}
+
+tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets, tw_run_params *out,
+                           tw_error *err)
+{
+    if (!path || !*path) return tw_error_set(err, TW_ERR_CONFIG, "no workflow file given");
+    FILE *f = fopen(path, "rb");
+    if (!f) return tw_error_set(err, TW_ERR_CONFIG, "%s: cannot open workflow file: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    tw_status st = TW_OK;
+    if (!buf) st = tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
+    while (!st) {
+        if (len == cap) {
+            if (cap >= WF_FILE_MAX) {
+                st = tw_error_set(err, TW_ERR_CONFIG, "%s: workflow file larger than %zu MiB: is it a YAML file?",
+                                  path, WF_FILE_MAX >> 20);
+                break;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                st = tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f))
+                st = tw_error_set(err, TW_ERR_CONFIG, "%s: cannot read workflow file: %s", path, strerror(errno));
+            break;
+        }
+    }
+    fclose(f);
+    if (!st) st = tw_workflow_parse(path, buf, len, sets, n_sets, out, err);
+    free(buf);
+    return st;
+}
+
+int tw_parse_bytes(const char *s, size_t *out)
+{
+    static const struct {
+        const char *unit;
+        size_t mult;
+    } units[] = {
+        {"", 1},
+        {"b", 1},
+        /* single letters as SLURM and sort(1) read them: powers of 1024 */
+        {"k", (size_t)1 << 10},
+        {"m", (size_t)1 << 20},
+        {"g", (size_t)1 << 30},
+        {"t", (size_t)1 << 40},
+        {"kib", (size_t)1 << 10},
+        {"mib", (size_t)1 << 20},
+        {"gib", (size_t)1 << 30},
+        {"tib", (size_t)1 << 40},
+        {"kb", 1000},
+        {"mb", 1000000},
+        {"gb", 1000000000},
+        {"tb", (size_t)1000000000000ULL},
+    };
+    if (!s || !out) return -1;
+    const char *p = s;
+    while (isdigit((unsigned char)*p)) p++;
+    const char *int_end = p;
+    bool frac = false;
+    if (*p == '.') {
+        frac = true;
+        p++;
+        while (isdigit((unsigned char)*p)) p++;
+    }
+    const char *num_end = p;
+    size_t ndigits = (size_t)(num_end - s) - (frac ? 1 : 0);
+    if (ndigits == 0 || num_end - s > 40) return -1;
+    /* "2 GiB" is fine, a lone trailing space is not */
+    if (*p == ' ' && p[1] != '\0') p++;
+    size_t mult = 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcasecmp(p, units[i].unit) == 0) {
+            mult = units[i].mult;
+            break;
+        }
+    if (mult == 0) return -1;
+    if (!frac) {
+        if (int_end == s) return -1;
+        char buf[48];
+        memcpy(buf, s, (size_t)(int_end - s));
+        buf[int_end - s] = '\0';
+        errno = 0;
+        unsigned long long v = strtoull(buf, NULL, 10);
+        if (errno == ERANGE || v > SIZE_MAX / mult || v == 0) return -1;
+        *out = (size_t)v * mult;
+        return 0;
+    }
+    char buf[48];
+    memcpy(buf, s, (size_t)(num_end - s));
+    buf[num_end - s] = '\0';
+    double v = strtod(buf, NULL) * (double)mult;
+    /* (double)SIZE_MAX rounds up to 2^64, which itself does not fit */
+    if (!(v >= 1.0) || !(v < (double)SIZE_MAX)) return -1;
+    *out = (size_t)v;
+    return 0;
+}
