@@ -38,7 +38,9 @@ static inline tw_tensor *synth_add(synth *s, const char *name, int ndim, const i
     if (s->mf.n_tensors >= SYNTH_MAX_TENSORS) return NULL;
     tw_tensor *t = &s->mf.tensors[s->mf.n_tensors++];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
+    size_t len = strlen(name);
+    if (len >= sizeof t->name) len = sizeof t->name - 1;
+    memcpy(t->name, name, len);
     t->ndim = ndim;
     t->numel = 1;
     for (int d = 0; d < ndim; d++) {

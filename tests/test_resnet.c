@@ -260,7 +260,7 @@ static void check_vs_pytorch(const char *model, const char *arch, const char *ta
     tw_error_init(&err);
     tw_model_file *mf = NULL;
     tw_resnet *net = NULL;
-    assert_int_equal(tw_model_file_load(tw_test_path(fx, model), &mf, &err), TW_OK);
+    if (tw_model_file_load(tw_test_path(fx, model), &mf, &err) != TW_OK) fail_msg("%s", err.msg);
     if (tw_resnet_create(mf, arch, &net, &err) != TW_OK) fail_msg("%s", err.msg);
     tw_model_file_destroy(mf);
     assert_int_equal(net->depth, depth);
@@ -282,10 +282,13 @@ static void check_vs_pytorch(const char *model, const char *arch, const char *ta
     assert_true(dp <= 1e-4);
     assert_true(de <= 1e-4 * emax);
     for (int t = 0; t < 8; t++) assert_int_equal(argmax(p + t * k, k), argmax(ref_p + t * k, k));
-    /* the probabilities are not all alike, or argmax agreement would mean little */
-    int distinct = 0;
-    for (int t = 1; t < 8; t++) distinct += fabs(ref_p[t * k] - ref_p[0]) > 1e-3;
-    assert_true(distinct > 0);
+    /* the tiles' features differ, or agreeing on them would mean little (the
+     * ResNet-50 fixture's probabilities are saturated, so its embeddings carry
+     * the comparison) */
+    double spread = 0;
+    for (int t = 1; t < 8; t++)
+        for (int c = 0; c < fd; c++) spread = fmax(spread, fabs(ref_e[t * fd + c] - ref_e[c]));
+    assert_true(spread > 1e-2 * emax);
     free(p);
     free(e);
     free(x);

@@ -1,0 +1,265 @@
+/* test_cpu_backend.c - the oneDNN CPU backend against PyTorch (fixtures from
+ * tests/fixtures/fx_models.py) and against the C reference forward pass on
+ * odd shapes; its memory estimate against what reserve really takes; and
+ * that infer allocates nothing. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "io/model_file.h"
+#include "model/backend.h"
+#include "model/resnet.h"
+#include "pipeline/alloc.h"
+#include "tests/synth_resnet.h"
+#include "tests/testutil.h"
+
+static int argmax(const float *p, int k)
+{
+    int best = 0;
+    for (int j = 1; j < k; j++)
+        if (p[j] > p[best]) best = j;
+    return best;
+}
+
+/* Create a backend and reserve it for net; check the estimate made before
+ * against the workspace bytes reserve really took (within 15%). */
+static void reserve_checked(const tw_resnet *net, int tile, int max_batch, tw_backend *be)
+{
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_cpu_backend_create(2, be, &err), TW_OK);
+    assert_string_equal(be->i->name, "cpu");
+    assert_false(be->i->wants_raw(be->ctx));
+    assert_null(be->i->host_alloc(be->ctx, 64));
+    size_t est = be->i->workspace_bytes(be->ctx, net, tile, max_batch, TW_PREC_FP32);
+    size_t before = tw_mem_current(TW_MEM_WORKSPACE);
+    int mb = max_batch;
+    if (be->i->reserve(be->ctx, net, tile, &mb, TW_PREC_FP32, &err) != TW_OK)
+        fail_msg("reserve: %s", err.msg);
+    assert_int_equal(mb, max_batch);
+    size_t got = tw_mem_current(TW_MEM_WORKSPACE) - before;
+    print_message("resnet%d tile %d batch %d: workspace estimate %zu bytes, reserved %zu\n",
+                  net->depth, tile, max_batch, est, got);
+    assert_true(got > 0);
+    assert_true(fabs((double)est - (double)got) <= 0.15 * (double)got);
+}
+
+/* Run x ([n_total] tiles) through be in chunks of the given sizes; the
+ * results go to probs/emb at the chunk's offset. No tw_alloc may happen. */
+static void infer_chunks(tw_backend *be, const tw_resnet *net, const float *x, int tile,
+                         const int *chunks, int n_chunks, float *probs, float *emb)
+{
+    tw_error err;
+    tw_error_init(&err);
+    size_t tile_elems = (size_t)net->in_bands * tile * tile;
+    uint64_t allocs = tw_mem_alloc_count();
+    int off = 0;
+    for (int c = 0; c < n_chunks; c++) {
+        tw_infer_batch b = {.n = chunks[c],
+                            .tile = tile,
+                            .x = x + off * tile_elems,
+                            .probs = probs + (size_t)off * net->n_classes,
+                            .emb = emb ? emb + (size_t)off * net->feat_dim : NULL};
+        if (be->i->infer(be->ctx, &b, &err) != TW_OK) fail_msg("infer: %s", err.msg);
+        off += chunks[c];
+    }
+    assert_int_equal(tw_mem_alloc_count(), allocs);
+}
+
+/* max |a-b| over probabilities; max |a-b| / max |b| over embeddings. */
+static void compare(const float *p, const float *ref_p, const float *e, const float *ref_e, int n,
+                    int k, int fd, const char *what)
+{
+    double dp = 0, de = 0, emax = 0;
+    for (int i = 0; i < n * k; i++) dp = fmax(dp, fabs(p[i] - ref_p[i]));
+    for (int i = 0; i < n * fd; i++) {
+        de = fmax(de, fabs(e[i] - ref_e[i]));
+        emax = fmax(emax, fabs(ref_e[i]));
+    }
+    print_message("%s: max |dp| = %.3g, max |de| / max |e| = %.3g\n", what, dp, de / emax);
+    assert_true(dp <= 1e-4);
+    assert_true(de <= 1e-4 * emax);
+    for (int t = 0; t < n; t++)
+        if (argmax(p + t * k, k) != argmax(ref_p + t * k, k))
+            fail_msg("%s: tile %d argmax %d, reference %d", what, t, argmax(p + t * k, k),
+                     argmax(ref_p + t * k, k));
+}
+
+static void check_vs_pytorch(const char *model, const char *tag)
+{
+    const char *fx = tw_test_fixtures();
+    if (!fx || !tw_test_file_exists(tw_test_path(fx, model)) ||
+        !tw_test_file_exists(tw_test_path(fx, "tiles_64.f32")))
+        skip();
+    char name[128];
+    float *x, *ref_p, *ref_e;
+    assert_int_equal(tw_test_read_f32(tw_test_path(fx, "tiles_64.f32"), &x), 8 * 6 * 64 * 64);
+    snprintf(name, sizeof name, "ref_%s_probs.f32", tag);
+    long np = tw_test_read_f32(tw_test_path(fx, name), &ref_p);
+    snprintf(name, sizeof name, "ref_%s_emb.f32", tag);
+    long ne = tw_test_read_f32(tw_test_path(fx, name), &ref_e);
+
+    tw_error err;
+    tw_error_init(&err);
+    tw_model_file *mf = NULL;
+    tw_resnet *net = NULL;
+    if (tw_model_file_load(tw_test_path(fx, model), &mf, &err) != TW_OK) fail_msg("%s", err.msg);
+    if (tw_resnet_create(mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
+    tw_model_file_destroy(mf);
+    int k = net->n_classes, fd = net->feat_dim;
+    assert_int_equal(np, 8 * k);
+    assert_int_equal(ne, 8 * fd);
+
+    size_t ws0 = tw_mem_current(TW_MEM_WORKSPACE);
+    tw_backend be;
+    reserve_checked(net, 64, 8, &be);
+    float *p = calloc((size_t)8 * k, sizeof(float)), *e = calloc((size_t)8 * fd, sizeof(float));
+    /* short batches (1 and 3 < max_batch 8), then a full one read in place */
+    infer_chunks(&be, net, x, 64, (const int[]){1, 3, 3, 1}, 4, p, e);
+    compare(p, ref_p, e, ref_e, 8, k, fd, "batches 1,3,3,1");
+    memset(p, 0, (size_t)8 * k * sizeof(float));
+    memset(e, 0, (size_t)8 * fd * sizeof(float));
+    infer_chunks(&be, net, x, 64, (const int[]){8}, 1, p, e);
+    compare(p, ref_p, e, ref_e, 8, k, fd, "batch 8");
+    /* embeddings are optional */
+    memset(p, 0, (size_t)8 * k * sizeof(float));
+    infer_chunks(&be, net, x, 64, (const int[]){5, 3}, 2, p, NULL);
+    compare(p, ref_p, e, ref_e, 8, k, fd, "batches 5,3 without embeddings");
+
+    tw_backend_stats stats;
+    be.i->get_stats(be.ctx, &stats);
+    assert_true(stats.compute_s > 0.0);
+    assert_int_equal(stats.copy_in_s, 0);
+    be.i->destroy(be.ctx);
+    assert_int_equal(tw_mem_current(TW_MEM_WORKSPACE), ws0);
+    free(p);
+    free(e);
+    free(x);
+    free(ref_p);
+    free(ref_e);
+    tw_resnet_destroy(net);
+}
+
+static void test_resnet18_vs_pytorch(void **state)
+{
+    (void)state;
+    check_vs_pytorch("resnet18_6b_7c.safetensors", "resnet18");
+}
+
+static void test_resnet50_vs_pytorch(void **state)
+{
+    (void)state;
+    check_vs_pytorch("resnet50_6b_5c.safetensors", "resnet50");
+}
+
+/* Widths that are no multiple of oneDNN's channel blocks, one input band,
+ * tiles whose sizes go odd along the way: the fast path must still match
+ * the reference. */
+static void check_vs_reference(const int blocks[4], int bottleneck, int bands, int width,
+                               int classes, int tile)
+{
+    synth s;
+    assert_int_equal(synth_resnet(&s, blocks, bottleneck, bands, width, classes, 99), 0);
+    tw_error err;
+    tw_error_init(&err);
+    tw_resnet *net = NULL;
+    if (tw_resnet_create(&s.mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
+    synth_free(&s);
+    int n = 4, k = net->n_classes, fd = net->feat_dim;
+    size_t elems = (size_t)n * bands * tile * tile;
+    float *x = malloc(elems * sizeof(float));
+    uint64_t r = 12345;
+    for (size_t i = 0; i < elems; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        x[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    }
+    float *rp = malloc((size_t)n * k * sizeof(float)), *re = malloc((size_t)n * fd * sizeof(float));
+    float *p = malloc((size_t)n * k * sizeof(float)), *e = malloc((size_t)n * fd * sizeof(float));
+    assert_int_equal(tw_resnet_forward_ref(net, x, n, tile, rp, re, &err), TW_OK);
+
+    tw_backend be;
+    reserve_checked(net, tile, n, &be);
+    infer_chunks(&be, net, x, tile, (const int[]){2, 1, 1}, 3, p, e);
+    char what[96];
+    snprintf(what, sizeof what, "resnet%d width %d bands %d tile %d vs reference", net->depth,
+             width, bands, tile);
+    compare(p, rp, e, re, n, k, fd, what);
+    be.i->destroy(be.ctx);
+    tw_resnet_destroy(net);
+    free(x);
+    free(rp);
+    free(re);
+    free(p);
+    free(e);
+}
+
+static void test_odd_shapes_basic(void **state)
+{
+    (void)state;
+    check_vs_reference((const int[]){3, 4, 6, 3}, 0, 3, 12, 3, 40);
+}
+
+static void test_odd_shapes_bottleneck(void **state)
+{
+    (void)state;
+    check_vs_reference((const int[]){3, 4, 6, 3}, 1, 1, 6, 2, 37);
+}
+
+static void test_bad_calls(void **state)
+{
+    (void)state;
+    synth s;
+    assert_int_equal(synth_resnet(&s, (const int[]){2, 2, 2, 2}, 0, 2, 8, 3, 5), 0);
+    tw_error err;
+    tw_error_init(&err);
+    tw_resnet *net = NULL;
+    assert_int_equal(tw_resnet_create(&s.mf, "", &net, &err), TW_OK);
+    synth_free(&s);
+    tw_backend be;
+    assert_int_equal(tw_cpu_backend_create(1, &be, &err), TW_OK);
+    float x[4 * 2 * 32 * 32] = {0}, p[4 * 3];
+    tw_infer_batch b = {.n = 1, .tile = 32, .x = x, .probs = p};
+    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "before reserve"));
+
+    int mb = 2;
+    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, &err), TW_OK);
+    b.n = 3;
+    tw_error_init(&err);
+    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "3 tiles"));
+    b.n = 1;
+    b.tile = 16;
+    tw_error_init(&err);
+    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
+    b.tile = 32;
+    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_OK);
+    assert_true(fabs(p[0] + p[1] + p[2] - 1.0) < 1e-5);
+
+    /* reserving again (another tile size) replaces the first reservation */
+    size_t ws = tw_mem_current(TW_MEM_WORKSPACE);
+    mb = 2;
+    assert_int_equal(be.i->reserve(be.ctx, net, 64, &mb, TW_PREC_FP32, &err), TW_OK);
+    assert_true(tw_mem_current(TW_MEM_WORKSPACE) > ws);
+    be.i->destroy(be.ctx);
+    tw_resnet_destroy(net);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_calls),
+        cmocka_unit_test(test_odd_shapes_basic),
+        cmocka_unit_test(test_odd_shapes_bottleneck),
+        cmocka_unit_test(test_resnet18_vs_pytorch),
+        cmocka_unit_test(test_resnet50_vs_pytorch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
