@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -289,6 +291,53 @@ static void test_bad_path(void **state)
     remove_dir(dir);
 }
 
+/* A full disk, simulated with RLIMIT_FSIZE (writes fail with EFBIG). */
+static void test_write_failure(void **state)
+{
+    (void)state;
+    enum { N = 20000, F = 16 };
+    const char *dir = tw_test_tmpdir();
+    const char *path = tw_test_path(dir, "scene.tiles.h5");
+    tw_tiletable_params p = base_params(path, F);
+    tw_error err;
+    tw_error_init(&err);
+    tw_tiletable *t = NULL;
+    assert_int_equal(tw_tiletable_create(&p, &t, &err), TW_OK);
+    int32_t *rc = calloc(N, sizeof(int32_t));
+    float *probs = malloc(sizeof(float) * N * 3), *emb = malloc(sizeof(float) * N * F);
+    assert_non_null(rc);
+    assert_non_null(probs);
+    assert_non_null(emb);
+    /* Poorly compressible values so that deflate cannot hide the size. */
+    uint32_t x = 12345;
+    for (size_t i = 0; i < (size_t)N * F; i++) {
+        x = x * 1664525u + 1013904223u;
+        emb[i] = (float)x;
+        if (i < (size_t)N * 3) probs[i] = (float)(x >> 8);
+    }
+
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 64 * 1024;
+    void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    tw_status st = tw_tiletable_append(t, N, rc, rc, probs, emb, &err);
+    if (st == TW_OK) st = tw_tiletable_finish(t, &err);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, old_sig);
+
+    assert_int_equal(st, TW_ERR_OUTPUT);
+    if (!strstr(err.msg, path)) fail_msg("message '%s' does not name %s", err.msg, path);
+    assert_false(tw_test_file_exists(path));
+    tw_tiletable_destroy(t);
+    assert_int_equal(count_entries(dir), 0);
+    free(rc);
+    free(probs);
+    free(emb);
+    remove_dir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -296,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_many_no_embeddings),
         cmocka_unit_test(test_destroy_removes_part),
         cmocka_unit_test(test_bad_path),
+        cmocka_unit_test(test_write_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

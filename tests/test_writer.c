@@ -8,7 +8,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -610,6 +612,52 @@ static void test_cog(void **state)
     remove_dir(dir);
 }
 
+/* A full disk, simulated with RLIMIT_FSIZE: writes past the limit fail with
+ * EFBIG (SIGXFSZ ignored) exactly where ENOSPC would. */
+static void test_write_failure(void **state)
+{
+    (void)state;
+    enum { N = 400 };
+    const char *dir = tw_test_tmpdir();
+    assert_non_null(dir);
+    float *probs = malloc(sizeof(float) * N * N * K);
+    uint8_t *has = malloc(N * N);
+    assert_non_null(probs);
+    assert_non_null(has);
+    make_probs(N, N, K, probs, has);
+    for (int fmt = 0; fmt < 2; fmt++) {
+        tw_writer_params p = base_params(dir, "");
+        p.grid_w = p.grid_h = N;
+        p.format = fmt ? TW_FORMAT_COG : TW_FORMAT_GTIFF;
+        tw_error err;
+        tw_error_init(&err);
+        tw_writer *w = NULL;
+        assert_int_equal(tw_writer_create(&p, &w, &err), TW_OK);
+
+        struct rlimit old, lim;
+        assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+        lim = old;
+        lim.rlim_cur = 64 * 1024;   /* the prob raster needs ~1.9 MB */
+        void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+        tw_status st = tw_writer_write_rows(w, 0, N, probs, has, &err);
+        if (st == TW_OK) st = tw_writer_finish(w, &err);
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+        signal(SIGXFSZ, old_sig);
+
+        assert_int_equal(st, TW_ERR_OUTPUT);
+        if (!strstr(err.msg, dir)) fail_msg("message '%s' does not name %s", err.msg, dir);
+        assert_false(tw_test_file_exists(tw_test_path(dir, "scene.class.tif")));
+        assert_false(tw_test_file_exists(tw_test_path(dir, "scene.prob.tif")));
+        tw_writer_destroy(w);
+        char names[1024];
+        if (list_dir(dir, names, sizeof names) != 0) fail_msg("left behind: %s", names);
+    }
+    free(probs);
+    free(has);
+    remove_dir(dir);
+}
+
 int main(void)
 {
     GDALAllRegister();
@@ -622,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_bad_output_dir),
         cmocka_unit_test(test_bad_creation_option),
         cmocka_unit_test(test_cog),
+        cmocka_unit_test(test_write_failure),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     GDALDestroyDriverManager();
