@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,6 +388,89 @@ static void test_mask_band(void **state)
     tw_raster_close(r);
 }
 
+static void test_alpha_band(void **state)
+{
+    (void)state;
+    const char *path = fixture("rast_byte_striped_alpha.tif");
+    if (!path) skip();
+    static const int rgb[] = {1, 2, 3};
+    tw_error err;
+    tw_error_init(&err);
+    tw_raster *r = NULL;
+    assert_int_equal(tw_raster_open(path, rgb, 3, &r, &err), TW_OK);
+    assert_int_equal(tw_raster_get_info(r)->band_count, 4);
+    uint8_t *raw = malloc((size_t)3 * 32 * 32);
+    uint8_t *valid = malloc(32 * 32);
+    int64_t nn, ni;
+    /* rows 48..79: 48..59 valid, 60..69 alpha 0, 70.. outside */
+    assert_int_equal(tw_raster_read(r, 70, 48, 32, 32, raw, valid, &nn, &ni, &err), TW_OK);
+    for (int y = 0; y < 32; y++)
+        for (int x = 0; x < 32; x++)
+            assert_int_equal(valid[y * 32 + x], 70 + x < FW && 48 + y < 60);
+    assert_int_equal(ni, 30 * 22);
+    assert_int_equal(nn, 30 * 10);
+    /* the pixel values themselves are the formula's */
+    for (int b = 1; b <= 3; b++) {
+        uint8_t e;
+        put_value(TW_DT_BYTE, &e, 0, b, 48, 75, false, 0);
+        assert_int_equal(raw[(size_t)(b - 1) * 32 * 32 + 5], e);
+    }
+    free(raw);
+    free(valid);
+    tw_raster_close(r);
+}
+
+/* One tw_raster per thread, as the pipeline's readers use them: concurrent
+ * opens (driver registration) and reads give the formula's values. */
+static void *reader_thread(void *arg)
+{
+    const char *path = arg;
+    static const int all[] = {1, 2, 3};
+    tw_error err;
+    tw_error_init(&err);
+    tw_raster *r = NULL;
+    if (tw_raster_open(path, all, 3, &r, &err) != TW_OK) return (void *)1;
+    uintptr_t bad = 0;
+    uint16_t *raw = malloc(sizeof(uint16_t) * 3 * 16 * 16), e;
+    uint8_t *valid = malloc(16 * 16);
+    for (int y0 = 0; y0 < FH && !bad; y0 += 16) {
+        for (int x0 = 0; x0 < FW && !bad; x0 += 16) {
+            int64_t nn, ni;
+            if (tw_raster_read(r, x0, y0, 16, 16, raw, valid, &nn, &ni, &err) != TW_OK) {
+                bad = 2;
+                break;
+            }
+            for (int b = 0; b < 3; b++)
+                for (int y = 0; y < 16 && y0 + y < FH; y++)
+                    for (int x = 0; x < 16 && x0 + x < FW; x++) {
+                        put_value(TW_DT_UINT16, &e, 0, b + 1, y0 + y, x0 + x, false, 0);
+                        if (raw[(b * 16 + y) * 16 + x] != e) bad = 3;
+                    }
+        }
+    }
+    free(raw);
+    free(valid);
+    tw_raster_close(r);
+    return (void *)bad;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    const char *path = fixture("rast_uint16_tiled.tif");
+    if (!path) skip();
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", path);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, reader_thread, copy), 0);
+    for (int i = 0; i < 4; i++) {
+        void *ret = NULL;
+        assert_int_equal(pthread_join(th[i], &ret), 0);
+        assert_int_equal((uintptr_t)ret, 0);
+    }
+}
+
 /* Info against what GDAL Python wrote into rasters_info.txt. */
 static void test_info_matches_gdal(void **state)
 {
@@ -435,7 +519,7 @@ static void test_info_matches_gdal(void **state)
         n++;
     }
     fclose(f);
-    assert_true(n >= 36);
+    assert_true(n >= 37);
 }
 
 /* ---- errors ---- */
@@ -727,12 +811,14 @@ static void test_dtype_helpers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_threads), /* first: concurrent driver registration */
         cmocka_unit_test(test_dtype_helpers),
         cmocka_unit_test(test_fixture_windows),
         cmocka_unit_test(test_nodata_counts_nonzero),
         cmocka_unit_test(test_nan_inf),
         cmocka_unit_test(test_config_nodata),
         cmocka_unit_test(test_mask_band),
+        cmocka_unit_test(test_alpha_band),
         cmocka_unit_test(test_info_matches_gdal),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_read_errors),
