@@ -1,7 +1,7 @@
 /* raster.c - GDAL raster reader: see raster.h.
  *
  * Every GDAL call of a public function runs under a pushed error handler
- * (tw_gdal_capture) so GDAL never prints to stderr; the first failure message
+ * (capture_handler) so GDAL never prints to stderr; the first failure message
  * (or, lacking one, the last warning) is copied into the caller's tw_error by
  * the code that notices the failure. Reads clip the window to the raster and
  * hand GDAL the caller's [bands][h][w] buffer with explicit pixel/line/band
@@ -444,7 +444,7 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
         size_t need = (size_t)xr * (size_t)yr;
         if (need > r->mask_cap) {
             tw_free(r->mask_buf);
-            r->mask_buf = tw_alloc(TW_MEM_SLOTS, need);
+            r->mask_buf = tw_alloc(TW_MEM_OTHER, need);
             r->mask_cap = r->mask_buf ? need : 0;
         }
         if (!r->mask_buf) {
