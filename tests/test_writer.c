@@ -612,6 +612,49 @@ static void test_cog(void **state)
     remove_dir(dir);
 }
 
+/* uint8 probabilities through the COG driver keep their validity mask. */
+static void test_cog_uint8_mask(void **state)
+{
+    (void)state;
+    const char *dir = tw_test_tmpdir();
+    assert_non_null(dir);
+    float probs[GW * GH * K];
+    uint8_t has[GW * GH];
+    make_probs(GW, GH, K, probs, has);
+    tw_writer_params p = base_params(dir, "");
+    p.products = TW_PRODUCT_PROB;
+    p.prob_type = TW_PROB_UINT8;
+    p.format = TW_FORMAT_COG;
+    tw_error err;
+    tw_error_init(&err);
+    tw_writer *w = NULL;
+    if (tw_writer_create(&p, &w, &err) != TW_OK) fail_msg("create: %s", err.msg);
+    const int strips[] = {GH};
+    write_strips(w, probs, has, GW, strips, 1, K);
+    if (tw_writer_finish(w, &err) != TW_OK) fail_msg("finish: %s", err.msg);
+    tw_writer_destroy(w);
+    char names[1024];
+    list_dir(dir, names, sizeof names);
+    assert_null(strstr(names, ".part"));
+    assert_null(strstr(names, ".msk"));
+
+    GDALDatasetH ds = GDALOpen(tw_test_path(dir, "scene.prob.tif"), GA_ReadOnly);
+    assert_non_null(ds);
+    assert_string_equal(GDALGetMetadataItem(ds, "LAYOUT", "IMAGE_STRUCTURE"), "COG");
+    GDALRasterBandH band = GDALGetRasterBand(ds, 2);
+    assert_string_equal(GDALGetDescription(band), k_names[1]);
+    assert_int_equal(GDALGetMaskFlags(band), GMF_PER_DATASET);
+    uint8_t v[GW * GH], m[GW * GH];
+    read_band_u8(band, v, GW, GH);
+    read_band_u8(GDALGetMaskBand(band), m, GW, GH);
+    for (int i = 0; i < GW * GH; i++) {
+        assert_int_equal(m[i], has[i] ? 255 : 0);
+        if (has[i]) assert_true(fabs(v[i] - 255.0 * probs[i * K + 1]) <= 0.5 + 1e-4);
+    }
+    GDALClose(ds);
+    remove_dir(dir);
+}
+
 /* A full disk, simulated with RLIMIT_FSIZE: writes past the limit fail with
  * EFBIG (SIGXFSZ ignored) exactly where ENOSPC would. */
 static void test_write_failure(void **state)
@@ -670,6 +713,7 @@ int main(void)
         cmocka_unit_test(test_bad_output_dir),
         cmocka_unit_test(test_bad_creation_option),
         cmocka_unit_test(test_cog),
+        cmocka_unit_test(test_cog_uint8_mask),
         cmocka_unit_test(test_write_failure),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
