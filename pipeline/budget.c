@@ -29,11 +29,19 @@ static size_t gdal_cache_for(const tw_budget_in *in, size_t cap)
 {
     int bw = in->block_w > 0 ? in->block_w : in->raster_w;
     int bh = in->block_h > 0 ? in->block_h : 1;
+    int stride = in->stride > 0 ? in->stride : in->tile;
     size_t blocks_x = (size_t)((in->raster_w + bw - 1) / bw);
-    size_t rows = (size_t)((in->tile + bh - 1) / bh + 1);
-    size_t need = blocks_x * rows * (size_t)bw * (size_t)bh * (size_t)in->bands *
+    /* Block rows one tile row touches, worst case over the tile rows (the
+     * pattern repeats, so a bounded scan finds it). */
+    int rows = 1;
+    for (int a = 0; a < 4096; a++) {
+        long y0 = (long)a * stride;
+        int n = (int)((y0 + in->tile - 1) / bh - y0 / bh + 1);
+        if (n > rows) rows = n;
+    }
+    size_t need = blocks_x * (size_t)rows * (size_t)bw * (size_t)bh * (size_t)in->bands *
                   tw_dtype_size(in->dtype);
-    need += need / 4; /* GDAL's per-block bookkeeping */
+    need += need / 8; /* GDAL's per-block bookkeeping */
     if (need < 4 * MIB) need = 4 * MIB;
     return need < cap ? need : cap;
 }

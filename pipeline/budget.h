@@ -25,7 +25,7 @@ typedef struct tw_budget_in {
     const tw_backend *backend;
     const tw_resnet *net;
     tw_precision precision;
-    int tile, bands;
+    int tile, stride, bands;
     tw_dtype dtype;
     int n_classes, feat_dim;
     bool want_emb;

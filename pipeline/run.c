@@ -443,7 +443,7 @@ static void *writer_main(void *arg)
                                 pp->err) != TW_OK)
             goto fail;
         pp->tiles_done += s->n_refs;
-        if (!pp->first_written) {
+        if (!pp->first_written && tw_stitch_rows_done(pp->stitch) > 0) {
             pp->first_written = true;
             pp->allocs_after_first = tw_mem_alloc_count();
         }
@@ -697,6 +697,7 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .net = c->net,
         .precision = p->runtime.precision,
         .tile = c->m.tile,
+        .stride = c->m.stride,
         .bands = c->m.in_bands,
         .dtype = widest_dtype,
         .n_classes = c->m.n_classes,

@@ -158,3 +158,5 @@ const int64_t *tw_stitch_histogram(const tw_stitch *s, int64_t *nodata_cells)
     if (nodata_cells) *nodata_cells = s->nodata_cells;
     return s->hist;
 }
+
+int tw_stitch_rows_done(const tw_stitch *s) { return s->next_row - s->plan->row_begin; }

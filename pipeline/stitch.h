@@ -37,6 +37,8 @@ tw_status tw_stitch_finish(tw_stitch *s, tw_error *err);
 /* Output cells per class written so far (argmax), and nodata cells.
  * Borrowed: [n_classes] counts, valid until destroy. */
 const int64_t *tw_stitch_histogram(const tw_stitch *s, int64_t *nodata_cells);
+/* Output rows finished so far. */
+int tw_stitch_rows_done(const tw_stitch *s);
 /* Bytes the stitcher holds for a plan (for the memory budget). */
 size_t tw_stitch_bytes(const tw_plan *plan, int n_classes);
 
