@@ -286,6 +286,10 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
     tw_writer_file *f = &w->files[which];
     GDALDriverH drv = GDALGetDriverByName("GTiff");
     if (!drv) return tw_error_set(err, TW_ERR_INTERNAL, "GDAL has no GTiff driver");
+    /* A crashed earlier run may have left temporaries; their sidecars would
+     * otherwise be picked up as ours. */
+    remove_file_and_sidecars(f->part_path);
+    remove_file_and_sidecars(f->cog_path);
     f->ds = GDALCreate(drv, f->part_path, w->grid_w, w->grid_h, f->n_bands, f->type,
                        gtiff_options);
     if (!f->ds)
