@@ -66,6 +66,7 @@ struct tw_writer {
     /* GDAL messages seen while our handler was pushed. */
     int gdal_failures;
     char gdal_msg[512];
+    char gdal_warning[512];   /* first warning (creation-option validation speaks in warnings) */
 };
 
 /* ---- GDAL message routing ---- */
@@ -74,7 +75,10 @@ static void CPL_STDCALL writer_gdal_handler(CPLErr cls, CPLErrorNum num, const c
 {
     (void)num;
     tw_writer *w = CPLGetErrorHandlerUserData();
-    if (!w || (cls != CE_Failure && cls != CE_Fatal)) return;   /* warnings are dropped */
+    if (!w) return;
+    if (cls == CE_Warning && !w->gdal_warning[0])
+        snprintf(w->gdal_warning, sizeof w->gdal_warning, "%s", msg ? msg : "");
+    if (cls != CE_Failure && cls != CE_Fatal) return;
     /* Keep the first failure: later ones are usually knock-on effects. */
     if (w->gdal_failures++ == 0) snprintf(w->gdal_msg, sizeof w->gdal_msg, "%s", msg ? msg : "");
 }
@@ -83,6 +87,7 @@ static void writer_gdal_begin(tw_writer *w)
 {
     w->gdal_failures = 0;
     w->gdal_msg[0] = '\0';
+    w->gdal_warning[0] = '\0';
     CPLPushErrorHandlerEx(writer_gdal_handler, w);
 }
 
@@ -177,6 +182,19 @@ static tw_status merge_options(char ***list, const char (*opts)[128], int n, tw_
         key[klen] = '\0';
         *list = CSLSetNameValue(*list, key, eq + 1);
     }
+    return TW_OK;
+}
+
+/* GDAL only warns about unknown or malformed creation options and then
+ * ignores them; a user who asked for COMPRESS=ZSTDX should hear about it. */
+static tw_status validate_options(tw_writer *w, const char *driver, char **opts, tw_error *err)
+{
+    GDALDriverH drv = GDALGetDriverByName(driver);
+    if (!drv) return tw_error_set(err, TW_ERR_INTERNAL, "GDAL has no %s driver", driver);
+    w->gdal_warning[0] = '\0';
+    if (!GDALValidateCreationOptions(drv, opts))
+        return tw_error_set(err, TW_ERR_CONFIG, "output.creation_options (format %s): %s",
+                            driver, w->gdal_warning[0] ? w->gdal_warning : "invalid option");
     return TW_OK;
 }
 
@@ -367,10 +385,12 @@ static tw_status writer_create(tw_writer *w, const tw_writer_params *p, tw_error
         gtiff = CSLSetNameValue(gtiff, "COMPRESS", "LZW");
         w->cog_options = CSLSetNameValue(w->cog_options, "BIGTIFF", "IF_SAFER");
         st = merge_options(&w->cog_options, p->creation_options, p->n_creation_options, err);
+        if (st == TW_OK) st = validate_options(w, "COG", w->cog_options, err);
     } else {
         gtiff = CSLSetNameValue(gtiff, "TILED", "YES");
         gtiff = CSLSetNameValue(gtiff, "BIGTIFF", "IF_SAFER");
         st = merge_options(&gtiff, p->creation_options, p->n_creation_options, err);
+        if (st == TW_OK) st = validate_options(w, "GTiff", gtiff, err);
     }
 
     for (int i = 0; i < TW_WP_COUNT && st == TW_OK; i++) {

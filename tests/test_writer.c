@@ -215,9 +215,9 @@ static void test_gtiff_float(void **state)
     make_probs(GW, GH, K, probs, has);
 
     tw_writer_params p = base_params(dir, wkt);
-    const char opts[1][128] = {"COMPRESS=LZW"};
+    const char opts[2][128] = {"COMPRESS=LZW", "PREDICTOR=2"};
     p.creation_options = opts;
-    p.n_creation_options = 1;
+    p.n_creation_options = 2;
     tw_error err;
     tw_error_init(&err);
     tw_writer *w = NULL;
@@ -506,6 +506,27 @@ static void test_bad_creation_option(void **state)
     assert_int_equal(tw_writer_create(&p, &w, &err), TW_ERR_CONFIG);
     assert_non_null(strstr(err.msg, "COMPRESS"));
     assert_null(w);
+
+    /* Well-formed but unknown to the driver: GDAL alone would only warn. */
+    const char bad[2][128] = {"COMPRESS=DEFLATE", "COMPRESS=NOSUCHCODEC"};
+    p.creation_options = bad;
+    p.n_creation_options = 2;
+    for (int fmt = 0; fmt < 2; fmt++) {
+        p.format = fmt ? TW_FORMAT_COG : TW_FORMAT_GTIFF;
+        tw_error_init(&err);
+        assert_int_equal(tw_writer_create(&p, &w, &err), TW_ERR_CONFIG);
+        if (!strstr(err.msg, "NOSUCHCODEC")) fail_msg("message '%s'", err.msg);
+        assert_null(w);
+    }
+    /* GTiff-only options are refused for COG (it has BLOCKSIZE instead). */
+    const char tiled[1][128] = {"BLOCKXSIZE=512"};
+    p.creation_options = tiled;
+    p.n_creation_options = 1;
+    tw_error_init(&err);
+    assert_int_equal(tw_writer_create(&p, &w, &err), TW_ERR_CONFIG);
+    if (!strstr(err.msg, "BLOCKXSIZE")) fail_msg("message '%s'", err.msg);
+    char names[256];
+    assert_int_equal(list_dir(dir, names, sizeof names), 0);
     remove_dir(dir);
 }
 
