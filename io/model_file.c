@@ -1183,7 +1183,11 @@ static tw_status h5_attr_strings(h5_ctx *c, const char *key, char ***names, int 
             out[i] = strdup(raw[i] ? raw[i] : "");
             if (!out[i]) st = nomem_error(c->err, path, 64);
         }
+#if H5_VERSION_GE(1, 12, 0)
+        H5Treclaim(mtype, space, H5P_DEFAULT, raw);
+#else
         H5Dvlen_reclaim(mtype, space, H5P_DEFAULT, raw);
+#endif
         free(raw);
     } else {
         size_t sz = H5Tget_size(ftype);
@@ -1195,7 +1199,7 @@ static tw_status h5_attr_strings(h5_ctx *c, const char *key, char ***names, int 
          * would otherwise lose its last character to the terminator */
         sz += 1;
         fixed = calloc((size_t)n, sz);
-        if (!fixed || H5Tset_size(mtype, sz) < 0) {
+        if (!fixed || H5Tset_size(mtype, sz) < 0 || H5Tset_cset(mtype, H5Tget_cset(ftype)) < 0) {
             st = fixed ? model_error(c->err, path, "cannot read string attribute '%s'", key)
                        : nomem_error(c->err, path, (size_t)n * sz);
             goto done;
