@@ -63,6 +63,8 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     size_t cap = in->total > fixed ? (in->total - fixed) / 4 : 4 * MIB;
     b->gdal_cache = gdal_cache_for(in, cap);
     b->total = fixed + b->slots + b->workspace + b->gdal_cache;
+    b->gdal_cache_expected = in->vrt && b->gdal_cache > 4 * MIB ? 4 * MIB : b->gdal_cache;
+    b->estimate = b->total - b->gdal_cache + b->gdal_cache_expected;
     return b->total;
 }
 

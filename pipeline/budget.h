@@ -34,6 +34,8 @@ typedef struct tw_budget_in {
     int raster_w;                 /* widest input, pixels */
     int block_w, block_h;         /* its natural block */
     size_t strip;                 /* stitcher + writer row buffers */
+    bool vrt;                     /* a VRT reads through to its sources: its own
+                                     blocks never enter the GDAL cache */
 } tw_budget_in;
 
 typedef struct tw_budget {
@@ -45,10 +47,12 @@ typedef struct tw_budget {
     size_t workspace;             /* backend */
     size_t weights;
     size_t strip;
-    size_t gdal_cache;
+    size_t gdal_cache;            /* GDAL_CACHEMAX set for the run */
+    size_t gdal_cache_expected;   /* what the reads are expected to fill of it */
     size_t base;
     size_t margin;                /* allocator slack, GDAL datasets, HDF5, threads */
-    size_t total;                 /* estimate of the peak */
+    size_t total;                 /* worst case, must fit runtime.memory */
+    size_t estimate;              /* expected peak (total with the expected GDAL cache) */
 } tw_budget;
 
 /* Bytes of one batch slot for `batch` tiles. */

@@ -227,7 +227,8 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
 
         jopen(&j, "memory", '{');
         jint(&j, "budget", (long long)p->runtime.memory);
-        jint(&j, "estimate", (long long)r->budget.total);
+        jint(&j, "estimate", (long long)r->budget.estimate);
+        jint(&j, "worst_case", (long long)r->budget.total);
         jint(&j, "batch", r->budget.batch);
         jint(&j, "slots", r->budget.n_slots);
         jint(&j, "slot_bytes", (long long)r->budget.slot_bytes);

@@ -709,6 +709,7 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .block_w = wi->block_w,
         .block_h = wi->block_h,
         .strip = strip,
+        .vrt = strcmp(wi->driver, "VRT") == 0,
     };
     return tw_budget_plan(&bin, &c->bud, err);
 }
@@ -802,14 +803,17 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
             fprintf(out,
                     "memory    estimate %s of %s: base %s, weights %s, slots %s, workspace %s, "
                     "strip %s, GDAL cache %s\n",
-                    tw_format_bytes(b->total, b2, sizeof b2),
+                    tw_format_bytes(b->estimate, b2, sizeof b2),
                     tw_format_bytes(p->runtime.memory, b3, sizeof b3),
                     tw_format_bytes(b->base, b4, sizeof b4),
                     tw_format_bytes(b->weights, b5, sizeof b5),
                     tw_format_bytes(b->slots, b6, sizeof b6),
                     tw_format_bytes(b->workspace, b7, sizeof b7),
                     tw_format_bytes(b->strip, b1, sizeof b1),
-                    tw_format_bytes(b->gdal_cache, b8, sizeof b8));
+                    tw_format_bytes(b->gdal_cache_expected, b8, sizeof b8));
+            fprintf(out, "          worst case %s (GDAL cache limit %s)\n",
+                    tw_format_bytes(b->total, b1, sizeof b1),
+                    tw_format_bytes(b->gdal_cache, b2, sizeof b2));
             fprintf(out, "ok\n");
         }
     }
