@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -107,10 +108,14 @@ void tw_writer_product_path(const char *dir, const char *stem, const char *produ
 }
 
 /* snprintf into a path buffer; false when it did not fit. */
-static bool path_printf(char *out, size_t size, const char *fmt, const char *a, const char *b,
-                        const char *c)
+static bool path_printf(char *out, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static bool path_printf(char *out, size_t size, const char *fmt, ...)
 {
-    int n = snprintf(out, size, fmt, a, b, c);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, size, fmt, ap);
+    va_end(ap);
     return n >= 0 && (size_t)n < size;
 }
 
@@ -395,19 +400,18 @@ static tw_status writer_create(tw_writer *w, const tw_writer_params *p, tw_error
 
     for (int i = 0; i < TW_WP_COUNT && st == TW_OK; i++) {
         tw_writer_file *f = &w->files[i];
-        unsigned bit = i == TW_WP_CLASS ? TW_PRODUCT_CLASS
-                       : i == TW_WP_PROB ? TW_PRODUCT_PROB
-                                         : TW_PRODUCT_CONF;
-        if (!(p->products & bit)) continue;
+        static const unsigned bits[TW_WP_COUNT] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB,
+                                                   TW_PRODUCT_CONF};
+        if (!(p->products & bits[i])) continue;
         f->n_bands = i == TW_WP_PROB ? w->n_classes : 1;
-        f->type = i == TW_WP_CLASS                                            ? GDT_Byte
-                  : (i == TW_WP_PROB && w->prob_type == TW_PROB_UINT8) ? GDT_Byte
-                                                                            : GDT_Float32;
+        f->type = GDT_Float32;
+        if (i == TW_WP_CLASS || (i == TW_WP_PROB && w->prob_type == TW_PROB_UINT8))
+            f->type = GDT_Byte;
         char name[TW_PATH_MAX];
-        if (!path_printf(name, sizeof name, "%s.%s.tif", p->stem, k_product_names[i], "") ||
-            !path_printf(f->final_path, sizeof f->final_path, "%s/%s%s", p->dir, name, "") ||
-            !path_printf(f->part_path, sizeof f->part_path, "%s/.%s.part", p->dir, name, "") ||
-            !path_printf(f->cog_path, sizeof f->cog_path, "%s/.%s.cog.part", p->dir, name, "")) {
+        if (!path_printf(name, sizeof name, "%s.%s.tif", p->stem, k_product_names[i]) ||
+            !path_printf(f->final_path, sizeof f->final_path, "%s/%s", p->dir, name) ||
+            !path_printf(f->part_path, sizeof f->part_path, "%s/.%s.part", p->dir, name) ||
+            !path_printf(f->cog_path, sizeof f->cog_path, "%s/.%s.cog.part", p->dir, name)) {
             /* Truncated names must never reach unlink() in destroy. */
             f->final_path[0] = f->part_path[0] = f->cog_path[0] = '\0';
             st = tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s/%s.%s.tif", p->dir,
