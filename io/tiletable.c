@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <hdf5.h>
@@ -185,6 +186,15 @@ tw_status tw_tiletable_create(const tw_tiletable_params *p, tw_tiletable **out, 
         t->part_path[0] = '\0';   /* nothing of ours to remove */
         tw_tiletable_destroy(t);
         return tw_error_set(err, TW_ERR_OUTPUT, "tile table path too long: %s", p->path);
+    }
+
+    /* Found now rather than by the rename after the whole run. */
+    struct stat sb;
+    if (stat(t->path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        t->part_path[0] = '\0';
+        tw_tiletable_destroy(t);
+        return tw_error_set(err, TW_ERR_OUTPUT, "tile table %s exists and is a directory",
+                            p->path);
     }
 
     H5E_auto2_t old_func;

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -288,6 +289,15 @@ static void test_bad_path(void **state)
     assert_int_equal(tw_tiletable_create(&p, &t, &err), TW_ERR_OUTPUT);
     if (!strstr(err.msg, path)) fail_msg("message '%s' does not name %s", err.msg, path);
     assert_int_equal(count_entries(dir), 1);
+
+    /* The final name is a directory: the rename at finish could never work. */
+    snprintf(path, sizeof path, "%s/taken.h5", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    tw_error_init(&err);
+    assert_int_equal(tw_tiletable_create(&p, &t, &err), TW_ERR_OUTPUT);
+    if (!strstr(err.msg, path)) fail_msg("message '%s' does not name %s", err.msg, path);
+    assert_int_equal(count_entries(dir), 2);
+    rmdir(path);
     remove_dir(dir);
 }
 
