@@ -126,17 +126,26 @@ typedef struct cuda_ctx {
 
 /* ---- error helpers (cuda_check.h) ---- */
 
+/* Length of the function name at the start of a stringified call: the
+ * argument list adds nothing to the message but length. */
+static int call_name_len(const char *call)
+{
+    const char *paren = strchr(call, '(');
+    return paren ? (int)(paren - call) : (int)strlen(call);
+}
+
 tw_status tw_cuda_fail(tw_error *err, const char *call, cudaError_t e, const char *file, int line)
 {
-    return tw_error_set(err, TW_ERR_DEVICE, "CUDA call %s failed at %s:%d: %s (%s)", call, file,
-                        line, cudaGetErrorString(e), cudaGetErrorName(e));
+    return tw_error_set(err, TW_ERR_DEVICE, "CUDA call %.*s failed at %s:%d: %s (%s)",
+                        call_name_len(call), call, file, line, cudaGetErrorString(e),
+                        cudaGetErrorName(e));
 }
 
 tw_status tw_cudnn_fail(tw_error *err, const char *call, cudnnStatus_t s, const char *file,
                         int line)
 {
-    return tw_error_set(err, TW_ERR_DEVICE, "cuDNN call %s failed at %s:%d: %s (%d)", call, file,
-                        line, cudnnGetErrorString(s), (int)s);
+    return tw_error_set(err, TW_ERR_DEVICE, "cuDNN call %.*s failed at %s:%d: %s (%d)",
+                        call_name_len(call), call, file, line, cudnnGetErrorString(s), (int)s);
 }
 
 /* ---- shapes ---- */
@@ -458,9 +467,14 @@ static tw_status upload_weights(cuda_ctx *ctx, size_t weights_bytes, size_t fc_w
     memcpy(stage + weights_bytes, net->fc_w,
            (size_t)net->n_classes * (size_t)net->feat_dim * sizeof(float));
     memcpy(stage + weights_bytes + fc_w_bytes, net->fc_b, (size_t)net->n_classes * sizeof(float));
-    cudaError_t e = cudaMemcpy(ctx->arena, stage, total, cudaMemcpyHostToDevice);
+    /* On the compute stream, after the arena's memset there: a legacy-stream
+     * cudaMemcpy could still be in flight when the (non-blocking) compute
+     * stream starts reading the weights. */
+    cudaError_t e = cudaMemcpyAsync(ctx->arena, stage, total, cudaMemcpyHostToDevice,
+                                    ctx->compute_stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->compute_stream);
     tw_free(stage);
-    if (e != cudaSuccess) return tw_cuda_fail(err, "cudaMemcpy(weights)", e, __FILE__, __LINE__);
+    if (e != cudaSuccess) return tw_cuda_fail(err, "cudaMemcpyAsync", e, __FILE__, __LINE__);
     return TW_OK;
 }
 
@@ -597,7 +611,7 @@ static tw_status try_reserve(cuda_ctx *ctx, int max_batch, bool *no_fit, tw_erro
     if (e != cudaSuccess) return tw_cuda_fail(err, "cudaMalloc(arena)", e, __FILE__, __LINE__);
     ctx->arena_bytes = p.total;
     /* Defined contents everywhere: z = y with alpha2 = 0 must never meet NaN garbage. */
-    TW_CUDA_CHECK(cudaMemset(ctx->arena, 0, p.total));
+    TW_CUDA_CHECK(cudaMemsetAsync(ctx->arena, 0, p.total, ctx->compute_stream));
 
     uint8_t *base = ctx->arena;
     size_t off = 0;
