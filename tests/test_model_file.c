@@ -197,7 +197,7 @@ static void test_bundle_resnet18(void **state)
     }
     assert_int_equal(mf->n_classes, 7);
     for (int i = 0; i < 7; i++) {
-        char want[8];
+        char want[16];
         snprintf(want, sizeof want, "c%d", i);
         assert_string_equal(mf->classes[i], want);
     }
@@ -286,6 +286,42 @@ static void test_safetensors_metadata(void **state)
     assert_string_equal(mf->arch, "resnet34");
     assert_int_equal(mf->n_bands, 0);
     assert_true(isnan(mf->scale));
+    tw_model_file_destroy(mf);
+}
+
+/* The committed demo model: what the sample workflow relies on. */
+static void test_demo_model(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src) skip();
+    const char *path = tw_test_path(src, "sample_data/demo_resnet18.h5");
+    if (!tw_test_file_exists(path)) skip();
+    tw_model_file *mf = load_ok(path);
+    assert_int_equal(mf->n_tensors, 102); /* the same names as torchvision's resnet18 */
+    assert_string_equal(mf->arch, "resnet18");
+    assert_int_equal(mf->n_bands, 6);
+    assert_int_equal(mf->bands[5], 6);
+    assert_true(mf->scale == 1.0);
+    assert_int_equal(mf->tile, 64);
+    assert_int_equal(mf->n_classes, 4);
+    assert_string_equal(mf->classes[0], "water");
+    const tw_tensor *conv1 = tw_model_file_find(mf, "conv1.weight");
+    assert_int_equal(conv1->shape[0], 16);
+    assert_int_equal(conv1->shape[1], 6);
+    const tw_tensor *fc = tw_model_file_find(mf, "fc.weight");
+    assert_int_equal(fc->shape[0], 4);
+    assert_int_equal(fc->shape[1], 128);
+    assert_non_null(tw_model_file_find(mf, "layer4.0.downsample.1.running_var"));
+    const char *stats = fixture("raster_stats.txt");
+    if (stats) { /* the bundle's mean/std are the raster's, as the fixtures compute them */
+        float mean[6], std[6];
+        read_stats(mean, std);
+        for (int i = 0; i < 6; i++) {
+            assert_true(fabsf(mf->mean[i] - mean[i]) <= 1e-5f * mean[i]);
+            assert_true(fabsf(mf->std[i] - std[i]) <= 1e-5f * std[i]);
+        }
+    }
     tw_model_file_destroy(mf);
 }
 
@@ -418,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_resnet50_both_formats),
         cmocka_unit_test(test_bundle_other_types),
         cmocka_unit_test(test_safetensors_metadata),
+        cmocka_unit_test(test_demo_model),
         cmocka_unit_test(test_sha256),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_hostile_mutations),
