@@ -24,9 +24,9 @@
 
 /* A safetensors header larger than this is not a model we could use anyway
  * (a ResNet-152 header is ~100 KiB); refusing early avoids huge allocations. */
-#define ST_MAX_HEADER (100u * 1024u * 1024u)
+#define ST_MAX_HEADER  (100u * 1024u * 1024u)
 #define JSON_MAX_DEPTH 16
-#define SHA_CHUNK (1u << 20)
+#define SHA_CHUNK      (1u << 20)
 
 static const unsigned char HDF5_SIGNATURE[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
 
@@ -45,8 +45,7 @@ static tw_status model_error(tw_error *err, const char *path, const char *fmt, .
 
 static tw_status nomem_error(tw_error *err, const char *path, size_t bytes)
 {
-    return tw_error_set(err, TW_ERR_NOMEM, "model file %s: cannot allocate %zu bytes", path,
-                        bytes);
+    return tw_error_set(err, TW_ERR_NOMEM, "model file %s: cannot allocate %zu bytes", path, bytes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -60,16 +59,14 @@ typedef struct sha256_ctx {
 } sha256_ctx;
 
 static const uint32_t SHA_K[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 static uint32_t rotr32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
@@ -98,8 +95,8 @@ static void sha256_block(sha256_ctx *c, const unsigned char *p)
     for (int i = 0; i < 64; i++) {
         uint32_t t1 = h + (rotr32(e, 6) ^ rotr32(e, 11) ^ rotr32(e, 25)) + ((e & f) ^ (~e & g)) +
                       SHA_K[i] + w[i];
-        uint32_t t2 = (rotr32(a, 2) ^ rotr32(a, 13) ^ rotr32(a, 22)) +
-                      ((a & b) ^ (a & cc) ^ (b & cc));
+        uint32_t t2 =
+            (rotr32(a, 2) ^ rotr32(a, 13) ^ rotr32(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
         h = g;
         g = f;
         f = e;
@@ -444,7 +441,8 @@ static bool json_str(const json_doc *d, int t, char *out, size_t cap)
                 if (cp >= 0xd800 && cp < 0xdc00 && p + 6 <= k->end && d->text[p] == '\\' &&
                     d->text[p + 1] == 'u') {
                     uint32_t lo = 0;
-                    for (int i = 0; i < 4; i++) lo = lo * 16 + (uint32_t)hex_val(d->text[p + 2 + i]);
+                    for (int i = 0; i < 4; i++)
+                        lo = lo * 16 + (uint32_t)hex_val(d->text[p + 2 + i]);
                     if (lo >= 0xdc00 && lo < 0xe000) {
                         cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
                         p += 6;
@@ -612,8 +610,8 @@ static void convert_le(st_dtype dt, const unsigned char *src, float *dst, int64_
     for (int64_t i = 0; i < n; i++) {
         if (dt == ST_F32) {
             const unsigned char *p = src + 4 * i;
-            uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                         (uint32_t)p[3] << 24;
+            uint32_t u =
+                (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
             memcpy(&dst[i], &u, 4);
         } else {
             const unsigned char *p = src + 2 * i;
@@ -681,22 +679,26 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
     if (fcw->ndim != 2 || fcb->ndim != 1 || fcb->shape[0] != fcw->shape[0]) {
         shape_str(fcw, s1, sizeof s1);
         shape_str(fcb, s2, sizeof s2);
-        return model_error(err, mf->path,
-                           "tensor 'fc.weight' %s and 'fc.bias' %s do not fit (expected [K,C] and [K])",
-                           s1, s2);
+        return model_error(
+            err, mf->path,
+            "tensor 'fc.weight' %s and 'fc.bias' %s do not fit (expected [K,C] and [K])", s1, s2);
     }
     int64_t in_bands = conv1->shape[1], k = fcw->shape[0];
     if (mf->n_bands && mf->n_bands != in_bands)
-        return model_error(err, mf->path, "metadata 'bands' lists %d bands but conv1.weight takes %lld",
+        return model_error(err, mf->path,
+                           "metadata 'bands' lists %d bands but conv1.weight takes %lld",
                            mf->n_bands, (long long)in_bands);
     if (mf->n_mean && mf->n_mean != in_bands)
-        return model_error(err, mf->path, "metadata 'mean' has %d values but conv1.weight takes %lld bands",
+        return model_error(err, mf->path,
+                           "metadata 'mean' has %d values but conv1.weight takes %lld bands",
                            mf->n_mean, (long long)in_bands);
     if (mf->n_std && mf->n_std != in_bands)
-        return model_error(err, mf->path, "metadata 'std' has %d values but conv1.weight takes %lld bands",
+        return model_error(err, mf->path,
+                           "metadata 'std' has %d values but conv1.weight takes %lld bands",
                            mf->n_std, (long long)in_bands);
     if (mf->n_classes && mf->n_classes != k)
-        return model_error(err, mf->path, "metadata 'classes' names %d classes but fc.weight has %lld",
+        return model_error(err, mf->path,
+                           "metadata 'classes' names %d classes but fc.weight has %lld",
                            mf->n_classes, (long long)k);
     return TW_OK;
 }
@@ -705,7 +707,7 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
 /* safetensors                                                               */
 
 typedef struct st_entry {
-    int tensor;          /* index into mf->tensors */
+    int tensor; /* index into mf->tensors */
     st_dtype dtype;
     uint64_t begin, end; /* relative to the data start */
 } st_entry;
@@ -736,12 +738,18 @@ static tw_status st_parse_entry(tw_model_file *mf, const json_doc *d, int v, tw_
     int k = v + 1;
     for (int i = 0; i < d->toks[v].size; i++) {
         int val = k + 1;
-        if (json_str_eq(d, k, "dtype")) dtype_t = val;
-        else if (json_str_eq(d, k, "shape")) shape_t = val;
-        else if (json_str_eq(d, k, "data_offsets")) offs_t = val;
+        if (json_str_eq(d, k, "dtype"))
+            dtype_t = val;
+        else if (json_str_eq(d, k, "shape"))
+            shape_t = val;
+        else if (json_str_eq(d, k, "data_offsets"))
+            offs_t = val;
         k = d->toks[val].next;
     }
-    const char *missing = dtype_t < 0 ? "dtype" : shape_t < 0 ? "shape" : offs_t < 0 ? "data_offsets" : NULL;
+    const char *missing = dtype_t < 0   ? "dtype"
+                          : shape_t < 0 ? "shape"
+                          : offs_t < 0  ? "data_offsets"
+                                        : NULL;
     if (missing) return model_error(err, path, "tensor '%s': no '%s' field", name, missing);
 
     char dtype[16];
@@ -761,14 +769,15 @@ static tw_status st_parse_entry(tw_model_file *mf, const json_doc *d, int v, tw_
         static const struct {
             const char *name;
             size_t size;
-        } ints[] = {{"I64", 8}, {"U64", 8}, {"I32", 4}, {"U32", 4}, {"I16", 2},
+        } ints[] = {{"I64", 8}, {"U64", 8}, {"I32", 4}, {"U32", 4},  {"I16", 2},
                     {"U16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F64", 8}};
         esize = 0;
         for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
             if (strcmp(dtype, ints[i].name) == 0) esize = ints[i].size;
         if (!esize)
-            return model_error(err, path, "tensor '%s': unknown dtype '%s' (F32, F16, BF16 expected)",
-                               name, dtype);
+            return model_error(err, path,
+                               "tensor '%s': unknown dtype '%s' (F32, F16, BF16 expected)", name,
+                               dtype);
         /* BN's step counter is stored as an integer and is not a weight */
         size_t nl = strlen(name), sl = strlen("num_batches_tracked");
         if (nl < sl || strcmp(name + nl - sl, "num_batches_tracked") != 0)
@@ -781,7 +790,8 @@ static tw_status st_parse_entry(tw_model_file *mf, const json_doc *d, int v, tw_
         return model_error(err, path, "tensor '%s': 'shape' is not an array", name);
     int ndim = d->toks[shape_t].size;
     if (ndim > 4)
-        return model_error(err, path, "tensor '%s': %d dimensions (at most 4 supported)", name, ndim);
+        return model_error(err, path, "tensor '%s': %d dimensions (at most 4 supported)", name,
+                           ndim);
     uint64_t numel = 1;
     for (int i = 0, s = shape_t + 1; i < ndim; i++, s = d->toks[s].next) {
         int64_t dim;
@@ -795,7 +805,8 @@ static tw_status st_parse_entry(tw_model_file *mf, const json_doc *d, int v, tw_
         t->shape[i] = dim;
         numel *= (uint64_t)dim;
         if (numel > data_len)
-            return model_error(err, path, "tensor '%s': shape is larger than the file's data", name);
+            return model_error(err, path, "tensor '%s': shape is larger than the file's data",
+                               name);
     }
     if (ndim == 0) { /* a scalar is kept as a 1-element vector */
         t->shape[0] = 1;
@@ -810,16 +821,16 @@ static tw_status st_parse_entry(tw_model_file *mf, const json_doc *d, int v, tw_
         !json_int(d, d->toks[o0].next, &off[1]))
         return model_error(err, path, "tensor '%s': 'data_offsets' is not [begin, end]", name);
     if (off[0] < 0 || off[1] < off[0] || (uint64_t)off[1] > data_len)
-        return model_error(err, path,
-                           "tensor '%s': data_offsets [%lld, %lld] past the end of the data (%llu bytes)",
-                           name, (long long)off[0], (long long)off[1], (unsigned long long)data_len);
+        return model_error(
+            err, path,
+            "tensor '%s': data_offsets [%lld, %lld] past the end of the data (%llu bytes)", name,
+            (long long)off[0], (long long)off[1], (unsigned long long)data_len);
     e->begin = (uint64_t)off[0];
     e->end = (uint64_t)off[1];
     if (numel * esize != e->end - e->begin)
-        return model_error(err, path,
-                           "tensor '%s': shape holds %llu bytes of %s but data_offsets span %llu",
-                           name, (unsigned long long)(numel * esize), dtype,
-                           (unsigned long long)(e->end - e->begin));
+        return model_error(
+            err, path, "tensor '%s': shape holds %llu bytes of %s but data_offsets span %llu", name,
+            (unsigned long long)(numel * esize), dtype, (unsigned long long)(e->end - e->begin));
     return TW_OK;
 }
 
@@ -828,9 +839,9 @@ static tw_status st_parse_entry(tw_model_file *mf, const json_doc *d, int v, tw_
 static tw_status st_parse_meta_value(tw_model_file *mf, const char *key, const char *val,
                                      tw_error *err)
 {
-    bool want = strcmp(key, "arch") == 0 || strcmp(key, "bands") == 0 || strcmp(key, "scale") == 0 ||
-                strcmp(key, "mean") == 0 || strcmp(key, "std") == 0 || strcmp(key, "classes") == 0 ||
-                strcmp(key, "tile") == 0;
+    bool want = strcmp(key, "arch") == 0 || strcmp(key, "bands") == 0 ||
+                strcmp(key, "scale") == 0 || strcmp(key, "mean") == 0 || strcmp(key, "std") == 0 ||
+                strcmp(key, "classes") == 0 || strcmp(key, "tile") == 0;
     if (!want) return TW_OK;
     json_doc d;
     bool ok = json_parse(&d, val, strlen(val)) == 0;
@@ -858,16 +869,17 @@ static tw_status st_parse_meta_value(tw_model_file *mf, const char *key, const c
         double x;
         int64_t i;
         if (strcmp(key, "scale") == 0)
-            st = json_num(&d, 0, &x) ? set_scale(mf, x, err)
-                                     : model_error(err, mf->path, "metadata 'scale' is not a number");
+            st = json_num(&d, 0, &x)
+                     ? set_scale(mf, x, err)
+                     : model_error(err, mf->path, "metadata 'scale' is not a number");
         else
-            st = json_int(&d, 0, &i) ? set_tile(mf, i, err)
-                                     : model_error(err, mf->path, "metadata 'tile' is not an integer");
+            st = json_int(&d, 0, &i)
+                     ? set_tile(mf, i, err)
+                     : model_error(err, mf->path, "metadata 'tile' is not an integer");
     } else if (!is_arr || n > TW_MAX_CLASSES) {
         st = model_error(err, mf->path, "metadata '%s' is not an array (or too long)", key);
     } else if (strcmp(key, "classes") == 0) {
-        if (n < 1)
-            st = model_error(err, mf->path, "metadata 'classes' is empty");
+        if (n < 1) st = model_error(err, mf->path, "metadata 'classes' is empty");
         for (int i = 0, t = 1; i < n && st == TW_OK; i++, t = d.toks[t].next) {
             char name[TW_NAME_MAX];
             if (d.toks[t].type != J_STR || !json_str(&d, t, name, sizeof name))
@@ -971,7 +983,8 @@ static tw_status load_safetensors(tw_model_file *mf, uint64_t file_size, tw_erro
 {
     const char *path = mf->path;
     if (file_size < 8)
-        return model_error(err, path, "neither an HDF5 bundle nor a safetensors file (only %llu bytes)",
+        return model_error(err, path,
+                           "neither an HDF5 bundle nor a safetensors file (only %llu bytes)",
                            (unsigned long long)file_size);
     FILE *f = fopen(path, "rb");
     if (!f) return model_error(err, path, "cannot open: %s", strerror(errno));
@@ -1040,8 +1053,10 @@ static tw_status load_safetensors(tw_model_file *mf, uint64_t file_size, tw_erro
 
     int n_pairs = d.toks[0].size, n_tensors = 0, meta_tok = -1;
     for (int i = 0, k = 1; i < n_pairs; i++) {
-        if (json_str_eq(&d, k, "__metadata__")) meta_tok = k + 1;
-        else n_tensors++;
+        if (json_str_eq(&d, k, "__metadata__"))
+            meta_tok = k + 1;
+        else
+            n_tensors++;
         k = d.toks[k + 1].next;
     }
     mf->tensors = tw_calloc(TW_MEM_OTHER, (size_t)(n_tensors ? n_tensors : 1), sizeof(tw_tensor));
@@ -1238,8 +1253,8 @@ static void free_strings(char **s, int n)
 }
 
 /* Read a numeric attribute as int64 (want_int) or double, 1..max_n values. */
-static tw_status h5_attr_numbers(h5_ctx *c, const char *key, bool want_int, int64_t *iv,
-                                 double *dv, int *n_out, int max_n)
+static tw_status h5_attr_numbers(h5_ctx *c, const char *key, bool want_int, int64_t *iv, double *dv,
+                                 int *n_out, int max_n)
 {
     const char *path = c->mf->path;
     tw_status st = TW_OK;
@@ -1289,7 +1304,9 @@ static tw_status h5_read_metadata(h5_ctx *c)
                            "tools/export_model.py)");
     if ((st = h5_attr_strings(c, "format", &s, &n, 1)) != TW_OK) return st;
     bool ok = strcmp(s[0], "tilewise-resnet") == 0;
-    if (!ok) st = model_error(c->err, path, "attribute 'format' is '%.60s', not 'tilewise-resnet'", s[0]);
+    if (!ok)
+        st =
+            model_error(c->err, path, "attribute 'format' is '%.60s', not 'tilewise-resnet'", s[0]);
     free_strings(s, n);
     if (st != TW_OK) return st;
 
@@ -1299,7 +1316,8 @@ static tw_status h5_read_metadata(h5_ctx *c)
         return model_error(c->err, path, "no 'format_version' attribute");
     if ((st = h5_attr_numbers(c, "format_version", true, iv, NULL, &n, 1)) != TW_OK) return st;
     if (iv[0] != 1)
-        return model_error(c->err, path, "format_version %lld is not supported (this tilewise reads 1)",
+        return model_error(c->err, path,
+                           "format_version %lld is not supported (this tilewise reads 1)",
                            (long long)iv[0]);
 
     static const char *const keys[] = {"arch", "bands", "scale", "mean", "std", "classes", "tile"};
@@ -1320,14 +1338,18 @@ static tw_status h5_read_metadata(h5_ctx *c)
         } else if (strcmp(key, "bands") == 0 || strcmp(key, "tile") == 0) {
             bool bands = key[0] == 'b';
             st = h5_attr_numbers(c, key, true, iv, NULL, &n, bands ? TW_MAX_BANDS : 1);
-            if (st == TW_OK) st = bands ? set_bands(mf, iv, n, c->err) : set_tile(mf, iv[0], c->err);
+            if (st == TW_OK)
+                st = bands ? set_bands(mf, iv, n, c->err) : set_tile(mf, iv[0], c->err);
         } else {
             bool scale = strcmp(key, "scale") == 0;
             st = h5_attr_numbers(c, key, false, NULL, dv, &n, scale ? 1 : TW_MAX_BANDS);
             if (st == TW_OK) {
-                if (scale) st = set_scale(mf, dv[0], c->err);
-                else if (key[0] == 'm') st = set_floats(mf, "mean", dv, n, mf->mean, &mf->n_mean, false, c->err);
-                else st = set_floats(mf, "std", dv, n, mf->std, &mf->n_std, true, c->err);
+                if (scale)
+                    st = set_scale(mf, dv[0], c->err);
+                else if (key[0] == 'm')
+                    st = set_floats(mf, "mean", dv, n, mf->mean, &mf->n_mean, false, c->err);
+                else
+                    st = set_floats(mf, "std", dv, n, mf->std, &mf->n_std, true, c->err);
             }
         }
         if (st != TW_OK) return st;
@@ -1386,7 +1408,8 @@ static tw_status h5_read_tensor(h5_ctx *c, const char *name, tw_tensor *t, bool 
         goto done;
     }
     if (numel && H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0)
-        st = model_error(c->err, path, "cannot read /tensors/%s (truncated or corrupt file?)", name);
+        st =
+            model_error(c->err, path, "cannot read /tensors/%s (truncated or corrupt file?)", name);
 done:
     if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);

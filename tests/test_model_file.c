@@ -28,11 +28,11 @@ static const char *fixture(const char *name)
     return tw_test_file_exists(p) ? p : NULL;
 }
 
-#define NEED_FIXTURE(var, name)                                                  \
-    const char *var = fixture(name);                                             \
-    if (!var) {                                                                  \
-        print_message("fixture %s missing ($TW_FIXTURES)\n", name);              \
-        skip();                                                                  \
+#define NEED_FIXTURE(var, name)                                                                    \
+    const char *var = fixture(name);                                                               \
+    if (!var) {                                                                                    \
+        print_message("fixture %s missing ($TW_FIXTURES)\n", name);                                \
+        skip();                                                                                    \
     }
 
 static tw_model_file *load_ok(const char *path)
@@ -163,12 +163,10 @@ static void read_stats(float mean[6], float std[6])
     FILE *f = fopen(fixture("raster_stats.txt"), "r");
     assert_non_null(f);
     double m[6], s[6];
-    assert_int_equal(fscanf(f, "mean %lf %lf %lf %lf %lf %lf\n", &m[0], &m[1], &m[2], &m[3], &m[4],
-                            &m[5]),
-                     6);
-    assert_int_equal(fscanf(f, "std %lf %lf %lf %lf %lf %lf", &s[0], &s[1], &s[2], &s[3], &s[4],
-                            &s[5]),
-                     6);
+    assert_int_equal(
+        fscanf(f, "mean %lf %lf %lf %lf %lf %lf\n", &m[0], &m[1], &m[2], &m[3], &m[4], &m[5]), 6);
+    assert_int_equal(
+        fscanf(f, "std %lf %lf %lf %lf %lf %lf", &s[0], &s[1], &s[2], &s[3], &s[4], &s[5]), 6);
     fclose(f);
     for (int i = 0; i < 6; i++) {
         mean[i] = (float)m[i];
@@ -439,7 +437,7 @@ static void test_hostile_mutations(void **state)
             failed++;
         }
     }
-    assert_true(ok >= 1);      /* the untouched file */
+    assert_true(ok >= 1);          /* the untouched file */
     assert_true(failed >= (int)n); /* every strict truncation */
     remove(tmp);
 }
