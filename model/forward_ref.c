@@ -1,44 +1,59 @@
 /* forward_ref.c - the plain C reference forward pass (see backend.h, resnet.h).
  *
- * Direct convolution loops, one image at a time, NCHW. It is the definition
- * of what the fast backends must compute, so it favours being obviously
- * right over being fast; OpenMP over output channels keeps the tests quick.
+ * Plain loops, one image at a time, NCHW: each convolution output is one dot
+ * product of the weights with the gathered receptive field. It is the
+ * definition of what the fast backends must compute, so it favours being
+ * obviously right over being fast; images run in parallel (OpenMP).
  */
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "model/backend.h"
 #include "pipeline/alloc.h"
 
-/* out[cout][oh][ow] = b + sum w * in (zero padding); optional relu. */
+/* out[cout][oh][ow] = b + sum w * in (zero padding); optional relu.
+ * col is scratch of oh*ow*cin*k*k floats: each output pixel's receptive field
+ * is gathered into one row, so every output value is a single dot product
+ * of two contiguous vectors (late stages have planes of 2x2 pixels, where
+ * loops over the plane would be all overhead). */
 static void conv2d(const tw_conv *c, const float *in, int ih, int iw, float *out, int oh, int ow,
-                   bool relu)
+                   bool relu, float *col)
 {
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < c->cout; o++) {
-        float *dst = out + (size_t)o * oh * ow;
-        for (int i = 0; i < oh * ow; i++) dst[i] = c->b[o];
-        for (int ci = 0; ci < c->cin; ci++) {
-            const float *src = in + (size_t)ci * ih * iw;
-            const float *w = c->w + ((size_t)o * c->cin + ci) * c->k * c->k;
-            for (int ky = 0; ky < c->k; ky++)
+    int kk = c->k * c->k, np = oh * ow;
+    size_t klen = (size_t)c->cin * kk;
+    for (int p = 0; p < np; p++) {
+        int y = p / ow, x = p % ow;
+        float *row = col + (size_t)p * klen;
+        for (int ci = 0; ci < c->cin; ci++)
+            for (int ky = 0; ky < c->k; ky++) {
+                int sy = y * c->stride - c->pad + ky;
                 for (int kx = 0; kx < c->k; kx++) {
-                    float wv = w[ky * c->k + kx];
-                    for (int y = 0; y < oh; y++) {
-                        int sy = y * c->stride - c->pad + ky;
-                        if (sy < 0 || sy >= ih) continue;
-                        const float *srow = src + (size_t)sy * iw;
-                        float *drow = dst + (size_t)y * ow;
-                        for (int x = 0; x < ow; x++) {
-                            int sx = x * c->stride - c->pad + kx;
-                            if (sx >= 0 && sx < iw) drow[x] += wv * srow[sx];
-                        }
-                    }
+                    int sx = x * c->stride - c->pad + kx;
+                    bool inside = sy >= 0 && sy < ih && sx >= 0 && sx < iw;
+                    *row++ = inside ? in[((size_t)ci * ih + sy) * iw + sx] : 0.0f;
                 }
+            }
+    }
+    for (int o = 0; o < c->cout; o++) {
+        const float *w = c->w + (size_t)o * klen;
+        for (int p = 0; p < np; p++) {
+            const float *r = col + (size_t)p * klen;
+            /* four partial sums: independent chains, no reliance on the
+             * compiler reassociating float adds */
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            size_t j = 0;
+            for (; j + 4 <= klen; j += 4) {
+                a0 += w[j] * r[j];
+                a1 += w[j + 1] * r[j + 1];
+                a2 += w[j + 2] * r[j + 2];
+                a3 += w[j + 3] * r[j + 3];
+            }
+            for (; j < klen; j++) a0 += w[j] * r[j];
+            float v = c->b[o] + ((a0 + a1) + (a2 + a3));
+            out[(size_t)o * np + p] = (relu && v < 0.0f) ? 0.0f : v;
         }
-        if (relu)
-            for (int i = 0; i < oh * ow; i++) dst[i] = dst[i] > 0.0f ? dst[i] : 0.0f;
     }
 }
 
@@ -59,11 +74,13 @@ static void maxpool3s2p1(const float *in, int ch, int ih, int iw, float *out, in
             }
 }
 
-/* Largest activation (elements, one image) of the whole graph. */
-static size_t max_activation(const tw_resnet *net, int tile)
+/* Largest activation and largest gathered receptive-field matrix (elements,
+ * one image) of the whole graph. */
+static size_t max_activation(const tw_resnet *net, int tile, size_t *max_col)
 {
     int h = tw_resnet_out_size(tile, 7, 2, 3);
     size_t m = (size_t)net->stem.cout * h * h;
+    *max_col = (size_t)h * h * net->stem.cin * 49;
     h = tw_resnet_out_size(h, 3, 2, 1);
     for (int i = 0; i < net->n_blocks; i++) {
         const tw_block *b = &net->blocks[i];
@@ -76,10 +93,84 @@ static size_t max_activation(const tw_resnet *net, int tile)
             int oh = tw_resnet_out_size(src_h, cs[j]->k, cs[j]->stride, cs[j]->pad);
             size_t e = (size_t)cs[j]->cout * oh * oh;
             if (e > m) m = e;
+            size_t ce = (size_t)oh * oh * cs[j]->cin * cs[j]->k * cs[j]->k;
+            if (ce > *max_col) *max_col = ce;
             if (j < 3) h = oh;
         }
     }
     return m;
+}
+
+/* One image: x [bands][tile][tile] -> probs [classes], emb [feat_dim] or NULL.
+ * buf: four activation buffers of cap floats; col and feat as sized by the caller. */
+static void forward_one(const tw_resnet *net, const float *x, int tile, float *buf[4],
+                        float *col, double *feat, float *probs, float *emb)
+{
+    /* buffers: cur = block input, t1/t2 = inner results, sc = shortcut */
+    float *cur = buf[0], *t1 = buf[1], *t2 = buf[2], *sc = buf[3];
+    int h = tw_resnet_out_size(tile, 7, 2, 3);
+    conv2d(&net->stem, x, tile, tile, t1, h, h, true, col);
+    int hp = tw_resnet_out_size(h, 3, 2, 1);
+    maxpool3s2p1(t1, net->stem.cout, h, h, cur, hp, hp);
+    h = hp;
+    int ch = net->stem.cout;
+
+    for (int bi = 0; bi < net->n_blocks; bi++) {
+        const tw_block *b = &net->blocks[bi];
+        const tw_conv *last = net->bottleneck ? &b->c3 : &b->c2;
+        int h1 = tw_resnet_out_size(h, b->c1.k, b->c1.stride, b->c1.pad);
+        conv2d(&b->c1, cur, h, h, t1, h1, h1, true, col);
+        int h2 = tw_resnet_out_size(h1, b->c2.k, b->c2.stride, b->c2.pad);
+        float *y;
+        if (net->bottleneck) {
+            conv2d(&b->c2, t1, h1, h1, t2, h2, h2, true, col);
+            conv2d(&b->c3, t2, h2, h2, t1, h2, h2, false, col);
+            y = t1;
+        } else {
+            conv2d(&b->c2, t1, h1, h1, t2, h2, h2, false, col);
+            y = t2;
+        }
+        const float *s = cur;
+        if (b->has_down) {
+            conv2d(&b->down, cur, h, h, sc, h2, h2, false, col);
+            s = sc;
+        }
+        size_t e = (size_t)last->cout * h2 * h2;
+        for (size_t i = 0; i < e; i++) {
+            float v = y[i] + s[i];
+            y[i] = v > 0.0f ? v : 0.0f;
+        }
+        /* the block output becomes the next block's input */
+        float *old = cur;
+        cur = y;
+        if (y == t1)
+            t1 = old;
+        else
+            t2 = old;
+        h = h2;
+        ch = last->cout;
+    }
+
+    size_t hw = (size_t)h * h;
+    for (int c = 0; c < ch; c++) {
+        double acc = 0.0;
+        for (size_t i = 0; i < hw; i++) acc += cur[(size_t)c * hw + i];
+        feat[c] = acc / (double)hw;
+        if (emb) emb[c] = (float)feat[c];
+    }
+    double logits[TW_MAX_CLASSES], mx = -INFINITY, sum = 0.0;
+    for (int k = 0; k < net->n_classes; k++) {
+        double acc = net->fc_b[k];
+        const float *w = net->fc_w + (size_t)k * ch;
+        for (int c = 0; c < ch; c++) acc += (double)w[c] * feat[c];
+        logits[k] = acc;
+        if (acc > mx) mx = acc;
+    }
+    for (int k = 0; k < net->n_classes; k++) {
+        logits[k] = exp(logits[k] - mx);
+        sum += logits[k];
+    }
+    for (int k = 0; k < net->n_classes; k++) probs[k] = (float)(logits[k] / sum);
 }
 
 tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile,
@@ -88,90 +179,30 @@ tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int
     int h_stem = tw_resnet_out_size(tile, 7, 2, 3);
     if (tile < 1 || h_stem < 1 || tw_resnet_out_size(h_stem, 3, 2, 1) < 1)
         return tw_error_set(err, TW_ERR_INPUT, "tile size %d is too small for a ResNet", tile);
-    size_t cap = max_activation(net, tile);
-    float *buf[4];
-    bool ok = true;
-    for (int i = 0; i < 4; i++) {
-        buf[i] = tw_alloc(TW_MEM_WORKSPACE, cap * sizeof(float));
-        ok = ok && buf[i];
-    }
-    double *feat = tw_alloc(TW_MEM_WORKSPACE, (size_t)net->feat_dim * sizeof(double));
-    if (!ok || !feat) {
-        for (int i = 0; i < 4; i++) tw_free(buf[i]);
-        tw_free(feat);
+    if (n < 1) return TW_OK;
+    size_t col_cap;
+    size_t cap = max_activation(net, tile, &col_cap);
+    /* images are independent: one per thread, each with its own scratch (one
+     * parallel region, rather than a barrier after every small layer) */
+    int nt = omp_get_max_threads();
+    if (nt > n) nt = n;
+    size_t per_thread = (4 * cap + col_cap) * sizeof(float) + (size_t)net->feat_dim * sizeof(double);
+    char *scratch = tw_alloc(TW_MEM_WORKSPACE, (size_t)nt * per_thread);
+    if (!scratch)
         return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the reference forward pass");
-    }
 
     size_t in_elems = (size_t)net->in_bands * tile * tile;
+#pragma omp parallel for num_threads(nt) schedule(dynamic)
     for (int img = 0; img < n; img++) {
-        /* buffers: cur = block input, t1/t2 = inner results, sc = shortcut */
-        float *cur = buf[0], *t1 = buf[1], *t2 = buf[2], *sc = buf[3];
-        int h = h_stem;
-        conv2d(&net->stem, x + (size_t)img * in_elems, tile, tile, t1, h, h, true);
-        int hp = tw_resnet_out_size(h, 3, 2, 1);
-        maxpool3s2p1(t1, net->stem.cout, h, h, cur, hp, hp);
-        h = hp;
-        int ch = net->stem.cout;
-
-        for (int bi = 0; bi < net->n_blocks; bi++) {
-            const tw_block *b = &net->blocks[bi];
-            const tw_conv *last = net->bottleneck ? &b->c3 : &b->c2;
-            int h1 = tw_resnet_out_size(h, b->c1.k, b->c1.stride, b->c1.pad);
-            conv2d(&b->c1, cur, h, h, t1, h1, h1, true);
-            int h2 = tw_resnet_out_size(h1, b->c2.k, b->c2.stride, b->c2.pad);
-            float *y;
-            if (net->bottleneck) {
-                conv2d(&b->c2, t1, h1, h1, t2, h2, h2, true);
-                conv2d(&b->c3, t2, h2, h2, t1, h2, h2, false);
-                y = t1;
-            } else {
-                conv2d(&b->c2, t1, h1, h1, t2, h2, h2, false);
-                y = t2;
-            }
-            const float *s = cur;
-            if (b->has_down) {
-                conv2d(&b->down, cur, h, h, sc, h2, h2, false);
-                s = sc;
-            }
-            size_t e = (size_t)last->cout * h2 * h2;
-            for (size_t i = 0; i < e; i++) {
-                float v = y[i] + s[i];
-                y[i] = v > 0.0f ? v : 0.0f;
-            }
-            /* the block output becomes the next block's input */
-            float *old = cur;
-            cur = y;
-            if (y == t1)
-                t1 = old;
-            else
-                t2 = old;
-            h = h2;
-            ch = last->cout;
-        }
-
-        size_t hw = (size_t)h * h;
-        for (int c = 0; c < ch; c++) {
-            double acc = 0.0;
-            for (size_t i = 0; i < hw; i++) acc += cur[(size_t)c * hw + i];
-            feat[c] = acc / (double)hw;
-            if (emb) emb[(size_t)img * ch + c] = (float)feat[c];
-        }
-        double logits[TW_MAX_CLASSES], mx = -INFINITY, sum = 0.0;
-        for (int k = 0; k < net->n_classes; k++) {
-            double acc = net->fc_b[k];
-            const float *w = net->fc_w + (size_t)k * ch;
-            for (int c = 0; c < ch; c++) acc += (double)w[c] * feat[c];
-            logits[k] = acc;
-            if (acc > mx) mx = acc;
-        }
-        for (int k = 0; k < net->n_classes; k++) {
-            logits[k] = exp(logits[k] - mx);
-            sum += logits[k];
-        }
-        for (int k = 0; k < net->n_classes; k++)
-            probs[(size_t)img * net->n_classes + k] = (float)(logits[k] / sum);
+        /* feat (doubles) first keeps every part 8-byte aligned */
+        char *mine = scratch + (size_t)omp_get_thread_num() * per_thread;
+        double *feat = (double *)mine;
+        float *f = (float *)(mine + (size_t)net->feat_dim * sizeof(double));
+        float *buf[4] = {f, f + cap, f + 2 * cap, f + 3 * cap};
+        forward_one(net, x + (size_t)img * in_elems, tile, buf, f + 4 * cap, feat,
+                    probs + (size_t)img * net->n_classes,
+                    emb ? emb + (size_t)img * net->feat_dim : NULL);
     }
-    for (int i = 0; i < 4; i++) tw_free(buf[i]);
-    tw_free(feat);
+    tw_free(scratch);
     return TW_OK;
 }
