@@ -69,14 +69,20 @@ tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode
 
     /* Contiguous bands of output rows, as even as possible. */
     int64_t rows = p->grid_h;
-    p->row_begin = (int)(rows * shard_index / shard_count);
-    p->row_end = (int)(rows * (shard_index + 1) / shard_count);
+    tw_plan_restrict(p, (int)(rows * shard_index / shard_count),
+                     (int)(rows * (shard_index + 1) / shard_count));
+    return TW_OK;
+}
 
+void tw_plan_restrict(tw_plan *p, int row_begin, int row_end)
+{
+    p->row_begin = row_begin;
+    p->row_end = row_end;
     p->ty_begin = p->y.n_pos;
     p->ty_end = 0;
     for (int a = 0; a < p->y.n_pos; a++) {
         int c0, c1;
-        tw_axis_cells(&p->y, tile, stride, a, &c0, &c1);
+        tw_axis_cells(&p->y, p->tile, p->stride, a, &c0, &c1);
         if (c0 < p->row_end && c1 > p->row_begin) {
             if (a < p->ty_begin) p->ty_begin = a;
             p->ty_end = a + 1;
@@ -84,5 +90,4 @@ tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode
     }
     if (p->ty_end < p->ty_begin) p->ty_end = p->ty_begin;
     p->n_tiles = (int64_t)(p->ty_end - p->ty_begin) * p->x.n_pos;
-    return TW_OK;
 }

@@ -48,6 +48,10 @@ typedef struct tw_plan {
 tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode edge,
                        int shard_index, int shard_count, tw_plan *out, tw_error *err);
 
+/* Narrow a plan to output rows [row_begin, row_end) (within the grid): the
+ * tile rows to run become those touching them. Cannot fail. */
+void tw_plan_restrict(tw_plan *p, int row_begin, int row_end);
+
 /* Pixel position of tile index a along an axis. */
 int tw_axis_pos(const tw_axis *ax, int tile, int stride, int a);
 /* Cells [*c0, *c1) fed by tile index a along an axis (clipped to the grid). */

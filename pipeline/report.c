@@ -272,6 +272,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
             jnum(&j, "seconds", in->seconds);
             jnum(&j, "tiles_per_s", in->seconds > 0 ? in->tiles_classified / in->seconds : 0);
             jint(&j, "steady_state_allocs", (long long)in->steady_state_allocs);
+            jint(&j, "rows_resumed", in->rows_resumed);
             jopen(&j, "stages", '{');
             for (int s = 0; s < TW_STAGE_COUNT; s++) {
                 jopen(&j, stage_names[s], '{');

@@ -19,6 +19,7 @@
 #include "io/writer.h"
 #include "pipeline/alloc.h"
 #include "pipeline/normalize.h"
+#include "pipeline/parts.h"
 #include "pipeline/plan.h"
 #include "pipeline/queue.h"
 #include "pipeline/stitch.h"
@@ -178,6 +179,7 @@ static tw_status make_dirs(const char *dir, tw_error *err)
 
 typedef struct tile_ref {
     int32_t tx, ty;
+    int32_t seg;        /* index of the row segment the tile was read for */
     int32_t kept;       /* index into the slot's kept tiles, -1: not classified */
     uint8_t read_error;
 } tile_ref;
@@ -194,10 +196,15 @@ typedef struct slot {
     int32_t *orow, *ocol; /* [batch] tile origins, for the tile table */
 } slot;
 
+/* A band of output rows still to do (rows not committed by an earlier run):
+ * the reader runs the tile rows touching it, the stitcher averages them. */
+typedef struct segment {
+    tw_plan plan;       /* restricted to the segment's rows */
+} segment;
+
 typedef struct run_pipe {
     const tw_run_params *p;
     const tw_resolved *m;
-    const tw_plan *plan;
     const tw_budget *bud;
     tw_backend *be;
     const tw_run_hooks *hooks;
@@ -208,16 +215,22 @@ typedef struct run_pipe {
     bool want_emb;
     slot *slots;
     int n_slots;
+    segment *segs;
+    int n_segs;
+    int chunk_rows;
+    int64_t n_tiles;            /* over all segments */
     tw_queue *q_free, *q_norm, *q_infer, *q_write;
     atomic_int abort;           /* an error or a cancel: every stage stops */
     atomic_int cancelled;
+    atomic_int stop_row;        /* on a stop request: rows up to here are finished */
     tw_error *err;
     tw_stitch *stitch;
-    tw_tiletable *table;
+    tw_parts *parts;
+    int cur_seg;
     tw_input_result *res;
     int64_t tiles_done;
-    uint64_t allocs_after_first;
-    bool first_written;
+    uint64_t allocs_mark;
+    bool steady;
 } run_pipe;
 
 static void pipe_abort(run_pipe *pp)
@@ -227,6 +240,15 @@ static void pipe_abort(run_pipe *pp)
     tw_queue_close(pp->q_norm);
     tw_queue_close(pp->q_infer);
     tw_queue_close(pp->q_write);
+}
+
+/* The chunk of output rows holding `row`, inside segment seg: chunks lie on
+ * a global grid of chunk_rows, cut by the segment's ends. */
+static void chunk_of(const run_pipe *pp, const segment *seg, int row, int *r0, int *r1)
+{
+    int g0 = row / pp->chunk_rows * pp->chunk_rows;
+    *r0 = g0 > seg->plan.row_begin ? g0 : seg->plan.row_begin;
+    *r1 = g0 + pp->chunk_rows < seg->plan.row_end ? g0 + pp->chunk_rows : seg->plan.row_end;
 }
 
 static void slots_free(run_pipe *pp)
@@ -250,10 +272,10 @@ static void slots_free(run_pipe *pp)
     pp->slots = NULL;
 }
 
-static tw_status slots_alloc(run_pipe *pp, tw_error *err)
+static tw_status slots_alloc(run_pipe *pp, int tile, tw_error *err)
 {
     const tw_budget *b = pp->bud;
-    size_t px = (size_t)pp->plan->tile * (size_t)pp->plan->tile;
+    size_t px = (size_t)tile * (size_t)tile;
     size_t nb = (size_t)b->batch;
     size_t raw_bytes = nb * (size_t)pp->norm.bands * px * tw_dtype_size(pp->dtype);
     pp->n_slots = b->n_slots;
@@ -268,9 +290,11 @@ static tw_status slots_alloc(run_pipe *pp, tw_error *err)
         if (!s->raw) s->raw = tw_alloc(TW_MEM_SLOTS, raw_bytes);
         s->refs = tw_calloc(TW_MEM_SLOTS, (size_t)b->ref_capacity, sizeof(tile_ref));
         s->valid = tw_alloc(TW_MEM_SLOTS, nb * px);
-        if (!pp->wants_raw) s->x = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->norm.bands * px * sizeof(float));
+        if (!pp->wants_raw)
+            s->x = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->norm.bands * px * sizeof(float));
         s->probs = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->n_classes * sizeof(float));
-        if (pp->want_emb) s->emb = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->feat_dim * sizeof(float));
+        if (pp->want_emb)
+            s->emb = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->feat_dim * sizeof(float));
         s->orow = tw_alloc(TW_MEM_SLOTS, nb * sizeof(int32_t));
         s->ocol = tw_alloc(TW_MEM_SLOTS, nb * sizeof(int32_t));
         if (!s->raw || !s->refs || !s->valid || (!pp->wants_raw && !s->x) || !s->probs ||
@@ -283,20 +307,20 @@ nomem:
                         b->n_slots, b->slot_bytes);
 }
 
-typedef struct stage_arg {
-    run_pipe *pp;
-    tw_stage_stats *stats;
-} stage_arg;
+static bool stop_requested(const run_pipe *pp)
+{
+    return pp->hooks && pp->hooks->stop && *pp->hooks->stop;
+}
 
 static void *reader_main(void *arg)
 {
     run_pipe *pp = arg;
     tw_stage_stats *stats = &pp->res->stage[TW_STAGE_READ];
     double t_start = now_s();
-    const tw_plan *pl = pp->plan;
-    const int T = pl->tile;
+    const int T = pp->segs[0].plan.tile;
     const size_t px = (size_t)T * T;
     const size_t raw_tile = (size_t)pp->norm.bands * px * tw_dtype_size(pp->dtype);
+    int stop_row = -1;
     tw_raster *r = NULL;
     /* Each stage opens its own dataset: GDAL handles are not thread-safe. */
     if (tw_raster_open(pp->path, pp->m->bands, pp->m->n_bands, &r, pp->err) != TW_OK) {
@@ -307,54 +331,68 @@ static void *reader_main(void *arg)
                          pp->p->input.nodata_auto ? tw_raster_get_info(r)->nodata
                                                   : pp->p->input.nodata);
     slot *s = NULL;
-    for (int ty = pl->ty_begin; ty < pl->ty_end && !atomic_load(&pp->abort); ty++) {
-        int y0 = tw_axis_pos(&pl->y, T, pl->stride, ty);
-        for (int tx = 0; tx < pl->x.n_pos; tx++) {
-            if (pp->hooks && pp->hooks->stop && *pp->hooks->stop) {
-                atomic_store(&pp->cancelled, 1);
-                pipe_abort(pp);
-                goto done;
+    for (int si = 0; si < pp->n_segs && !atomic_load(&pp->abort); si++) {
+        const tw_plan *pl = &pp->segs[si].plan;
+        for (int ty = pl->ty_begin; ty < pl->ty_end && !atomic_load(&pp->abort); ty++) {
+            int c0, c1;
+            tw_axis_cells(&pl->y, T, pl->stride, ty, &c0, &c1);
+            if (stop_row >= 0 && c0 >= stop_row) goto stopped;
+            if (stop_row < 0 && stop_requested(pp)) {
+                /* Finish the chunk under way, then stop: the tile rows that
+                 * touch it are all that is still needed. */
+                int r0, r1;
+                chunk_of(pp, &pp->segs[si], c0 > pl->row_begin ? c0 : pl->row_begin, &r0, &r1);
+                stop_row = r1;
+                atomic_store(&pp->stop_row, stop_row);
+                if (c0 >= stop_row) goto stopped;
             }
-            if (!s) {
-                s = tw_queue_pop(pp->q_free, &stats->wait_s);
-                if (!s) goto done;
-                s->n_refs = s->n_kept = 0;
-            }
-            int x0 = tw_axis_pos(&pl->x, T, pl->stride, tx);
-            tile_ref *ref = &s->refs[s->n_refs++];
-            ref->tx = tx;
-            ref->ty = ty;
-            ref->kept = -1;
-            ref->read_error = 0;
-            int k = s->n_kept;
-            int64_t n_nodata = 0, n_inside = 0;
-            tw_error rerr;
-            tw_error_init(&rerr);
-            tw_status st = tw_raster_read(r, x0, y0, T, T, (char *)s->raw + (size_t)k * raw_tile,
-                                          s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
-            if (st != TW_OK) {
-                if (pp->p->input.on_error != TW_ON_ERROR_SKIP) {
-                    tw_error_set(pp->err, st, "%s", rerr.msg);
-                    pipe_abort(pp);
-                    goto done;
+            int y0 = tw_axis_pos(&pl->y, T, pl->stride, ty);
+            for (int tx = 0; tx < pl->x.n_pos; tx++) {
+                if (!s) {
+                    s = tw_queue_pop(pp->q_free, &stats->wait_s);
+                    if (!s) goto done;
+                    s->n_refs = s->n_kept = 0;
                 }
-                fprintf(stderr, "tilewise: warning: tile (row %d, col %d) at pixel x=%d y=%d unreadable, "
-                        "written as nodata: %s\n", ty, tx, x0, y0, rerr.msg);
-                ref->read_error = 1;
-            } else if (n_inside > 0 &&
-                       (double)n_nodata / (double)n_inside <= pp->p->tiling.max_nodata_fraction &&
-                       n_nodata < n_inside) {
-                ref->kept = k;
-                s->orow[k] = y0;
-                s->ocol[k] = x0;
-                s->n_kept++;
-            }
-            if (s->n_kept == pp->bud->batch || s->n_refs == pp->bud->ref_capacity) {
-                if (!tw_queue_push(pp->q_norm, s, &stats->wait_s)) goto done;
-                s = NULL;
+                int x0 = tw_axis_pos(&pl->x, T, pl->stride, tx);
+                tile_ref *ref = &s->refs[s->n_refs++];
+                ref->tx = tx;
+                ref->ty = ty;
+                ref->seg = si;
+                ref->kept = -1;
+                ref->read_error = 0;
+                int k = s->n_kept;
+                int64_t n_nodata = 0, n_inside = 0;
+                tw_error rerr;
+                tw_error_init(&rerr);
+                tw_status st = tw_raster_read(r, x0, y0, T, T,
+                                              (char *)s->raw + (size_t)k * raw_tile,
+                                              s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
+                if (st != TW_OK) {
+                    if (pp->p->input.on_error != TW_ON_ERROR_SKIP) {
+                        tw_error_set(pp->err, st, "%s", rerr.msg);
+                        pipe_abort(pp);
+                        goto done;
+                    }
+                    fprintf(stderr,
+                            "tilewise: warning: %s: tile at pixel x=%d y=%d (tile row %d, col %d) "
+                            "is unreadable and written as nodata: %s\n",
+                            pp->path, x0, y0, ty, tx, rerr.msg);
+                    ref->read_error = 1;
+                } else if (n_inside > 0 && n_nodata < n_inside &&
+                           (double)n_nodata / (double)n_inside <= pp->p->tiling.max_nodata_fraction) {
+                    ref->kept = k;
+                    s->orow[k] = y0;
+                    s->ocol[k] = x0;
+                    s->n_kept++;
+                }
+                if (s->n_kept == pp->bud->batch || s->n_refs == pp->bud->ref_capacity) {
+                    if (!tw_queue_push(pp->q_norm, s, &stats->wait_s)) goto done;
+                    s = NULL;
+                }
             }
         }
     }
+stopped:
     if (s && s->n_refs > 0 && !atomic_load(&pp->abort)) tw_queue_push(pp->q_norm, s, &stats->wait_s);
 done:
     tw_raster_close(r);
@@ -368,7 +406,7 @@ static void *normalize_main(void *arg)
     run_pipe *pp = arg;
     tw_stage_stats *stats = &pp->res->stage[TW_STAGE_NORMALIZE];
     double t_start = now_s();
-    const int T = pp->plan->tile;
+    const int T = pp->segs[0].plan.tile;
     slot *s;
     while ((s = tw_queue_pop(pp->q_norm, &stats->wait_s)) != NULL) {
         if (atomic_load(&pp->abort)) break;
@@ -392,7 +430,7 @@ static void *infer_main(void *arg)
         if (s->n_kept > 0) {
             tw_infer_batch b = {
                 .n = s->n_kept,
-                .tile = pp->plan->tile,
+                .tile = pp->segs[0].plan.tile,
                 .x = s->x,
                 .raw = s->raw,
                 .raw_type = pp->dtype,
@@ -413,49 +451,116 @@ static void *infer_main(void *arg)
     return NULL;
 }
 
+/* Rows finished by the stitcher go into the committed chunks. */
+static tw_status parts_sink(void *user, int row0, int n, const float *probs, const uint8_t *has,
+                            tw_error *err)
+{
+    run_pipe *pp = user;
+    const segment *seg = &pp->segs[pp->cur_seg];
+    const size_t W = (size_t)seg->plan.grid_w, C = (size_t)pp->m->n_classes;
+    int row = seg->plan.row_begin + row0;
+    while (n > 0) {
+        if (tw_parts_chunk_end(pp->parts) < 0) {
+            int r0, r1;
+            chunk_of(pp, seg, row, &r0, &r1);
+            tw_status st = tw_parts_chunk_begin(pp->parts, row, r1, err);
+            if (st != TW_OK) return st;
+        }
+        int end = tw_parts_chunk_end(pp->parts);
+        int m = end - row < n ? end - row : n;
+        tw_status st = tw_parts_chunk_rows(pp->parts, row, m, probs, has, err);
+        if (st == TW_OK && row + m == end) st = tw_parts_chunk_commit(pp->parts, err);
+        if (st != TW_OK) return st;
+        row += m;
+        n -= m;
+        probs += (size_t)m * W * C;
+        has += (size_t)m * W;
+    }
+    return TW_OK;
+}
+
+/* Before tiles of tile row ty are added: finish the rows above it and make
+ * sure the chunk holding its first row is open, so its tiles land there. */
+static tw_status writer_begin_row(run_pipe *pp, const segment *seg, int ty, tw_error *err)
+{
+    tw_status st = tw_stitch_begin_row(pp->stitch, ty, err);
+    if (st != TW_OK) return st;
+    int c0, c1;
+    tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ty, &c0, &c1);
+    if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end &&
+        tw_parts_chunk_end(pp->parts) < 0) {
+        int r0, r1;
+        chunk_of(pp, seg, c0, &r0, &r1);
+        st = tw_parts_chunk_begin(pp->parts, r0, r1, err);
+    }
+    return st;
+}
+
 static void *writer_main(void *arg)
 {
     run_pipe *pp = arg;
     tw_stage_stats *stats = &pp->res->stage[TW_STAGE_WRITE];
     double t_start = now_s();
     const int C = pp->m->n_classes;
+    const int F = pp->want_emb ? pp->m->feat_dim : 0;
     int cur_ty = -1;
+    pp->cur_seg = -1;
     slot *s;
     while ((s = tw_queue_pop(pp->q_write, &stats->wait_s)) != NULL) {
         if (atomic_load(&pp->abort)) break;
         for (int i = 0; i < s->n_refs; i++) {
             const tile_ref *ref = &s->refs[i];
+            if (ref->seg != pp->cur_seg) {
+                if (pp->cur_seg >= 0 && tw_stitch_finish(pp->stitch, pp->err) != TW_OK) goto fail;
+                pp->cur_seg = ref->seg;
+                tw_stitch_reset(pp->stitch, &pp->segs[ref->seg].plan);
+                cur_ty = -1;
+            }
+            const segment *seg = &pp->segs[pp->cur_seg];
             if (ref->ty != cur_ty) {
-                if (tw_stitch_begin_row(pp->stitch, ref->ty, pp->err) != TW_OK) goto fail;
+                if (writer_begin_row(pp, seg, ref->ty, pp->err) != TW_OK) goto fail;
                 cur_ty = ref->ty;
             }
             if (ref->kept >= 0) {
-                tw_stitch_add(pp->stitch, ref->tx, ref->ty, s->probs + (size_t)ref->kept * C);
+                const float *pr = s->probs + (size_t)ref->kept * C;
+                tw_stitch_add(pp->stitch, ref->tx, ref->ty, pr);
                 pp->res->tiles_classified++;
+                int c0, c1;
+                tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ref->ty, &c0, &c1);
+                /* A tile belongs to the chunk of its first row: recorded once,
+                 * whatever the shards or reruns. */
+                if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end &&
+                    tw_parts_chunk_tiles(pp->parts, 1, &s->orow[ref->kept], &s->ocol[ref->kept], pr,
+                                         F ? s->emb + (size_t)ref->kept * F : NULL,
+                                         pp->err) != TW_OK)
+                    goto fail;
             } else if (ref->read_error) {
                 pp->res->tiles_read_errors++;
             } else {
                 pp->res->tiles_nodata++;
             }
         }
-        if (pp->table && s->n_kept > 0 &&
-            tw_tiletable_append(pp->table, s->n_kept, s->orow, s->ocol, s->probs, s->emb,
-                                pp->err) != TW_OK)
-            goto fail;
         pp->tiles_done += s->n_refs;
-        if (!pp->first_written && tw_stitch_rows_done(pp->stitch) > 0) {
-            pp->first_written = true;
-            pp->allocs_after_first = tw_mem_alloc_count();
+        if (!pp->steady && tw_stitch_rows_done(pp->stitch) > 0) {
+            pp->steady = true;
+            pp->allocs_mark = tw_mem_alloc_count();
         }
         if (pp->hooks && pp->hooks->progress) {
-            double f = pp->plan->n_tiles > 0 ? (double)pp->tiles_done / (double)pp->plan->n_tiles : 1.0;
-            if (!pp->hooks->progress(f, pp->path, pp->hooks->progress_user)) {
+            double f = pp->n_tiles > 0 ? (double)pp->tiles_done / (double)pp->n_tiles : 1.0;
+            if (!pp->hooks->progress(f > 1.0 ? 1.0 : f, pp->path, pp->hooks->progress_user) &&
+                !stop_requested(pp)) {
                 atomic_store(&pp->cancelled, 1);
                 pipe_abort(pp);
                 break;
             }
         }
         if (!tw_queue_push(pp->q_free, s, &stats->wait_s)) break;
+    }
+    if (!atomic_load(&pp->abort) && pp->cur_seg >= 0) {
+        int stop_row = atomic_load(&pp->stop_row);
+        tw_status st = stop_row >= 0 ? tw_stitch_flush_until(pp->stitch, stop_row, pp->err)
+                                     : tw_stitch_finish(pp->stitch, pp->err);
+        if (st != TW_OK) goto fail;
     }
     stats->busy_s = now_s() - t_start - stats->wait_s;
     return NULL;
@@ -483,19 +588,176 @@ static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, d
 {
     const double *g = info->geotransform;
     double S = pl->stride;
-    double r0 = (double)pl->row_begin * S;
-    gt[0] = g[0] + r0 * g[2];
+    gt[0] = g[0];
     gt[1] = g[1] * S;
     gt[2] = g[2] * S;
-    gt[3] = g[3] + r0 * g[5];
+    gt[3] = g[3];
     gt[4] = g[4] * S;
     gt[5] = g[5] * S;
 }
 
-static tw_status write_rows_sink(void *user, int row0, int n, const float *probs,
-                                 const uint8_t *has, tw_error *err)
+/* What the outputs of an input depend on: if any of it changes between an
+ * interrupted run and its rerun, the committed chunks are not reused. */
+static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char *path,
+                        const tw_plan *plan, char *buf, size_t size)
 {
-    return tw_writer_write_rows(user, row0, n, probs, has, err);
+    const tw_run_params *p = c->p;
+    const tw_resolved *m = &c->m;
+    int n = snprintf(buf, size,
+                     "tilewise-parts 1\ninput %s %dx%d %s\nmodel %s\ntile %d stride %d edge %d "
+                     "grid %dx%d\nscale %.17g nodata %d %.17g max_nodata %.17g\nprecision %d "
+                     "emb %d tiles %d\nbands",
+                     path, info->width, info->height, tw_dtype_name(info->dtype), m->model_sha256,
+                     m->tile, m->stride, (int)p->tiling.edge, plan->grid_w, plan->grid_h, m->scale,
+                     (int)p->input.nodata_auto, p->input.nodata, p->tiling.max_nodata_fraction,
+                     (int)p->runtime.precision, (p->output.products & TW_PRODUCT_EMB) != 0,
+                     (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0);
+    for (int i = 0; i < m->n_bands && n > 0 && (size_t)n < size; i++)
+        n += snprintf(buf + n, size - (size_t)n, " %d", m->bands[i]);
+    for (int i = 0; i < m->n_norm && n > 0 && (size_t)n < size; i++)
+        n += snprintf(buf + n, size - (size_t)n, "\nnorm %.9g %.9g", m->mean[i], m->std[i]);
+    if (n > 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, "\n");
+}
+
+/* Rows per committed chunk: about 1024 tiles, at least one tile row's cells,
+ * so that finishing the chunk under way after a stop request takes seconds. */
+static int chunk_rows_for(const tw_plan *plan)
+{
+    int per_row = plan->x.n_pos > 0 ? plan->x.n_pos : 1;
+    int rows = 1024 / per_row * plan->k;
+    if (rows < plan->k) rows = plan->k;
+    return rows;
+}
+
+static void writer_params_for(const run_ctx *c, const tw_raster_info *info, const tw_plan *plan,
+                              const char *stem, tw_writer_params *wp)
+{
+    const tw_run_params *p = c->p;
+    memset(wp, 0, sizeof *wp);
+    wp->dir = p->output.dir;
+    wp->stem = stem;
+    wp->grid_w = plan->grid_w;
+    wp->grid_h = plan->grid_h;
+    wp->crs_wkt = info->crs_wkt;
+    wp->n_classes = c->m.n_classes;
+    wp->class_names = (const char(*)[TW_NAME_MAX])c->m.classes;
+    wp->products = p->output.products;
+    wp->prob_type = p->output.prob_type;
+    wp->format = p->output.format;
+    wp->creation_options = (const char(*)[128])p->output.creation_options;
+    wp->n_creation_options = p->output.n_creation_options;
+    wp->metadata_json = c->config_json;
+    output_geotransform(info, plan, wp->geotransform);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Assembly: committed chunks into the final products (run and merge).      */
+
+#define MANIFEST_MAGIC "TWMANIF1"
+
+typedef struct manifest {
+    char magic[8];
+    uint32_t size_params, size_resolved, size_info;
+    tw_run_params p;
+    tw_resolved m;
+    tw_raster_info info;
+    char config_json[16384];
+    char fingerprint[8192];
+} manifest;
+
+static tw_status manifest_path(const char *out_dir, const char *stem, char *buf, size_t size,
+                               tw_error *err)
+{
+    if (snprintf(buf, size, "%s/.tilewise/%s/manifest", out_dir, stem) >= (int)size)
+        return tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s", out_dir);
+    return TW_OK;
+}
+
+/* What `tilewise merge` needs to assemble without the workflow: written by
+ * every shard (same content), atomically. */
+static tw_status manifest_write(const manifest *mf, const char *out_dir, const char *stem,
+                                tw_error *err)
+{
+    char path[TW_PATH_MAX + 400], tmp[TW_PATH_MAX + 420];
+    tw_status st = manifest_path(out_dir, stem, path, sizeof path, err);
+    if (st != TW_OK) return st;
+    snprintf(tmp, sizeof tmp, "%s.%d.part", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
+    bool ok = fwrite(mf, sizeof *mf, 1, f) == 1;
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", path, strerror(errno));
+    }
+    return TW_OK;
+}
+
+static tw_status manifest_read(const char *out_dir, const char *stem, manifest *mf, tw_error *err)
+{
+    char path[TW_PATH_MAX + 400];
+    tw_status st = manifest_path(out_dir, stem, path, sizeof path, err);
+    if (st != TW_OK) return st;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tw_error_set(err, TW_ERR_INPUT, "%s: no run manifest (%s): was this input run by "
+                            "this version of tilewise?", stem, strerror(errno));
+    bool ok = fread(mf, sizeof *mf, 1, f) == 1;
+    fclose(f);
+    if (!ok || memcmp(mf->magic, MANIFEST_MAGIC, 8) != 0 || mf->size_params != sizeof(tw_run_params) ||
+        mf->size_resolved != sizeof(tw_resolved) || mf->size_info != sizeof(tw_raster_info))
+        return tw_error_set(err, TW_ERR_INPUT,
+                            "%s is damaged or was written by another version of tilewise", path);
+    mf->config_json[sizeof mf->config_json - 1] = '\0';
+    mf->fingerprint[sizeof mf->fingerprint - 1] = '\0';
+    return TW_OK;
+}
+
+static tw_status assemble(const tw_run_params *p, const tw_resolved *m,
+                          const tw_raster_info *info, const char *config_json, tw_parts *parts,
+                          tw_input_result *res, tw_error *err)
+{
+    tw_plan plan;
+    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0,
+                                1, &plan, err);
+    if (st != TW_OK) return st;
+    run_ctx tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.p = p;
+    tmp.m = *m;
+    snprintf(tmp.config_json, sizeof tmp.config_json, "%s", config_json);
+    tw_writer_params wp;
+    writer_params_for(&tmp, info, &plan, res->stem, &wp);
+    bool rasters = (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF)) != 0;
+    bool table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
+    char tpath[TW_PATH_MAX + 300];
+    snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
+    tw_tiletable_params tp = {
+        .path = tpath,
+        .n_classes = m->n_classes,
+        .class_names = (const char(*)[TW_NAME_MAX])m->classes,
+        .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? m->feat_dim : 0,
+        .tile = m->tile,
+        .stride = m->stride,
+        .crs_wkt = info->crs_wkt,
+    };
+    memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
+    memset(res->hist, 0, sizeof res->hist);
+    st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, res->hist,
+                           &res->nodata_cells, err);
+    if (st == TW_OK) st = tw_parts_remove(parts, err);
+    if (st != TW_OK) return st;
+    res->n_outputs = 0;
+    static const struct { unsigned bit; const char *name; } prods[] = {
+        {TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "conf"}};
+    for (int i = 0; i < 3; i++)
+        if (p->output.products & prods[i].bit)
+            tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
+                                   res->outputs[res->n_outputs++], sizeof res->outputs[0]);
+    if (table) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
+    return TW_OK;
 }
 
 static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *err)
@@ -505,11 +767,6 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     double t0 = now_s();
     snprintf(res->path, sizeof res->path, "%s", p->input.paths[idx]);
     input_stem(res->path, res->stem, sizeof res->stem);
-    if (p->shard_count > 1) {
-        size_t n = strlen(res->stem);
-        snprintf(res->stem + n, sizeof res->stem - n, ".shard%04d-of-%04d", p->shard_index + 1,
-                 p->shard_count);
-    }
     res->width = info->width;
     res->height = info->height;
 
@@ -519,13 +776,12 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st != TW_OK) return st;
     res->grid_w = plan.grid_w;
     res->grid_h = plan.grid_h;
-    res->tiles_total = plan.n_tiles;
+    bool want_table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
 
     run_pipe pp;
     memset(&pp, 0, sizeof pp);
     pp.p = p;
     pp.m = &c->m;
-    pp.plan = &plan;
     pp.bud = &c->bud;
     pp.be = &c->be;
     pp.hooks = c->hooks;
@@ -539,103 +795,125 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     pp.want_emb = (p->output.products & TW_PRODUCT_EMB) != 0;
     pp.err = err;
     pp.res = res;
+    pp.chunk_rows = chunk_rows_for(&plan);
+    atomic_store(&pp.stop_row, -1);
 
-    tw_writer *writer = NULL;
-    tw_writer_params wp = {
-        .dir = p->output.dir,
+    char fp[8192];
+    fingerprint(c, info, res->path, &plan, fp, sizeof fp);
+    tw_parts_params parts_p = {
+        .out_dir = p->output.dir,
         .stem = res->stem,
+        .fingerprint = fp,
         .grid_w = plan.grid_w,
-        .grid_h = plan.row_end - plan.row_begin,
-        .crs_wkt = info->crs_wkt,
+        .grid_h = plan.grid_h,
         .n_classes = c->m.n_classes,
-        .class_names = (const char(*)[TW_NAME_MAX])c->m.classes,
-        .products = p->output.products,
-        .prob_type = p->output.prob_type,
-        .format = p->output.format,
-        .creation_options = (const char(*)[128])p->output.creation_options,
-        .n_creation_options = p->output.n_creation_options,
-        .metadata_json = c->config_json,
+        .feat_dim = pp.want_emb ? c->m.feat_dim : 0,
+        .tiles = want_table,
+        .shard_index = p->shard_index,
+        .shard_count = p->shard_count,
     };
-    output_geotransform(info, &plan, wp.geotransform);
+    st = tw_parts_open(&parts_p, p->quiet, &pp.parts, err);
+    if (st == TW_OK) {
+        manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+        if (!mf) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        } else {
+            memcpy(mf->magic, MANIFEST_MAGIC, 8);
+            mf->size_params = sizeof(tw_run_params);
+            mf->size_resolved = sizeof(tw_resolved);
+            mf->size_info = sizeof(tw_raster_info);
+            mf->p = *p;
+            mf->m = c->m;
+            mf->info = *info;
+            snprintf(mf->config_json, sizeof mf->config_json, "%s", c->config_json);
+            snprintf(mf->fingerprint, sizeof mf->fingerprint, "%s", fp);
+            st = manifest_write(mf, p->output.dir, res->stem, err);
+            tw_free(mf);
+        }
+    }
 
-    st = slots_alloc(&pp, err);
-    if (st == TW_OK && (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF)))
-        st = tw_writer_create(&wp, &writer, err);
-    if (st == TW_OK && (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB))) {
-        char tpath[TW_PATH_MAX + 300];
-        snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
-        tw_tiletable_params tp = {
-            .path = tpath,
-            .n_classes = c->m.n_classes,
-            .class_names = (const char(*)[TW_NAME_MAX])c->m.classes,
-            .feat_dim = pp.want_emb ? c->m.feat_dim : 0,
-            .tile = plan.tile,
-            .stride = plan.stride,
-            .crs_wkt = info->crs_wkt,
-        };
-        memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
-        st = tw_tiletable_create(&tp, &pp.table, err);
-        if (st == TW_OK) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
-    }
-    if (st == TW_OK) st = tw_stitch_create(&plan, c->m.n_classes, writer ? write_rows_sink : NULL, writer,
-                                         &pp.stitch, err);
+    /* Segments: the shard's rows that no earlier run has committed. */
     if (st == TW_OK) {
-        pp.q_free = tw_queue_create(pp.n_slots);
-        pp.q_norm = tw_queue_create(pp.n_slots);
-        pp.q_infer = tw_queue_create(pp.n_slots);
-        pp.q_write = tw_queue_create(pp.n_slots);
-        if (!pp.q_free || !pp.q_norm || !pp.q_infer || !pp.q_write)
-            st = tw_error_set(err, TW_ERR_NOMEM, "cannot allocate the stage queues");
+        pp.segs = tw_calloc(TW_MEM_OTHER, (size_t)(plan.row_end - plan.row_begin) + 1,
+                            sizeof(segment));
+        if (!pp.segs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
-    if (st == TW_OK) {
-        for (int i = 0; i < pp.n_slots; i++) tw_queue_push(pp.q_free, &pp.slots[i], NULL);
-        pthread_t th[TW_STAGE_COUNT];
-        void *(*fn[TW_STAGE_COUNT])(void *) = {reader_main, normalize_main, infer_main, writer_main};
-        int started = 0;
-        for (; started < TW_STAGE_COUNT; started++) {
-            if (pthread_create(&th[started], NULL, fn[started], &pp) != 0) {
-                st = tw_error_set(err, TW_ERR_NOMEM, "cannot start the %d-th stage thread", started);
-                pipe_abort(&pp);
-                break;
+    for (int r = plan.row_begin; st == TW_OK && r < plan.row_end;) {
+        if (tw_parts_row_done(pp.parts, r)) {
+            r++;
+            continue;
+        }
+        int r1 = r;
+        while (r1 < plan.row_end && !tw_parts_row_done(pp.parts, r1)) r1++;
+        segment *sg = &pp.segs[pp.n_segs++];
+        sg->plan = plan;
+        tw_plan_restrict(&sg->plan, r, r1);
+        pp.n_tiles += sg->plan.n_tiles;
+        r = r1;
+    }
+    res->tiles_total = pp.n_tiles;
+    res->rows_resumed = (plan.row_end - plan.row_begin);
+    for (int i = 0; i < pp.n_segs; i++)
+        res->rows_resumed -= pp.segs[i].plan.row_end - pp.segs[i].plan.row_begin;
+
+    if (st == TW_OK && pp.n_segs > 0) {
+        st = slots_alloc(&pp, plan.tile, err);
+        if (st == TW_OK) st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, parts_sink, &pp,
+                                               &pp.stitch, err);
+        if (st == TW_OK) {
+            pp.q_free = tw_queue_create(pp.n_slots);
+            pp.q_norm = tw_queue_create(pp.n_slots);
+            pp.q_infer = tw_queue_create(pp.n_slots);
+            pp.q_write = tw_queue_create(pp.n_slots);
+            if (!pp.q_free || !pp.q_norm || !pp.q_infer || !pp.q_write)
+                st = tw_error_set(err, TW_ERR_NOMEM, "cannot allocate the stage queues");
+        }
+        if (st == TW_OK) {
+            for (int i = 0; i < pp.n_slots; i++) tw_queue_push(pp.q_free, &pp.slots[i], NULL);
+            pthread_t th[TW_STAGE_COUNT];
+            void *(*fn[TW_STAGE_COUNT])(void *) = {reader_main, normalize_main, infer_main,
+                                                   writer_main};
+            int started = 0;
+            for (; started < TW_STAGE_COUNT; started++) {
+                if (pthread_create(&th[started], NULL, fn[started], &pp) != 0) {
+                    st = tw_error_set(err, TW_ERR_NOMEM, "cannot start a stage thread");
+                    pipe_abort(&pp);
+                    break;
+                }
+            }
+            for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+            if (st == TW_OK) {
+                if (atomic_load(&pp.cancelled) || atomic_load(&pp.stop_row) >= 0)
+                    st = tw_error_set(err, TW_CANCELLED,
+                                      "%s: interrupted after committing %d of %d output rows; "
+                                      "run the same command again to finish",
+                                      res->path, tw_parts_rows_done(pp.parts), plan.grid_h);
+                else if (atomic_load(&pp.abort))
+                    st = err->status != TW_OK
+                             ? err->status
+                             : tw_error_set(err, TW_ERR_INTERNAL, "pipeline stopped");
             }
         }
-        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-        if (st == TW_OK) {
-            if (atomic_load(&pp.cancelled))
-                st = tw_error_set(err, TW_CANCELLED, "%s: interrupted; run the same command again",
-                                  res->path);
-            else if (atomic_load(&pp.abort))
-                st = err->status != TW_OK ? err->status
-                                          : tw_error_set(err, TW_ERR_INTERNAL, "pipeline stopped");
+        if (st == TW_OK && pp.steady) res->steady_state_allocs = tw_mem_alloc_count() - pp.allocs_mark;
+        if (pp.stitch) {
+            int64_t nod = 0;
+            const int64_t *h = tw_stitch_histogram(pp.stitch, &nod);
+            memcpy(res->hist, h, sizeof(int64_t) * (size_t)c->m.n_classes);
+            res->nodata_cells = nod;
         }
     }
-    if (st == TW_OK) st = tw_stitch_finish(pp.stitch, err);
-    if (st == TW_OK) {
-        res->steady_state_allocs = tw_mem_alloc_count() - pp.allocs_after_first;
-        int64_t nod = 0;
-        const int64_t *h = tw_stitch_histogram(pp.stitch, &nod);
-        memcpy(res->hist, h, sizeof(int64_t) * (size_t)c->m.n_classes);
-        res->nodata_cells = nod;
-    }
-    if (st == TW_OK && writer) st = tw_writer_finish(writer, err);
-    if (st == TW_OK && pp.table) st = tw_tiletable_finish(pp.table, err);
-    if (st == TW_OK && writer) {
-        static const struct { unsigned bit; const char *name; } prods[] = {
-            {TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "conf"}};
-        for (int i = 0; i < 3; i++)
-            if (p->output.products & prods[i].bit)
-                tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
-                                       res->outputs[res->n_outputs++], sizeof res->outputs[0]);
-    }
-    if (st != TW_OK) res->n_outputs = 0;
     tw_stitch_destroy(pp.stitch);
-    tw_writer_destroy(writer);
-    tw_tiletable_destroy(pp.table);
     tw_queue_destroy(pp.q_free);
     tw_queue_destroy(pp.q_norm);
     tw_queue_destroy(pp.q_infer);
     tw_queue_destroy(pp.q_write);
     slots_free(&pp);
+    tw_free(pp.segs);
+
+    /* Whole grid committed (one run, or the last of the shards): assemble. */
+    if (st == TW_OK && p->shard_count == 1)
+        st = assemble(c->p, &c->m, info, c->config_json, pp.parts, res, err);
+    tw_parts_close(pp.parts);
     res->seconds = now_s() - t0;
     return st;
 }
@@ -819,5 +1097,79 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
     }
     ctx_release(c);
     tw_free(c);
+    return st;
+}
+
+tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err)
+{
+    double t0 = now_s();
+    tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
+    char(*stems)[256] = tw_calloc(TW_MEM_OTHER, TW_MAX_INPUTS, 256);
+    manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+    if (result) *result = r;
+    tw_status st = TW_OK;
+    if (!r || !stems || !mf) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    int n = st == TW_OK ? tw_parts_list(out_dir, stems, TW_MAX_INPUTS) : 0;
+    if (st == TW_OK && n <= 0)
+        st = tw_error_set(err, TW_ERR_INPUT,
+                          "%s: no shard outputs to merge (no %s/.tilewise/ parts)", out_dir,
+                          out_dir);
+    if (st == TW_OK) {
+        r->inputs = tw_calloc(TW_MEM_OTHER, (size_t)n, sizeof(tw_input_result));
+        if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; st == TW_OK && i < n; i++) {
+        st = manifest_read(out_dir, stems[i], mf, err);
+        if (st != TW_OK) break;
+        /* The parts live where the shards wrote them: this directory. */
+        snprintf(mf->p.output.dir, sizeof mf->p.output.dir, "%s", out_dir);
+        if (i == 0) {
+            r->model = mf->m;
+            snprintf(r->backend, sizeof r->backend, "merge");
+        }
+        tw_input_result *res = &r->inputs[r->n_inputs++];
+        snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[0]);
+        for (int k = 0; k < mf->p.input.n_paths; k++) {
+            char stem[256];
+            input_stem(mf->p.input.paths[k], stem, sizeof stem);
+            if (strcmp(stem, stems[i]) == 0)
+                snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[k]);
+        }
+        snprintf(res->stem, sizeof res->stem, "%s", stems[i]);
+        tw_plan plan;
+        st = tw_plan_make(mf->info.width, mf->info.height, mf->m.tile, mf->m.stride,
+                          mf->p.tiling.edge, 0, 1, &plan, err);
+        if (st != TW_OK) break;
+        res->width = mf->info.width;
+        res->height = mf->info.height;
+        res->grid_w = plan.grid_w;
+        res->grid_h = plan.grid_h;
+        bool emb = (mf->p.output.products & TW_PRODUCT_EMB) != 0;
+        tw_parts_params pp = {
+            .out_dir = out_dir,
+            .stem = stems[i],
+            .fingerprint = mf->fingerprint,
+            .grid_w = plan.grid_w,
+            .grid_h = plan.grid_h,
+            .n_classes = mf->m.n_classes,
+            .feat_dim = emb ? mf->m.feat_dim : 0,
+            .tiles = (mf->p.output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0,
+            .shard_index = 0,
+            .shard_count = 1,
+            .merge_only = true,
+        };
+        tw_parts *parts = NULL;
+        st = tw_parts_open(&pp, quiet, &parts, err);
+        if (st == TW_OK)
+            st = assemble(&mf->p, &mf->m, &mf->info, mf->config_json, parts, res, err);
+        tw_parts_close(parts);
+    }
+    tw_free(stems);
+    tw_free(mf);
+    if (r) {
+        r->seconds = now_s() - t0;
+        r->peak_rss = tw_rss_peak();
+    }
+    if (!result) tw_run_result_destroy(r);
     return st;
 }

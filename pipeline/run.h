@@ -67,7 +67,8 @@ typedef struct tw_input_result {
     tw_stage_stats stage[TW_STAGE_COUNT];
     int64_t hist[TW_MAX_CLASSES];  /* output cells per argmax class */
     int64_t nodata_cells;
-    uint64_t steady_state_allocs;  /* tw_alloc calls after the first batch was written */
+    uint64_t steady_state_allocs;  /* tw_alloc calls after the first rows were written */
+    int rows_resumed;              /* output rows committed by an earlier, interrupted run */
     char outputs[4][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
 } tw_input_result;
@@ -94,6 +95,12 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
 /* Check config, inputs and the model against each other and print the plan
  * (tile grid, batch, slots, memory estimate) to out, without running the model. */
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err);
+
+/* `tilewise merge`: after sharded runs into out_dir, check that every
+ * output row of every input is committed, then write the final products
+ * (as the workflow asked: GTiff or COG, tile table) and remove the parts.
+ * TW_ERR_INPUT naming the missing rows when a shard has not finished. */
+tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err);
 
 void tw_run_result_destroy(tw_run_result *r);
 

@@ -160,3 +160,18 @@ const int64_t *tw_stitch_histogram(const tw_stitch *s, int64_t *nodata_cells)
 }
 
 int tw_stitch_rows_done(const tw_stitch *s) { return s->next_row - s->plan->row_begin; }
+
+tw_status tw_stitch_flush_until(tw_stitch *s, int row, tw_error *err)
+{
+    return flush_until(s, row, err);
+}
+
+void tw_stitch_reset(tw_stitch *s, const tw_plan *plan)
+{
+    TW_ASSERT(plan->grid_w == s->grid_w && plan->k == s->k);
+    size_t cells = (size_t)s->k * (size_t)s->grid_w;
+    memset(s->sum, 0, cells * (size_t)s->n_classes * sizeof(float));
+    memset(s->count, 0, cells * sizeof(uint32_t));
+    s->plan = plan;
+    s->next_row = plan->row_begin;
+}

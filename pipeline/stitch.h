@@ -34,6 +34,13 @@ void tw_stitch_add(tw_stitch *s, int tx, int ty, const float *probs);
 /* Finish every remaining row of the shard. */
 tw_status tw_stitch_finish(tw_stitch *s, tw_error *err);
 
+/* Finish the rows above `row` (absolute output row), e.g. to stop at a
+ * chunk boundary. */
+tw_status tw_stitch_flush_until(tw_stitch *s, int row, tw_error *err);
+/* Start over on another plan with the same grid width and k (a new band of
+ * rows); the histogram keeps counting. Allocates nothing. */
+void tw_stitch_reset(tw_stitch *s, const tw_plan *plan);
+
 /* Output cells per class written so far (argmax), and nodata cells.
  * Borrowed: [n_classes] counts, valid until destroy. */
 const int64_t *tw_stitch_histogram(const tw_stitch *s, int64_t *nodata_cells);

@@ -40,6 +40,7 @@ static const char *usage_text =
     "  validate WORKFLOW.yaml [--set key.path=value]...\n"
     "                    check config, inputs and model; print the plan and memory estimate\n"
     "  info FILE         describe a raster or a model file\n"
+    "  merge OUTPUT_DIR  after sharded runs: check every shard finished, write the mosaics\n"
     "\n"
     "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
     "model, 4 resource failure (memory, disk, device, output not writable), 75 interrupted\n"
@@ -109,6 +110,7 @@ typedef struct cli_opts {
     const char *sets[MAX_SETS];
     int n_sets;
     int shard_index, shard_count;
+    bool shard_given;
     bool quiet;
     const char *report;
 } cli_opts;
@@ -132,6 +134,7 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
                 return usage_error("--shard expects I/N with 1 <= I <= N, got '%s'", v ? v : "");
             o->shard_index = idx - 1;
             o->shard_count = cnt;
+            o->shard_given = true;
         } else if (allow_run_opts && (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)) {
             o->quiet = true;
         } else if (allow_run_opts && (strcmp(a, "--report") == 0 || strncmp(a, "--report=", 9) == 0)) {
@@ -147,6 +150,30 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
         }
     }
     if (!o->workflow) return usage_error("missing WORKFLOW.yaml%s", "");
+    return 0;
+}
+
+/* A SLURM job array task runs its shard without --shard: task ID minus the
+ * array's first ID, of the array's task count. */
+static int slurm_shard(cli_opts *o)
+{
+    const char *id = getenv("SLURM_ARRAY_TASK_ID");
+    const char *count = getenv("SLURM_ARRAY_TASK_COUNT");
+    const char *min = getenv("SLURM_ARRAY_TASK_MIN");
+    if (!id || !count) return 0;
+    char *end;
+    long i = strtol(id, &end, 10);
+    if (*end) return usage_error("SLURM_ARRAY_TASK_ID '%s' is not a number", id);
+    long n = strtol(count, &end, 10);
+    if (*end || n < 1) return usage_error("SLURM_ARRAY_TASK_COUNT '%s' is not a count", count);
+    long lo = min ? strtol(min, &end, 10) : 0;
+    if (min && *end) return usage_error("SLURM_ARRAY_TASK_MIN '%s' is not a number", min);
+    if (i - lo < 0 || i - lo >= n)
+        return usage_error("SLURM array task %s is outside the array (use --array=0-N-1 or set "
+                           "--shard)",
+                           id);
+    o->shard_index = (int)(i - lo);
+    o->shard_count = (int)n;
     return 0;
 }
 
@@ -182,6 +209,7 @@ static int cmd_run(int argc, char **argv)
     cli_opts o;
     int rc = parse_opts(argc, argv, true, &o);
     if (rc) return rc;
+    if (!o.shard_given && (rc = slurm_shard(&o))) return rc;
     tw_error err;
     tw_error_init(&err);
     tw_run_params p;
@@ -221,6 +249,9 @@ static int cmd_run(int argc, char **argv)
     }
     if (st == TW_OK) {
         print_summary(r);
+        if (p.shard_count > 1)
+            printf("shard %d of %d done; when all are, run: tilewise merge %s\n",
+                   p.shard_index + 1, p.shard_count, p.output.dir);
         printf("report: %s\n", report);
     }
     tw_run_result_destroy(r);
@@ -238,6 +269,34 @@ static int cmd_validate(int argc, char **argv)
     if ((rc = load_params(&o, &p, &err))) return rc;
     if (tw_validate(&p, stdout, &err) != TW_OK) return fail(&err);
     return TW_EXIT_OK;
+}
+
+static int cmd_merge(int argc, char **argv)
+{
+    bool quiet = false;
+    const char *dir = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0)
+            quiet = true;
+        else if (argv[i][0] == '-')
+            return usage_error("unknown option '%s'", argv[i]);
+        else if (!dir)
+            dir = argv[i];
+        else
+            return usage_error("unexpected argument '%s'", argv[i]);
+    }
+    if (!dir) return usage_error("merge expects OUTPUT_DIR%s", "");
+    tw_error err;
+    tw_error_init(&err);
+    tw_run_result *r = NULL;
+    tw_status st = tw_merge(dir, quiet, &r, &err);
+    if (st == TW_OK) {
+        for (int i = 0; i < r->n_inputs; i++)
+            for (int o = 0; o < r->inputs[i].n_outputs; o++)
+                printf("wrote %s\n", r->inputs[i].outputs[o]);
+    }
+    tw_run_result_destroy(r);
+    return st == TW_OK ? TW_EXIT_OK : fail(&err);
 }
 
 /* ---- info ---- */
@@ -351,5 +410,6 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(cmd, "validate") == 0) return cmd_validate(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 2, argv + 2);
+    if (strcmp(cmd, "merge") == 0) return cmd_merge(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", cmd);
 }

@@ -1,0 +1,637 @@
+/* parts.c - see parts.h */
+#include "pipeline/parts.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pipeline/alloc.h"
+
+#define CHUNK_MAGIC "TWCHUNK1"
+#define TILES_MAGIC "TWTILES1"
+#define FNV_OFFSET 1469598103934665603ULL
+#define FNV_PRIME 1099511628211ULL
+
+typedef struct chunk_header {
+    char magic[8];
+    int32_t r0, r1, grid_w, n_classes;
+    uint64_t fnv;
+} chunk_header;
+
+typedef struct tiles_header {
+    char magic[8];
+    int32_t r0, r1, n_classes, feat_dim;
+    int64_t n_tiles;
+    uint64_t fnv;
+} tiles_header;
+
+typedef struct open_file {
+    FILE *f;
+    char tmp[TW_PATH_MAX + 420];
+    char final[TW_PATH_MAX + 400];
+    uint64_t fnv;
+} open_file;
+
+struct tw_parts {
+    tw_parts_params p;
+    char dir[TW_PATH_MAX + 300];
+    char journal[TW_PATH_MAX + 400];
+    uint8_t *done;          /* [grid_h] */
+    /* open chunk */
+    int c_r0, c_r1, c_next;
+    int64_t c_tiles;
+    open_file rows, tiles;
+};
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= FNV_PRIME;
+    }
+    return h;
+}
+
+static void chunk_path(const tw_parts *pt, const char *kind, int r0, int r1, char *out, size_t size)
+{
+    if (snprintf(out, size, "%s/%s-%07d-%07d.bin", pt->dir, kind, r0, r1) >= (int)size)
+        out[size - 1] = '\0';
+}
+
+static tw_status mkdir_p(const char *path, tw_error *err)
+{
+    char buf[TW_PATH_MAX + 300];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return tw_error_set(err, TW_ERR_OUTPUT, "path too long: %s", path);
+    for (char *s = buf + 1;; s++) {
+        if (*s == '/' || *s == '\0') {
+            char c = *s;
+            *s = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", buf,
+                                    strerror(errno));
+            *s = c;
+            if (c == '\0') break;
+        }
+    }
+    return TW_OK;
+}
+
+static tw_status fsync_dir(const char *dir, tw_error *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL)
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", dir, strerror(e));
+    return TW_OK;
+}
+
+/* Remove files of the parts directory: all of them, or only the chunk
+ * temporaries whose first row lies in [r_begin, r_end) (this shard's: other
+ * shards may be writing theirs right now). */
+static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int r_end,
+                              tw_error *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? TW_OK
+                               : tw_error_set(err, TW_ERR_OUTPUT, "cannot read %s: %s", dir,
+                                              strerror(errno));
+    struct dirent *e;
+    char path[TW_PATH_MAX + 600];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (only_temps) {
+            size_t n = strlen(e->d_name);
+            int r0, r1;
+            if (!(n > 5 && strcmp(e->d_name + n - 5, ".part") == 0)) continue;
+            if (sscanf(e->d_name, "rows-%d-%d", &r0, &r1) != 2 &&
+                sscanf(e->d_name, "tiles-%d-%d", &r0, &r1) != 2)
+                continue;
+            if (r0 < r_begin || r0 >= r_end) continue;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    return TW_OK;
+}
+
+/* Verify a chunk file against its header and checksum; true when sound. */
+static bool chunk_verify(const tw_parts *pt, int r0, int r1)
+{
+    char path[TW_PATH_MAX + 400];
+    chunk_path(pt, "rows", r0, r1, path, sizeof path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    chunk_header h;
+    bool ok = fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, CHUNK_MAGIC, 8) == 0 &&
+              h.r0 == r0 && h.r1 == r1 && h.grid_w == pt->p.grid_w &&
+              h.n_classes == pt->p.n_classes;
+    size_t row_bytes = (size_t)pt->p.grid_w * ((size_t)pt->p.n_classes * sizeof(float) + 1);
+    uint64_t fnv = FNV_OFFSET;
+    char buf[65536];
+    size_t total = 0, n;
+    while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) {
+        fnv = fnv1a(fnv, buf, n);
+        total += n;
+    }
+    ok = ok && !ferror(f) && total == row_bytes * (size_t)(r1 - r0) && fnv == h.fnv;
+    fclose(f);
+    if (ok && pt->p.tiles) {
+        chunk_path(pt, "tiles", r0, r1, path, sizeof path);
+        f = fopen(path, "rb");
+        if (!f) return false;
+        tiles_header th;
+        ok = fread(&th, sizeof th, 1, f) == 1 && memcmp(th.magic, TILES_MAGIC, 8) == 0 &&
+             th.r0 == r0 && th.r1 == r1 && th.n_classes == pt->p.n_classes &&
+             th.feat_dim == pt->p.feat_dim;
+        fnv = FNV_OFFSET;
+        total = 0;
+        while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) {
+            fnv = fnv1a(fnv, buf, n);
+            total += n;
+        }
+        size_t rec = 8 + ((size_t)th.n_classes + (size_t)th.feat_dim) * sizeof(float);
+        ok = ok && !ferror(f) && total == rec * (size_t)th.n_tiles && fnv == th.fnv;
+        fclose(f);
+    }
+    return ok;
+}
+
+/* Read every journal in the directory; mark rows of sound chunks done. */
+static void load_journals(tw_parts *pt)
+{
+    DIR *d = opendir(pt->dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[TW_PATH_MAX + 600];
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "journal.", 8) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", pt->dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            int r0, r1;
+            size_t len = strlen(line);
+            /* A line cut short by a crash has no newline: not committed. */
+            if (len == 0 || line[len - 1] != '\n') break;
+            if (sscanf(line, "rows %d %d", &r0, &r1) != 2) continue;
+            if (r0 < 0 || r1 > pt->p.grid_h || r0 >= r1) continue;
+            if (!chunk_verify(pt, r0, r1)) continue;
+            memset(pt->done + r0, 1, (size_t)(r1 - r0));
+        }
+        fclose(f);
+    }
+    closedir(d);
+}
+
+static tw_status write_file_atomic(const char *path, const char *text, tw_error *err)
+{
+    char tmp[TW_PATH_MAX + 600];
+    snprintf(tmp, sizeof tmp, "%s.part", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
+    bool ok = fputs(text, f) >= 0;
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", path, strerror(errno));
+    }
+    return TW_OK;
+}
+
+tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err)
+{
+    *out = NULL;
+    tw_parts *pt = tw_calloc(TW_MEM_OTHER, 1, sizeof *pt);
+    if (!pt) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    pt->p = *p;
+    pt->c_r0 = pt->c_r1 = -1;
+    pt->done = tw_calloc(TW_MEM_OTHER, (size_t)p->grid_h + 1, 1);
+    if (!pt->done) {
+        tw_parts_close(pt);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    if (snprintf(pt->dir, sizeof pt->dir, "%s/.tilewise/%s", p->out_dir, p->stem) >=
+        (int)sizeof pt->dir) {
+        tw_parts_close(pt);
+        return tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s", p->out_dir);
+    }
+    snprintf(pt->journal, sizeof pt->journal, "%s/journal.%04d-of-%04d", pt->dir,
+             p->shard_index + 1, p->shard_count);
+    tw_status st = mkdir_p(pt->dir, err);
+    if (st != TW_OK) {
+        tw_parts_close(pt);
+        return st;
+    }
+    /* Same outputs expected as the parts on disk? Else start over. */
+    char mpath[TW_PATH_MAX + 400];
+    snprintf(mpath, sizeof mpath, "%s/fingerprint", pt->dir);
+    FILE *f = fopen(mpath, "r");
+    bool same = false;
+    if (f) {
+        size_t n = strlen(p->fingerprint);
+        char *buf = tw_alloc(TW_MEM_OTHER, n + 2);
+        if (buf) {
+            size_t got = fread(buf, 1, n + 1, f);
+            same = got == n && memcmp(buf, p->fingerprint, n) == 0;
+            tw_free(buf);
+        }
+        fclose(f);
+        if (!same && !p->merge_only) {
+            if (!quiet)
+                fprintf(stderr,
+                        "tilewise: %s: the parts of an earlier run were made with another "
+                        "configuration, model or raster; starting this input over\n",
+                        p->stem);
+            remove_files(pt->dir, false, 0, 0, err);
+        }
+    }
+    if (!same && p->merge_only) {
+        tw_parts_close(pt);
+        return tw_error_set(err, TW_ERR_INPUT,
+                            "%s: the shards' parts do not match their manifest (rerun the shards)",
+                            p->stem);
+    }
+    if (!same) {
+        st = write_file_atomic(mpath, p->fingerprint, err);
+        if (st != TW_OK) {
+            tw_parts_close(pt);
+            return st;
+        }
+    }
+    if (!p->merge_only) {
+        /* Temporaries of a killed run of this shard. */
+        int64_t H = p->grid_h;
+        remove_files(pt->dir, true, (int)(H * p->shard_index / p->shard_count),
+                     (int)(H * (p->shard_index + 1) / p->shard_count), err);
+    }
+    load_journals(pt);
+    *out = pt;
+    return TW_OK;
+}
+
+void tw_parts_close(tw_parts *pt)
+{
+    if (!pt) return;
+    tw_parts_chunk_abort(pt);
+    tw_free(pt->done);
+    tw_free(pt);
+}
+
+bool tw_parts_row_done(const tw_parts *pt, int row)
+{
+    return row >= 0 && row < pt->p.grid_h && pt->done[row];
+}
+
+int tw_parts_rows_done(const tw_parts *pt)
+{
+    int n = 0;
+    for (int r = 0; r < pt->p.grid_h; r++) n += pt->done[r];
+    return n;
+}
+
+static tw_status open_temp(tw_parts *pt, open_file *of, const char *kind, size_t header_bytes,
+                           tw_error *err)
+{
+    chunk_path(pt, kind, pt->c_r0, pt->c_r1, of->final, sizeof of->final);
+    if (snprintf(of->tmp, sizeof of->tmp, "%s.part", of->final) >= (int)sizeof of->tmp)
+        return tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s", of->final);
+    of->f = fopen(of->tmp, "wb");
+    if (!of->f)
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", of->tmp, strerror(errno));
+    of->fnv = FNV_OFFSET;
+    char zero[64] = {0};
+    if (fwrite(zero, 1, header_bytes, of->f) != header_bytes)
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", of->tmp, strerror(errno));
+    return TW_OK;
+}
+
+static tw_status write_payload(open_file *of, const void *data, size_t n, tw_error *err)
+{
+    of->fnv = fnv1a(of->fnv, data, n);
+    if (fwrite(data, 1, n, of->f) != n)
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", of->tmp, strerror(errno));
+    return TW_OK;
+}
+
+tw_status tw_parts_chunk_begin(tw_parts *pt, int r0, int r1, tw_error *err)
+{
+    TW_ASSERT(pt->c_r0 < 0);
+    pt->c_r0 = r0;
+    pt->c_r1 = r1;
+    pt->c_next = r0;
+    pt->c_tiles = 0;
+    tw_status st = open_temp(pt, &pt->rows, "rows", sizeof(chunk_header), err);
+    if (st == TW_OK && pt->p.tiles) st = open_temp(pt, &pt->tiles, "tiles", sizeof(tiles_header), err);
+    if (st != TW_OK) tw_parts_chunk_abort(pt);
+    return st;
+}
+
+int tw_parts_chunk_end(const tw_parts *pt) { return pt->c_r0 < 0 ? -1 : pt->c_r1; }
+
+tw_status tw_parts_chunk_rows(tw_parts *pt, int row, int n, const float *probs,
+                              const uint8_t *has, tw_error *err)
+{
+    TW_ASSERT(pt->c_r0 >= 0 && row == pt->c_next && row + n <= pt->c_r1);
+    const size_t W = (size_t)pt->p.grid_w, C = (size_t)pt->p.n_classes;
+    for (int i = 0; i < n; i++) {
+        tw_status st = write_payload(&pt->rows, probs + (size_t)i * W * C, W * C * sizeof(float), err);
+        if (st == TW_OK) st = write_payload(&pt->rows, has + (size_t)i * W, W, err);
+        if (st != TW_OK) return st;
+    }
+    pt->c_next += n;
+    return TW_OK;
+}
+
+tw_status tw_parts_chunk_tiles(tw_parts *pt, int n, const int32_t *rows, const int32_t *cols,
+                               const float *probs, const float *emb, tw_error *err)
+{
+    if (!pt->p.tiles) return TW_OK;
+    const size_t C = (size_t)pt->p.n_classes, F = (size_t)pt->p.feat_dim;
+    for (int i = 0; i < n; i++) {
+        int32_t rc[2] = {rows[i], cols[i]};
+        tw_status st = write_payload(&pt->tiles, rc, sizeof rc, err);
+        if (st == TW_OK) st = write_payload(&pt->tiles, probs + (size_t)i * C, C * sizeof(float), err);
+        if (st == TW_OK && F) st = write_payload(&pt->tiles, emb + (size_t)i * F, F * sizeof(float), err);
+        if (st != TW_OK) return st;
+    }
+    pt->c_tiles += n;
+    return TW_OK;
+}
+
+static tw_status close_durable(open_file *of, const void *header, size_t header_bytes,
+                               tw_error *err)
+{
+    bool ok = fseek(of->f, 0, SEEK_SET) == 0 && fwrite(header, 1, header_bytes, of->f) == header_bytes;
+    ok = fflush(of->f) == 0 && ok;
+    ok = fsync(fileno(of->f)) == 0 && ok;
+    int e = errno;
+    ok = fclose(of->f) == 0 && ok;
+    of->f = NULL;
+    if (!ok) return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", of->tmp, strerror(e));
+    if (rename(of->tmp, of->final) != 0)
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s: %s", of->tmp, strerror(errno));
+    return TW_OK;
+}
+
+tw_status tw_parts_chunk_commit(tw_parts *pt, tw_error *err)
+{
+    TW_ASSERT(pt->c_r0 >= 0 && pt->c_next == pt->c_r1);
+    chunk_header h;
+    memcpy(h.magic, CHUNK_MAGIC, 8);
+    h.r0 = pt->c_r0;
+    h.r1 = pt->c_r1;
+    h.grid_w = pt->p.grid_w;
+    h.n_classes = pt->p.n_classes;
+    h.fnv = pt->rows.fnv;
+    tw_status st = close_durable(&pt->rows, &h, sizeof h, err);
+    if (st == TW_OK && pt->p.tiles) {
+        tiles_header th;
+        memcpy(th.magic, TILES_MAGIC, 8);
+        th.r0 = pt->c_r0;
+        th.r1 = pt->c_r1;
+        th.n_classes = pt->p.n_classes;
+        th.feat_dim = pt->p.feat_dim;
+        th.n_tiles = pt->c_tiles;
+        th.fnv = pt->tiles.fnv;
+        st = close_durable(&pt->tiles, &th, sizeof th, err);
+    }
+    if (st == TW_OK) st = fsync_dir(pt->dir, err);
+    if (st == TW_OK) {
+        /* The journal line is what makes the chunk count: written last. */
+        int fd = open(pt->journal, O_WRONLY | O_CREAT | O_APPEND, 0666);
+        char line[64];
+        int n = snprintf(line, sizeof line, "rows %d %d\n", pt->c_r0, pt->c_r1);
+        if (fd < 0 || write(fd, line, (size_t)n) != n || fsync(fd) != 0)
+            st = tw_error_set(err, TW_ERR_OUTPUT, "cannot append to %s: %s", pt->journal,
+                              strerror(errno));
+        if (fd >= 0) close(fd);
+    }
+    if (st == TW_OK) {
+        memset(pt->done + pt->c_r0, 1, (size_t)(pt->c_r1 - pt->c_r0));
+        pt->c_r0 = pt->c_r1 = -1;
+    } else {
+        tw_parts_chunk_abort(pt);
+    }
+    return st;
+}
+
+void tw_parts_chunk_abort(tw_parts *pt)
+{
+    open_file *ofs[2] = {&pt->rows, &pt->tiles};
+    for (int i = 0; i < 2; i++) {
+        if (ofs[i]->f) {
+            fclose(ofs[i]->f);
+            ofs[i]->f = NULL;
+            unlink(ofs[i]->tmp);
+        }
+    }
+    pt->c_r0 = pt->c_r1 = -1;
+}
+
+/* Chunks in row order, from the done map: a run of done rows can be made of
+ * several chunks (from several runs or shards), so list the files. */
+typedef struct chunk_span {
+    int r0, r1;
+} chunk_span;
+
+static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
+{
+    DIR *d = opendir(pt->dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int r0, r1;
+        char tail[8];
+        if (sscanf(e->d_name, "rows-%d-%d.%4s", &r0, &r1, tail) == 3 && strcmp(tail, "bin") == 0 &&
+            strlen(e->d_name) == 24 && n < max) {
+            spans[n].r0 = r0;
+            spans[n].r1 = r1;
+            n++;
+        }
+    }
+    closedir(d);
+    /* insertion sort by r0 (few hundred at most) */
+    for (int i = 1; i < n; i++) {
+        chunk_span s = spans[i];
+        int j = i - 1;
+        while (j >= 0 && spans[j].r0 > s.r0) {
+            spans[j + 1] = spans[j];
+            j--;
+        }
+        spans[j + 1] = s;
+    }
+    return n;
+}
+
+tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
+                            const tw_tiletable_params *tp, int64_t *hist, int64_t *nodata_cells,
+                            tw_error *err)
+{
+    const int H = pt->p.grid_h;
+    for (int r = 0; r < H; r++) {
+        if (!pt->done[r]) {
+            int r1 = r;
+            while (r1 < H && !pt->done[r1]) r1++;
+            return tw_error_set(err, TW_ERR_INPUT,
+                                "%s: output rows %d..%d are not finished yet (run the missing "
+                                "shards first)",
+                                pt->p.stem, r, r1 - 1);
+        }
+    }
+    int max_spans = H + 1;
+    chunk_span *spans = tw_alloc(TW_MEM_OTHER, sizeof(chunk_span) * (size_t)max_spans);
+    if (!spans) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    int n = list_chunks(pt, spans, max_spans);
+    /* Pick a chain of verified chunks covering 0..H in order (a journal may
+     * list overlapping chunks after reruns; any sound one will do). */
+    int used = 0, next = 0;
+    for (int i = 0; i < n; i++) {
+        if (spans[i].r0 != next) continue;
+        if (!chunk_verify(pt, spans[i].r0, spans[i].r1)) continue;
+        spans[used++] = spans[i];
+        next = spans[i].r1;
+    }
+    tw_status st = TW_OK;
+    if (next != H)
+        st = tw_error_set(err, TW_ERR_INPUT, "%s: the committed chunks do not cover rows %d..%d",
+                          pt->p.stem, next, H - 1);
+
+    const size_t W = (size_t)pt->p.grid_w, C = (size_t)pt->p.n_classes;
+    const int batch_rows = 16;
+    float *probs = NULL;
+    uint8_t *has = NULL;
+    tw_writer *w = NULL;
+    tw_tiletable *tt = NULL;
+    float *tbuf = NULL;
+    if (st == TW_OK) {
+        probs = tw_alloc(TW_MEM_STRIP, W * C * sizeof(float) * batch_rows);
+        has = tw_alloc(TW_MEM_STRIP, W * batch_rows);
+        if (!probs || !has) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    if (st == TW_OK && wp) st = tw_writer_create(wp, &w, err);
+    if (st == TW_OK && tp) st = tw_tiletable_create(tp, &tt, err);
+    char path[TW_PATH_MAX + 400];
+    for (int i = 0; st == TW_OK && i < used; i++) {
+        chunk_path(pt, "rows", spans[i].r0, spans[i].r1, path, sizeof path);
+        FILE *f = fopen(path, "rb");
+        if (!f || fseek(f, (long)sizeof(chunk_header), SEEK_SET) != 0) {
+            st = tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
+            if (f) fclose(f);
+            break;
+        }
+        for (int r = spans[i].r0; st == TW_OK && r < spans[i].r1;) {
+            int m = spans[i].r1 - r < batch_rows ? spans[i].r1 - r : batch_rows;
+            for (int k = 0; k < m; k++) {
+                if (fread(probs + (size_t)k * W * C, sizeof(float), W * C, f) != W * C ||
+                    fread(has + (size_t)k * W, 1, W, f) != W) {
+                    st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
+                    break;
+                }
+            }
+            for (size_t q = 0; st == TW_OK && q < (size_t)m * W; q++) {
+                if (!has[q]) {
+                    (*nodata_cells)++;
+                    continue;
+                }
+                const float *pr = probs + q * C;
+                size_t best = 0;
+                for (size_t c = 1; c < C; c++)
+                    if (pr[c] > pr[best]) best = c;
+                hist[best]++;
+            }
+            if (st == TW_OK && w) st = tw_writer_write_rows(w, r, m, probs, has, err);
+            r += m;
+        }
+        fclose(f);
+        if (st != TW_OK || !tt) continue;
+        chunk_path(pt, "tiles", spans[i].r0, spans[i].r1, path, sizeof path);
+        f = fopen(path, "rb");
+        tiles_header th;
+        if (!f || fread(&th, sizeof th, 1, f) != 1) {
+            st = tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
+            if (f) fclose(f);
+            break;
+        }
+        const size_t F = (size_t)th.feat_dim;
+        enum { cap = 256 };
+        int32_t rc_rows[cap], rc_cols[cap];
+        if (!tbuf) tbuf = tw_alloc(TW_MEM_STRIP, sizeof(float) * cap * (C + F));
+        if (!tbuf) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+            fclose(f);
+            break;
+        }
+        float *tp_probs = tbuf;
+        float *tp_emb = tbuf + (size_t)cap * C;
+        for (int64_t t = 0; st == TW_OK && t < th.n_tiles;) {
+            int m = th.n_tiles - t < cap ? (int)(th.n_tiles - t) : cap;
+            for (int k = 0; k < m; k++) {
+                int32_t rc[2];
+                if (fread(rc, sizeof rc, 1, f) != 1 ||
+                    fread(tp_probs + (size_t)k * C, sizeof(float), C, f) != C ||
+                    (F && fread(tp_emb + (size_t)k * F, sizeof(float), F, f) != F)) {
+                    st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
+                    break;
+                }
+                rc_rows[k] = rc[0];
+                rc_cols[k] = rc[1];
+            }
+            if (st == TW_OK)
+                st = tw_tiletable_append(tt, m, rc_rows, rc_cols, tp_probs, F ? tp_emb : NULL, err);
+            t += m;
+        }
+        fclose(f);
+    }
+    if (st == TW_OK && w) st = tw_writer_finish(w, err);
+    if (st == TW_OK && tt) st = tw_tiletable_finish(tt, err);
+    tw_writer_destroy(w);
+    tw_tiletable_destroy(tt);
+    tw_free(probs);
+    tw_free(has);
+    tw_free(tbuf);
+    tw_free(spans);
+    return st;
+}
+
+tw_status tw_parts_remove(tw_parts *pt, tw_error *err)
+{
+    tw_status st = remove_files(pt->dir, false, 0, 0, err);
+    if (st != TW_OK) return st;
+    rmdir(pt->dir);
+    char parent[TW_PATH_MAX + 300];
+    snprintf(parent, sizeof parent, "%s/.tilewise", pt->p.out_dir);
+    rmdir(parent); /* only when empty: other inputs may still have parts */
+    return TW_OK;
+}
+
+int tw_parts_list(const char *out_dir, char (*stems)[256], int max)
+{
+    char dir[TW_PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/.tilewise", out_dir);
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < max) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(stems[n++], 256, "%s", e->d_name);
+    }
+    closedir(d);
+    return n;
+}

@@ -1,0 +1,87 @@
+/* parts.h - crash-safe output: committed chunks, a journal, then assembly.
+ *
+ * While a run works, finished output rows do not go straight into the
+ * GeoTIFFs: they are committed in chunks (bands of output rows) under
+ * OUT/.tilewise/<stem>/. A chunk is written to a temporary name, fsync'ed and
+ * renamed, then recorded in the shard's journal (one line, fsync'ed). So after
+ * a kill -9, or on a requeued SLURM job, running the same command again redoes
+ * only the rows no journal line covers; a chunk without its line, or with a
+ * bad checksum, is redone. When every row of the grid is committed (by one
+ * run or by all shards), tw_parts_assemble streams the chunks, in row order,
+ * through the ordinary writer into the final products, and the parts are
+ * removed. Because chunks hold the averaged float probabilities, a sharded
+ * and merged result is identical to a single run.
+ *
+ * Chunk file (native little-endian): "TWCHUNK1", int32 r0, r1, grid_w,
+ * n_classes; uint64 FNV-1a of the payload; payload per row: float32
+ * probs[grid_w][n_classes], uint8 has[grid_w].
+ * Tile chunk (when the tile table is asked): "TWTILES1", int32 r0, r1,
+ * n_classes, feat_dim, int64 n_tiles, uint64 FNV-1a; payload per tile:
+ * int32 row, col, float32 probs[n_classes], float32 emb[feat_dim].
+ * A tile belongs to the chunk holding its first output row.
+ */
+#ifndef TW_PARTS_H
+#define TW_PARTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "io/tiletable.h"
+#include "io/writer.h"
+#include "pipeline/error.h"
+
+typedef struct tw_parts tw_parts;
+
+typedef struct tw_parts_params {
+    const char *out_dir;
+    const char *stem;            /* the input's stem (no shard suffix) */
+    const char *fingerprint;     /* what the outputs depend on; a mismatch restarts */
+    int grid_w, grid_h, n_classes, feat_dim; /* feat_dim 0: no embeddings */
+    bool tiles;                  /* keep tile records for the tile table */
+    int shard_index, shard_count;
+    bool merge_only;             /* read only: a different fingerprint is an error
+                                    and other shards' temporaries are left alone */
+} tw_parts_params;
+
+/* Open (create) the parts directory of an input: removes stale temporary
+ * files, reads every shard's journal and verifies the chunks it lists.
+ * A different fingerprint (config, model or raster changed) discards the old
+ * parts, with one notice on stderr unless quiet. */
+tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err);
+void tw_parts_close(tw_parts *pt);
+
+/* Rows [0, grid_h) already committed: a bitmap-like query. */
+bool tw_parts_row_done(const tw_parts *pt, int row);
+/* Number of committed rows over all shards. */
+int tw_parts_rows_done(const tw_parts *pt);
+
+/* Chunk writing, one chunk at a time, rows in order. */
+tw_status tw_parts_chunk_begin(tw_parts *pt, int r0, int r1, tw_error *err);
+/* Rows [row, row+n) of the open chunk: probs [n][grid_w][C], has [n][grid_w]. */
+tw_status tw_parts_chunk_rows(tw_parts *pt, int row, int n, const float *probs,
+                              const uint8_t *has, tw_error *err);
+/* Tiles of the open chunk (only those whose first row lies in it). */
+tw_status tw_parts_chunk_tiles(tw_parts *pt, int n, const int32_t *rows, const int32_t *cols,
+                               const float *probs, const float *emb, tw_error *err);
+/* Row the open chunk ends at (exclusive), or -1 when none is open. */
+int tw_parts_chunk_end(const tw_parts *pt);
+/* Make the chunk durable: fsync, rename, journal line, fsync. */
+tw_status tw_parts_chunk_commit(tw_parts *pt, tw_error *err);
+/* Drop the open chunk (its temporary files). Cannot fail. */
+void tw_parts_chunk_abort(tw_parts *pt);
+
+/* Stream all chunks into the final products: wp describes the full grid
+ * (rows 0..grid_h), may be NULL; tp (may be NULL) the tile table. hist
+ * [n_classes] and nodata_cells receive the argmax counts of the grid. Fails with TW_ERR_INPUT
+ * naming the missing rows when the grid is not complete. */
+tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
+                            const tw_tiletable_params *tp, int64_t *hist, int64_t *nodata_cells,
+                            tw_error *err);
+/* Remove the parts directory (after a successful assembly). */
+tw_status tw_parts_remove(tw_parts *pt, tw_error *err);
+
+/* Read the stems that have parts under out_dir (for `tilewise merge`):
+ * fills up to max names of TW_NAME_MAX*4 chars, returns the count or -1. */
+int tw_parts_list(const char *out_dir, char (*stems)[256], int max);
+
+#endif
