@@ -269,7 +269,9 @@ static void check_fp32_parity(const char *model, const char *probs, const char *
     printf("stats: compute %.4f s, copy in %.5f s (hidden %.5f s), copy out %.5f s, device %zu "
            "bytes\n",
            st.compute_s, st.copy_in_s, st.copy_hidden_s, st.copy_out_s, st.device_peak_bytes);
-    assert_true(st.compute_s > 0.0 && st.copy_in_s > 0.0 && st.copy_out_s > 0.0);
+    /* 786 KB in and a full network per call cannot take zero time; the
+     * 224-byte result copy might, at the events' resolution. */
+    assert_true(st.compute_s > 0.0 && st.copy_in_s > 0.0 && st.copy_out_s >= 0.0);
     assert_true(st.copy_hidden_s <= st.copy_in_s + 1e-9);
 
     free(p);
