@@ -328,6 +328,17 @@ static const bad_case k_bad[] = {
     {"input:\n  path: *nowhere\n", NULL, {"flow.yaml:2:", "YAML syntax error: found undefined alias"}},
     {"input:\n  path: a.tif\nmodel: {weights: \"m\xff.h5\"}\n", NULL, {"flow.yaml:3:", "YAML syntax error", "UTF-8"}},
     {BASE "---\ninput: {path: b.tif}\n", NULL, {"flow.yaml:6: only one YAML document is allowed"}},
+    {"input:\n\tpath: a.tif\n", NULL, {"flow.yaml:2:1: YAML syntax error:", "(indent YAML with spaces, not tabs)"}},
+    {BASE, "model.classes=[a, \xff]", {"--set model.classes: YAML syntax error in value '[a, ?]': invalid leading UTF-8"}},
+    {BASE, "input.scale=1e400", {"--set input.scale: '1e400' is out of range for a number"}},
+    /* a message shows valid UTF-8 as it is and a broken sequence as '?' */
+    {BASE, "output.dir=[\"a\", \"\xc3\xa9t\xc3\"]", {"--set output.dir: YAML syntax error in value '[\"a\", \"\xc3\xa9t?\"]': invalid trailing UTF-8"}},
+    {BASE "model:\n", NULL, {"flow.yaml:5: model: duplicate key"}},
+    /* nesting deep enough to make libyaml's scanner crawl is refused up front */
+    {"input:\n  path: a.tif\n  bands: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n", NULL,
+     {"flow.yaml:3: YAML nested deeper than 64 levels"}},
+    {BASE, "input.bands={{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{",
+     {"--set input.bands: value nested deeper than 64 levels"}},
     /* an alias cycle is just a value of the wrong type */
     {"input: &a\n  path: *a\nmodel: {weights: m.h5}\n", NULL,
      {"flow.yaml:1: input.path: expected a list of raster paths, got a mapping"}},

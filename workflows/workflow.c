@@ -107,9 +107,21 @@ static const char *show(const char *s, size_t len, char *buf, size_t cap)
     }
     if (n + 4 > cap) n = cap > 4 ? cap - 4 : 0;
     size_t j = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n;) {
         unsigned char ch = (unsigned char)s[i];
-        buf[j++] = (ch < 0x20 || ch == 0x7F) ? '?' : (char)ch;
+        /* copy whole, well-formed UTF-8 sequences; any other byte becomes '?' */
+        size_t seq = ch < 0x80 ? 1 : ch >= 0xC2 && ch <= 0xDF ? 2 : ch >= 0xE0 && ch <= 0xEF ? 3
+                   : ch >= 0xF0 && ch <= 0xF4 ? 4 : 0;
+        bool ok = seq > 0 && i + seq <= n;
+        for (size_t k = 1; ok && k < seq; k++) ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
+        if (!ok || ch < 0x20 || ch == 0x7F) {
+            buf[j++] = '?';
+            i++;
+            continue;
+        }
+        memcpy(buf + j, s + i, seq);
+        j += seq;
+        i += seq;
     }
     if (cut) {
         memcpy(buf + j, "...", 3);
@@ -288,7 +300,15 @@ static tw_status get_number(wf_ctx *c, const yaml_node_t *n, double *out)
     tw_status st = get_text(c, n, "a number", &s, &len);
     if (st) return st;
     char d[WF_SHOW_MAX + 8];
-    if (!parse_number(s, out)) return fail(c, n, "expected a number, got '%s'", show(s, len, d, sizeof d));
+    if (!parse_number(s, out)) {
+        errno = 0;
+        double x = strtod(s, NULL);
+        if (errno == ERANGE && strpbrk(s, "eE") && !strpbrk(s, "xXnN"))
+            return fail(c, n, "'%s' is out of range for a number (expected about 1e-300..1e300)",
+                        show(s, len, d, sizeof d));
+        (void)x;
+        return fail(c, n, "expected a number, got '%s'", show(s, len, d, sizeof d));
+    }
     return TW_OK;
 }
 
@@ -896,16 +916,45 @@ static tw_status yaml_failure(wf_ctx *c, const yaml_parser_t *y, const char *tex
         col = y->problem_mark.column;
     }
     const char *problem = y->problem ? y->problem : "unknown error";
+    /* the commonest YAML mistake deserves a plain hint */
+    const char *hint = "";
+    size_t at = y->error == YAML_READER_ERROR ? y->problem_offset : y->problem_mark.index;
+    if (at < len && text[at] == '\t') hint = " (indent YAML with spaces, not tabs)";
     char ctxbuf[160] = "";
     if (y->context && y->error != YAML_READER_ERROR)
         snprintf(ctxbuf, sizeof ctxbuf, " (%s at line %zu)", y->context, (size_t)y->context_mark.line + 1);
     if (set_key) {
         char d[WF_SHOW_MAX + 8];
-        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: YAML syntax error in value '%s': %s%s",
-                            set_key, show(set_value, strlen(set_value), d, sizeof d), problem, ctxbuf);
+        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: YAML syntax error in value '%s': %s%s%s",
+                            set_key, show(set_value, strlen(set_value), d, sizeof d), problem, ctxbuf, hint);
     }
-    return tw_error_set(c->err, TW_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s%s", c->name, line + 1,
-                        col + 1, problem, ctxbuf);
+    return tw_error_set(c->err, TW_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s%s%s", c->name, line + 1,
+                        col + 1, problem, ctxbuf, hint);
+}
+
+/* libyaml's scanner does work proportional to the flow nesting depth for
+ * every token, so 100k '[' take minutes. No workflow nests more than a few
+ * levels: refuse deep nesting before libyaml sees it. Brackets are counted
+ * everywhere, quotes and comments included, so that no quoting trick can hide
+ * nesting from this check; only absurd files can be refused by it. */
+#define WF_FLOW_DEPTH_MAX 64
+
+static tw_status check_nesting(wf_ctx *c, const char *text, size_t len, const char *set_key)
+{
+    int depth = 0, line = 1;
+    for (size_t i = 0; i < len; i++) {
+        char ch = text[i];
+        if (ch == '\n') line++;
+        else if (ch == '[' || ch == '{') depth++;
+        else if ((ch == ']' || ch == '}') && depth > 0) depth--;
+        if (depth > WF_FLOW_DEPTH_MAX) {
+            if (set_key)
+                return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: value nested deeper than %d levels",
+                                    set_key, WF_FLOW_DEPTH_MAX);
+            return fail_at(c, line, NULL, "YAML nested deeper than %d levels of [ ] or { }", WF_FLOW_DEPTH_MAX);
+        }
+    }
+    return TW_OK;
 }
 
 /* Load text as one YAML document into *doc (deleted by the caller on
@@ -913,11 +962,12 @@ static tw_status yaml_failure(wf_ctx *c, const yaml_parser_t *y, const char *tex
 static tw_status load_document(wf_ctx *c, yaml_document_t *doc, const char *text, size_t len,
                                const char *set_key)
 {
+    tw_status st = check_nesting(c, text, len, set_key);
+    if (st) return st;
     yaml_parser_t y;
     if (!yaml_parser_initialize(&y))
         return tw_error_set(c->err, TW_ERR_NOMEM, "%s: out of memory while reading YAML", c->name);
     yaml_parser_set_input_string(&y, (const unsigned char *)text, len);
-    tw_status st = TW_OK;
     if (!yaml_parser_load(&y, doc)) {
         st = yaml_failure(c, &y, text, len, set_key, text);
         yaml_parser_delete(&y);
