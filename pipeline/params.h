@@ -96,6 +96,7 @@ typedef struct tw_run_params {
     tw_output_params output;
     int shard_index;                 /* 0-based; shard_count 1 = unsharded */
     int shard_count;
+    int chunk_rows;                  /* output rows per committed chunk; 0: about 1024 tiles */
     bool quiet;
     char report_path[TW_PATH_MAX];   /* "" : <output.dir>/run.json only */
     char workflow_path[TW_PATH_MAX]; /* for messages and the report */

@@ -795,7 +795,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     pp.want_emb = (p->output.products & TW_PRODUCT_EMB) != 0;
     pp.err = err;
     pp.res = res;
-    pp.chunk_rows = chunk_rows_for(&plan);
+    pp.chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(&plan);
     atomic_store(&pp.stop_row, -1);
 
     char fp[8192];

@@ -36,7 +36,11 @@ static const char *usage_text =
     "\n"
     "commands:\n"
     "  run WORKFLOW.yaml [--set key.path=value]... [--shard I/N] [-q] [--report FILE]\n"
-    "                    classify every input raster of the workflow\n"
+    "                    [--chunk-rows N]\n"
+    "                    classify every input raster of the workflow; output rows are\n"
+    "                    committed in chunks (N rows; default about 1024 tiles' worth), so\n"
+    "                    running the same command after a kill redoes only what is missing.\n"
+    "                    --shard I/N (or a SLURM array task) runs the I-th of N bands of rows\n"
     "  validate WORKFLOW.yaml [--set key.path=value]...\n"
     "                    check config, inputs and model; print the plan and memory estimate\n"
     "  info FILE         describe a raster or a model file\n"
@@ -111,6 +115,7 @@ typedef struct cli_opts {
     int n_sets;
     int shard_index, shard_count;
     bool shard_given;
+    int chunk_rows;
     bool quiet;
     const char *report;
 } cli_opts;
@@ -135,6 +140,15 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
             o->shard_index = idx - 1;
             o->shard_count = cnt;
             o->shard_given = true;
+        } else if (allow_run_opts && (strcmp(a, "--chunk-rows") == 0 ||
+                                      strncmp(a, "--chunk-rows=", 13) == 0)) {
+            const char *v = a[12] == '=' ? a + 13 : (i + 1 < argc ? argv[++i] : NULL);
+            char *end = NULL;
+            long n = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || n < 1 || n > 1000000)
+                return usage_error("--chunk-rows expects a positive number of rows, got '%s'",
+                                   v ? v : "");
+            o->chunk_rows = (int)n;
         } else if (allow_run_opts && (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)) {
             o->quiet = true;
         } else if (allow_run_opts && (strcmp(a, "--report") == 0 || strncmp(a, "--report=", 9) == 0)) {
@@ -183,6 +197,7 @@ static int load_params(const cli_opts *o, tw_run_params *p, tw_error *err)
     p->shard_index = o->shard_index;
     p->shard_count = o->shard_count;
     p->quiet = o->quiet;
+    p->chunk_rows = o->chunk_rows;
     if (o->report) snprintf(p->report_path, sizeof p->report_path, "%s", o->report);
     return 0;
 }

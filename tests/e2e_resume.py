@@ -1,0 +1,219 @@
+#!/usr/bin/python3
+"""Shards, merge, kill -9 and SIGTERM: the final outputs are always identical
+to one uninterrupted, unsharded run.
+
+* Shards 1..N run separately (--shard I/N) then `tilewise merge`: class and
+  probability rasters equal pixel for pixel (and georeferencing) to a single
+  run, for N = 1, 2, 3, 7. Also with SLURM's array variables instead of --shard.
+* kill -9 at 5 different moments of a run (committed chunks differ each
+  time), then the same command again: identical outputs.
+* SIGTERM: exit with the resumable code (75) within 30 s, having committed the
+  chunk under way; the rerun completes identically.
+"""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+FIX = os.environ.get("TW_FIXTURES")
+SRC = os.environ.get("TW_SOURCE_DIR")
+BIN = os.environ.get("TW_BIN")
+EXIT_INTERRUPTED = 75
+
+
+def workflow(path, out, stride, products="[class, prob, tiles]"):
+    with open(path, "w") as f:
+        f.write(f"""input:
+  path: {SRC}/sample_data/L7_ETMs.tif
+model:
+  weights: {FIX}/resnet18_6b_7c.safetensors
+  mean: [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
+  std: [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
+tiling:
+  tile: 64
+  stride: {stride}
+  batch: 8
+runtime:
+  device: cpu
+  memory: 1GiB
+  threads: 1
+output:
+  dir: {out}
+  products: {products}
+""")
+
+
+def read_outputs(out):
+    from osgeo import gdal
+    import h5py
+    gdal.UseExceptions()
+    res = {}
+    for prod in ("class", "prob"):
+        ds = gdal.Open(f"{out}/L7_ETMs.{prod}.tif")
+        res[prod] = ds.ReadAsArray()
+        res[prod + "_geo"] = (ds.GetGeoTransform(), ds.GetProjection(), ds.RasterXSize,
+                              ds.RasterYSize)
+    with h5py.File(f"{out}/L7_ETMs.tiles.h5", "r") as h:
+        res["tiles"] = (h["origin"][:], h["probabilities"][:])
+    return res
+
+
+def same(a, b):
+    if a["class_geo"] != b["class_geo"] or a["prob_geo"] != b["prob_geo"]:
+        return "georeferencing differs"
+    if not np.array_equal(a["class"], b["class"]):
+        return "class rasters differ"
+    if not np.array_equal(a["prob"], b["prob"]):
+        return "probability rasters differ (max %g)" % np.abs(a["prob"] - b["prob"]).max()
+    oa, pa = a["tiles"]
+    ob, pb = b["tiles"]
+    ia, ib = np.lexsort(oa.T[::-1]), np.lexsort(ob.T[::-1])
+    if not (np.array_equal(oa[ia], ob[ib]) and np.array_equal(pa[ia], pb[ib])):
+        return "tile tables differ"
+    return None
+
+
+def committed_rows(out):
+    n = 0
+    for j in glob.glob(f"{out}/.tilewise/*/journal.*"):
+        with open(j) as f:
+            for line in f:
+                if line.startswith("rows "):
+                    r0, r1 = map(int, line.split()[1:3])
+                    n += r1 - r0
+    return n
+
+
+def main():
+    if not (FIX and SRC and BIN):
+        print("TW_FIXTURES/TW_SOURCE_DIR/TW_BIN not set: skipped")
+        return 77
+    failures = []
+
+    def check(cond, what):
+        print(("ok   " if cond else "FAIL ") + what)
+        if not cond:
+            failures.append(what)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # --- the reference: one uninterrupted, unsharded run ---
+        wf = f"{tmp}/ref.yaml"
+        workflow(wf, f"{tmp}/ref", 32)
+        r = subprocess.run([BIN, "run", wf, "-q"], capture_output=True, text=True)
+        check(r.returncode == 0, f"reference run: {r.stderr.strip()}")
+        ref = read_outputs(f"{tmp}/ref")
+        check(not os.path.exists(f"{tmp}/ref/.tilewise"), "parts removed after assembly")
+
+        # --- shards then merge ---
+        for n in (1, 2, 3, 7):
+            out = f"{tmp}/shards{n}"
+            wf = f"{tmp}/shards{n}.yaml"
+            workflow(wf, out, 32)
+            ok = True
+            for i in range(1, n + 1):
+                r = subprocess.run([BIN, "run", wf, "-q", "--shard", f"{i}/{n}", "--chunk-rows", "2"],
+                                   capture_output=True, text=True)
+                ok = ok and r.returncode == 0
+                if r.returncode != 0:
+                    print(r.stderr)
+            if n > 1:
+                # merge before the last shard would have to refuse; here all are done
+                r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
+                ok = ok and r.returncode == 0
+                if r.returncode != 0:
+                    print(r.stderr)
+            diff = same(read_outputs(out), ref) if ok else "a shard or the merge failed"
+            check(diff is None, f"{n} shard(s) + merge == single run" + (f": {diff}" if diff else ""))
+
+        # merge refuses while a shard is missing
+        out = f"{tmp}/missing"
+        wf = f"{tmp}/missing.yaml"
+        workflow(wf, out, 32)
+        subprocess.run([BIN, "run", wf, "-q", "--shard", "1/3"], capture_output=True)
+        subprocess.run([BIN, "run", wf, "-q", "--shard", "3/3"], capture_output=True)
+        r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
+        check(r.returncode == 3 and "not finished" in r.stderr and
+              not os.path.exists(f"{out}/L7_ETMs.class.tif"),
+              f"merge with shard 2/3 missing refused: {r.stderr.strip()}")
+
+        # SLURM array variables pick the shard
+        out = f"{tmp}/slurm"
+        wf = f"{tmp}/slurm.yaml"
+        workflow(wf, out, 32)
+        for task in (5, 6, 7):
+            env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_COUNT="3",
+                       SLURM_ARRAY_TASK_MIN="5")
+            subprocess.run([BIN, "run", wf, "-q"], env=env, capture_output=True)
+        r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
+        diff = same(read_outputs(out), ref) if r.returncode == 0 else r.stderr
+        check(diff is None, f"SLURM array tasks 5..7 + merge == single run" + (f": {diff}" if diff else ""))
+
+        # --- kill -9 at different moments, then the same command again ---
+        wf = f"{tmp}/kill.yaml"
+        out = f"{tmp}/kill"
+        workflow(wf, out, 16)  # 4x the tiles: a longer run to hit
+        r = subprocess.run([BIN, "run", wf, "-q"], capture_output=True, text=True)
+        ref16 = read_outputs(out)
+        t0 = time.time()
+        subprocess.run(["rm", "-rf", out])
+        subprocess.run([BIN, "run", wf, "-q", "--chunk-rows", "1"], capture_output=True)
+        full = time.time() - t0
+        subprocess.run(["rm", "-rf", out])
+        moments = [0.15, 0.3, 0.45, 0.6, 0.75]
+        seen = set()
+        for frac in moments:
+            p = subprocess.Popen([BIN, "run", wf, "-q", "--chunk-rows", "1"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(full * frac)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            rows = committed_rows(out)
+            seen.add(rows)
+            print(f"     kill -9 at {full * frac:.2f} s: exit {p.returncode}, {rows} rows committed")
+        check(len(seen) >= 3, f"kills landed at different moments ({sorted(seen)} rows committed)")
+        r = subprocess.run([BIN, "run", wf, "-q", "--chunk-rows", "1"], capture_output=True, text=True)
+        check(r.returncode == 0, f"rerun after kills: {r.stderr.strip()}")
+        diff = same(read_outputs(out), ref16) if r.returncode == 0 else "rerun failed"
+        check(diff is None, "after 5 kill -9 and a rerun: identical to an uninterrupted run" +
+              (f": {diff}" if diff else ""))
+        # each kill then rerun, separately, at 5 moments
+        for frac in moments:
+            subprocess.run(["rm", "-rf", out])
+            p = subprocess.Popen([BIN, "run", wf, "-q", "--chunk-rows", "1"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(full * frac)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            r = subprocess.run([BIN, "run", wf, "-q", "--chunk-rows", "1"], capture_output=True, text=True)
+            diff = same(read_outputs(out), ref16) if r.returncode == 0 else r.stderr
+            check(diff is None, f"kill -9 at {frac:.0%} of the run, rerun: identical" +
+                  (f": {diff}" if diff else ""))
+
+        # --- SIGTERM: resumable exit within 30 s, rerun identical ---
+        subprocess.run(["rm", "-rf", out])
+        p = subprocess.Popen([BIN, "run", wf, "-q", "--chunk-rows", "2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(full * 0.4)
+        t_sig = time.time()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        took = time.time() - t_sig
+        rows = committed_rows(out)
+        check(p.returncode == EXIT_INTERRUPTED and took < 30,
+              f"SIGTERM: exit {p.returncode} after {took:.2f} s, {rows} rows committed: {err.strip()}")
+        check(not os.path.exists(f"{out}/L7_ETMs.class.tif"), "no finished product after SIGTERM")
+        r = subprocess.run([BIN, "run", wf, "-q", "--chunk-rows", "2"], capture_output=True, text=True)
+        diff = same(read_outputs(out), ref16) if r.returncode == 0 else r.stderr
+        check(diff is None, "SIGTERM then rerun: identical" + (f": {diff}" if diff else ""))
+
+    print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
