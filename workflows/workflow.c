@@ -232,23 +232,38 @@ static bool parse_int(const char *s, long long *v)
     return true;
 }
 
-/* A finite decimal number (no hex, no inf/nan) with nothing around it. */
-static bool parse_number(const char *s, double *v)
+typedef enum { NUM_OK = 0, NUM_BAD, NUM_RANGE } wf_num;
+
+/* A finite decimal number (no hex, no inf/nan) with nothing around it;
+ * NUM_RANGE for a well-formed one that a double cannot hold ("1e400"). */
+static wf_num parse_number(const char *s, double *v)
 {
     const char *p = s;
     if (*p == '+' || *p == '-') p++;
     if (!(isdigit((unsigned char)*p) || (*p == '.' && isdigit((unsigned char)p[1]))))
-        return false;
+        return NUM_BAD;
     for (const char *q = p; *q; q++)
         if (!(isdigit((unsigned char)*q) || *q == '.' || *q == 'e' || *q == 'E' || *q == '+' ||
               *q == '-'))
-            return false;
+            return NUM_BAD;
     errno = 0;
     char *end = NULL;
     double x = strtod(s, &end);
-    if (*end || errno == ERANGE || !isfinite(x)) return false;
+    if (*end) return NUM_BAD;
+    if (errno == ERANGE || !isfinite(x)) return NUM_RANGE;
     *v = x;
-    return true;
+    return NUM_OK;
+}
+
+/* The message for a failed parse_number. */
+static tw_status fail_number(wf_ctx *c, const yaml_node_t *n, wf_num r, const char *what, const char *s,
+                             size_t len)
+{
+    char d[WF_SHOW_MAX + 8];
+    if (r == NUM_RANGE)
+        return fail(c, n, "'%s' is out of range for a number (expected about 1e-300..1e300)",
+                    show(s, len, d, sizeof d));
+    return fail(c, n, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
 }
 
 static tw_status get_int(wf_ctx *c, const yaml_node_t *n, long long lo, long long hi, int *out)
@@ -262,7 +277,7 @@ static tw_status get_int(wf_ctx *c, const yaml_node_t *n, long long lo, long lon
     if (!parse_int(s, &v)) {
         double x;
         /* an integer-looking number that strtoll cannot hold */
-        if (parse_number(s, &x) && strpbrk(s, ".eE") == NULL)
+        if (parse_number(s, &x) == NUM_OK && strpbrk(s, ".eE") == NULL)
             return fail(c, n, "'%s' is out of range (expected %lld..%lld)", show(s, len, d, sizeof d),
                         lo, hi);
         return fail(c, n, "expected an integer, got '%s'", show(s, len, d, sizeof d));
@@ -299,17 +314,8 @@ static tw_status get_number(wf_ctx *c, const yaml_node_t *n, double *out)
     size_t len = 0;
     tw_status st = get_text(c, n, "a number", &s, &len);
     if (st) return st;
-    char d[WF_SHOW_MAX + 8];
-    if (!parse_number(s, out)) {
-        errno = 0;
-        double x = strtod(s, NULL);
-        if (errno == ERANGE && strpbrk(s, "eE") && !strpbrk(s, "xXnN"))
-            return fail(c, n, "'%s' is out of range for a number (expected about 1e-300..1e300)",
-                        show(s, len, d, sizeof d));
-        (void)x;
-        return fail(c, n, "expected a number, got '%s'", show(s, len, d, sizeof d));
-    }
-    return TW_OK;
+    wf_num r = parse_number(s, out);
+    return r == NUM_OK ? TW_OK : fail_number(c, n, r, "a number", s, len);
 }
 
 /* One of choices[] (case-insensitive); *idx is its index. */
@@ -423,9 +429,9 @@ static tw_status set_input_nodata(wf_ctx *c, const yaml_node_t *v, tw_run_params
     double x;
     if (strcasecmp(s, "nan") == 0 || strcasecmp(s, ".nan") == 0) {
         x = NAN;
-    } else if (!parse_number(s, &x)) {
-        char d[WF_SHOW_MAX + 8];
-        return fail(c, v, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
+    } else {
+        wf_num r = parse_number(s, &x);
+        if (r != NUM_OK) return fail_number(c, v, r, what, s, len);
     }
     p->input.nodata_auto = false;
     p->input.nodata = x;
