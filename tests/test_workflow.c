@@ -522,6 +522,28 @@ static void test_sample_workflow(void **state)
     assert_int_equal(p.output.products, TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF);
 }
 
+/* The batch template: a list of inputs, explicit normalization, COG. */
+static void test_batch_workflow(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src || !*src) skip();
+    tw_run_params p;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_workflow_load(tw_test_path(src, "workflows/batch_cog.yaml"), NULL, 0, &p, &err), TW_OK);
+    assert_int_equal(p.input.n_paths, 3);
+    assert_int_equal(p.input.n_bands, 4);
+    assert_int_equal(p.model.n_mean, 4);
+    assert_int_equal(p.model.n_classes, 6);
+    assert_int_equal(p.tiling.edge, TW_EDGE_SHIFT);
+    assert_int_equal(p.runtime.precision, TW_PREC_FP16);
+    assert_int_equal(p.runtime.memory, (size_t)8 << 30);
+    assert_int_equal(p.output.format, TW_FORMAT_COG);
+    assert_int_equal(p.output.prob_type, TW_PROB_UINT8);
+    assert_int_equal(p.output.products, TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_EMB | TW_PRODUCT_TILES);
+}
+
 static void test_parse_bytes(void **state)
 {
     (void)state;
@@ -655,7 +677,8 @@ int main(void)
         cmocka_unit_test(test_good_file),       cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_overrides),       cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_limits),          cmocka_unit_test(test_files),
-        cmocka_unit_test(test_sample_workflow), cmocka_unit_test(test_parse_bytes),
+        cmocka_unit_test(test_sample_workflow), cmocka_unit_test(test_batch_workflow),
+        cmocka_unit_test(test_parse_bytes),
         cmocka_unit_test(test_fuzz_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
