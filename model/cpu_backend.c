@@ -241,9 +241,7 @@ static tw_status plan_pool(plan *p, dnnl_engine_t eng, const act *in, bool globa
                             p->tile);
     dnnl_dims_t dd = {p->batch, in->c, oh, oh};
     dnnl_memory_desc_t dst_md;
-    /* the pooled features come back as plain [n][C] (nchw with 1x1) */
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, dnnl_f32,
-                                          global ? dnnl_nchw : dnnl_format_tag_any),
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, dnnl_f32, dnnl_format_tag_any),
              "pool dst md");
     dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * stride + k - in->h - pad;
     dnnl_dims_t strides = {stride, stride}, kernel = {k, k}, dil = {0, 0}, pl = {pad, pad},
@@ -334,8 +332,20 @@ static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, in
         }
         if (st != TW_OK) return st;
     }
-    act feat;
-    return plan_pool(p, eng, &x, true, BUF_FEAT, &feat, err);
+    /* global average pool in the blocked layout (a plain-layout destination
+     * would send oneDNN to its slow reference pooling), then a small reorder
+     * brings the features back as plain [n][C] (nchw with 1x1) */
+    act pooled;
+    st = plan_pool(p, eng, &x, true, free_buf(1u << x.buf), &pooled, err);
+    if (st != TW_OK) return st;
+    dnnl_memory_desc_t feat_md;
+    dnnl_dims_t fdims = {batch, pooled.c, 1, 1};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&feat_md, 4, fdims, dnnl_f32, dnnl_nchw), "feat md");
+    dnnl_primitive_desc_t rpd;
+    DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &pooled.md, eng, &feat_md, eng, NULL),
+             "features reorder desc");
+    note_size(p, BUF_FEAT, &feat_md);
+    return plan_push(p, L_REORDER, rpd, pooled.buf, BUF_FEAT, NULL, err);
 }
 
 /* Total bytes reserve() takes for this plan (all through tw_alloc). */
