@@ -187,6 +187,7 @@ tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int
     int nt = omp_get_max_threads();
     if (nt > n) nt = n;
     size_t per_thread = (4 * cap + col_cap) * sizeof(float) + (size_t)net->feat_dim * sizeof(double);
+    per_thread = (per_thread + 63) & ~(size_t)63; /* each thread's part starts aligned */
     char *scratch = tw_alloc(TW_MEM_WORKSPACE, (size_t)nt * per_thread);
     if (!scratch)
         return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the reference forward pass");
