@@ -105,6 +105,17 @@ static size_t alloc_size(size_t bytes)
     return bytes ? 64 + ((bytes + 63) & ~(size_t)63) : 0;
 }
 
+/* A memory descriptor of pd; a missing one is a bug (never bad input). */
+static tw_status query_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int idx,
+                          const dnnl_memory_desc_t **out, tw_error *err)
+{
+    *out = dnnl_primitive_desc_query_md(pd, what, idx);
+    if (!*out)
+        return tw_error_set(err, TW_ERR_INTERNAL, "oneDNN: primitive lacks memory descriptor %d/%d",
+                            (int)what, idx);
+    return TW_OK;
+}
+
 /* ---------------------------------------------------------------- plan */
 
 static void plan_free(plan *p)
@@ -220,10 +231,13 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     int dst = into ? into->buf : dst_buf;
     st = plan_push(p, L_CONV, pd, in->buf, dst, c, err);
     if (st != TW_OK) return st;
-    const dnnl_memory_desc_t *wq = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    const dnnl_memory_desc_t *wq, *dq;
+    if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
+        (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
+        return st;
     p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(wq));
     p->weight_bytes += alloc_size((size_t)c->cout * sizeof(float));
-    out->md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    out->md = *dq;
     out->buf = dst;
     out->c = c->cout;
     out->h = oh;
@@ -261,7 +275,9 @@ static tw_status plan_pool(plan *p, dnnl_engine_t eng, const act *in, bool globa
     if (s != dnnl_success) return dnnl_fail(err, s, "pooling primitive desc");
     st = plan_push(p, L_POOL, pd, in->buf, dst_buf, NULL, err);
     if (st != TW_OK) return st;
-    out->md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    const dnnl_memory_desc_t *dq;
+    if ((st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK) return st;
+    out->md = *dq;
     out->buf = dst_buf;
     out->c = in->c;
     out->h = oh;
@@ -294,7 +310,8 @@ static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, in
     if (st != TW_OK) return st;
     /* the stem chose its input layout; convert the caller's NCHW when it differs */
     layer *stem = &p->layers[p->n_layers - 1];
-    const dnnl_memory_desc_t *want = dnnl_primitive_desc_query_md(stem->pd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *want;
+    if ((st = query_md(stem->pd, dnnl_query_src_md, 0, &want, err)) != TW_OK) return st;
     if (!dnnl_memory_desc_equal(want, &p->in_md)) {
         dnnl_primitive_desc_t rpd;
         DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &p->in_md, eng, want, eng, NULL),
@@ -411,13 +428,16 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm,
                                  dnnl_memory_t *bm, tw_error *err)
 {
     const tw_conv *cv = l->conv;
-    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(l->pd, dnnl_query_weights_md, 0);
-    const dnnl_memory_desc_t *bmd = dnnl_primitive_desc_query_md(l->pd, dnnl_query_weights_md, 1);
+    const dnnl_memory_desc_t *wmd, *bmd;
+    tw_status st;
+    if ((st = query_md(l->pd, dnnl_query_weights_md, 0, &wmd, err)) != TW_OK ||
+        (st = query_md(l->pd, dnnl_query_weights_md, 1, &bmd, err)) != TW_OK)
+        return st;
     void *w = ws_alloc(c, dnnl_memory_desc_get_size(wmd));
     void *b = ws_alloc(c, (size_t)cv->cout * sizeof(float));
     if (!w || !b) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU weights");
     memcpy(b, cv->b, (size_t)cv->cout * sizeof(float));
-    tw_status st = new_mem(c, wmd, w, wm, err);
+    st = new_mem(c, wmd, w, wm, err);
     if (st == TW_OK) st = new_mem(c, bmd, b, bm, err);
     if (st != TW_OK) return st;
 
@@ -476,10 +496,11 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, const plan *p, tw_error
         DNNL_TRY(dnnl_primitive_create(&o->prim, l->pd), "primitive create");
         c->n_ops++;
         bool reorder = l->kind == L_REORDER;
-        const dnnl_memory_desc_t *smd =
-            dnnl_primitive_desc_query_md(l->pd, dnnl_query_src_md, 0);
-        const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(l->pd, dnnl_query_dst_md, 0);
+        const dnnl_memory_desc_t *smd, *dmd;
         dnnl_memory_t sm, dm;
+        if ((st = query_md(l->pd, dnnl_query_src_md, 0, &smd, err)) != TW_OK ||
+            (st = query_md(l->pd, dnnl_query_dst_md, 0, &dmd, err)) != TW_OK)
+            return st;
         st = new_mem(c, smd, c->buf[l->src], &sm, err);
         if (st == TW_OK) st = new_mem(c, dmd, c->buf[l->dst], &dm, err);
         if (st != TW_OK) return st;
