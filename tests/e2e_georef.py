@@ -38,14 +38,15 @@ def torch_probs(tiles):
         return torch.softmax(out, dim=1).numpy()
 
 
-def run(workdir, name, tile, stride, extra=()):
+def run(workdir, name, tile, stride, extra=(), edge="pad", paths=None):
     wf = os.path.join(workdir, name + ".yaml")
     out = os.path.join(workdir, name)
     mean = [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
     std = [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
+    paths = paths or [f"{SRC}/sample_data/L7_ETMs.tif"]
     with open(wf, "w") as f:
         f.write(f"""input:
-  path: {SRC}/sample_data/L7_ETMs.tif
+  path: [{", ".join(paths)}]
 model:
   weights: {FIX}/resnet18_6b_7c.safetensors
   mean: {mean}
@@ -53,7 +54,7 @@ model:
 tiling:
   tile: {tile}
   stride: {stride}
-  edge: pad
+  edge: {edge}
 runtime:
   device: cpu
   memory: 1GiB
@@ -150,6 +151,38 @@ def main():
                 rep = json.load(f)
             check(rep["status"] == "ok", "run.json status")
             check(rep["inputs"][0]["tiles_classified"] == ny * nx, "run.json tiles_classified")
+
+        # Edge modes, stride = tile = 64 on 349 x 352: five aligned tiles per axis
+        # cover 0..319; `shift` adds a tile flush with the edge (x or y = size - 64)
+        # feeding the last cell; `skip` leaves the last row/column of cells nodata.
+        norm = (img - mean[:, None, None]) / std[:, None, None]
+        for edge in ("shift", "skip"):
+            out, _, _ = run(tmp, "edge_" + edge, 64, 64, edge=edge)
+            P = gdal.Open(os.path.join(out, "L7_ETMs.prob.tif")).ReadAsArray().astype(np.float64)
+            C = gdal.Open(os.path.join(out, "L7_ETMs.class.tif")).ReadAsArray()
+            pos_x = [0, 64, 128, 192, 256] + ([W - 64] if edge == "shift" else [])
+            pos_y = [0, 64, 128, 192, 256] + ([H - 64] if edge == "shift" else [])
+            tiles = np.stack([norm[:, y:y + 64, x:x + 64] for y in pos_y for x in pos_x])
+            ref = torch_probs(tiles).reshape(len(pos_y), len(pos_x), 7)
+            if edge == "shift":
+                d = np.abs(P.transpose(1, 2, 0) - ref).max()
+                check(P.shape == (7, 6, 6) and d <= TOL, f"edge shift vs PyTorch: {d:.2e}")
+            else:
+                d = np.abs(P.transpose(1, 2, 0)[:5, :5] - ref).max()
+                check(d <= TOL, f"edge skip vs PyTorch: {d:.2e}")
+                check(bool((C[5, :] == 255).all() and (C[:, 5] == 255).all()) and
+                      bool((P[:, 5, :] == -1).all()), "edge skip: last row/column nodata")
+            print(f"edge {edge}: max abs diff vs PyTorch {d:.2e}")
+
+        # A list of inputs: the model loads once, each raster gets its own outputs.
+        twin = os.path.join(tmp, "twin.tif")
+        gdal.Translate(twin, os.path.join(SRC, "sample_data", "L7_ETMs.tif"))
+        out, _, _ = run(tmp, "multi", 64, 64, paths=[os.path.join(SRC, "sample_data", "L7_ETMs.tif"), twin])
+        a = gdal.Open(os.path.join(out, "L7_ETMs.prob.tif")).ReadAsArray()
+        b = gdal.Open(os.path.join(out, "twin.prob.tif")).ReadAsArray()
+        with open(os.path.join(out, "run.json")) as f:
+            rep = json.load(f)
+        check(len(rep["inputs"]) == 2 and np.array_equal(a, b), "list of inputs: one output set each")
 
     print("e2e_georef:", "FAILED: " + "; ".join(failures) if failures else "ok")
     return 1 if failures else 0
