@@ -29,7 +29,9 @@ import export_model  # noqa: E402
 CLASSES = ["water", "dense_vegetation", "sparse_vegetation", "bare_or_built"]
 WIDTHS = (16, 32, 64, 128)
 TILE = 64        # the tile size recorded in the bundle (inference)
-TRAIN_TILE = 32  # smaller crops make each CPU step 3x cheaper; the net is fully convolutional
+# Training alternates 32x32 crops (3x cheaper per CPU step) with 64x64 ones
+# (the inference size, whose majority labels are coarser).
+TRAIN_TILES = (32, 64)
 BANDS = 6
 # A horizontal band of rows is held out: no training crop touches it. It
 # crosses water, vegetation and bare land (see the class map in README.md).
@@ -96,7 +98,7 @@ def build_model(torch, torchvision):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--output", default=os.path.join(REPO, "sample_data", "demo_resnet18.h5"))
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args()
 
@@ -118,14 +120,16 @@ def main():
 
     # Every tile origin in the training part, grouped by label so that each
     # batch is class-balanced (water and bare tiles are rarer).
-    T = TRAIN_TILE
-    train = {c: [] for c in range(len(CLASSES))}
-    rows = list(range(0, VAL_Y0 - T + 1, 2)) + list(range(VAL_Y1, h - T + 1, 2))
-    for y in rows:
-        for x in range(0, w - T + 1, 2):
-            train[tile_label(pix, x, y, T)].append((x, y))
-    present = [c for c in train if train[c]]
-    print("training tiles per class:", {CLASSES[c]: len(v) for c, v in train.items()})
+    pools = {}
+    for T in TRAIN_TILES:
+        train = {c: [] for c in range(len(CLASSES))}
+        rows = list(range(0, VAL_Y0 - T + 1, 2)) + list(range(VAL_Y1, h - T + 1, 2))
+        for y in rows:
+            for x in range(0, w - T + 1, 2):
+                train[tile_label(pix, x, y, T)].append((x, y))
+        pools[T] = (train, [c for c in train if train[c]])
+        print(f"{T}x{T} training tiles per class:",
+              {CLASSES[c]: len(v) for c, v in train.items()})
 
     model = build_model(torch, torchvision)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
@@ -134,6 +138,8 @@ def main():
     t0 = time.time()
     model.train()
     for step in range(args.steps):
+        T = TRAIN_TILES[step % len(TRAIN_TILES)]
+        train, present = pools[T]
         xs, ys = [], []
         for i in range(args.batch):
             c = present[i % len(present)]
@@ -156,7 +162,7 @@ def main():
             print(f"step {step} loss {loss.item():.3f} ({time.time() - t0:.0f} s)")
 
     model.eval()
-    for size in (T, TILE):
+    for size in TRAIN_TILES:
         val = [(x, y) for y in range(VAL_Y0, VAL_Y1 - size + 1, 8)
                for x in range(0, w - size + 1, 8)]
         with torch.no_grad():
