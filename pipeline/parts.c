@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "pipeline/alloc.h"
+#include "pipeline/fileio.h"
 
 #define CHUNK_MAGIC "TWCHUNK1"
 #define TILES_MAGIC "TWTILES1"
@@ -62,37 +63,6 @@ static void chunk_path(const tw_parts *pt, const char *kind, int r0, int r1, cha
 {
     if (snprintf(out, size, "%s/%s-%07d-%07d.bin", pt->dir, kind, r0, r1) >= (int)size)
         out[size - 1] = '\0';
-}
-
-static tw_status mkdir_p(const char *path, tw_error *err)
-{
-    char buf[TW_PATH_MAX + 300];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return tw_error_set(err, TW_ERR_OUTPUT, "path too long: %s", path);
-    for (char *s = buf + 1;; s++) {
-        if (*s == '/' || *s == '\0') {
-            char c = *s;
-            *s = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", buf,
-                                    strerror(errno));
-            *s = c;
-            if (c == '\0') break;
-        }
-    }
-    return TW_OK;
-}
-
-static tw_status fsync_dir(const char *dir, tw_error *err)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s: %s", dir, strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0 && e != EINVAL)
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", dir, strerror(e));
-    return TW_OK;
 }
 
 /* Remove files of the parts directory: all of them, or only the chunk
@@ -196,23 +166,6 @@ static void load_journals(tw_parts *pt)
     closedir(d);
 }
 
-static tw_status write_file_atomic(const char *path, const char *text, tw_error *err)
-{
-    char tmp[TW_PATH_MAX + 600];
-    snprintf(tmp, sizeof tmp, "%s.part", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
-    bool ok = fputs(text, f) >= 0;
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", path, strerror(errno));
-    }
-    return TW_OK;
-}
-
 tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err)
 {
     *out = NULL;
@@ -232,7 +185,7 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
     }
     snprintf(pt->journal, sizeof pt->journal, "%s/journal.%04d-of-%04d", pt->dir,
              p->shard_index + 1, p->shard_count);
-    tw_status st = mkdir_p(pt->dir, err);
+    tw_status st = tw_mkdir_p(pt->dir, err);
     if (st != TW_OK) {
         tw_parts_close(pt);
         return st;
@@ -267,7 +220,7 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
                             p->stem);
     }
     if (!same) {
-        st = write_file_atomic(mpath, p->fingerprint, err);
+        st = tw_write_file_atomic(mpath, p->fingerprint, strlen(p->fingerprint), err);
         if (st != TW_OK) {
             tw_parts_close(pt);
             return st;
@@ -410,7 +363,7 @@ tw_status tw_parts_chunk_commit(tw_parts *pt, tw_error *err)
         th.fnv = pt->tiles.fnv;
         st = close_durable(&pt->tiles, &th, sizeof th, err);
     }
-    if (st == TW_OK) st = fsync_dir(pt->dir, err);
+    if (st == TW_OK) st = tw_fsync_dir(pt->dir, err);
     if (st == TW_OK) {
         /* The journal line is what makes the chunk count: written last. */
         int fd = open(pt->journal, O_WRONLY | O_CREAT | O_APPEND, 0666);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "pipeline/alloc.h"
+#include "pipeline/fileio.h"
 #include "pipeline/run.h"
 
 /* A tiny JSON emitter into a fixed buffer: no allocation, truncates safely. */
@@ -295,24 +296,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
     jclose(&j, '}');
     jraw(&j, "\n");
 
-    char tmp[TW_PATH_MAX + 16];
-    snprintf(tmp, sizeof tmp, "%s.part", path);
-    tw_status st = TW_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write the run report %s: %s", tmp,
-                          strerror(errno));
-    } else {
-        bool ok = fwrite(buf, 1, j.len, f) == j.len;
-        ok = fflush(f) == 0 && ok;
-        ok = fsync(fileno(f)) == 0 && ok;
-        ok = fclose(f) == 0 && ok;
-        if (!ok || rename(tmp, path) != 0) {
-            st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write the run report %s: %s", path,
-                              strerror(errno));
-            unlink(tmp);
-        }
-    }
+    tw_status st = tw_write_file_atomic(path, buf, j.len, err);
     tw_free(buf);
     return st;
 }

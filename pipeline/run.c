@@ -18,6 +18,7 @@
 #include "io/tiletable.h"
 #include "io/writer.h"
 #include "pipeline/alloc.h"
+#include "pipeline/fileio.h"
 #include "pipeline/normalize.h"
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"
@@ -153,21 +154,9 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, inpu
 
 static tw_status make_dirs(const char *dir, tw_error *err)
 {
-    char buf[TW_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", dir);
-    size_t n = strlen(buf);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0') continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: cannot create %s: %s", buf,
-                                strerror(errno));
-        buf[i] = c;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s is not a directory", dir);
+    tw_error e;
+    tw_error_init(&e);
+    if (tw_mkdir_p(dir, &e) != TW_OK) return tw_error_set(err, e.status, "output.dir: %s", e.msg);
     if (access(dir, W_OK) != 0)
         return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s is not writable: %s", dir,
                             strerror(errno));
@@ -675,24 +664,14 @@ static tw_status manifest_path(const char *out_dir, const char *stem, char *buf,
 
 /* What `tilewise merge` needs to assemble without the workflow: written by
  * every shard (same content), atomically. */
+/* What `tilewise merge` needs to assemble without the workflow: written by
+ * every shard (same content), atomically. */
 static tw_status manifest_write(const manifest *mf, const char *out_dir, const char *stem,
                                 tw_error *err)
 {
-    char path[TW_PATH_MAX + 400], tmp[TW_PATH_MAX + 420];
+    char path[TW_PATH_MAX + 400];
     tw_status st = manifest_path(out_dir, stem, path, sizeof path, err);
-    if (st != TW_OK) return st;
-    snprintf(tmp, sizeof tmp, "%s.%d.part", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
-    bool ok = fwrite(mf, sizeof *mf, 1, f) == 1;
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", path, strerror(errno));
-    }
-    return TW_OK;
+    return st != TW_OK ? st : tw_write_file_atomic(path, mf, sizeof *mf, err);
 }
 
 static tw_status manifest_read(const char *out_dir, const char *stem, manifest *mf, tw_error *err)

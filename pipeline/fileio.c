@@ -1,0 +1,66 @@
+/* fileio.c - see fileio.h */
+#include "pipeline/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pipeline/params.h"
+
+tw_status tw_write_file_atomic(const char *path, const void *data, size_t n, tw_error *err)
+{
+    char tmp[TW_PATH_MAX + 600];
+    if (snprintf(tmp, sizeof tmp, "%s.%d.part", path, (int)getpid()) >= (int)sizeof tmp)
+        return tw_error_set(err, TW_ERR_OUTPUT, "path too long: %s", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", path, strerror(errno));
+    bool ok = fwrite(data, 1, n, f) == n;
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok;
+    int e = errno;
+    ok = fclose(f) == 0 && ok;
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        e = errno;
+    }
+    if (!ok) {
+        unlink(tmp);
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", path, strerror(e));
+    }
+    return TW_OK;
+}
+
+tw_status tw_mkdir_p(const char *path, tw_error *err)
+{
+    char buf[TW_PATH_MAX + 400];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return tw_error_set(err, TW_ERR_OUTPUT, "path too long: %s", path);
+    for (char *s = buf + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", buf, strerror(errno));
+        *s = c;
+        if (c == '\0') break;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return tw_error_set(err, TW_ERR_OUTPUT, "%s is not a directory", path);
+    return TW_OK;
+}
+
+tw_status tw_fsync_dir(const char *dir, tw_error *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL)
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", dir, strerror(e));
+    return TW_OK;
+}
