@@ -2,16 +2,18 @@
  *
  * Plan, then build. plan_build() turns the net into a list of oneDNN
  * primitive descriptors (convolutions with bias and fused sum/relu post-ops,
- * max pooling, global average pooling, and a reorder of the input when the
- * stem wants another layout). oneDNN chooses the activation and weight
- * layouts (format_tag any); each layer's source is the previous layer's
- * chosen destination, so no reorders appear between layers. The same plan
+ * max pooling, global average pooling, a reorder of the input when the stem
+ * wants another layout and one of the pooled features back to plain [n][C]).
+ * oneDNN chooses the activation and weight layouts (format_tag any); each
+ * layer's source is the previous layer's chosen destination, so no reorders
+ * appear between layers. The same plan
  * gives workspace_bytes() its number (sizes queried from oneDNN, nothing
  * allocated) and reserve() its primitives, so the two cannot drift apart.
  *
- * Memory: activations live in four buffers of the largest activation size,
- * reused along the graph (a bottleneck block with a projection needs four at
- * once: its input, two inner results and the shortcut). The last conv of a
+ * Memory: activations live in four buffers, each sized for the largest
+ * thing it holds, reused along the graph (a bottleneck block with a
+ * projection needs four at once: its input, two inner results and the
+ * shortcut). The last conv of a
  * block writes into the shortcut's buffer with a sum post-op, which is the
  * residual add. Scratchpads are user-managed and share one buffer. Weights
  * are reordered once in reserve() into the layout each conv chose.
@@ -25,6 +27,12 @@
  *
  * The classifier (fc) and softmax are a few thousand multiply-adds per tile
  * and run in plain C, in double, after the pooled features come back.
+ *
+ * Precision: fp32 (tf32 means fp32 on a CPU). bf16/fp16/int8 requests run in
+ * fp32 with one notice: oneDNN 2.6 has bf16 convolutions only on AVX-512
+ * CPUs, and int8 would need calibration data we do not have.
+ *
+ * One backend serves one thread at a time (the pipeline's infer stage).
  */
 #include <math.h>
 #include <omp.h>
@@ -186,7 +194,7 @@ static tw_status make_attr(bool sum, bool relu, dnnl_primitive_attr_t *attr, tw_
 /* Add conv c reading `in`; dst: when `into` is given, write into it with a
  * sum post-op (residual), else into storage dst_buf with a layout oneDNN
  * picks. *out describes the result. `in_any`: let oneDNN choose the source
- * layout too (the stem), in which case the chosen one is in *src_chosen. */
+ * layout too (the stem; the caller reads the choice back from the pd). */
 static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const act *in,
                            bool in_any, const act *into, int dst_buf, bool relu, act *out,
                            tw_error *err)
