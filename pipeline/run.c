@@ -971,6 +971,8 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     return tw_budget_plan(&bin, &c->bud, err);
 }
 
+static bool tiling_batch_auto(const tw_run_params *p) { return p->tiling.batch <= 0; }
+
 tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
                  tw_error *err)
 {
@@ -991,7 +993,24 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         snprintf(r->backend, sizeof r->backend, "%s", c->be.i->name);
         tw_report_config_json(p, &c->m, c->config_json, sizeof c->config_json);
         int batch = c->bud.batch;
-        st = c->be.i->reserve(c->be.ctx, c->net, c->m.tile, &batch, p->runtime.precision, err);
+        /* An allocation that fails although the budget said it fits (the
+         * machine has less free memory than runtime.memory): halve the batch
+         * and try again, down to 1, rather than give up. */
+        for (;;) {
+            tw_error rerr;
+            tw_error_init(&rerr);
+            int b = batch;
+            st = c->be.i->reserve(c->be.ctx, c->net, c->m.tile, &b, p->runtime.precision, &rerr);
+            if (st == TW_ERR_NOMEM && batch > 1 && tiling_batch_auto(p)) {
+                batch /= 2;
+                if (!p->quiet)
+                    fprintf(stderr, "tilewise: %s; retrying with batch %d\n", rerr.msg, batch);
+                continue;
+            }
+            if (st != TW_OK) tw_error_set(err, st, "%s", rerr.msg);
+            batch = b;
+            break;
+        }
         if (st == TW_OK && batch < c->bud.batch) {
             c->bud.batch = batch; /* the backend halved it: fewer tiles per slot */
             c->bud.ref_capacity = batch + 256;
