@@ -19,6 +19,7 @@
 #include "io/raster.h"
 #include "model/resnet.h"
 #include "pipeline/run.h"
+#include "workflows/submit.h"
 #include "workflows/workflow.h"
 
 #define MAX_SETS 128
@@ -45,6 +46,8 @@ static const char *usage_text =
     "                    check config, inputs and model; print the plan and memory estimate\n"
     "  info FILE         describe a raster or a model file\n"
     "  merge OUTPUT_DIR  after sharded runs: check every shard finished, write the mosaics\n"
+    "  submit WORKFLOW.yaml --array N [--dry-run] [--set k=v]... [--sbatch OPT]...\n"
+    "                    SLURM job array of N shards, then a merge job after it succeeds\n"
     "\n"
     "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
     "model, 4 resource failure (memory, disk, device, output not writable), 75 interrupted\n"
@@ -426,5 +429,6 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "validate") == 0) return cmd_validate(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 2, argv + 2);
     if (strcmp(cmd, "merge") == 0) return cmd_merge(argc - 2, argv + 2);
+    if (strcmp(cmd, "submit") == 0) return tw_cli_submit(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", cmd);
 }
