@@ -180,7 +180,7 @@ static void add_header(strbuf *b, const char *out_dir, const char *name, const c
     sb_printf(b, "# %s, written by tilewise submit (tilewise %s).\n", what, TW_VERSION);
     sb_add(b, "# Output directory: ");
     sb_comment_text(b, out_dir);
-    sb_add(b, "\n# Log paths are relative: sbatch is run in <output directory>/.tilewise/slurm/,\n"
+    sb_add(b, "\n# Log paths are relative: sbatch is run in <output directory>/.tilewise-slurm/,\n"
               "# the jobs' working directory. The script cds back to where submit ran.\n");
     sb_printf(b, "#SBATCH --job-name=%s\n", name);
 }
@@ -451,7 +451,7 @@ tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *ou
     char *out_dir = abs_path(cwd, p->output.dir);
     strbuf dir = {.ok = true}, array_path = {.ok = true}, merge_path = {.ok = true};
     sb_add(&dir, out_dir ? out_dir : "");
-    sb_add(&dir, "/.tilewise/slurm");
+    sb_add(&dir, "/.tilewise-slurm");
     sb_printf(&array_path, "%s/array.sh", dir.s ? dir.s : "");
     sb_printf(&merge_path, "%s/merge.sh", dir.s ? dir.s : "");
     char array_id[64] = "", merge_id[64] = "";

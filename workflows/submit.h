@@ -9,8 +9,10 @@
  * ('\'' for a quote), so any character (spaces, quotes, $, backticks,
  * newlines) reaches tilewise unchanged. Log paths in the #SBATCH lines are
  * relative (tilewise-%A_%a.out, ...): sbatch is run in the log directory
- * <output.dir>/.tilewise/slurm/, which is then the jobs' working directory,
+ * <output.dir>/.tilewise-slurm/, which is then the jobs' working directory,
  * so an output directory of any name needs no escaping in an #SBATCH line.
+ * (Not under <output.dir>/.tilewise/: every directory there is an input's
+ * parts, which merge would try to read.)
  * The scripts cd back to the directory submit was run from before starting
  * tilewise, so relative --set values mean what they meant on the command line.
  *
@@ -63,7 +65,7 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
 
 /* Submit (or, with sp->dry_run, print) the jobs for params p. Messages and
  * job ids go to out. Errors: TW_ERR_USAGE for bad parameters, TW_ERR_OUTPUT
- * when the scripts cannot be written under <output.dir>/.tilewise/slurm/,
+ * when the scripts cannot be written under <output.dir>/.tilewise-slurm/,
  * TW_ERR_DEVICE when the scheduler is missing or refuses a job (sbatch not
  * found, exits non-zero or prints no job id; its stderr is in the message). */
 tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *out, tw_error *err);

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# `tilewise submit` on a real SLURM: a 4-task job array plus its merge job,
+# run by a local slurmctld + slurmd (scripts/slurm_local.sh), give the same
+# class and probability rasters as one plain `tilewise run`.
+#
+# The workflow and the output directory have a space, a quote and a $ in
+# their names, so the quoting of the generated scripts is exercised by bash
+# and by SLURM itself. Each task must have run its own shard (one
+# run.shardI-of-0004.json per task) and logged to <out>/.tilewise-slurm/.
+#
+# Skipped (77) where a local SLURM cannot start: not root, slurm-wlm cannot
+# be installed, or a daemon fails. The daemons are stopped on every exit,
+# and by a watchdog should this script be killed outright.
+set -uo pipefail
+
+if [ -z "${TW_BIN:-}" ] || [ -z "${TW_FIXTURES:-}" ] || [ -z "${TW_SOURCE_DIR:-}" ]; then
+  echo "TW_BIN/TW_FIXTURES/TW_SOURCE_DIR not set: skipped"
+  exit 77
+fi
+PY=${TW_PYTHON:-/usr/bin/python3}
+LOCAL="$TW_SOURCE_DIR/scripts/slurm_local.sh"
+WAIT_S=180
+t_start=$(date +%s)
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/tw_e2e_slurm.XXXXXX") || exit 1
+state="$tmp/slurm"
+job_ids=()
+
+cleanup() {
+  if [ -n "${SLURM_CONF:-}" ] && [ ${#job_ids[@]} -gt 0 ]; then
+    scancel "${job_ids[@]}" 2>/dev/null
+    for _ in $(seq 1 50); do
+      [ -z "$(squeue -h -j "$(IFS=,; echo "${job_ids[*]}")" 2>/dev/null)" ] && break
+      sleep 0.2
+    done
+  fi
+  bash "$LOCAL" stop "$state"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+# Watchdog: if this script is killed with SIGKILL (a ctest timeout), stop the
+# daemons anyway. Its own session, so a kill of our process group spares it.
+setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done; bash "$2" stop "$3"' \
+  watchdog $$ "$LOCAL" "$state" </dev/null >/dev/null 2>&1 &
+
+bash "$LOCAL" start "$state"
+rc=$?
+if [ $rc -ne 0 ]; then
+  echo "skipped: a local SLURM could not be started (scripts/slurm_local.sh exit $rc)"
+  exit 77
+fi
+export SLURM_CONF="$state/slurm.conf"
+t_up=$(date +%s)
+
+fail=0
+check() { # check CONDITION_STATUS MESSAGE
+  if [ "$1" -eq 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi
+}
+
+work="$tmp/work dir it's \$HOME"
+mkdir -p "$work" || exit 1
+cd "$work" || exit 1
+write_workflow() { # FILE OUTPUT_DIR
+  cat >"$1" <<EOF
+input:
+  path: $TW_SOURCE_DIR/sample_data/L7_ETMs.tif
+model:
+  weights: $TW_FIXTURES/resnet18_6b_7c.safetensors
+  mean: [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
+  std: [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
+tiling:
+  tile: 64
+  stride: 32
+runtime:
+  device: cpu
+  memory: 1GiB
+  threads: 1
+output:
+  dir: "$2"
+  products: [class, prob]
+EOF
+}
+
+# The reference: one plain run.
+write_workflow ref.yaml "$tmp/ref"
+"$TW_BIN" run ref.yaml -q >/dev/null
+check $? "reference run"
+
+# The array: output.dir relative (to the submit directory) and set with --set.
+wf="flow 'q' \$x.yaml"
+write_workflow "$wf" "unused"
+out_rel="out \"1\" \$y"
+sub_out=$("$TW_BIN" submit "$wf" --array 4 --set "output.dir=$out_rel")
+rc=$?
+echo "$sub_out"
+check $rc "tilewise submit exit 0"
+array_id=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+merge_id=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+[ -n "$array_id" ] && [ -n "$merge_id" ]
+check $? "job ids printed (array '$array_id', merge '$merge_id')"
+[ -n "$array_id" ] && job_ids+=("$array_id")
+[ -n "$merge_id" ] && job_ids+=("$merge_id")
+out="$work/$out_rel"
+logs="$out/.tilewise-slurm"
+
+# Bounded wait for both jobs to leave the queue.
+if [ ${#job_ids[@]} -eq 2 ]; then
+  deadline=$(($(date +%s) + WAIT_S))
+  while [ -n "$(squeue -h -j "$array_id,$merge_id" 2>/dev/null)" ]; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "jobs still queued after $WAIT_S s:"
+      squeue
+      break
+    fi
+    sleep 1
+  done
+fi
+t_done=$(date +%s)
+
+# Every task and the merge COMPLETED with exit 0 (records kept MinJobAge=600 s).
+states=$(scontrol show job -o "$array_id" 2>/dev/null | grep -o 'JobState=[A-Z_]* .* ExitCode=[0-9:]*' |
+  sed 's/JobState=\([A-Z_]*\) .* ExitCode=\([0-9:]*\)/\1 \2/' | sort | uniq -c | tr -s ' ')
+[ "$states" = " 4 COMPLETED 0:0" ]
+check $? "4 array tasks COMPLETED 0:0 (got '$states')"
+mstate=$(scontrol show job -o "$merge_id" 2>/dev/null | grep -o 'JobState=[A-Z_]*')
+[ "$mstate" = "JobState=COMPLETED" ]
+check $? "merge job COMPLETED after the array (got '$mstate')"
+dep=$(grep -c "^#SBATCH --dependency=afterok:$array_id\$" "$logs/merge.sh" 2>/dev/null)
+[ "$dep" = 1 ]
+check $? "merge.sh waits on afterok:$array_id"
+
+n_reports=0
+for i in 1 2 3 4; do
+  [ -s "$out/run.shard000$i-of-0004.json" ] && n_reports=$((n_reports + 1))
+done
+[ $n_reports -eq 4 ]
+check $? "each task ran its own shard ($n_reports of 4 shard reports)"
+n_logs=$(ls "$logs"/tilewise-"$array_id"_[0-3].err 2>/dev/null | wc -l)
+[ "$n_logs" -eq 4 ]
+check $? "a log per task under .tilewise-slurm ($n_logs of 4)"
+
+"$PY" - "$tmp/ref" "$out" <<'EOF'
+import sys
+import numpy as np
+from osgeo import gdal
+gdal.UseExceptions()
+ref, out = sys.argv[1], sys.argv[2]
+bad = []
+for prod in ("class", "prob"):
+    a = gdal.Open(f"{ref}/L7_ETMs.{prod}.tif")
+    b = gdal.Open(f"{out}/L7_ETMs.{prod}.tif")
+    if (a.GetGeoTransform(), a.GetProjection(), a.RasterXSize, a.RasterYSize, a.RasterCount) != \
+       (b.GetGeoTransform(), b.GetProjection(), b.RasterXSize, b.RasterYSize, b.RasterCount):
+        bad.append(f"{prod}: georeferencing or size differs")
+    x, y = a.ReadAsArray(), b.ReadAsArray()
+    if not np.array_equal(x, y):
+        bad.append(f"{prod}: {int((x != y).sum())} values differ")
+    print(f"     {prod}: {x.shape} {x.dtype}, {'identical' if np.array_equal(x, y) else 'DIFFERENT'}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+EOF
+check $? "4-task SLURM array + merge job == single run (class and prob rasters)"
+
+if [ $fail -ne 0 ]; then
+  for f in "$logs"/*.err "$logs"/*.out; do
+    [ -s "$f" ] && { echo "---- $f"; tail -n 5 "$f"; }
+  done
+  echo "---- slurmctld.log"
+  tail -n 20 "$state/slurmctld.log" 2>/dev/null
+fi
+echo "slurm up in $((t_up - t_start)) s; jobs done in $((t_done - t_up)) s; total $(($(date +%s) - t_start)) s"
+exit $fail
