@@ -47,6 +47,7 @@ static const char *usage_text =
     "  info FILE         describe a raster or a model file\n"
     "  merge OUTPUT_DIR  after sharded runs: check every shard finished, write the mosaics\n"
     "  submit WORKFLOW.yaml --array N [--dry-run] [--set k=v]... [--sbatch OPT]...\n"
+    "                    [--chunk-rows N]\n"
     "                    SLURM job array of N shards, then a merge job after it succeeds\n"
     "\n"
     "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
