@@ -388,6 +388,7 @@ static void test_scripts_run_with_exact_argv(void **state)
     sp.sets = sets;
     sp.n_sets = 6;
     sp.array = 3;
+    sp.chunk_rows = 2;
     sp.tilewise = s.tilewise;
     char *ap, *mp;
     write_scripts(&s, &sp, &p, &ap, &mp);
@@ -410,7 +411,7 @@ static void test_scripts_run_with_exact_argv(void **state)
     assert_non_null(argv_rec);
     const char *f[32];
     int n = split_nul(argv_rec, len, f, 32);
-    assert_int_equal(n, 2 + 2 * 6);
+    assert_int_equal(n, 2 + 2 * 6 + 2);
     assert_string_equal(f[0], "run");
     char *abs_wf = join(s.cwd, sp.workflow);
     assert_string_equal(f[1], abs_wf);
@@ -418,6 +419,8 @@ static void test_scripts_run_with_exact_argv(void **state)
         assert_string_equal(f[2 + 2 * i], "--set");
         assert_string_equal(f[3 + 2 * i], sets[i]);
     }
+    assert_string_equal(f[14], "--chunk-rows");
+    assert_string_equal(f[15], "2");
     char *pwd = rec(&s, "pwd", NULL);
     assert_string_equal(pwd, s.cwd);
     char *env = rec(&s, "env", NULL);

@@ -237,6 +237,7 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
         sb_add(&a, " --set ");
         sb_quoted(&a, sp->sets[i]);
     }
+    if (sp->chunk_rows > 0) sb_printf(&a, " --chunk-rows %d", sp->chunk_rows);
     sb_add(&a, " &\n"
                "tw_pid=$!\n"
                "while :; do\n"
@@ -542,6 +543,13 @@ int tw_cli_submit(int argc, char **argv)
             }
             sp.array = (int)n;
             array_given = true;
+        } else if ((v = opt_value(argc, argv, &i, "--chunk-rows", &missing)) || missing) {
+            char *end = NULL;
+            long n = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || end == v || n < 1 || n > 1000000)
+                return usage_error("--chunk-rows expects a positive number of rows, got '%s'",
+                                   v ? v : "");
+            sp.chunk_rows = (int)n;
         } else if ((v = opt_value(argc, argv, &i, "--set", &missing)) || missing) {
             if (!v) return usage_error("--set needs key.path=value%s", "");
             if (sp.n_sets == MAX_SETS) return usage_error("too many --set options%s", "");

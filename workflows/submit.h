@@ -38,6 +38,7 @@ typedef struct tw_submit_params {
     const char *const *sets;           /* "key.path=value" overrides, passed on to run */
     int n_sets;
     int array;                         /* number of array tasks, 1..TW_SUBMIT_MAX_ARRAY */
+    int chunk_rows;                    /* passed to run as --chunk-rows; 0: run's default */
     bool dry_run;                      /* print the scripts, submit nothing */
     const char *tilewise;              /* absolute path of the tilewise binary to run */
     const char *sbatch;                /* sbatch program: a name looked up in PATH, or a path */
