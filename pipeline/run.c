@@ -724,6 +724,7 @@ static tw_status assemble(const tw_run_params *p, const tw_resolved *m,
     };
     memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
     memset(res->hist, 0, sizeof res->hist);
+    res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
     st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, res->hist,
                            &res->nodata_cells, err);
     if (st == TW_OK) st = tw_parts_remove(parts, err);
