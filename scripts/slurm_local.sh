@@ -134,7 +134,7 @@ MpiDefault=none
 ReturnToService=2
 MinJobAge=600
 DefMemPerCPU=256
-SchedulerParameters=defer_batch
+SchedulerParameters=sched_interval=2
 NodeName=$host NodeAddr=127.0.0.1 CPUs=2 RealMemory=$mem_mb State=UNKNOWN
 PartitionName=tw Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF

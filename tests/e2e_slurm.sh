@@ -8,6 +8,10 @@
 # and by SLURM itself. Each task must have run its own shard (one
 # run.shardI-of-0004.json per task) and logged to <out>/.tilewise-slurm/.
 #
+# Then SLURM's time-limit warning for real: USR1 to task 0's batch shell makes
+# tilewise commit and exit 75, the task requeues itself and resumes; the
+# merged result still equals a single run.
+#
 # Skipped (77) where a local SLURM cannot start: not root, slurm-wlm cannot
 # be installed, or a daemon fails. The daemons are stopped on every exit,
 # and by a watchdog should this script be killed outright.
@@ -163,12 +167,84 @@ sys.exit(1 if bad else 0)
 EOF
 check $? "4-task SLURM array + merge job == single run (class and prob rasters)"
 
+# ---- Part 2: SLURM's time-limit warning, for real. USR1 to the batch shell of
+# task 0 (what --signal=B:USR1@120 sends): tilewise commits the chunk under
+# way and exits 75, the task requeues itself, the rerun resumes from the
+# committed rows, and the merged result still equals a single run.
+t2=$(date +%s)
+write_workflow ref8.yaml "$tmp/ref8"
+"$TW_BIN" run ref8.yaml -q --set tiling.stride=8 >/dev/null
+check $? "reference run, stride 8"
+out2="$work/out2"
+sub_out=$("$TW_BIN" submit "$wf" --array 2 --chunk-rows 1 --set "output.dir=out2" \
+  --set tiling.stride=8)
+check $? "tilewise submit (stride 8, --chunk-rows 1)"
+id2=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+mid2=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+[ -n "$id2" ] && job_ids+=("$id2")
+[ -n "$mid2" ] && job_ids+=("$mid2")
+# Bounded waits: task 0 has committed a row...
+committed=1
+for _ in $(seq 1 600); do
+  grep -qs '^rows ' "$out2"/.tilewise/L7_ETMs/journal.0001-of-* && { committed=0; break; }
+  sleep 0.1
+done
+check $committed "task 0 committed its first rows"
+scancel --batch --signal=USR1 "${id2}_0"
+check $? "USR1 sent to the batch shell of task ${id2}_0"
+# ...it was requeued. SLURM holds a requeued job 2 minutes; release it after 3 s
+# (slurmd refuses a credential issued in the second the old one was revoked).
+requeued=1
+for _ in $(seq 1 300); do
+  scontrol show job -o "${id2}_0" 2>/dev/null | grep -q 'Restarts=1' && { requeued=0; break; }
+  sleep 0.2
+done
+check $requeued "task 0 requeued itself after USR1"
+scontrol update JobId="${id2}_0" StartTime=now+3 >/dev/null 2>&1
+# ...and everything finishes.
+deadline=$(($(date +%s) + WAIT_S))
+while [ -n "$(squeue -h -j "$id2,$mid2" 2>/dev/null)" ]; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "jobs still queued after $WAIT_S s:"
+    squeue
+    break
+  fi
+  sleep 1
+done
+states=$(scontrol show job -o "$id2" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | sort | uniq -c | tr -s ' ')
+[ "$states" = " 2 JobState=COMPLETED" ]
+check $? "both tasks COMPLETED after the requeue (got '$states')"
+mstate=$(scontrol show job -o "$mid2" 2>/dev/null | grep -o 'JobState=[A-Z_]*')
+[ "$mstate" = "JobState=COMPLETED" ]
+check $? "merge job COMPLETED (got '$mstate')"
+log0="$out2/.tilewise-slurm/tilewise-${id2}_0.err"
+grep -q 'interrupted after committing' "$log0" && grep -q 'requeueing job' "$log0"
+check $? "task 0's log: interrupted, requeued (appended across runs)"
+resumed=$(grep -o '"rows_resumed": *[0-9]*' "$out2/run.shard0001-of-0002.json" 2>/dev/null | grep -o '[0-9]*$')
+[ "${resumed:-0}" -gt 0 ]
+check $? "the rerun resumed from committed rows (rows_resumed ${resumed:-none})"
+"$PY" - "$tmp/ref8" "$out2" <<'EOF2'
+import sys
+import numpy as np
+from osgeo import gdal
+gdal.UseExceptions()
+for prod in ("class", "prob"):
+    a = gdal.Open(f"{sys.argv[1]}/L7_ETMs.{prod}.tif").ReadAsArray()
+    b = gdal.Open(f"{sys.argv[2]}/L7_ETMs.{prod}.tif").ReadAsArray()
+    if not np.array_equal(a, b):
+        print(f"{prod} differs")
+        sys.exit(1)
+EOF2
+check $? "USR1 + requeue + resume + merge == single run (stride 8)"
+t2_done=$(date +%s)
+
 if [ $fail -ne 0 ]; then
-  for f in "$logs"/*.err "$logs"/*.out; do
+  for f in "$logs"/*.err "$logs"/*.out "$out2"/.tilewise-slurm/*.err; do
     [ -s "$f" ] && { echo "---- $f"; tail -n 5 "$f"; }
   done
   echo "---- slurmctld.log"
   tail -n 20 "$state/slurmctld.log" 2>/dev/null
 fi
-echo "slurm up in $((t_up - t_start)) s; jobs done in $((t_done - t_up)) s; total $(($(date +%s) - t_start)) s"
+echo "slurm up in $((t_up - t_start)) s; 4-task array + merge done in $((t_done - t_up)) s;" \
+  "USR1/requeue part $((t2_done - t2)) s; total $(($(date +%s) - t_start)) s"
 exit $fail

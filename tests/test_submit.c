@@ -219,6 +219,7 @@ static void test_script_lines(void **state)
     assert_non_null(strstr(a, "\n#SBATCH --mem=2048M\n")); /* 1 GiB + 1 GiB margin */
     assert_non_null(strstr(a, "\n#SBATCH --job-name=flow\n"));
     assert_non_null(strstr(a, "\n#SBATCH --output=tilewise-%A_%a.out\n"));
+    assert_non_null(strstr(a, "\n#SBATCH --open-mode=append\n"));
     assert_null(strstr(a, "--gres"));
     assert_non_null(strstr(a, "\ncd -- '/home/u/proj' || exit 1\n"));
     assert_non_null(strstr(a, "\n'/opt/tw/bin/tilewise' run '/home/u/proj/flow.yaml' &\n"));

@@ -224,7 +224,9 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
     sb_add(&a, "#SBATCH --requeue\n");
     sb_printf(&a, "#SBATCH --signal=B:USR1@%d\n", SIGNAL_LEAD_S);
     add_resources(&a, p, gpu);
-    sb_add(&a, "#SBATCH --output=tilewise-%A_%a.out\n#SBATCH --error=tilewise-%A_%a.err\n\n");
+    /* append: a requeued task adds to its logs instead of wiping the first run's */
+    sb_add(&a, "#SBATCH --output=tilewise-%A_%a.out\n#SBATCH --error=tilewise-%A_%a.err\n"
+               "#SBATCH --open-mode=append\n\n");
     add_cd(&a, cwd ? cwd : "/");
     sb_add(&a, "tw_usr1=0\ntw_sig=0\n"
                "trap 'tw_usr1=1; tw_sig=1; kill -USR1 \"$tw_pid\" 2>/dev/null' USR1\n"
@@ -262,7 +264,8 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
     tw_run_params pm = *p;
     pm.runtime.threads = 0; /* merge is I/O: one CPU */
     add_resources(&m, &pm, false);
-    sb_add(&m, "#SBATCH --output=tilewise-merge-%j.out\n#SBATCH --error=tilewise-merge-%j.err\n\n");
+    sb_add(&m, "#SBATCH --output=tilewise-merge-%j.out\n#SBATCH --error=tilewise-merge-%j.err\n"
+               "#SBATCH --open-mode=append\n\n");
     add_cd(&m, cwd ? cwd : "/");
     sb_add(&m, "exec ");
     sb_quoted(&m, sp->tilewise);
