@@ -139,6 +139,14 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, inpu
                                 "%s: %d bands selected but the model %s expects %d (set "
                                 "input.bands)",
                                 p->input.paths[i], infos[i].bands, p->model.weights, m->in_bands);
+        /* The plan's own message (e.g. smaller than a tile with edge: skip)
+         * cannot name the raster: check each input here, where the path is known. */
+        tw_plan plan;
+        tw_error perr;
+        tw_error_init(&perr);
+        if (tw_plan_make(infos[i].info.width, infos[i].info.height, m->tile, m->stride,
+                         p->tiling.edge, 0, 1, &plan, &perr) != TW_OK)
+            return tw_error_set(err, perr.status, "%s: %s", p->input.paths[i], perr.msg);
         char si[256], sj[256];
         input_stem(p->input.paths[i], si, sizeof si);
         for (int j = 0; j < i; j++) {
