@@ -46,8 +46,9 @@ trap 'exit 1' INT TERM HUP
 
 # Watchdog: if this script is killed with SIGKILL (a ctest timeout), stop the
 # daemons anyway. Its own session, so a kill of our process group spares it.
-setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done; bash "$2" stop "$3"' \
-  watchdog $$ "$LOCAL" "$state" </dev/null >/dev/null 2>&1 &
+setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done
+  [ -f "$3/slurm.conf" ] && SLURM_CONF="$3/slurm.conf" scancel --partition=tw && sleep 2
+  bash "$2" stop "$3"; rm -rf "$4"' watchdog $$ "$LOCAL" "$state" "$tmp" </dev/null >/dev/null 2>&1 &
 
 bash "$LOCAL" start "$state"
 rc=$?
