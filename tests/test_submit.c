@@ -143,8 +143,8 @@ static tw_run_params params_from(const char *yaml)
     return p;
 }
 
-#define BASE_YAML                                                                          \
-    "input:\n  path: in.tif\nmodel:\n  weights: m.safetensors\ntiling: {tile: 64, stride: 32}\n" \
+#define BASE_YAML                                                                                  \
+    "input:\n  path: in.tif\nmodel:\n  weights: m.safetensors\ntiling: {tile: 64, stride: 32}\n"   \
     "output: {dir: out}\n"
 
 /* ---- tw_shell_quote ---- */
@@ -237,7 +237,7 @@ static void test_script_lines(void **state)
     scripts_for(BASE_YAML "runtime: {device: auto}\n", 1, &a, &m);
     assert_non_null(strstr(a, "\n#SBATCH --array=0-0\n"));
     assert_null(strstr(a, "--gres"));
-    assert_null(strstr(a, "--cpus-per-task")); /* threads: auto */
+    assert_null(strstr(a, "--cpus-per-task"));             /* threads: auto */
     assert_non_null(strstr(a, "\n#SBATCH --mem=3072M\n")); /* default 2 GiB + 1 GiB */
     free(a);
     free(m);
@@ -249,7 +249,11 @@ static void test_gres_only_for_cuda(void **state)
     const struct {
         const char *device;
         bool gres;
-    } cases[] = {{"cpu", false}, {"auto", false}, {"cuda", true}, {"\"cuda:1\"", true}};
+    } cases[] = {{"cpu", false},
+                 {"auto", false},
+                 {"cuda", true},
+                 {"\"cuda:0\"", true},
+                 {"\"cuda:1\"", true}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char yaml[512];
         snprintf(yaml, sizeof yaml, BASE_YAML "runtime: {device: %s}\n", cases[i].device);
@@ -258,6 +262,9 @@ static void test_gres_only_for_cuda(void **state)
         bool has = strstr(a, "\n#SBATCH --gres=gpu:1\n") != NULL;
         if (has != cases[i].gres) fail_msg("device %s: gres %d", cases[i].device, has);
         assert_null(strstr(m, "--gres")); /* merge needs no GPU */
+        /* the granted GPU is the task's cuda:0 */
+        bool reset = strstr(a, " --set runtime.device=cuda &\n") != NULL;
+        assert_int_equal(reset, strcmp(cases[i].device, "\"cuda:1\"") == 0);
         free(a);
         free(m);
     }

@@ -31,10 +31,10 @@ tw_submit_params tw_submit_default_params(void)
 size_t tw_shell_quote(const char *s, char *buf, size_t size)
 {
     size_t n = 0;
-#define PUT(ch)                                \
-    do {                                       \
-        if (n + 1 < size) buf[n] = (ch);       \
-        n++;                                   \
+#define PUT(ch)                                                                                    \
+    do {                                                                                           \
+        if (n + 1 < size) buf[n] = (ch);                                                           \
+        n++;                                                                                       \
     } while (0)
     PUT('\'');
     for (const char *c = s; *c; c++) {
@@ -239,26 +239,32 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
         sb_add(&a, " --set ");
         sb_quoted(&a, sp->sets[i]);
     }
+    /* The one GPU SLURM grants is the task's cuda:0 (CUDA_VISIBLE_DEVICES):
+     * an index meant for a workstation would name a device the task lacks. */
+    if (gpu && strcmp(p->runtime.device, "cuda") != 0 && strcmp(p->runtime.device, "cuda:0") != 0)
+        sb_add(&a, " --set runtime.device=cuda");
     if (sp->chunk_rows > 0) sb_printf(&a, " --chunk-rows %d", sp->chunk_rows);
-    sb_add(&a, " &\n"
-               "tw_pid=$!\n"
-               "while :; do\n"
-               "  tw_sig=0\n"
-               "  wait \"$tw_pid\"\n"
-               "  tw_rc=$?\n"
-               "  [ \"$tw_sig\" = 1 ] && [ \"$tw_rc\" -gt 128 ] || break\n"
-               "done\n"
-               "# 75: stopped by the time-limit warning, rows committed: resume in a new run\n"
-               "if [ \"$tw_rc\" = 75 ] && [ \"$tw_usr1\" = 1 ] && [ -n \"${SLURM_JOB_ID:-}\" ]; then\n"
-               "  echo \"tilewise submit: time limit near, requeueing job $SLURM_JOB_ID\" >&2\n"
-               "  scontrol requeue \"$SLURM_JOB_ID\"\n"
-               "fi\n"
-               "exit \"$tw_rc\"\n");
+    sb_add(&a,
+           " &\n"
+           "tw_pid=$!\n"
+           "while :; do\n"
+           "  tw_sig=0\n"
+           "  wait \"$tw_pid\"\n"
+           "  tw_rc=$?\n"
+           "  [ \"$tw_sig\" = 1 ] && [ \"$tw_rc\" -gt 128 ] || break\n"
+           "done\n"
+           "# 75: stopped by the time-limit warning, rows committed: resume in a new run\n"
+           "if [ \"$tw_rc\" = 75 ] && [ \"$tw_usr1\" = 1 ] && [ -n \"${SLURM_JOB_ID:-}\" ]; then\n"
+           "  echo \"tilewise submit: time limit near, requeueing job $SLURM_JOB_ID\" >&2\n"
+           "  scontrol requeue \"$SLURM_JOB_ID\"\n"
+           "fi\n"
+           "exit \"$tw_rc\"\n");
 
     strbuf m = {.ok = true};
     char mname[80];
     snprintf(mname, sizeof mname, "%s-merge", name);
-    add_header(&m, out_dir ? out_dir : "", mname, "Merge job: the final products once every array task succeeded");
+    add_header(&m, out_dir ? out_dir : "", mname,
+               "Merge job: the final products once every array task succeeded");
     sb_printf(&m, "#SBATCH --dependency=afterok:%s\n", array_job_id);
     sb_add(&m, "#SBATCH --kill-on-invalid-dep=yes\n#SBATCH --requeue\n");
     tw_run_params pm = *p;
@@ -366,7 +372,8 @@ static tw_status run_sbatch(const char *prog, const tw_submit_params *sp, const 
     close(out_pipe[1]);
     close(err_pipe[1]);
     strbuf o = {.ok = true}, e = {.ok = true};
-    struct pollfd fds[2] = {{.fd = out_pipe[0], .events = POLLIN}, {.fd = err_pipe[0], .events = POLLIN}};
+    struct pollfd fds[2] = {{.fd = out_pipe[0], .events = POLLIN},
+                            {.fd = err_pipe[0], .events = POLLIN}};
     int open_fds = 2;
     while (open_fds > 0) {
         if (poll(fds, 2, -1) < 0) {
@@ -434,8 +441,9 @@ tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *ou
     if (sp->dry_run) {
         st = tw_submit_scripts(sp, p, cwd, "ARRAY_JOB_ID", &array_s, &merge_s, err);
         if (st == TW_OK) {
-            fprintf(out, "%s\n# ---- the merge job (submitted after the array; ARRAY_JOB_ID = its "
-                         "job id) ----\n%s",
+            fprintf(out,
+                    "%s\n# ---- the merge job (submitted after the array; ARRAY_JOB_ID = its "
+                    "job id) ----\n%s",
                     array_s, merge_s);
             if (fflush(out) != 0 || ferror(out))
                 st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write the scripts: %s",
@@ -446,6 +454,12 @@ tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *ou
         return st;
     }
 
+    if (device_is_cuda(p->runtime.device) && strcmp(p->runtime.device, "cuda") != 0 &&
+        strcmp(p->runtime.device, "cuda:0") != 0)
+        fprintf(out,
+                "note: runtime.device %s: each task runs on the GPU SLURM grants it "
+                "(--gres=gpu:1), which it sees as cuda:0\n",
+                p->runtime.device);
     char *prog = find_program(sp->sbatch);
     if (!prog)
         return tw_error_set(err, TW_ERR_DEVICE,
@@ -466,9 +480,10 @@ tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *ou
     if ((st = tw_mkdir_p(dir.s, err)) != TW_OK) goto done;
     if ((st = tw_submit_scripts(sp, p, cwd, "ARRAY_JOB_ID", &array_s, &merge_s, err)) != TW_OK)
         goto done;
-    if ((st = tw_write_file_atomic(array_path.s, array_s, strlen(array_s), err)) != TW_OK) goto done;
-    if ((st = run_sbatch(prog, sp, dir.s, array_path.s, "the array job", array_id,
-                         sizeof array_id, err)) != TW_OK)
+    if ((st = tw_write_file_atomic(array_path.s, array_s, strlen(array_s), err)) != TW_OK)
+        goto done;
+    if ((st = run_sbatch(prog, sp, dir.s, array_path.s, "the array job", array_id, sizeof array_id,
+                         err)) != TW_OK)
         goto done;
     fprintf(out, "array job %s: %d tasks (script %s)\n", array_id, sp->array, array_path.s);
     /* The merge script names the array job it waits for. */
@@ -476,11 +491,13 @@ tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *ou
     free(merge_s);
     array_s = merge_s = NULL;
     if ((st = tw_submit_scripts(sp, p, cwd, array_id, &array_s, &merge_s, err)) != TW_OK) goto done;
-    if ((st = tw_write_file_atomic(merge_path.s, merge_s, strlen(merge_s), err)) != TW_OK) goto done;
-    if ((st = run_sbatch(prog, sp, dir.s, merge_path.s, "the merge job", merge_id,
-                         sizeof merge_id, err)) != TW_OK) {
-        fprintf(out, "the array job %s is queued without its merge: scancel %s, or run "
-                     "tilewise merge on the output directory when it is done\n",
+    if ((st = tw_write_file_atomic(merge_path.s, merge_s, strlen(merge_s), err)) != TW_OK)
+        goto done;
+    if ((st = run_sbatch(prog, sp, dir.s, merge_path.s, "the merge job", merge_id, sizeof merge_id,
+                         err)) != TW_OK) {
+        fprintf(out,
+                "the array job %s is queued without its merge: scancel %s, or run "
+                "tilewise merge on the output directory when it is done\n",
                 array_id, array_id);
         goto done;
     }
@@ -540,7 +557,8 @@ int tw_cli_submit(int argc, char **argv)
             char *end = NULL;
             long n = v ? strtol(v, &end, 10) : 0;
             if (!v || *end || end == v || n < 1 || n > TW_SUBMIT_MAX_ARRAY) {
-                fprintf(stderr, "tilewise: submit: --array expects a number of tasks 1..%d, got '%s'\n",
+                fprintf(stderr,
+                        "tilewise: submit: --array expects a number of tasks 1..%d, got '%s'\n",
                         TW_SUBMIT_MAX_ARRAY, v ? v : "");
                 return TW_EXIT_USAGE;
             }
@@ -558,8 +576,10 @@ int tw_cli_submit(int argc, char **argv)
             if (sp.n_sets == MAX_SETS) return usage_error("too many --set options%s", "");
             sets[sp.n_sets++] = v;
         } else if ((v = opt_value(argc, argv, &i, "--sbatch", &missing)) || missing) {
-            if (!v) return usage_error("--sbatch needs an sbatch option such as --time=2:00:00%s", "");
-            if (sp.n_sbatch_opts == MAX_SBATCH_OPTS) return usage_error("too many --sbatch options%s", "");
+            if (!v)
+                return usage_error("--sbatch needs an sbatch option such as --time=2:00:00%s", "");
+            if (sp.n_sbatch_opts == MAX_SBATCH_OPTS)
+                return usage_error("too many --sbatch options%s", "");
             opts[sp.n_sbatch_opts++] = v;
         } else if (strcmp(argv[i], "--dry-run") == 0) {
             sp.dry_run = true;
@@ -582,8 +602,9 @@ int tw_cli_submit(int argc, char **argv)
     if (st == TW_OK) {
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
         if (n <= 0)
-            st = tw_error_set(&err, TW_ERR_INTERNAL, "cannot find the tilewise binary: "
-                                                     "/proc/self/exe: %s",
+            st = tw_error_set(&err, TW_ERR_INTERNAL,
+                              "cannot find the tilewise binary: "
+                              "/proc/self/exe: %s",
                               strerror(errno));
         else
             self[n] = '\0';

@@ -21,6 +21,11 @@
  * commits the chunk under way and exits 75; the task then requeues itself
  * (scontrol requeue) and resumes from the committed rows. SIGTERM (scancel)
  * is forwarded too but never requeues.
+ *
+ * GPUs: runtime.device cuda or cuda:N asks for one GPU per task
+ * (--gres=gpu:1); auto and cpu ask for none (a GPU partition is then the
+ * user's --sbatch choice). SLURM shows a task only its granted GPU, as
+ * cuda:0, so cuda:N with N > 0 runs as --set runtime.device=cuda.
  */
 #ifndef TW_SUBMIT_H
 #define TW_SUBMIT_H
@@ -34,15 +39,15 @@
 #define TW_SUBMIT_MAX_ARRAY 10000
 
 typedef struct tw_submit_params {
-    const char *workflow;              /* WORKFLOW.yaml as given (relative to cwd) */
-    const char *const *sets;           /* "key.path=value" overrides, passed on to run */
+    const char *workflow;    /* WORKFLOW.yaml as given (relative to cwd) */
+    const char *const *sets; /* "key.path=value" overrides, passed on to run */
     int n_sets;
-    int array;                         /* number of array tasks, 1..TW_SUBMIT_MAX_ARRAY */
-    int chunk_rows;                    /* passed to run as --chunk-rows; 0: run's default */
-    bool dry_run;                      /* print the scripts, submit nothing */
-    const char *tilewise;              /* absolute path of the tilewise binary to run */
-    const char *sbatch;                /* sbatch program: a name looked up in PATH, or a path */
-    const char *const *sbatch_opts;    /* extra sbatch options for both jobs ("--time=2:00:00") */
+    int array;                      /* number of array tasks, 1..TW_SUBMIT_MAX_ARRAY */
+    int chunk_rows;                 /* passed to run as --chunk-rows; 0: run's default */
+    bool dry_run;                   /* print the scripts, submit nothing */
+    const char *tilewise;           /* absolute path of the tilewise binary to run */
+    const char *sbatch;             /* sbatch program: a name looked up in PATH, or a path */
+    const char *const *sbatch_opts; /* extra sbatch options for both jobs ("--time=2:00:00") */
     int n_sbatch_opts;
 } tw_submit_params;
 
