@@ -1419,9 +1419,13 @@ static tw_status h5_read_tensor(h5_ctx *c, const char *name, tw_tensor *t, bool 
         st = nomem_error(c->err, path, bytes);
         goto done;
     }
-    if (numel && H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0)
+    if (numel && H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0) {
         st =
             model_error(c->err, path, "cannot read /tensors/%s (truncated or corrupt file?)", name);
+        /* Not counted in n_tensors, so destroy would not free it. */
+        tw_free(t->data);
+        t->data = NULL;
+    }
 done:
     if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);
