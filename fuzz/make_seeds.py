@@ -1,0 +1,175 @@
+#!/usr/bin/python3
+"""Write the committed seed corpora under fuzz/corpus/<harness>/.
+
+Seeds are small valid inputs plus a few hostile ones, so that the fuzzer
+starts from inputs that reach deep into each parser. Run from anywhere with
+Debian's python3 (numpy, h5py); it rewrites the corpus files in place and is
+deterministic. Crash reproducers found later are added by hand next to them
+(named crash-<what>) and kept as regression inputs.
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+import safetensors_io  # noqa: E402
+
+
+def tiny_resnet(rng, bands=3, classes=4, width=1):
+    """A torchvision-layout ResNet-18 state_dict with `width` channels in the
+    first stage (1, 2, 4, 8 with width 1): every key and shape rule of the
+    reader, in a few KiB."""
+    sd = {}
+
+    def bn(prefix, c):
+        sd[prefix + ".weight"] = rng.random(c, dtype=np.float32) + 0.5
+        sd[prefix + ".bias"] = rng.standard_normal(c).astype(np.float32)
+        sd[prefix + ".running_mean"] = rng.standard_normal(c).astype(np.float32)
+        sd[prefix + ".running_var"] = rng.random(c, dtype=np.float32) + 0.5
+
+    sd["conv1.weight"] = rng.standard_normal((width, bands, 7, 7)).astype(np.float32)
+    bn("bn1", width)
+    cin = width
+    for stage in range(4):
+        cout = width * (2 ** stage)
+        for block in range(2):
+            p = f"layer{stage + 1}.{block}"
+            ci = cin if block == 0 else cout
+            sd[p + ".conv1.weight"] = rng.standard_normal((cout, ci, 3, 3)).astype(np.float32)
+            bn(p + ".bn1", cout)
+            sd[p + ".conv2.weight"] = rng.standard_normal((cout, cout, 3, 3)).astype(np.float32)
+            bn(p + ".bn2", cout)
+            if block == 0 and (stage > 0):
+                sd[p + ".downsample.0.weight"] = rng.standard_normal((cout, ci, 1, 1)).astype(
+                    np.float32)
+                bn(p + ".downsample.1", cout)
+        cin = cout
+    sd["fc.weight"] = rng.standard_normal((classes, cin)).astype(np.float32)
+    sd["fc.bias"] = rng.standard_normal(classes).astype(np.float32)
+    return sd
+
+
+def write(dirname, name, blob):
+    d = os.path.join(HERE, "corpus", dirname)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(blob if isinstance(blob, bytes) else blob.encode())
+
+
+def raw_st(header_text, data):
+    h = header_text.encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def safetensors_seeds(sd):
+    meta = {"arch": json.dumps("resnet18"), "bands": json.dumps([3, 2, 1]),
+            "scale": json.dumps(0.5), "mean": json.dumps([1.0, 2.0, 3.0]),
+            "std": json.dumps([0.5, 0.25, 2.0]), "classes": json.dumps(["a", "b", "c", "d"]),
+            "tile": json.dumps(32)}
+    write("safetensors", "resnet18_f32_meta", safetensors_io.encode(sd, "F32", meta))
+    write("safetensors", "resnet18_f16", safetensors_io.encode(sd, "F16"))
+    write("safetensors", "resnet18_bf16", safetensors_io.encode(sd, "BF16"))
+    small = {"conv1.weight": sd["conv1.weight"][:, :, :3, :3].copy(),
+             "fc.bias": sd["fc.bias"]}
+    good = safetensors_io.encode(small, "F32", {"arch": "resnet34"})
+    write("safetensors", "two_tensors", good)
+    n = struct.unpack("<Q", good[:8])[0]
+    write("safetensors", "overlap", raw_st(json.dumps({
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}), bytes(16)))
+    write("safetensors", "past_end", raw_st(json.dumps({
+        "a": {"dtype": "F16", "shape": [4], "data_offsets": [0, 1 << 40]}}), bytes(8)))
+    write("safetensors", "header_too_long", struct.pack("<Q", 1 << 20) + good[8:8 + n])
+    write("safetensors", "escapes", raw_st(
+        '{"__metadata__": {"classes": "[\\"w\\\\u00e9t\\", \\"\\\\ud83d\\\\ude00\\"]"},'
+        ' "fc.bias": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', bytes(4)))
+    write("safetensors", "numbers", raw_st(
+        '{"x": {"dtype": "BF16", "shape": [1, 1e0, -0, 2], "data_offsets": [0.0, 4]}}',
+        bytes(4)))
+
+
+def hdf5_seeds(sd):
+    import h5py
+    d = os.path.join(HERE, "corpus", "hdf5")
+    os.makedirs(d, exist_ok=True)
+    # Only the first stage's tensors: a valid bundle layout with every
+    # attribute kind, small enough (a few KiB) for the fuzzer to mutate.
+    keep = {k: v for k, v in sd.items() if k.startswith(("conv1", "bn1", "fc"))}
+    # h5py writes the creation time into object headers unless told not to;
+    # track_times=False keeps the seeds byte-identical between runs.
+    with h5py.File(os.path.join(d, "bundle_full"), "w", libver="latest") as f:
+        f.attrs["format"] = np.bytes_("tilewise-resnet")
+        f.attrs["format_version"] = np.int32(1)
+        g = f.create_group("tensors")
+        for k, v in sd.items():
+            g.create_dataset(k, data=v, track_times=False)
+    with h5py.File(os.path.join(d, "bundle_fixed_strings"), "w", libver="earliest") as f:
+        f.attrs["format"] = np.bytes_("tilewise-resnet")
+        f.attrs["format_version"] = np.int32(1)
+        f.attrs["arch"] = np.bytes_("resnet18")
+        f.attrs["bands"] = np.array([1, 2, 3], dtype=np.int32)
+        f.attrs["scale"] = np.float64(0.25)
+        f.attrs["mean"] = np.array([1, 2, 3], dtype=np.float32)
+        f.attrs["std"] = np.array([1, 2, 3], dtype=np.float32)
+        f.attrs["classes"] = np.array([b"water", b"forest", b"crop", b"urban"])
+        f.attrs["tile"] = np.int32(32)
+        g = f.create_group("tensors", track_order=False)
+        for k, v in keep.items():
+            g.create_dataset(k, data=v, track_times=False)
+    with h5py.File(os.path.join(d, "bundle_vlen_f16"), "w", libver="latest") as f:
+        f.attrs["format"] = "tilewise-resnet"
+        f.attrs["format_version"] = 1
+        f.attrs["arch"] = "resnet18"
+        f.attrs["classes"] = ["a", "b", "c", "d"]
+        f.attrs["bands"] = np.array([3, 1, 2], dtype=np.int64)
+        g = f.create_group("tensors")
+        for k, v in keep.items():
+            g.create_dataset(k, data=v.astype(np.float16), track_times=False)
+    with h5py.File(os.path.join(d, "int_tensor_chunked"), "w", libver="earliest") as f:
+        f.attrs["format"] = np.bytes_("tilewise-resnet")
+        f.attrs["format_version"] = np.int32(1)
+        g = f.create_group("tensors")
+        g.create_dataset("fc.bias", data=np.arange(4, dtype=np.int32), chunks=(2,),
+                         track_times=False)
+        g.create_dataset("conv1.weight", data=keep["conv1.weight"], chunks=(1, 3, 7, 1),
+                         compression="gzip", track_times=False)
+
+
+def workflow_seeds():
+    root = os.path.join(HERE, "..")
+    for name in ("sample.yaml", "batch_cog.yaml"):
+        with open(os.path.join(root, "workflows", name), "rb") as f:
+            write("workflow", name, f.read())
+    write("workflow", "flow_and_sets.yaml",
+          "input: {path: [a.tif, 'b c.tif'], bands: [3, 2, 1], scale: 1e-4, nodata: -9999,"
+          " on_error: skip}\n"
+          "model: {weights: m.h5, arch: resnet50, mean: [.1, .2, .3], std: [1, 2, 3],"
+          " classes: [water, \"for\\u00e9st\", ~]}\n"
+          "tiling: {tile: 96, stride: 48, batch: 16, edge: shift, max_nodata_fraction: 0.25}\n"
+          "runtime: {device: 'cuda:1', precision: bf16, memory: 1.5GiB, threads: 4}\n"
+          "output: {dir: out, products: [class, prob, confidence, embeddings, tiles],"
+          " prob_type: uint8, format: COG, creation_options: [COMPRESS=ZSTD, 'BLOCKSIZE=512']}\n"
+          "tiling.stride=32\n")
+    write("workflow", "anchors_tags.yaml",
+          "%YAML 1.1\n---\ninput: &in\n  path: !!str x.tif\n  bands: !!seq [1]\n"
+          "model: {weights: *in}\noutput:\n  <<: {dir: o}\n  dir: |\n    multi\n    line\n...\n")
+    write("workflow", "errors.yaml",
+          "input:\n  path: x.tif\n  path: y.tif\ntiling:\n  tile: 0x40\n  stride: -1\n"
+          "  edge: [pad]\nruntime:\n  memory: 99999999999999999999PiB\n\toops\n")
+
+
+def main():
+    rng = np.random.default_rng(2024)
+    sd = tiny_resnet(rng)
+    safetensors_seeds(sd)
+    hdf5_seeds(sd)
+    workflow_seeds()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

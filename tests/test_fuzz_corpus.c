@@ -1,0 +1,213 @@
+/* test_fuzz_corpus.c - replays the committed fuzz corpora (fuzz/corpus/) in
+ * the ordinary test suite, with the checks of the fuzz harnesses: no crash,
+ * an error leaves no result and one line naming the file, and every byte of
+ * the counting allocator and every HDF5 object is given back. The crash and
+ * leak reproducers found by fuzzing (fuzz/corpus/<harness>/regress-*) are
+ * kept there, so each fixed bug stays tested here, in the release build and
+ * under ASan+UBSan, without clang or libFuzzer. */
+#include <dirent.h>
+#include <hdf5.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "io/model_file.h"
+#include "pipeline/alloc.h"
+#include "tests/testutil.h"
+#include "workflows/workflow.h"
+
+static const unsigned char HDF5_SIG[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+
+typedef struct blob {
+    char name[256];
+    unsigned char *data;
+    size_t size;
+} blob;
+
+/* Every file of fuzz/corpus/<harness>/, sorted by name; count in *n. */
+static blob *load_corpus(const char *harness, int *n)
+{
+    const char *src = getenv("TW_SOURCE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/%s", src ? src : TW_SOURCE_DIR, harness);
+    struct dirent **ents = NULL;
+    int m = scandir(dir, &ents, NULL, alphasort);
+    assert_true(m > 0);
+    blob *b = calloc((size_t)m, sizeof *b);
+    assert_non_null(b);
+    *n = 0;
+    for (int i = 0; i < m; i++) {
+        if (ents[i]->d_name[0] != '.') {
+            blob *x = &b[*n];
+            snprintf(x->name, sizeof x->name, "%s", ents[i]->d_name);
+            FILE *f = fopen(tw_test_path(dir, x->name), "rb");
+            assert_non_null(f);
+            assert_int_equal(fseek(f, 0, SEEK_END), 0);
+            long len = ftell(f);
+            assert_true(len >= 0);
+            rewind(f);
+            x->size = (size_t)len;
+            x->data = malloc(x->size + 1);
+            assert_non_null(x->data);
+            assert_int_equal(fread(x->data, 1, x->size, f), x->size);
+            fclose(f);
+            (*n)++;
+        }
+        free(ents[i]);
+    }
+    free(ents);
+    assert_true(*n > 0);
+    return b;
+}
+
+static void free_corpus(blob *b, int n)
+{
+    for (int i = 0; i < n; i++) free(b[i].data);
+    free(b);
+}
+
+static void assert_one_line(const tw_error *err, const char *needle, const char *what)
+{
+    size_t len = strnlen(err->msg, sizeof err->msg);
+    if (len == 0 || len == sizeof err->msg || memchr(err->msg, '\n', len) ||
+        (needle && !strstr(err->msg, needle)))
+        fail_msg("%s: bad error message '%s' (must be one line naming '%s')", what, err->msg,
+                 needle ? needle : "");
+}
+
+/* As fuzz/fuzz_workflow.c: the text alone, then with its last line as --set. */
+static void test_workflow_corpus(void **state)
+{
+    (void)state;
+    int n = 0;
+    blob *b = load_corpus("workflow", &n);
+    tw_run_params *params = malloc(sizeof *params);
+    assert_non_null(params);
+    int n_ok = 0;
+    for (int i = 0; i < n; i++) {
+        for (int with_set = 0; with_set < 2; with_set++) {
+            const char *sets[1];
+            int n_sets = 0;
+            char *set = NULL;
+            const unsigned char *nl = b[i].size ? memrchr(b[i].data, '\n', b[i].size) : NULL;
+            if (with_set && nl) {
+                size_t off = (size_t)(nl - b[i].data) + 1;
+                set = strndup((const char *)b[i].data + off, b[i].size - off);
+                assert_non_null(set);
+                sets[0] = set;
+                n_sets = 1;
+            }
+            tw_error err;
+            tw_error_init(&err);
+            tw_status st = tw_workflow_parse(b[i].name, (const char *)b[i].data, b[i].size, sets,
+                                             n_sets, params, &err);
+            if (st == TW_OK)
+                n_ok++;
+            else
+                assert_one_line(&err, NULL, b[i].name);
+            free(set);
+        }
+    }
+    /* The two workflow files of the repository are in the corpus and parse. */
+    assert_true(n_ok >= 2);
+    free(params);
+    free_corpus(b, n);
+}
+
+/* Load one model-file corpus; returns the number of inputs that loaded. */
+static int replay_models(const char *harness, bool force_hdf5)
+{
+    int n = 0;
+    blob *b = load_corpus(harness, &n);
+    const char *tmp = tw_test_tmpdir();
+    int n_ok = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", tmp, b[i].name);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        if (force_hdf5 && (b[i].size < 8 || memcmp(b[i].data, HDF5_SIG, 8) != 0))
+            assert_int_equal(fwrite(HDF5_SIG, 1, 8, f), 8);
+        assert_int_equal(fwrite(b[i].data, 1, b[i].size, f), b[i].size);
+        assert_int_equal(fclose(f), 0);
+
+        tw_error err;
+        tw_error_init(&err);
+        tw_model_file *mf = NULL;
+        tw_status st = tw_model_file_load(path, &mf, &err);
+        if (st == TW_OK) {
+            assert_non_null(mf);
+            n_ok++;
+            tw_model_file_destroy(mf);
+        } else {
+            assert_null(mf);
+            assert_one_line(&err, path, b[i].name);
+        }
+        if (tw_mem_current(TW_MEM_TAG_COUNT) != 0)
+            fail_msg("%s/%s: %zu bytes still allocated after status %d", harness, b[i].name,
+                     tw_mem_current(TW_MEM_TAG_COUNT), (int)st);
+        ssize_t open_objs = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
+        if (open_objs != 0)
+            fail_msg("%s/%s: %zd HDF5 objects left open", harness, b[i].name, open_objs);
+        remove(path);
+    }
+    free_corpus(b, n);
+    return n_ok;
+}
+
+static void test_safetensors_corpus(void **state)
+{
+    (void)state;
+    /* resnet18_f32_meta, resnet18_f16 and resnet18_bf16 are whole models. */
+    assert_true(replay_models("safetensors", false) >= 3);
+}
+
+static void test_hdf5_corpus(void **state)
+{
+    (void)state;
+    /* bundle_full is a whole model. */
+    assert_true(replay_models("hdf5", true) >= 1);
+}
+
+/* The reproducers of fixed bugs, one by one, with the message they must give. */
+static void test_hdf5_regressions(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        const char *needle;
+    } cases[] = {
+        /* H5Dread of a tensor fails: its buffer leaked (io/model_file.c). */
+        {"regress-tensor-read-fails", "cannot read /tensors/"},
+    };
+    const char *src = getenv("TW_SOURCE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/hdf5", src ? src : TW_SOURCE_DIR);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tw_error err;
+        tw_error_init(&err);
+        tw_model_file *mf = NULL;
+        const char *path = tw_test_path(dir, cases[i].name);
+        assert_int_equal(tw_model_file_load(path, &mf, &err), TW_ERR_MODEL);
+        assert_null(mf);
+        assert_one_line(&err, cases[i].needle, cases[i].name);
+        assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_workflow_corpus),
+        cmocka_unit_test(test_safetensors_corpus),
+        cmocka_unit_test(test_hdf5_corpus),
+        cmocka_unit_test(test_hdf5_regressions),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
