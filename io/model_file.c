@@ -1433,6 +1433,43 @@ done:
     return st;
 }
 
+typedef struct h5_iter {
+    h5_ctx *c;
+    int cap;      /* entries the tensor array has room for */
+    tw_status st; /* the error that stopped the iteration */
+} h5_iter;
+
+#if H5_VERSION_GE(1, 12, 0)
+typedef H5L_info2_t h5_link_info;
+#else
+typedef H5L_info_t h5_link_info;
+#endif
+
+/* H5Literate callback: read the tensor called name. Returns 0 to go on,
+ * -1 (with it->st set) to stop on an error. */
+static herr_t h5_tensor_cb(hid_t group, const char *name, const h5_link_info *info, void *user)
+{
+    (void)group;
+    (void)info;
+    h5_iter *it = user;
+    tw_model_file *mf = it->c->mf;
+    if (mf->n_tensors >= it->cap) {
+        it->st = model_error(it->c->err, mf->path, "/tensors lists more entries than it holds");
+        return -1;
+    }
+    if (strlen(name) >= sizeof mf->tensors[0].name) {
+        it->st = model_error(it->c->err, mf->path,
+                             "/tensors entry '%.40s...': name longer than %zu bytes", name,
+                             sizeof mf->tensors[0].name - 1);
+        return -1;
+    }
+    bool skipped;
+    it->st = h5_read_tensor(it->c, name, &mf->tensors[mf->n_tensors], &skipped);
+    if (it->st != TW_OK) return -1;
+    if (!skipped) mf->n_tensors++;
+    return 0;
+}
+
 static tw_status load_hdf5(tw_model_file *mf, tw_error *err)
 {
     const char *path = mf->path;
@@ -1466,21 +1503,15 @@ static tw_status load_hdf5(tw_model_file *mf, tw_error *err)
         st = nomem_error(err, path, (size_t)n * sizeof(tw_tensor));
         goto done;
     }
-    for (int i = 0; i < n && st == TW_OK; i++) {
-        char name[sizeof mf->tensors[0].name];
-        ssize_t len = H5Lget_name_by_idx(c.group, ".", H5_INDEX_NAME, H5_ITER_INC, (hsize_t)i, name,
-                                         sizeof name, H5P_DEFAULT);
-        if (len < 0) {
-            st = model_error(err, path, "cannot read the name of /tensors entry %d", i);
-        } else if ((size_t)len >= sizeof name) {
-            st = model_error(err, path, "/tensors entry %d: name longer than %zu bytes", i,
-                             sizeof name - 1);
-        } else {
-            bool skipped;
-            st = h5_read_tensor(&c, name, &mf->tensors[mf->n_tensors], &skipped);
-            if (st == TW_OK && !skipped) mf->n_tensors++;
-        }
-    }
+    /* One pass in the name index's native order: H5Lget_name_by_idx would
+     * rebuild a sorted table of every link for each call (quadratic), and
+     * libhdf5 1.10 frees uninitialised pointers when building that table
+     * fails on corrupt dense link storage (found by fuzz_hdf5). */
+    h5_iter it = {.c = &c, .cap = n, .st = TW_OK};
+    hsize_t idx = 0;
+    if (H5Literate(c.group, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, h5_tensor_cb, &it) < 0)
+        st =
+            it.st != TW_OK ? it.st : model_error(err, path, "cannot list /tensors (corrupt file?)");
 done:
     if (c.group >= 0) H5Gclose(c.group);
     if (H5Fclose(c.file) < 0 && st == TW_OK) st = model_error(err, path, "error closing the file");
