@@ -7,7 +7,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build demo test test-release test-asan clean format-check
+.PHONY: all setup build demo test test-release test-asan fuzz clean format-check
 
 all: build
 
@@ -26,6 +26,7 @@ demo: build
 test: build
 	$(MAKE) test-release
 	$(MAKE) test-asan
+	$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
 test-release:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -38,6 +39,12 @@ test-asan: setup $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && TW_SANITIZED=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE slow
+
+# libFuzzer harnesses built with clang into build-fuzz/, each run FUZZ_SECONDS
+# (fuzz/README.md); `make test` runs them for 60 s each.
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) bash fuzz/run.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) out

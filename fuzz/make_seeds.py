@@ -1,10 +1,12 @@
 #!/usr/bin/python3
-"""Write the committed seed corpora under fuzz/corpus/<harness>/.
+"""Write the committed seed corpora under fuzz/corpus/<harness>/
+(workflow, safetensors, hdf5 for the bundle harness, hdf5_raw).
 
 Seeds are small valid inputs plus a few hostile ones, so that the fuzzer
 starts from inputs that reach deep into each parser. Run from anywhere with
 Debian's python3 (numpy, h5py); it rewrites the corpus files in place and is
-deterministic. Crash reproducers found later are added by hand next to them
+deterministic, except for the object timestamps HDF5 puts in the two
+libver="latest" files (which does not change what the fuzzer gets from them). Crash reproducers found later are added by hand next to them
 (named crash-<what>) and kept as regression inputs.
 """
 import json
@@ -94,7 +96,7 @@ def safetensors_seeds(sd):
 
 def hdf5_seeds(sd):
     import h5py
-    d = os.path.join(HERE, "corpus", "hdf5")
+    d = os.path.join(HERE, "corpus", "hdf5_raw")
     os.makedirs(d, exist_ok=True)
     # Only the first stage's tensors: a valid bundle layout with every
     # attribute kind, small enough (a few KiB) for the fuzzer to mutate.
@@ -139,6 +141,21 @@ def hdf5_seeds(sd):
                          compression="gzip", track_times=False)
 
 
+def bundle_seeds():
+    """Byte strings for fuzz_hdf5_bundle.c, which builds the file itself:
+    each byte steers one choice (attribute present and its type, mutations)."""
+    import random
+    write("hdf5", "zeros", bytes(64))
+    # format as a string, format_version 1, the other attributes absent,
+    # a clean ResNet-18: loads.
+    write("hdf5", "minimal_valid",
+          bytes([1, 1, 5, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1]) + bytes([7]) * 3000)
+    write("hdf5", "ones", bytes([1]) * 3000)
+    write("hdf5", "fives", bytes([5]) * 3000)
+    r = random.Random(5)
+    write("hdf5", "random", bytes(r.randrange(256) for _ in range(3000)))
+
+
 def workflow_seeds():
     root = os.path.join(HERE, "..")
     for name in ("sample.yaml", "batch_cog.yaml"):
@@ -167,6 +184,7 @@ def main():
     sd = tiny_resnet(rng)
     safetensors_seeds(sd)
     hdf5_seeds(sd)
+    bundle_seeds()
     workflow_seeds()
     return 0
 

@@ -8,7 +8,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${FUZZ_BUILD:-$ROOT/build-fuzz}
 SECONDS_EACH=${FUZZ_SECONDS:-60}
-HARNESSES=${FUZZ_ONLY:-workflow safetensors hdf5}
+HARNESSES=${FUZZ_ONLY:-workflow safetensors hdf5}  # also: hdf5_raw (see README.md)
 
 if ! command -v clang >/dev/null; then
     echo "fuzz: clang not found (scripts/setup.sh installs it)" >&2
@@ -32,7 +32,7 @@ for h in $HARNESSES; do
     # libhdf5 has no frame pointers: the suppressions in lsan.supp only match
     # with the slow unwinder (3-4x fewer executions, so only where needed).
     export ASAN_OPTIONS=$ASAN_BASE
-    [ "$h" = hdf5 ] && export ASAN_OPTIONS=$ASAN_BASE:fast_unwind_on_malloc=0:malloc_context_size=30
+    [ "$h" = hdf5_raw ] && export ASAN_OPTIONS=$ASAN_BASE:fast_unwind_on_malloc=0:malloc_context_size=30
     "$BUILD/fuzz_$h" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
         -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$h-" \
         "$work" "$ROOT/fuzz/corpus/$h" >"$log" 2>&1
