@@ -63,21 +63,21 @@ typedef struct tensor_spec {
 static int resnet18_specs(tensor_spec *t, int bands, int classes)
 {
     int n = 0;
-#define ADD(nd, d0, d1, d2, d3, ...)                                                        \
-    do {                                                                                    \
-        snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__);                                 \
-        t[n].ndim = nd;                                                                     \
-        t[n].dims[0] = d0, t[n].dims[1] = d1, t[n].dims[2] = d2, t[n].dims[3] = d3;         \
-        n++;                                                                                \
+#define ADD(nd, d0, d1, d2, d3, ...)                                                               \
+    do {                                                                                           \
+        snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__);                                        \
+        t[n].ndim = nd;                                                                            \
+        t[n].dims[0] = d0, t[n].dims[1] = d1, t[n].dims[2] = d2, t[n].dims[3] = d3;                \
+        n++;                                                                                       \
     } while (0)
-#define BN(c, ...)                                                                          \
-    do {                                                                                    \
-        char p_[64];                                                                        \
-        snprintf(p_, sizeof p_, __VA_ARGS__);                                               \
-        ADD(1, c, 0, 0, 0, "%s.weight", p_);                                                \
-        ADD(1, c, 0, 0, 0, "%s.bias", p_);                                                  \
-        ADD(1, c, 0, 0, 0, "%s.running_mean", p_);                                          \
-        ADD(1, c, 0, 0, 0, "%s.running_var", p_);                                           \
+#define BN(c, ...)                                                                                 \
+    do {                                                                                           \
+        char p_[64];                                                                               \
+        snprintf(p_, sizeof p_, __VA_ARGS__);                                                      \
+        ADD(1, c, 0, 0, 0, "%s.weight", p_);                                                       \
+        ADD(1, c, 0, 0, 0, "%s.bias", p_);                                                         \
+        ADD(1, c, 0, 0, 0, "%s.running_mean", p_);                                                 \
+        ADD(1, c, 0, 0, 0, "%s.running_var", p_);                                                  \
     } while (0)
     ADD(4, 1, bands, 7, 7, "conv1.weight");
     BN(1, "bn1");
@@ -145,16 +145,16 @@ static void write_tensors(reader *r, hid_t file)
     for (int m = 0; m < n_mut; m++) {
         tensor_spec *x = &t[take(r, (unsigned)n)];
         switch (take(r, 6)) {
-        case 0: x->name[0] = '\0'; break;                        /* drop */
-        case 1: x->dims[take(r, 4)] = take(r, 5); break;          /* reshape (0 too) */
-        case 2: x->ndim = (int)take(r, 6); break;                 /* rank 0..5 */
+        case 0: x->name[0] = '\0'; break;                                      /* drop */
+        case 1: x->dims[take(r, 4)] = take(r, 5); break;                       /* reshape (0 too) */
+        case 2: x->ndim = (int)take(r, 6); break;                              /* rank 0..5 */
         case 3: x->name[take(r, (unsigned)strlen(x->name) + 1)] = '\0'; break; /* rename */
-        case 4: x->name[0] = x->name[0] ? '#' : 'x'; break;       /* unknown name */
-        default: x->ndim = -1; break;                             /* a group, not a dataset */
+        case 4: x->name[0] = x->name[0] ? '#' : 'x'; break;                    /* unknown name */
+        default: x->ndim = -1; break; /* a group, not a dataset */
         }
     }
-    hid_t g = H5Gcreate2(file, take(r, 32) ? "tensors" : "tensor", H5P_DEFAULT, H5P_DEFAULT,
-                         H5P_DEFAULT);
+    hid_t g =
+        H5Gcreate2(file, take(r, 32) ? "tensors" : "tensor", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (g < 0) return;
     static double buf[8 * 8 * 9 * 4 + 64];
     for (int i = 0; i < n; i++) {
@@ -216,11 +216,16 @@ static void write_string_attr(hid_t obj, const char *key, int n, const char *con
 
 static void write_attrs(reader *r, hid_t file)
 {
-    static const char *const keys[] = {"format", "format_version", "arch",  "bands", "scale",
-                                       "mean",   "std",            "classes", "tile", "extra"};
-    static const char *const words[] = {"tilewise-resnet", "resnet18", "resnet50", "water", "",
+    static const char *const keys[] = {"format", "format_version", "arch", "bands", "scale", "mean",
+                                       "std",    "classes",        "tile", "extra"};
+    static const char *const words[] = {"tilewise-resnet",
+                                        "resnet18",
+                                        "resnet50",
+                                        "water",
+                                        "",
                                         "a much longer class name than usual, with , and ;",
-                                        "resnet1", "\xc3\xa9t\xc3\xa9"};
+                                        "resnet1",
+                                        "\xc3\xa9t\xc3\xa9"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         unsigned how = take(r, 8);
         if (how == 0) continue; /* absent */

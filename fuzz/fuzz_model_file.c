@@ -60,7 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     int bad = 0;
 #ifdef FUZZ_FORCE_HDF5
-    if (size < sizeof sig || memcmp(data, sig, sizeof sig) != 0) bad |= write_all(fd, sig, sizeof sig);
+    if (size < sizeof sig || memcmp(data, sig, sizeof sig) != 0)
+        bad |= write_all(fd, sig, sizeof sig);
 #else
     (void)sig;
 #endif
