@@ -5,8 +5,9 @@
  * geotransform), with fields: row, col (input pixel origin, integers),
  * class (integer, argmax), class_name (string), confidence (max probability,
  * real), and one real field per class named p_<class name> (sanitized to
- * [A-Za-z0-9_]). Layer name "tiles". Written through OGR to "<path>.part"
- * and renamed by finish, like the rasters; destroy without finish removes it.
+ * [A-Za-z0-9_]). Layer name "tiles". Written through OGR to ".<name>.part.gpkg"
+ * (the driver wants a .gpkg extension) and renamed by finish, like the
+ * rasters; destroy without finish removes it.
  */
 #ifndef TW_GPKG_H
 #define TW_GPKG_H
