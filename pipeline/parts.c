@@ -433,8 +433,8 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
 }
 
 tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
-                            const tw_tiletable_params *tp, int64_t *hist, int64_t *nodata_cells,
-                            tw_error *err)
+                            const tw_tiletable_params *tp, const tw_gpkg_params *gp,
+                            int64_t *hist, int64_t *nodata_cells, tw_error *err)
 {
     const int H = pt->p.grid_h;
     for (int r = 0; r < H; r++) {
@@ -471,6 +471,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
     uint8_t *has = NULL;
     tw_writer *w = NULL;
     tw_tiletable *tt = NULL;
+    tw_gpkg *gk = NULL;
     float *tbuf = NULL;
     if (st == TW_OK) {
         probs = tw_alloc(TW_MEM_STRIP, W * C * sizeof(float) * batch_rows);
@@ -479,6 +480,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
     }
     if (st == TW_OK && wp) st = tw_writer_create(wp, &w, err);
     if (st == TW_OK && tp) st = tw_tiletable_create(tp, &tt, err);
+    if (st == TW_OK && gp) st = tw_gpkg_create(gp, &gk, err);
     char path[TW_PATH_MAX + 400];
     for (int i = 0; st == TW_OK && i < used; i++) {
         chunk_path(pt, "rows", spans[i].r0, spans[i].r1, path, sizeof path);
@@ -512,7 +514,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
             r += m;
         }
         fclose(f);
-        if (st != TW_OK || !tt) continue;
+        if (st != TW_OK || (!tt && !gk)) continue;
         chunk_path(pt, "tiles", spans[i].r0, spans[i].r1, path, sizeof path);
         f = fopen(path, "rb");
         tiles_header th;
@@ -545,16 +547,19 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
                 rc_rows[k] = rc[0];
                 rc_cols[k] = rc[1];
             }
-            if (st == TW_OK)
+            if (st == TW_OK && tt)
                 st = tw_tiletable_append(tt, m, rc_rows, rc_cols, tp_probs, F ? tp_emb : NULL, err);
+            if (st == TW_OK && gk) st = tw_gpkg_append(gk, m, rc_rows, rc_cols, tp_probs, err);
             t += m;
         }
         fclose(f);
     }
     if (st == TW_OK && w) st = tw_writer_finish(w, err);
     if (st == TW_OK && tt) st = tw_tiletable_finish(tt, err);
+    if (st == TW_OK && gk) st = tw_gpkg_finish(gk, err);
     tw_writer_destroy(w);
     tw_tiletable_destroy(tt);
+    tw_gpkg_destroy(gk);
     tw_free(probs);
     tw_free(has);
     tw_free(tbuf);

@@ -15,7 +15,7 @@
  * Chunk file (native little-endian): "TWCHUNK1", int32 r0, r1, grid_w,
  * n_classes; uint64 FNV-1a of the payload; payload per row: float32
  * probs[grid_w][n_classes], uint8 has[grid_w].
- * Tile chunk (when the tile table is asked): "TWTILES1", int32 r0, r1,
+ * Tile chunk (when the tile table or the GeoPackage is asked): "TWTILES1", int32 r0, r1,
  * n_classes, feat_dim, int64 n_tiles, uint64 FNV-1a; payload per tile:
  * int32 row, col, float32 probs[n_classes], float32 emb[feat_dim].
  * A tile belongs to the chunk holding its first output row.
@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "io/gpkg.h"
 #include "io/tiletable.h"
 #include "io/writer.h"
 #include "pipeline/error.h"
@@ -37,7 +38,7 @@ typedef struct tw_parts_params {
     const char *stem;            /* the input's stem (no shard suffix) */
     const char *fingerprint;     /* what the outputs depend on; a mismatch restarts */
     int grid_w, grid_h, n_classes, feat_dim; /* feat_dim 0: no embeddings */
-    bool tiles;                  /* keep tile records for the tile table */
+    bool tiles;                  /* keep tile records (tile table, GeoPackage) */
     int shard_index, shard_count;
     bool merge_only;             /* read only: a different fingerprint is an error
                                     and other shards' temporaries are left alone */
@@ -71,12 +72,13 @@ tw_status tw_parts_chunk_commit(tw_parts *pt, tw_error *err);
 void tw_parts_chunk_abort(tw_parts *pt);
 
 /* Stream all chunks into the final products: wp describes the full grid
- * (rows 0..grid_h), may be NULL; tp (may be NULL) the tile table. hist
+ * (rows 0..grid_h), may be NULL; tp (may be NULL) the tile table; gp (may be
+ * NULL) the GeoPackage of tile polygons (gets the same tiles). hist
  * [n_classes] and nodata_cells receive the argmax counts of the grid. Fails with TW_ERR_INPUT
  * naming the missing rows when the grid is not complete. */
 tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
-                            const tw_tiletable_params *tp, int64_t *hist, int64_t *nodata_cells,
-                            tw_error *err);
+                            const tw_tiletable_params *tp, const tw_gpkg_params *gp,
+                            int64_t *hist, int64_t *nodata_cells, tw_error *err);
 /* Remove the parts directory (after a successful assembly). */
 tw_status tw_parts_remove(tw_parts *pt, tw_error *err);
 

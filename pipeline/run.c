@@ -593,6 +593,13 @@ static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, d
     gt[5] = g[5] * S;
 }
 
+/* Whether chunks keep per-tile records: the tile table and the GeoPackage
+ * are both made from them. */
+static bool keeps_tiles(unsigned products)
+{
+    return (products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG)) != 0;
+}
+
 /* What the outputs of an input depend on: if any of it changes between an
  * interrupted run and its rerun, the committed chunks are not reused. */
 static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char *path,
@@ -608,7 +615,7 @@ static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char
                      m->tile, m->stride, (int)p->tiling.edge, plan->grid_w, plan->grid_h, m->scale,
                      (int)p->input.nodata_auto, p->input.nodata, p->tiling.max_nodata_fraction,
                      (int)p->runtime.precision, (p->output.products & TW_PRODUCT_EMB) != 0,
-                     (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0);
+                     keeps_tiles(p->output.products));
     for (int i = 0; i < m->n_bands && n > 0 && (size_t)n < size; i++)
         n += snprintf(buf + n, size - (size_t)n, " %d", m->bands[i]);
     for (int i = 0; i < m->n_norm && n > 0 && (size_t)n < size; i++)
@@ -731,10 +738,21 @@ static tw_status assemble(const tw_run_params *p, const tw_resolved *m,
         .crs_wkt = info->crs_wkt,
     };
     memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
+    bool gpkg = (p->output.products & TW_PRODUCT_TILES_GPKG) != 0;
+    char gpath[TW_PATH_MAX + 300];
+    snprintf(gpath, sizeof gpath, "%s/%s.tiles.gpkg", p->output.dir, res->stem);
+    tw_gpkg_params gp = {
+        .path = gpath,
+        .n_classes = m->n_classes,
+        .class_names = (const char(*)[TW_NAME_MAX])m->classes,
+        .tile = m->tile,
+        .crs_wkt = info->crs_wkt,
+    };
+    memcpy(gp.geotransform, info->geotransform, sizeof gp.geotransform);
     memset(res->hist, 0, sizeof res->hist);
     res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
-    st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, res->hist,
-                           &res->nodata_cells, err);
+    st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, gpkg ? &gp : NULL,
+                           res->hist, &res->nodata_cells, err);
     if (st == TW_OK) st = tw_parts_remove(parts, err);
     if (st != TW_OK) return st;
     res->n_outputs = 0;
@@ -745,6 +763,7 @@ static tw_status assemble(const tw_run_params *p, const tw_resolved *m,
             tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
                                    res->outputs[res->n_outputs++], sizeof res->outputs[0]);
     if (table) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
+    if (gpkg) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", gpath);
     return TW_OK;
 }
 
@@ -764,7 +783,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st != TW_OK) return st;
     res->grid_w = plan.grid_w;
     res->grid_h = plan.grid_h;
-    bool want_table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
+    bool want_table = keeps_tiles(p->output.products);
 
     run_pipe pp;
     memset(&pp, 0, sizeof pp);
@@ -1160,7 +1179,7 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
             .grid_h = plan.grid_h,
             .n_classes = mf->m.n_classes,
             .feat_dim = emb ? mf->m.feat_dim : 0,
-            .tiles = (mf->p.output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0,
+            .tiles = keeps_tiles(mf->p.output.products),
             .shard_index = 0,
             .shard_count = 1,
             .merge_only = true,
