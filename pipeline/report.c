@@ -185,6 +185,9 @@ size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char 
     buf[0] = '\0';
     jopen(&j, NULL, '{');
     jstr(&j, "tilewise_version", TW_VERSION);
+    /* GDAL decides overviews, compression and CRS output: part of what
+     * makes a product reproducible. */
+    jstr(&j, "gdal_version", GDALVersionInfo("RELEASE_NAME"));
     config_object(&j, p, m);
     jclose(&j, '}');
     return j.len;
