@@ -544,6 +544,8 @@ static void *writer_main(void *arg)
         }
         if (pp->hooks && pp->hooks->progress) {
             double f = pp->n_tiles > 0 ? (double)pp->tiles_done / (double)pp->n_tiles : 1.0;
+            if (pp->hooks->tiles)
+                pp->hooks->tiles(pp->tiles_done, pp->n_tiles, pp->path, pp->hooks->progress_user);
             if (!pp->hooks->progress(f > 1.0 ? 1.0 : f, pp->path, pp->hooks->progress_user) &&
                 !stop_requested(pp)) {
                 atomic_store(&pp->cancelled, 1);

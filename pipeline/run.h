@@ -25,10 +25,15 @@
 
 /* GDAL-style progress: complete in [0, 1]; return 0 to cancel the run. */
 typedef int (*tw_progress_fn)(double complete, const char *message, void *user);
+/* Tile counts of the input under way (message = its path), called just
+ * before each progress call: tiles looked at so far and in all, this run's
+ * share (its shard, less the rows an earlier run committed). */
+typedef void (*tw_tiles_fn)(int64_t done, int64_t total, const char *message, void *user);
 
 typedef struct tw_run_hooks {
     tw_progress_fn progress;       /* may be NULL */
-    void *progress_user;
+    void *progress_user;           /* for progress and tiles */
+    tw_tiles_fn tiles;             /* may be NULL */
     volatile sig_atomic_t *stop;   /* may be NULL; non-zero: stop soon (signal) */
 } tw_run_hooks;
 
