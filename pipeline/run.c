@@ -1074,6 +1074,18 @@ void tw_run_result_destroy(tw_run_result *r)
     tw_free(r);
 }
 
+tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err)
+{
+    tw_model_file *mf = NULL;
+    tw_resnet *net = NULL;
+    tw_status st = tw_model_file_load(p->model.weights, &mf, err);
+    if (st == TW_OK) st = tw_resnet_create(mf, p->model.arch, &net, err);
+    if (st == TW_OK) st = resolve_model(p, mf, net, m, err);
+    tw_resnet_destroy(net);
+    tw_model_file_destroy(mf);
+    return st;
+}
+
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
 {
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);

@@ -101,6 +101,12 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
  * (tile grid, batch, slots, memory estimate) to out, without running the model. */
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err);
 
+/* Load the model file and resolve what the run would use (bundle values,
+ * config overrides, defaults: bands, scale, mean, std, classes, tile) into
+ * *m, with the same checks and messages as tw_run; nothing else is opened.
+ * For the CLI's extra validation. */
+tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err);
+
 /* `tilewise merge`: after sharded runs into out_dir, check that every
  * output row of every input is committed, then write the final products
  * (as the workflow asked: GTiff or COG, tile table) and remove the parts.
