@@ -866,6 +866,12 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         res->rows_resumed -= pp.segs[i].plan.row_end - pp.segs[i].plan.row_begin;
 
     if (st == TW_OK && pp.n_segs > 0) {
+        /* Progress 0 first, as GDAL does: the CLI starts its clock (tiles/s,
+         * time left) here rather than after the first batch. */
+        if (c->hooks && c->hooks->progress) {
+            if (c->hooks->tiles) c->hooks->tiles(0, pp.n_tiles, res->path, c->hooks->progress_user);
+            (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
+        }
         st = slots_alloc(&pp, plan.tile, err);
         if (st == TW_OK) st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, parts_sink, &pp,
                                                &pp.stitch, err);

@@ -209,7 +209,7 @@ def main():
 
     # ---- reproducibility ----
     rep = json.load(open(os.path.join(out, "run.json")))
-    version = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split()[-1]
+    version = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split()[1]
     check(rep["versions"]["tilewise"] == version, "run.json tilewise version")
     check(rep["versions"]["gdal"] == gdal.__version__, "run.json GDAL version")
     check(rep["config"]["model"]["sha256"] == sha, "run.json model sha256")

@@ -1,19 +1,32 @@
 /* main.c - the tilewise command line.
  *
- *   tilewise run WORKFLOW.yaml [--set key.path=value]... [--shard I/N] [-q] [--report FILE]
+ *   tilewise run WORKFLOW.yaml [--set key.path=value]... [--shard I/N] [-q]
+ *                [--progress=text|json|none] [--report FILE] [--chunk-rows N]
  *   tilewise validate WORKFLOW.yaml [--set ...]
- *   tilewise info FILE
+ *   tilewise info [--json] FILE
+ *   tilewise merge [-q] OUTPUT_DIR
+ *   tilewise submit WORKFLOW.yaml --array N ...   (workflows/submit.c)
+ *   tilewise COMMAND --help, tilewise help COMMAND, tilewise --version
  *
- * The only place that chooses an exit code (see README.md, "Exit codes").
+ * The only place that chooses an exit code (see README.md, "Exit codes"),
+ * and the only one that prints progress. validate's value-range and CRS
+ * checks live here too: they are advice for a person, printed, never
+ * errors, so the library stays free of printing.
  */
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <cpl_conv.h>
+#include <cpl_error.h>
+#include <gdal.h>
+#include <ogr_srs_api.h>
 
 #include "io/model_file.h"
 #include "io/raster.h"
@@ -32,19 +45,22 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
+/* ---- help texts ---- */
+
 static const char *usage_text =
-    "usage: tilewise <command> [options]\n"
+    "usage: tilewise <command> [options]      (tilewise <command> --help for more)\n"
     "\n"
     "commands:\n"
     "  run WORKFLOW.yaml [--set key.path=value]... [--shard I/N] [-q] [--report FILE]\n"
-    "                    [--chunk-rows N]\n"
+    "                    [--progress=text|json|none] [--chunk-rows N]\n"
     "                    classify every input raster of the workflow; output rows are\n"
     "                    committed in chunks (N rows; default about 1024 tiles' worth), so\n"
     "                    running the same command after a kill redoes only what is missing.\n"
     "                    --shard I/N (or a SLURM array task) runs the I-th of N bands of rows\n"
     "  validate WORKFLOW.yaml [--set key.path=value]...\n"
     "                    check config, inputs and model; print the plan and memory estimate\n"
-    "  info FILE         describe a raster or a model file\n"
+    "  info [--json] FILE\n"
+    "                    describe a raster or a model file\n"
     "  merge OUTPUT_DIR  after sharded runs: check every shard finished, write the mosaics\n"
     "  submit WORKFLOW.yaml --array N [--dry-run] [--set k=v]... [--sbatch OPT]...\n"
     "                    [--chunk-rows N]\n"
@@ -53,6 +69,77 @@ static const char *usage_text =
     "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
     "model, 4 resource failure (memory, disk, device, output not writable), 75 interrupted\n"
     "(resumable: run the same command again)\n";
+
+static const char *run_help =
+    "usage: tilewise run WORKFLOW.yaml [options]\n"
+    "\n"
+    "Classify every input raster of the workflow into OUTPUT_DIR (output.dir): class map,\n"
+    "probabilities, confidence, tile table, GeoPackage of tiles, as output.products asks,\n"
+    "and run.json. Output rows are committed in chunks: after a kill, the same command\n"
+    "redoes only what no chunk holds.\n"
+    "\n"
+    "options:\n"
+    "  --set key.path=value   override a workflow key (repeatable), e.g. --set tiling.stride=32\n"
+    "  --shard I/N            run the I-th of N bands of output rows (1-based); under a SLURM\n"
+    "                         job array it comes from SLURM_ARRAY_TASK_ID/COUNT/MIN.\n"
+    "                         Then: tilewise merge OUTPUT_DIR\n"
+    "  --chunk-rows N         output rows per committed chunk (default: about 1024 tiles)\n"
+    "  --report FILE          also write the run report to FILE\n"
+    "  --progress=MODE        text (default): 0...10...20 on stderr, with tiles/s and the\n"
+    "                         time left when stderr is a terminal; json: one JSON object\n"
+    "                         per line on stderr (events start, progress, done); none\n"
+    "  -q, --quiet            no progress, no notices (errors are still printed)\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
+    "model, 4 resource failure, 75 interrupted (resumable: run the same command again)\n";
+
+static const char *validate_help =
+    "usage: tilewise validate WORKFLOW.yaml [--set key.path=value]...\n"
+    "\n"
+    "Check the workflow, the inputs and the model against each other without running the\n"
+    "model: band counts and types, mean/std lengths, tile and stride, the memory budget.\n"
+    "Prints the plan (tiles, output grid, batch, memory estimate), then advice:\n"
+    "  * value ranges: each band's minimum and maximum (from its statistics, or an\n"
+    "    approximate scan) after input.scale and the model's mean/std; a range far from\n"
+    "    what the model was trained on usually means a wrong input.scale;\n"
+    "  * georeferencing: CRS, pixel size and ground size of a tile; degrees that make\n"
+    "    stretched pixels or huge tiles, odd pixel sizes, no CRS.\n"
+    "Advice lines start with 'warning'; they do not change the exit code.\n"
+    "\n"
+    "exit codes: 0 the run can start, 2 workflow error, 3 input or model does not fit\n";
+
+static const char *info_help =
+    "usage: tilewise info [--json] FILE\n"
+    "\n"
+    "Describe a raster (driver, size, CRS as EPSG code and units, pixel size, bands with\n"
+    "type, nodata, block size, description) or a model file (.h5 bundle, .safetensors:\n"
+    "architecture, bands, classes, parameters, normalization, tile size, sha256).\n"
+    "  --json   one JSON object on stdout instead of text\n";
+
+static const char *merge_help =
+    "usage: tilewise merge [-q] OUTPUT_DIR\n"
+    "\n"
+    "After sharded runs (--shard I/N, or a SLURM array) into OUTPUT_DIR: check that every\n"
+    "output row of every input is committed, then write the final products as the\n"
+    "workflow asked and remove the parts. Exit 3 naming the missing rows when a shard\n"
+    "has not finished.\n";
+
+static const char *submit_help =
+    "usage: tilewise submit WORKFLOW.yaml --array N [options]\n"
+    "\n"
+    "Write and submit two SLURM batch jobs: an array of N tasks, each running\n"
+    "`tilewise run` on its shard, and a merge job that runs once all have succeeded.\n"
+    "Scripts and logs go to OUTPUT_DIR/.tilewise-slurm/.\n"
+    "\n"
+    "options:\n"
+    "  --array N          number of tasks (shards)\n"
+    "  --dry-run          print the scripts, submit nothing\n"
+    "  --set k=v          workflow override, passed on to every task (repeatable)\n"
+    "  --sbatch OPT       an sbatch option for both jobs, e.g. --sbatch --time=4:00:00\n"
+    "  --chunk-rows N     passed on to tilewise run\n"
+    "\n"
+    "exit 4 when sbatch is missing or refuses a job (its message is shown)\n";
 
 static int usage_error(const char *fmt, const char *arg)
 {
@@ -68,13 +155,67 @@ static int fail(const tw_error *err)
     return tw_status_exit_code(err->status);
 }
 
-/* ---- progress, GDAL style: 0...10...20...30 ... 100 - done. ---- */
+/* --help or -h among a subcommand's arguments, not as the value of an
+ * option that takes one (--sbatch --help would be sbatch's). */
+static bool help_asked(int argc, char **argv)
+{
+    static const char *const takes_value[] = {"--set", "--sbatch", "--report", "--shard",
+                                              "--chunk-rows", "--array"};
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--help") && strcmp(argv[i], "-h")) continue;
+        bool is_value = false;
+        for (size_t k = 0; i > 0 && k < sizeof takes_value / sizeof *takes_value; k++)
+            if (strcmp(argv[i - 1], takes_value[k]) == 0) is_value = true;
+        if (!is_value) return true;
+    }
+    return false;
+}
+
+/* ---- JSON output helpers (progress events, info --json) ---- */
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* A JSON number, or null when it has none (NaN, infinities). */
+static void json_num(FILE *f, double v)
+{
+    if (isfinite(v))
+        fprintf(f, "%.10g", v);
+    else
+        fputs("null", f);
+}
+
+/* ---- progress ----
+ * text, stderr not a terminal: GDAL style, 0...10...20 ... 100 - done.
+ * text, stderr a terminal: the same line redrawn with tiles/s and time left.
+ * json: one object per line (start, progress at each whole percent, done). */
+
+typedef enum { PROGRESS_TEXT = 0, PROGRESS_JSON, PROGRESS_NONE } progress_mode;
 
 typedef struct progress_state {
-    int last_step;      /* of 40 (2.5 % each) */
+    progress_mode mode;
     bool tty;
-    double t0;
-    const char *current;
+    char current[TW_PATH_MAX];   /* input under way; "" before the first */
+    int last_step;               /* text: of 40 (2.5 % each), 41 = line closed */
+    int last_pct;                /* json: last whole percent written */
+    double t0;                   /* when the input started */
+    double last_draw;            /* tty: last redraw */
+    int64_t done, total;         /* tiles, from the tiles hook */
 } progress_state;
 
 static double mono_s(void)
@@ -84,28 +225,120 @@ static double mono_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void tiles_cb(int64_t done, int64_t total, const char *message, void *user)
+{
+    (void)message;
+    progress_state *ps = user;
+    ps->done = done;
+    ps->total = total;
+}
+
+static void fmt_duration(double s, char *out, size_t size)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(out, size, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(out, size, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void progress_rate(const progress_state *ps, double complete, double *rate, double *eta)
+{
+    double el = mono_s() - ps->t0;
+    *rate = el > 0 ? (double)ps->done / el : 0.0;
+    *eta = NAN;
+    if (ps->total > 0 && *rate > 0)
+        *eta = (double)(ps->total - ps->done) / *rate;
+    else if (complete > 0 && complete < 1)
+        *eta = el * (1 - complete) / complete;
+    if (complete >= 1) *eta = 0;
+}
+
+static void progress_json(progress_state *ps, double complete)
+{
+    double rate, eta;
+    progress_rate(ps, complete, &rate, &eta);
+    fputs("{\"event\":\"progress\",\"input\":", stderr);
+    json_str(stderr, ps->current);
+    fprintf(stderr, ",\"fraction\":%.6f,\"tiles_done\":%lld,\"tiles_total\":%lld,\"tiles_per_s\":",
+            complete, (long long)ps->done, (long long)ps->total);
+    json_num(stderr, rate);
+    fputs(",\"eta_s\":", stderr);
+    json_num(stderr, eta);
+    fprintf(stderr, ",\"elapsed_s\":%.3f}\n", mono_s() - ps->t0);
+}
+
+/* The dots of steps 0..step, as GDAL prints them. */
+static int dots(char *out, size_t size, int step)
+{
+    int n = 0;
+    for (int s = 0; s <= step && s <= 40 && (size_t)n + 8 < size; s++)
+        n += snprintf(out + n, size - (size_t)n, s % 4 == 0 ? "%d" : ".", s / 4 * 10);
+    return n;
+}
+
 static int progress_cb(double complete, const char *message, void *user)
 {
     progress_state *ps = user;
-    if (message && ps->current != message) {
-        if (ps->current && ps->last_step < 40) fprintf(stderr, "\n");
-        ps->current = message;
+    if (complete > 1) complete = 1;
+    if (message && strcmp(ps->current, message) != 0) {
+        if (ps->mode == PROGRESS_TEXT && ps->current[0] && ps->last_step <= 40) fputc('\n', stderr);
+        snprintf(ps->current, sizeof ps->current, "%s", message);
         ps->last_step = -1;
+        ps->last_pct = -1;
         ps->t0 = mono_s();
-        fprintf(stderr, "%s: ", message);
+        ps->last_draw = 0;
+        if (ps->mode == PROGRESS_JSON) {
+            fputs("{\"event\":\"start\",\"input\":", stderr);
+            json_str(stderr, message);
+            fprintf(stderr, ",\"tiles_total\":%lld}\n", (long long)ps->total);
+        } else if (!ps->tty) {
+            fprintf(stderr, "%s: ", message);
+        }
     }
     int step = (int)floor(complete * 40.0 + 1e-9);
-    if (step > 40) step = 40;
-    while (ps->last_step < step) {
-        ps->last_step++;
-        if (ps->last_step % 4 == 0)
-            fprintf(stderr, "%d", ps->last_step / 4 * 10);
-        else
-            fprintf(stderr, ".");
-    }
-    if (step == 40) {
-        fprintf(stderr, " - done.\n");
-        ps->last_step = 41;
+    if (ps->mode == PROGRESS_JSON) {
+        int pct = (int)floor(complete * 100.0 + 1e-9);
+        if (pct > ps->last_pct) {
+            ps->last_pct = pct;
+            progress_json(ps, complete);
+        }
+    } else if (!ps->tty) {
+        while (ps->last_step < step) {
+            ps->last_step++;
+            if (ps->last_step % 4 == 0)
+                fprintf(stderr, "%d", ps->last_step / 4 * 10);
+            else
+                fprintf(stderr, ".");
+        }
+        if (step == 40) {
+            fprintf(stderr, " - done.\n");
+            ps->last_step = 41;
+        }
+    } else if (ps->last_step <= 40) {
+        /* Redraw at most 10 times a second, and always at the end. */
+        double now = mono_s();
+        if (step == 40 || now - ps->last_draw >= 0.1) {
+            ps->last_draw = now;
+            double rate, eta;
+            progress_rate(ps, complete, &rate, &eta);
+            char line[256], t[32];
+            int n = dots(line, sizeof line, step);
+            if (step == 40) {
+                fmt_duration(now - ps->t0, t, sizeof t);
+                snprintf(line + n, sizeof line - (size_t)n, " - done. %lld tiles in %s (%.0f tiles/s)",
+                         (long long)ps->done, t, rate);
+            } else {
+                if (isfinite(eta))
+                    fmt_duration(eta, t, sizeof t);
+                else
+                    snprintf(t, sizeof t, "?");
+                snprintf(line + n, sizeof line - (size_t)n, "  %lld/%lld tiles, %.0f tiles/s, %s left",
+                         (long long)ps->done, (long long)ps->total, rate, t);
+            }
+            fprintf(stderr, "\r%s: %s\033[K%s", ps->current, line, step == 40 ? "\n" : "");
+            ps->last_step = step == 40 ? 41 : step;
+        }
     }
     fflush(stderr);
     return g_stop ? 0 : 1;
@@ -121,6 +354,8 @@ typedef struct cli_opts {
     bool shard_given;
     int chunk_rows;
     bool quiet;
+    progress_mode progress;
+    bool progress_given;
     const char *report;
 } cli_opts;
 
@@ -155,6 +390,18 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
             o->chunk_rows = (int)n;
         } else if (allow_run_opts && (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)) {
             o->quiet = true;
+        } else if (allow_run_opts && (strcmp(a, "--progress") == 0 ||
+                                      strncmp(a, "--progress=", 11) == 0)) {
+            const char *v = a[10] == '=' ? a + 11 : (i + 1 < argc ? argv[++i] : NULL);
+            if (v && strcmp(v, "text") == 0)
+                o->progress = PROGRESS_TEXT;
+            else if (v && strcmp(v, "json") == 0)
+                o->progress = PROGRESS_JSON;
+            else if (v && strcmp(v, "none") == 0)
+                o->progress = PROGRESS_NONE;
+            else
+                return usage_error("--progress expects text, json or none, got '%s'", v ? v : "");
+            o->progress_given = true;
         } else if (allow_run_opts && (strcmp(a, "--report") == 0 || strncmp(a, "--report=", 9) == 0)) {
             const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) return usage_error("--report needs a file name%s", "");
@@ -168,6 +415,10 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
         }
     }
     if (!o->workflow) return usage_error("missing WORKFLOW.yaml%s", "");
+    /* -q silences the text progress; an explicit --progress=json still
+     * speaks (a scheduler asked for it), with the notices silenced. */
+    if (o->quiet && !o->progress_given) o->progress = PROGRESS_NONE;
+    if (o->progress == PROGRESS_JSON) o->quiet = true;
     return 0;
 }
 
@@ -223,8 +474,33 @@ static void print_summary(const tw_run_result *r)
     }
 }
 
+/* The last JSON progress line: how the run ended. */
+static void progress_json_done(const tw_run_result *r, tw_status st, const tw_error *err,
+                               const char *report, double seconds)
+{
+    fputs("{\"event\":\"done\",\"status\":", stderr);
+    json_str(stderr, st == TW_OK ? "ok" : tw_status_name(st));
+    fprintf(stderr, ",\"exit_code\":%d", st == TW_OK ? TW_EXIT_OK : tw_status_exit_code(st));
+    if (st != TW_OK) {
+        fputs(",\"message\":", stderr);
+        json_str(stderr, err->msg);
+    }
+    if (r) {
+        fprintf(stderr, ",\"inputs\":%d,\"tiles_classified\":%lld", r->n_inputs,
+                (long long)r->tiles_classified);
+    }
+    fprintf(stderr, ",\"seconds\":%.3f,\"report\":", seconds);
+    json_str(stderr, report);
+    fputs("}\n", stderr);
+    fflush(stderr);
+}
+
 static int cmd_run(int argc, char **argv)
 {
+    if (help_asked(argc, argv)) {
+        fputs(run_help, stdout);
+        return TW_EXIT_OK;
+    }
     cli_opts o;
     int rc = parse_opts(argc, argv, true, &o);
     if (rc) return rc;
@@ -241,9 +517,12 @@ static int cmd_run(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
 
-    progress_state ps = {.last_step = -1, .tty = isatty(2)};
-    tw_run_hooks hooks = {.progress = p.quiet ? NULL : progress_cb, .progress_user = &ps,
+    progress_state ps = {.mode = o.progress, .tty = isatty(2) != 0, .last_step = -1};
+    tw_run_hooks hooks = {.progress = o.progress == PROGRESS_NONE ? NULL : progress_cb,
+                          .progress_user = &ps,
+                          .tiles = tiles_cb,
                           .stop = &g_stop};
+    double t0 = mono_s();
     tw_run_result *r = NULL;
     tw_status st = tw_run(&p, &hooks, &r, &err);
 
@@ -273,12 +552,219 @@ static int cmd_run(int argc, char **argv)
                    p.shard_index + 1, p.shard_count, p.output.dir);
         printf("report: %s\n", report);
     }
+    if (o.progress == PROGRESS_JSON) progress_json_done(r, st, &err, report, mono_s() - t0);
     tw_run_result_destroy(r);
-    return st == TW_OK ? TW_EXIT_OK : fail(&err);
+    if (st == TW_OK) return TW_EXIT_OK;
+    /* JSON mode: the done event carries the message; stderr stays JSON. */
+    return o.progress == PROGRESS_JSON ? tw_status_exit_code(st) : fail(&err);
+}
+
+/* ---- validate: advice on value ranges and georeferencing ---- */
+
+static int g_warnings;
+
+static void advise(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void advise(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("warning   ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    g_warnings++;
+}
+
+/* Ground metres per CRS unit along x and y at the raster's centre, and the
+ * unit's name; false when there is no usable CRS. */
+static bool crs_metres(OGRSpatialReferenceH srs, const double gt[6], int w, int h, double *mx,
+                       double *my, const char **unit)
+{
+    if (OSRIsGeographic(srs)) {
+        char *name = NULL;
+        double rad = OSRGetAngularUnits(srs, &name);
+        *unit = name ? name : "degree";
+        double deg = rad * 180.0 / M_PI;
+        double lat = (gt[3] + gt[5] * h / 2.0 + gt[4] * w / 2.0) * deg;
+        if (!(fabs(lat) <= 90)) lat = 0;
+        *mx = deg * 111320.0 * cos(lat * M_PI / 180.0);
+        *my = deg * 110574.0;
+        return true;
+    }
+    if (OSRIsProjected(srs) || OSRIsLocal(srs)) {
+        char *name = NULL;
+        double f = OSRGetLinearUnits(srs, &name);
+        *unit = name ? name : "metre";
+        *mx = *my = f > 0 ? f : 1.0;
+        return true;
+    }
+    return false;
+}
+
+/* A short name for a CRS: "EPSG:31985 (SIRGAS 2000 / UTM zone 25S)", or
+ * its name alone when no authority code can be found. */
+static void crs_short_name(OGRSpatialReferenceH srs, char *out, size_t size)
+{
+    const char *auth = OSRGetAuthorityName(srs, NULL);
+    const char *code = OSRGetAuthorityCode(srs, NULL);
+    OGRSpatialReferenceH guess = NULL;
+    if (!auth || !code) {
+        guess = OSRClone(srs);
+        if (guess && OSRAutoIdentifyEPSG(guess) == OGRERR_NONE) {
+            auth = OSRGetAuthorityName(guess, NULL);
+            code = OSRGetAuthorityCode(guess, NULL);
+        }
+    }
+    const char *name = OSRGetName(srs);
+    if (auth && code)
+        snprintf(out, size, "%s:%s (%s)", auth, code, name ? name : "unnamed");
+    else
+        snprintf(out, size, "%s", name ? name : "unnamed CRS");
+    if (guess) OSRDestroySpatialReference(guess);
+}
+
+static void check_georef(const char *path, GDALDatasetH ds, int tile)
+{
+    double gt[6];
+    int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds);
+    if (GDALGetGeoTransform(ds, gt) != CE_None) {
+        advise("%s: no geotransform: the outputs will be in pixel coordinates", path);
+        return;
+    }
+    const char *wkt = GDALGetProjectionRef(ds);
+    if (!wkt || !wkt[0]) {
+        advise("%s: no CRS: the outputs will have none either (assign one with "
+               "gdal_edit.py -a_srs)",
+               path);
+        return;
+    }
+    OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
+    if (!srs || OSRImportFromWkt(srs, (char *[]){(char *)wkt}) != OGRERR_NONE) {
+        advise("%s: its CRS is not understood by GDAL", path);
+        if (srs) OSRDestroySpatialReference(srs);
+        return;
+    }
+    char name[256];
+    crs_short_name(srs, name, sizeof name);
+    double mx, my;
+    const char *unit = "";
+    if (!crs_metres(srs, gt, w, h, &mx, &my, &unit)) {
+        printf("crs       %s: %s\n", path, name);
+        OSRDestroySpatialReference(srs);
+        return;
+    }
+    double px = hypot(gt[1], gt[4]) * mx, py = hypot(gt[2], gt[5]) * my;
+    printf("crs       %s: %s, units %s; pixel %.4g x %.4g m, a tile of %d px covers %.3g x %.3g "
+           "km\n",
+           path, name, unit, px, py, tile, tile * px / 1000, tile * py / 1000);
+    bool geographic = OSRIsGeographic(srs);
+    if (gt[2] != 0 || gt[4] != 0)
+        advise("%s: the raster is rotated (geotransform terms %g, %g): tiles follow its pixel "
+               "grid, not north",
+               path, gt[2], gt[4]);
+    double ratio = px / py;
+    if (ratio > 1.5 || ratio < 1 / 1.5)
+        advise("%s: pixels are %.3g m wide but %.3g m high%s: the model sees stretched images "
+               "(reproject with gdalwarp -t_srs to a projected CRS)",
+               path, px, py, geographic ? " (degrees of longitude shrink with latitude)" : "");
+    if (geographic && tile * fmax(px, py) > 10000)
+        advise("%s: in a geographic CRS (%s) a tile of %d px spans about %.0f km: is that the "
+               "resolution the model was trained at?",
+               path, unit, tile, tile * fmax(px, py) / 1000);
+    if (fmin(px, py) < 0.05 || fmax(px, py) > 5000)
+        advise("%s: a pixel size of %.3g m is unusual for satellite imagery: are the CRS units "
+               "(%s) right?",
+               path, fmin(px, py) < 0.05 ? fmin(px, py) : fmax(px, py), unit);
+    OSRDestroySpatialReference(srs);
+}
+
+/* Minimum and maximum of a band: its statistics when GDAL has them,
+ * else an approximate scan (overviews or a subsample). */
+static bool band_min_max(GDALRasterBandH b, double *lo, double *hi, const char **how)
+{
+    double mean, sd;
+    if (GDALGetRasterStatistics(b, TRUE, FALSE, lo, hi, &mean, &sd) == CE_None) {
+        *how = "statistics";
+        return true;
+    }
+    double mm[2];
+    CPLErrorReset();
+    GDALComputeRasterMinMax(b, TRUE, mm);
+    if (CPLGetLastErrorType() == CE_Failure || !isfinite(mm[0]) || !isfinite(mm[1])) return false;
+    *lo = mm[0];
+    *hi = mm[1];
+    *how = "approximate scan";
+    return true;
+}
+
+static void check_values(const char *path, GDALDatasetH ds, const tw_resolved *m)
+{
+    int n = m->n_bands > 0 ? m->n_bands : m->in_bands;
+    int fits = 0;
+    for (int i = 0; i < n; i++) {
+        int band = m->n_bands > 0 ? m->bands[i] : i + 1;
+        GDALRasterBandH b = GDALGetRasterBand(ds, band);
+        if (!b) continue;
+        double lo, hi;
+        const char *how = "";
+        if (!band_min_max(b, &lo, &hi, &how)) {
+            advise("%s band %d: cannot compute its range (no valid pixels?)", path, band);
+            continue;
+        }
+        double mean = m->mean[i], sd = m->std[i];
+        double zlo = (lo * m->scale - mean) / sd, zhi = (hi * m->scale - mean) / sd;
+        /* A network trained on (x - mean) / std sees values within a few
+         * units; ranges far outside, or squeezed to nothing, are the
+         * classic wrong-input.scale symptoms. */
+        bool far = zlo > 8 || zhi < -8;
+        bool wide = zhi - zlo > 200;
+        bool flat = hi > lo && zhi - zlo < 0.05;
+        if (!far && !wide && !flat) {
+            fits++;
+            continue;
+        }
+        char hint[96] = "";
+        double mid = (lo + hi) / 2;
+        /* Only the order of magnitude: a mid-range is not a mean. */
+        if (mid > 0 && mean > 0)
+            snprintf(hint, sizeof hint, "; is input.scale %g meant?",
+                     pow(10.0, round(log10(mean / mid))));
+        advise("%s band %d: values %g..%g (%s) x scale %g give %.3g..%.3g after the model's "
+               "mean %g / std %g, %s%s",
+               path, band, lo, hi, how, m->scale, zlo, zhi, mean, sd,
+               far ? "far from what it was trained on" : wide ? "a very wide range"
+                                                        : "almost constant",
+               hint);
+    }
+    printf("values    %s: %d of %d bands within a plausible range of the model's mean/std "
+           "(scale %g)\n",
+           path, fits, n, m->scale);
+}
+
+static void validate_advice(const tw_run_params *p)
+{
+    tw_error err;
+    tw_error_init(&err);
+    tw_resolved m;
+    if (tw_resolve(p, &m, &err) != TW_OK) return; /* tw_validate already accepted it */
+    CPLPushErrorHandler(CPLQuietErrorHandler);
+    for (int i = 0; i < p->input.n_paths; i++) {
+        GDALDatasetH ds = GDALOpenEx(p->input.paths[i], GDAL_OF_RASTER | GDAL_OF_READONLY, NULL,
+                                     NULL, NULL);
+        if (!ds) continue;
+        check_georef(p->input.paths[i], ds, m.tile);
+        check_values(p->input.paths[i], ds, &m);
+        GDALClose(ds);
+    }
+    CPLPopErrorHandler();
 }
 
 static int cmd_validate(int argc, char **argv)
 {
+    if (help_asked(argc, argv)) {
+        fputs(validate_help, stdout);
+        return TW_EXIT_OK;
+    }
     cli_opts o;
     int rc = parse_opts(argc, argv, false, &o);
     if (rc) return rc;
@@ -287,11 +773,18 @@ static int cmd_validate(int argc, char **argv)
     tw_run_params p;
     if ((rc = load_params(&o, &p, &err))) return rc;
     if (tw_validate(&p, stdout, &err) != TW_OK) return fail(&err);
+    g_warnings = 0;
+    validate_advice(&p);
+    printf("advice    %d warning%s\n", g_warnings, g_warnings == 1 ? "" : "s");
     return TW_EXIT_OK;
 }
 
 static int cmd_merge(int argc, char **argv)
 {
+    if (help_asked(argc, argv)) {
+        fputs(merge_help, stdout);
+        return TW_EXIT_OK;
+    }
     bool quiet = false;
     const char *dir = NULL;
     for (int i = 0; i < argc; i++) {
@@ -328,7 +821,15 @@ static bool looks_like_model(const char *path)
            strcmp(dot, ".safetensors") == 0;
 }
 
-static int info_model(const char *path)
+static void json_key(FILE *f, bool *first, const char *key)
+{
+    fprintf(f, "%s", *first ? "" : ",");
+    *first = false;
+    json_str(f, key);
+    fputc(':', f);
+}
+
+static int info_model(const char *path, bool json)
 {
     tw_error err;
     tw_error_init(&err);
@@ -343,72 +844,313 @@ static int info_model(const char *path)
     for (int i = 0; i < mf->n_tensors; i++)
         if (!strstr(mf->tensors[i].name, "running_") && !strstr(mf->tensors[i].name, "num_batches"))
             params += mf->tensors[i].numel;
-    printf("model:      %s\n", path);
-    printf("arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
-           net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0], net->stage_blocks[1],
-           net->stage_blocks[2], net->stage_blocks[3]);
-    printf("bands:      %d", net->in_bands);
-    if (mf->n_bands) {
-        printf(" (raster bands");
-        for (int i = 0; i < mf->n_bands; i++) printf(" %d", mf->bands[i]);
-        printf(")");
+    if (json) {
+        bool first = true;
+        char arch[32];
+        snprintf(arch, sizeof arch, "resnet%d", net->depth);
+        printf("{");
+        json_key(stdout, &first, "type");
+        json_str(stdout, "model");
+        json_key(stdout, &first, "path");
+        json_str(stdout, path);
+        json_key(stdout, &first, "arch");
+        json_str(stdout, arch);
+        json_key(stdout, &first, "blocks");
+        printf("[%d,%d,%d,%d]", net->stage_blocks[0], net->stage_blocks[1], net->stage_blocks[2],
+               net->stage_blocks[3]);
+        json_key(stdout, &first, "in_bands");
+        printf("%d", net->in_bands);
+        json_key(stdout, &first, "bands");
+        printf("[");
+        for (int i = 0; i < mf->n_bands; i++) printf("%s%d", i ? "," : "", mf->bands[i]);
+        printf("]");
+        json_key(stdout, &first, "n_classes");
+        printf("%d", net->n_classes);
+        json_key(stdout, &first, "classes");
+        printf("[");
+        for (int i = 0; i < mf->n_classes; i++) {
+            if (i) printf(",");
+            json_str(stdout, mf->classes[i]);
+        }
+        printf("]");
+        json_key(stdout, &first, "features");
+        printf("%d", net->feat_dim);
+        json_key(stdout, &first, "parameters");
+        printf("%lld", params);
+        json_key(stdout, &first, "scale");
+        json_num(stdout, mf->scale);
+        json_key(stdout, &first, "mean");
+        printf("[");
+        for (int i = 0; i < mf->n_mean; i++) printf("%s%.9g", i ? "," : "", mf->mean[i]);
+        printf("]");
+        json_key(stdout, &first, "std");
+        printf("[");
+        for (int i = 0; i < mf->n_std; i++) printf("%s%.9g", i ? "," : "", mf->std[i]);
+        printf("]");
+        json_key(stdout, &first, "tile");
+        if (mf->tile)
+            printf("%d", mf->tile);
+        else
+            printf("null");
+        json_key(stdout, &first, "sha256");
+        json_str(stdout, mf->sha256);
+        printf("}\n");
+    } else {
+        printf("model:      %s\n", path);
+        printf("arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
+               net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0],
+               net->stage_blocks[1], net->stage_blocks[2], net->stage_blocks[3]);
+        printf("bands:      %d", net->in_bands);
+        if (mf->n_bands) {
+            printf(" (raster bands");
+            for (int i = 0; i < mf->n_bands; i++) printf(" %d", mf->bands[i]);
+            printf(")");
+        }
+        printf("\nclasses:    %d", net->n_classes);
+        for (int i = 0; i < mf->n_classes; i++) printf("%s%s", i ? ", " : " (", mf->classes[i]);
+        printf("%s\n", mf->n_classes ? ")" : "");
+        printf("features:   %d\n", net->feat_dim);
+        printf("parameters: %lld\n", params);
+        if (!isnan(mf->scale)) printf("scale:      %g\n", mf->scale);
+        if (mf->n_mean) {
+            printf("mean:      ");
+            for (int i = 0; i < mf->n_mean; i++) printf(" %g", mf->mean[i]);
+            printf("\n");
+        }
+        if (mf->n_std) {
+            printf("std:       ");
+            for (int i = 0; i < mf->n_std; i++) printf(" %g", mf->std[i]);
+            printf("\n");
+        }
+        if (!mf->n_mean && !mf->n_std)
+            printf("normalize:  not in the file (give model.mean and model.std)\n");
+        if (mf->tile) printf("tile:       %d\n", mf->tile);
+        printf("sha256:     %s\n", mf->sha256);
     }
-    printf("\nclasses:    %d", net->n_classes);
-    for (int i = 0; i < mf->n_classes; i++) printf("%s%s", i ? ", " : " (", mf->classes[i]);
-    printf("%s\n", mf->n_classes ? ")" : "");
-    printf("features:   %d\n", net->feat_dim);
-    printf("parameters: %lld\n", params);
-    if (!isnan(mf->scale)) printf("scale:      %g\n", mf->scale);
-    if (mf->n_mean) {
-        printf("mean:      ");
-        for (int i = 0; i < mf->n_mean; i++) printf(" %g", mf->mean[i]);
-        printf("\n");
-    }
-    if (mf->n_std) {
-        printf("std:       ");
-        for (int i = 0; i < mf->n_std; i++) printf(" %g", mf->std[i]);
-        printf("\n");
-    }
-    if (mf->tile) printf("tile:       %d\n", mf->tile);
-    printf("sha256:     %s\n", mf->sha256);
     tw_resnet_destroy(net);
     tw_model_file_destroy(mf);
     return TW_EXIT_OK;
 }
 
-static int info_raster(const char *path)
+static int info_raster(const char *path, bool json)
 {
+    CPLPushErrorHandler(CPLQuietErrorHandler);
+    GDALAllRegister();
+    CPLErrorReset();
+    GDALDatasetH ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
+    if (!ds) {
+        const char *why = CPLGetLastErrorMsg();
+        fprintf(stderr, "tilewise: input error: %s: not a raster GDAL can open%s%s\n", path,
+                why && why[0] ? ": " : "", why ? why : "");
+        CPLPopErrorHandler();
+        return TW_EXIT_INPUT;
+    }
+    /* Whether tilewise itself accepts it (all bands one supported type). */
     tw_error err;
     tw_error_init(&err);
-    tw_raster *r = NULL;
-    if (tw_raster_open(path, NULL, 0, &r, &err) != TW_OK) return fail(&err);
-    const tw_raster_info *in = tw_raster_get_info(r);
-    printf("raster:     %s (%s)\n", path, in->driver);
-    printf("size:       %d x %d, %d bands, %s\n", in->width, in->height, in->band_count,
-           tw_dtype_name(in->dtype));
-    printf("blocks:     %d x %d\n", in->block_w, in->block_h);
-    if (in->has_nodata)
-        printf("nodata:     %.17g\n", in->nodata);
-    else
-        printf("nodata:     none\n");
-    if (in->has_geotransform)
-        printf("origin:     %.10g, %.10g; pixel %.10g x %.10g\n", in->geotransform[0],
-               in->geotransform[3], in->geotransform[1], in->geotransform[5]);
-    printf("crs:        %s\n", in->crs_wkt[0] ? in->crs_wkt : "none");
-    tw_raster_close(r);
+    tw_raster *tr = NULL;
+    bool usable = tw_raster_open(path, NULL, 0, &tr, &err) == TW_OK;
+    tw_raster_close(tr);
+
+    int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds), nb = GDALGetRasterCount(ds);
+    GDALDriverH drv = GDALGetDatasetDriver(ds);
+    const char *dname = drv ? GDALGetDriverShortName(drv) : "?";
+    double gt[6];
+    bool has_gt = GDALGetGeoTransform(ds, gt) == CE_None;
+    const char *wkt = GDALGetProjectionRef(ds);
+    char crs[256] = "none", kind[16] = "", unit_buf[64] = "";
+    double mx = 1, my = 1;
+    if (wkt && wkt[0]) {
+        OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
+        if (srs && OSRImportFromWkt(srs, (char *[]){(char *)wkt}) == OGRERR_NONE) {
+            crs_short_name(srs, crs, sizeof crs);
+            snprintf(kind, sizeof kind, "%s",
+                     OSRIsGeographic(srs) ? "geographic" : OSRIsProjected(srs) ? "projected" : "local");
+            const char *unit = "";
+            if (has_gt && crs_metres(srs, gt, w, h, &mx, &my, &unit))
+                snprintf(unit_buf, sizeof unit_buf, "%s", unit);
+        } else {
+            snprintf(crs, sizeof crs, "not understood");
+        }
+        if (srs) OSRDestroySpatialReference(srs);
+    }
+    const char *ovr_layout = GDALGetMetadataItem(ds, "LAYOUT", "IMAGE_STRUCTURE");
+    const char *compression = GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE");
+
+    if (json) {
+        bool first = true;
+        printf("{");
+        json_key(stdout, &first, "type");
+        json_str(stdout, "raster");
+        json_key(stdout, &first, "path");
+        json_str(stdout, path);
+        json_key(stdout, &first, "driver");
+        json_str(stdout, dname);
+        json_key(stdout, &first, "width");
+        printf("%d", w);
+        json_key(stdout, &first, "height");
+        printf("%d", h);
+        json_key(stdout, &first, "band_count");
+        printf("%d", nb);
+        json_key(stdout, &first, "crs");
+        json_str(stdout, crs);
+        json_key(stdout, &first, "crs_kind");
+        json_str(stdout, kind);
+        json_key(stdout, &first, "crs_units");
+        json_str(stdout, unit_buf);
+        json_key(stdout, &first, "geotransform");
+        if (has_gt)
+            printf("[%.17g,%.17g,%.17g,%.17g,%.17g,%.17g]", gt[0], gt[1], gt[2], gt[3], gt[4], gt[5]);
+        else
+            printf("null");
+        json_key(stdout, &first, "pixel_size_m");
+        if (has_gt && unit_buf[0])
+            printf("[%.10g,%.10g]", hypot(gt[1], gt[4]) * mx, hypot(gt[2], gt[5]) * my);
+        else
+            printf("null");
+        json_key(stdout, &first, "layout");
+        json_str(stdout, ovr_layout ? ovr_layout : "");
+        json_key(stdout, &first, "compression");
+        json_str(stdout, compression ? compression : "");
+        json_key(stdout, &first, "usable");
+        printf("%s", usable ? "true" : "false");
+        if (!usable) {
+            json_key(stdout, &first, "problem");
+            json_str(stdout, err.msg);
+        }
+        json_key(stdout, &first, "bands");
+        printf("[");
+    } else {
+        printf("raster:     %s (%s)\n", path, dname);
+        printf("size:       %d x %d pixels, %d band%s\n", w, h, nb, nb == 1 ? "" : "s");
+        if (kind[0])
+            printf("crs:        %s, %s%s%s\n", crs, kind, unit_buf[0] ? ", units " : "", unit_buf);
+        else
+            printf("crs:        %s\n", crs);
+        if (has_gt) {
+            printf("origin:     %.10g, %.10g\n", gt[0], gt[3]);
+            printf("pixel:      %.10g x %.10g", gt[1], gt[5]);
+            if (gt[2] != 0 || gt[4] != 0) printf(" (rotated: %g, %g)", gt[2], gt[4]);
+            if (unit_buf[0] && strcmp(kind, "projected") != 0)
+                printf(" %s (about %.4g x %.4g m)", unit_buf, hypot(gt[1], gt[4]) * mx,
+                       hypot(gt[2], gt[5]) * my);
+            else if (unit_buf[0])
+                printf(" %s", unit_buf);
+            printf("\n");
+        } else {
+            printf("pixel:      no geotransform (pixel coordinates)\n");
+        }
+        if (ovr_layout || compression)
+            printf("layout:     %s%s%s\n", ovr_layout ? ovr_layout : "",
+                   ovr_layout && compression ? ", " : "", compression ? compression : "");
+        if (usable)
+            printf("usable:     yes\n");
+        else
+            printf("usable:     no: %s\n", err.msg);
+    }
+    for (int i = 1; i <= nb; i++) {
+        GDALRasterBandH b = GDALGetRasterBand(ds, i);
+        int bw = 0, bh = 0, has_nd = 0;
+        GDALGetBlockSize(b, &bw, &bh);
+        double nd = GDALGetRasterNoDataValue(b, &has_nd);
+        const char *type = GDALGetDataTypeName(GDALGetRasterDataType(b));
+        const char *desc = GDALGetDescription(b);
+        const char *ci = GDALGetColorInterpretationName(GDALGetRasterColorInterpretation(b));
+        int n_ovr = GDALGetOverviewCount(b);
+        double lo = NAN, hi = NAN, mean, sd;
+        bool stats = GDALGetRasterStatistics(b, TRUE, FALSE, &lo, &hi, &mean, &sd) == CE_None;
+        if (json) {
+            bool first = true;
+            printf("%s{", i > 1 ? "," : "");
+            json_key(stdout, &first, "band");
+            printf("%d", i);
+            json_key(stdout, &first, "type");
+            json_str(stdout, type);
+            json_key(stdout, &first, "block");
+            printf("[%d,%d]", bw, bh);
+            json_key(stdout, &first, "nodata");
+            if (has_nd)
+                json_num(stdout, nd);
+            else
+                printf("null");
+            json_key(stdout, &first, "description");
+            json_str(stdout, desc);
+            json_key(stdout, &first, "color");
+            json_str(stdout, ci);
+            json_key(stdout, &first, "overviews");
+            printf("%d", n_ovr);
+            if (stats) {
+                json_key(stdout, &first, "min");
+                json_num(stdout, lo);
+                json_key(stdout, &first, "max");
+                json_num(stdout, hi);
+            }
+            printf("}");
+        } else {
+            printf("band %-5d  %s, block %d x %d, nodata ", i, type, bw, bh);
+            if (has_nd)
+                printf("%.17g", nd);
+            else
+                printf("none");
+            printf(", %s", ci);
+            if (desc && desc[0]) printf(", \"%s\"", desc);
+            if (n_ovr) printf(", %d overview%s", n_ovr, n_ovr == 1 ? "" : "s");
+            if (stats) printf(", min %g max %g", lo, hi);
+            printf("\n");
+        }
+    }
+    if (json) printf("]}\n");
+    GDALClose(ds);
+    CPLPopErrorHandler();
     return TW_EXIT_OK;
 }
 
 static int cmd_info(int argc, char **argv)
 {
-    if (argc != 1) return usage_error("info expects one FILE%s", "");
-    FILE *f = fopen(argv[0], "rb");
-    if (!f) {
-        fprintf(stderr, "tilewise: input error: %s: cannot open\n", argv[0]);
-        return TW_EXIT_INPUT;
+    if (help_asked(argc, argv)) {
+        fputs(info_help, stdout);
+        return TW_EXIT_OK;
     }
-    fclose(f);
-    return looks_like_model(argv[0]) ? info_model(argv[0]) : info_raster(argv[0]);
+    bool json = false;
+    const char *path = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (argv[i][0] == '-' && argv[i][1] != '\0')
+            return usage_error("unknown option '%s'", argv[i]);
+        else if (!path)
+            path = argv[i];
+        else
+            return usage_error("info expects one FILE, got also '%s'", argv[i]);
+    }
+    if (!path) return usage_error("info expects one FILE%s", "");
+    /* GDAL opens /vsicurl/ and other virtual paths that fopen does not. */
+    if (strncmp(path, "/vsi", 4) != 0) {
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            fprintf(stderr, "tilewise: input error: %s: cannot open\n", path);
+            return TW_EXIT_INPUT;
+        }
+        fclose(f);
+    }
+    return looks_like_model(path) ? info_model(path, json) : info_raster(path, json);
+}
+
+static int print_help(const char *cmd)
+{
+    static const struct { const char *name; const char **text; } helps[] = {
+        {"run", &run_help},     {"validate", &validate_help}, {"info", &info_help},
+        {"merge", &merge_help}, {"submit", &submit_help},
+    };
+    for (size_t i = 0; cmd && i < sizeof helps / sizeof *helps; i++) {
+        if (strcmp(cmd, helps[i].name) == 0) {
+            fputs(*helps[i].text, stdout);
+            return TW_EXIT_OK;
+        }
+    }
+    if (cmd) return usage_error("no help for unknown command '%s'", cmd);
+    fputs(usage_text, stdout);
+    return TW_EXIT_OK;
 }
 
 int main(int argc, char **argv)
@@ -418,18 +1160,20 @@ int main(int argc, char **argv)
         return TW_EXIT_USAGE;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
-        fputs(usage_text, stdout);
-        return TW_EXIT_OK;
-    }
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0)
+        return print_help(argc > 2 ? argv[2] : NULL);
     if (strcmp(cmd, "--version") == 0) {
         printf("tilewise %s\n", TW_VERSION);
+        printf("GDAL %s\n", GDALVersionInfo("RELEASE_NAME"));
         return TW_EXIT_OK;
     }
     if (strcmp(cmd, "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(cmd, "validate") == 0) return cmd_validate(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 2, argv + 2);
     if (strcmp(cmd, "merge") == 0) return cmd_merge(argc - 2, argv + 2);
-    if (strcmp(cmd, "submit") == 0) return tw_cli_submit(argc - 2, argv + 2);
+    if (strcmp(cmd, "submit") == 0) {
+        if (help_asked(argc - 2, argv + 2)) return print_help("submit");
+        return tw_cli_submit(argc - 2, argv + 2);
+    }
     return usage_error("unknown command '%s'", cmd);
 }
