@@ -40,11 +40,11 @@ enum { F_ROW = 0, F_COL, F_CLASS, F_CLASS_NAME, F_CONFIDENCE, F_FIRST_PROB };
 struct tw_gpkg {
     GDALDatasetH ds;
     OGRLayerH layer;
-    OGRFeatureH feature;          /* reused for every tile */
+    OGRFeatureH feature; /* reused for every tile */
     int n_classes, tile;
     double gt[6];
     char (*class_names)[TW_NAME_MAX];
-    int in_txn;                   /* features in the open transaction; -1: none open */
+    int in_txn; /* features in the open transaction; -1: none open */
     bool finished;
     char path[TW_PATH_MAX];
     char part_path[TW_PATH_MAX + 32];
@@ -70,7 +70,10 @@ static void gdal_begin(tw_gpkg *g)
     CPLPushErrorHandlerEx(gpkg_gdal_handler, g);
 }
 
-static void gdal_end(void) { CPLPopErrorHandler(); }
+static void gdal_end(void)
+{
+    CPLPopErrorHandler();
+}
 
 static const char *gdal_msg(const tw_gpkg *g)
 {
@@ -175,8 +178,7 @@ static tw_status create_layer(tw_gpkg *g, const tw_gpkg_params *p, tw_error *err
     if (st == TW_OK) st = add_field(g, "class_name", OFTString, TW_NAME_MAX, err);
     if (st == TW_OK) st = add_field(g, "confidence", OFTReal, 0, err);
     if (st != TW_OK) return st;
-    char(*names)[TW_NAME_MAX + 16] =
-        tw_alloc(TW_MEM_OTHER, sizeof *names * (size_t)p->n_classes);
+    char(*names)[TW_NAME_MAX + 16] = tw_alloc(TW_MEM_OTHER, sizeof *names * (size_t)p->n_classes);
     if (!names) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     for (int c = 0; st == TW_OK && c < p->n_classes; c++) {
         prob_field_name(names, c, p->class_names[c]);
@@ -234,8 +236,8 @@ tw_status tw_gpkg_create(const tw_gpkg_params *p, tw_gpkg **out, tw_error *err)
         remove_with_sidecars(g->part_path);
         g->ds = GDALCreate(drv, g->part_path, 0, 0, 0, GDT_Unknown, NULL);
         if (!g->ds)
-            st = tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", g->part_path,
-                              gdal_msg(g));
+            st =
+                tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", g->part_path, gdal_msg(g));
     }
     if (st == TW_OK) st = create_layer(g, p, err);
     if (st == TW_OK) st = txn_begin(g, err);
@@ -325,8 +327,7 @@ static tw_status fsync_file(const char *path, tw_error *err)
     int rc = fsync(fd);
     int e = errno;
     close(fd);
-    if (rc != 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", path, strerror(e));
+    if (rc != 0) return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", path, strerror(e));
     return TW_OK;
 }
 
@@ -344,8 +345,7 @@ tw_status tw_gpkg_finish(tw_gpkg *g, tw_error *err)
         g->ds = NULL;
         g->layer = NULL;
         if (st == TW_OK && g->gdal_failures)
-            st = tw_error_set(err, TW_ERR_OUTPUT, "cannot close %s: %s", g->part_path,
-                              gdal_msg(g));
+            st = tw_error_set(err, TW_ERR_OUTPUT, "cannot close %s: %s", g->part_path, gdal_msg(g));
     }
     gdal_end();
     if (st != TW_OK) return st;
@@ -358,8 +358,8 @@ tw_status tw_gpkg_finish(tw_gpkg *g, tw_error *err)
     st = fsync_file(g->part_path, err);
     if (st != TW_OK) return st;
     if (rename(g->part_path, g->path) != 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", g->part_path,
-                            g->path, strerror(errno));
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", g->part_path, g->path,
+                            strerror(errno));
     g->finished = true;
     return tw_fsync_dir(g->dir, err);
 }

@@ -159,8 +159,8 @@ static int fail(const tw_error *err)
  * option that takes one (--sbatch --help would be sbatch's). */
 static bool help_asked(int argc, char **argv)
 {
-    static const char *const takes_value[] = {"--set", "--sbatch", "--report", "--shard",
-                                              "--chunk-rows", "--array"};
+    static const char *const takes_value[] = {"--set",   "--sbatch",     "--report",
+                                              "--shard", "--chunk-rows", "--array"};
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") && strcmp(argv[i], "-h")) continue;
         bool is_value = false;
@@ -210,12 +210,12 @@ typedef enum { PROGRESS_TEXT = 0, PROGRESS_JSON, PROGRESS_NONE } progress_mode;
 typedef struct progress_state {
     progress_mode mode;
     bool tty;
-    char current[TW_PATH_MAX];   /* input under way; "" before the first */
-    int last_step;               /* text: of 40 (2.5 % each), 41 = line closed */
-    int last_pct;                /* json: last whole percent written */
-    double t0;                   /* when the input started */
-    double last_draw;            /* tty: last redraw */
-    int64_t done, total;         /* tiles, from the tiles hook */
+    char current[TW_PATH_MAX]; /* input under way; "" before the first */
+    int last_step;             /* text: of 40 (2.5 % each), 41 = line closed */
+    int last_pct;              /* json: last whole percent written */
+    double t0;                 /* when the input started */
+    double last_draw;          /* tty: last redraw */
+    int64_t done, total;       /* tiles, from the tiles hook */
 } progress_state;
 
 static double mono_s(void)
@@ -326,15 +326,16 @@ static int progress_cb(double complete, const char *message, void *user)
             int n = dots(line, sizeof line, step);
             if (step == 40) {
                 fmt_duration(now - ps->t0, t, sizeof t);
-                snprintf(line + n, sizeof line - (size_t)n, " - done. %lld tiles in %s (%.0f tiles/s)",
-                         (long long)ps->done, t, rate);
+                snprintf(line + n, sizeof line - (size_t)n,
+                         " - done. %lld tiles in %s (%.0f tiles/s)", (long long)ps->done, t, rate);
             } else {
                 if (isfinite(eta))
                     fmt_duration(eta, t, sizeof t);
                 else
                     snprintf(t, sizeof t, "?");
-                snprintf(line + n, sizeof line - (size_t)n, "  %lld/%lld tiles, %.0f tiles/s, %s left",
-                         (long long)ps->done, (long long)ps->total, rate, t);
+                snprintf(line + n, sizeof line - (size_t)n,
+                         "  %lld/%lld tiles, %.0f tiles/s, %s left", (long long)ps->done,
+                         (long long)ps->total, rate, t);
             }
             fprintf(stderr, "\r%s: %s\033[K%s", ps->current, line, step == 40 ? "\n" : "");
             ps->last_step = step == 40 ? 41 : step;
@@ -370,17 +371,19 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
             if (!v) return usage_error("--set needs key.path=value%s", "");
             if (o->n_sets == MAX_SETS) return usage_error("too many --set options%s", "");
             o->sets[o->n_sets++] = v;
-        } else if (allow_run_opts && (strcmp(a, "--shard") == 0 || strncmp(a, "--shard=", 8) == 0)) {
+        } else if (allow_run_opts &&
+                   (strcmp(a, "--shard") == 0 || strncmp(a, "--shard=", 8) == 0)) {
             const char *v = a[7] == '=' ? a + 8 : (i + 1 < argc ? argv[++i] : NULL);
             int idx, cnt;
             char extra;
-            if (!v || sscanf(v, "%d/%d%c", &idx, &cnt, &extra) != 2 || cnt < 1 || idx < 1 || idx > cnt)
+            if (!v || sscanf(v, "%d/%d%c", &idx, &cnt, &extra) != 2 || cnt < 1 || idx < 1 ||
+                idx > cnt)
                 return usage_error("--shard expects I/N with 1 <= I <= N, got '%s'", v ? v : "");
             o->shard_index = idx - 1;
             o->shard_count = cnt;
             o->shard_given = true;
-        } else if (allow_run_opts && (strcmp(a, "--chunk-rows") == 0 ||
-                                      strncmp(a, "--chunk-rows=", 13) == 0)) {
+        } else if (allow_run_opts &&
+                   (strcmp(a, "--chunk-rows") == 0 || strncmp(a, "--chunk-rows=", 13) == 0)) {
             const char *v = a[12] == '=' ? a + 13 : (i + 1 < argc ? argv[++i] : NULL);
             char *end = NULL;
             long n = v ? strtol(v, &end, 10) : 0;
@@ -390,8 +393,8 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
             o->chunk_rows = (int)n;
         } else if (allow_run_opts && (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)) {
             o->quiet = true;
-        } else if (allow_run_opts && (strcmp(a, "--progress") == 0 ||
-                                      strncmp(a, "--progress=", 11) == 0)) {
+        } else if (allow_run_opts &&
+                   (strcmp(a, "--progress") == 0 || strncmp(a, "--progress=", 11) == 0)) {
             const char *v = a[10] == '=' ? a + 11 : (i + 1 < argc ? argv[++i] : NULL);
             if (v && strcmp(v, "text") == 0)
                 o->progress = PROGRESS_TEXT;
@@ -402,7 +405,8 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
             else
                 return usage_error("--progress expects text, json or none, got '%s'", v ? v : "");
             o->progress_given = true;
-        } else if (allow_run_opts && (strcmp(a, "--report") == 0 || strncmp(a, "--report=", 9) == 0)) {
+        } else if (allow_run_opts &&
+                   (strcmp(a, "--report") == 0 || strncmp(a, "--report=", 9) == 0)) {
             const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) return usage_error("--report needs a file name%s", "");
             o->report = v;
@@ -542,14 +546,15 @@ static int cmd_run(int argc, char **argv)
         if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
     }
     if (p.report_path[0]) {
-        tw_status rs = tw_report_write(p.report_path, &p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
+        tw_status rs =
+            tw_report_write(p.report_path, &p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
         if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
     }
     if (st == TW_OK) {
         print_summary(r);
         if (p.shard_count > 1)
-            printf("shard %d of %d done; when all are, run: tilewise merge %s\n",
-                   p.shard_index + 1, p.shard_count, p.output.dir);
+            printf("shard %d of %d done; when all are, run: tilewise merge %s\n", p.shard_index + 1,
+                   p.shard_count, p.output.dir);
         printf("report: %s\n", report);
     }
     if (o.progress == PROGRESS_JSON) progress_json_done(r, st, &err, report, mono_s() - t0);
@@ -732,8 +737,9 @@ static void check_values(const char *path, GDALDatasetH ds, const tw_resolved *m
         advise("%s band %d: values %g..%g (%s) x scale %g give %.3g..%.3g after the model's "
                "mean %g / std %g, %s%s",
                path, band, lo, hi, how, m->scale, zlo, zhi, mean, sd,
-               far ? "far from what it was trained on" : wide ? "a very wide range"
-                                                        : "almost constant",
+               far    ? "far from what it was trained on"
+               : wide ? "a very wide range"
+                      : "almost constant",
                hint);
     }
     printf("values    %s: %d of %d bands within a plausible range of the model's mean/std "
@@ -749,8 +755,8 @@ static void validate_advice(const tw_run_params *p)
     if (tw_resolve(p, &m, &err) != TW_OK) return; /* tw_validate already accepted it */
     CPLPushErrorHandler(CPLQuietErrorHandler);
     for (int i = 0; i < p->input.n_paths; i++) {
-        GDALDatasetH ds = GDALOpenEx(p->input.paths[i], GDAL_OF_RASTER | GDAL_OF_READONLY, NULL,
-                                     NULL, NULL);
+        GDALDatasetH ds =
+            GDALOpenEx(p->input.paths[i], GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
         if (!ds) continue;
         check_georef(p->input.paths[i], ds, m.tile);
         check_values(p->input.paths[i], ds, &m);
@@ -817,8 +823,7 @@ static bool looks_like_model(const char *path)
 {
     const char *dot = strrchr(path, '.');
     if (!dot) return false;
-    return strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 ||
-           strcmp(dot, ".safetensors") == 0;
+    return strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 || strcmp(dot, ".safetensors") == 0;
 }
 
 static void json_key(FILE *f, bool *first, const char *key)
@@ -898,8 +903,8 @@ static int info_model(const char *path, bool json)
     } else {
         printf("model:      %s\n", path);
         printf("arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
-               net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0],
-               net->stage_blocks[1], net->stage_blocks[2], net->stage_blocks[3]);
+               net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0], net->stage_blocks[1],
+               net->stage_blocks[2], net->stage_blocks[3]);
         printf("bands:      %d", net->in_bands);
         if (mf->n_bands) {
             printf(" (raster bands");
@@ -965,7 +970,9 @@ static int info_raster(const char *path, bool json)
         if (srs && OSRImportFromWkt(srs, (char *[]){(char *)wkt}) == OGRERR_NONE) {
             crs_short_name(srs, crs, sizeof crs);
             snprintf(kind, sizeof kind, "%s",
-                     OSRIsGeographic(srs) ? "geographic" : OSRIsProjected(srs) ? "projected" : "local");
+                     OSRIsGeographic(srs)  ? "geographic"
+                     : OSRIsProjected(srs) ? "projected"
+                                           : "local");
             const char *unit = "";
             if (has_gt && crs_metres(srs, gt, w, h, &mx, &my, &unit))
                 snprintf(unit_buf, sizeof unit_buf, "%s", unit);
@@ -1000,7 +1007,8 @@ static int info_raster(const char *path, bool json)
         json_str(stdout, unit_buf);
         json_key(stdout, &first, "geotransform");
         if (has_gt)
-            printf("[%.17g,%.17g,%.17g,%.17g,%.17g,%.17g]", gt[0], gt[1], gt[2], gt[3], gt[4], gt[5]);
+            printf("[%.17g,%.17g,%.17g,%.17g,%.17g,%.17g]", gt[0], gt[1], gt[2], gt[3], gt[4],
+                   gt[5]);
         else
             printf("null");
         json_key(stdout, &first, "pixel_size_m");
@@ -1138,7 +1146,10 @@ static int cmd_info(int argc, char **argv)
 
 static int print_help(const char *cmd)
 {
-    static const struct { const char *name; const char **text; } helps[] = {
+    static const struct {
+        const char *name;
+        const char **text;
+    } helps[] = {
         {"run", &run_help},     {"validate", &validate_help}, {"info", &info_help},
         {"merge", &merge_help}, {"submit", &submit_help},
     };
