@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cpl_error.h>
@@ -216,6 +217,12 @@ tw_status tw_gpkg_create(const tw_gpkg_params *p, tw_gpkg **out, tw_error *err)
         return tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s", p->path);
     }
     memcpy(g->path, p->path, plen + 1);
+    /* Found now rather than by the rename after the whole run. */
+    struct stat sb;
+    if (stat(g->path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        tw_free(g);
+        return tw_error_set(err, TW_ERR_OUTPUT, "GeoPackage %s exists and is a directory", p->path);
+    }
     snprintf(g->dir, sizeof g->dir, "%.*s", slash ? dlen : 1, slash ? p->path : ".");
     if (slash && dlen == 0) snprintf(g->dir, sizeof g->dir, "/");
     g->class_names = tw_alloc(TW_MEM_OTHER, sizeof *g->class_names * (size_t)p->n_classes);

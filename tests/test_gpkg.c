@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -274,6 +275,25 @@ static void test_bad_path(void **state)
     assert_non_null(strstr(err.msg, "/nonexistent-tilewise-dir/.x.tiles.gpkg.part.gpkg"));
 }
 
+static void test_path_is_directory(void **state)
+{
+    (void)state;
+    const char *dir = tw_test_tmpdir();
+    const char *path = tw_test_path(dir, "s.tiles.gpkg");
+    assert_int_equal(mkdir(path, 0755), 0);
+    const double gt[6] = {0, 1, 0, 0, 0, -1};
+    tw_gpkg_params p = base_params(path, gt, NULL);
+    tw_gpkg *g = NULL;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_gpkg_create(&p, &g, &err), TW_ERR_OUTPUT);
+    assert_null(g);
+    assert_non_null(strstr(err.msg, "s.tiles.gpkg exists and is a directory"));
+    assert_int_equal(count_entries(dir), 1); /* no temporary left behind */
+    rmdir(path);
+    remove_dir(dir);
+}
+
 static void test_bad_crs(void **state)
 {
     (void)state;
@@ -297,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_rotated_no_crs),
         cmocka_unit_test(test_destroy_removes_part),
         cmocka_unit_test(test_bad_path),
+        cmocka_unit_test(test_path_is_directory),
         cmocka_unit_test(test_bad_crs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
