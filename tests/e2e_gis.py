@@ -20,6 +20,8 @@ level; the narrow model keeps that under a few seconds.
   the same tiles as the HDF5 tile table and run.json's tiles_classified, the
   fields, probabilities equal to the tile table's, class = argmax, geometry =
   the tile's footprint through the input's geotransform, the input's CRS.
+* Embeddings go to the HDF5 tile table: chunked, deflate-compressed, with the
+  input's CRS and geotransform as attributes.
 * Reproducibility: run.json and the TILEWISE_RUN metadata item carry the
   tilewise and GDAL versions and the SHA-256 of the model file.
 * Shards: a GeoPackage merged from two shards equals one run's.
@@ -156,7 +158,7 @@ def main():
     vrt = os.path.join(work, "L7_ETMs.vrt")
     gdal.Translate(vrt, os.path.join(SRC, "sample_data", "L7_ETMs.tif"), format="VRT",
                    srcWin=[0, 0, 348, 352])
-    out = run(work, "a", model, ["class", "prob", "confidence", "tiles", "tiles_gpkg"], "COG",
+    out = run(work, "a", model, ["class", "prob", "confidence", "embeddings", "tiles_gpkg"], "COG",
               ["BLOCKSIZE=128", "COMPRESS=DEFLATE"], raster=vrt)
     src = gdal.Open(vrt)
     gt = src.GetGeoTransform()
@@ -226,6 +228,15 @@ def main():
     with h5py.File(os.path.join(out, "L7_ETMs.tiles.h5"), "r") as h:
         origin = h["origin"][:]
         tprobs = h["probabilities"][:]
+        emb = h["embeddings"]
+        check(emb.shape == (len(origin), 64) and emb.dtype == np.float32, f"embeddings {emb.shape}")
+        check(emb.chunks is not None and emb.compression == "gzip", "embeddings chunked + compressed")
+        check(np.isfinite(emb[:]).all() and np.abs(emb[:]).max() > 0, "embeddings hold features")
+        check(np.allclose(h.attrs["geotransform"], gt, rtol=0, atol=1e-9), "tile table geotransform")
+        crs = h.attrs["crs_wkt"]
+        crs = crs.decode() if isinstance(crs, bytes) else str(crs)
+        check(osr.SpatialReference(wkt=crs).IsSame(osr.SpatialReference(wkt=src.GetProjection())),
+              "tile table CRS")
     check(len(origin) == n_classified, "tile table rows = tiles_classified")
     gp = ogr.Open(os.path.join(out, "L7_ETMs.tiles.gpkg"))
     check(gp is not None and gp.GetDriver().GetName() == "GPKG", "GeoPackage opens with OGR")
