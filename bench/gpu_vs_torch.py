@@ -568,7 +568,13 @@ def main():
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
         log(f"figures: {a.json}")
-    return 0
+    # 1 when a measurement is missing (tilewise or torch eager failed); goals
+    # not met are findings, printed above, not failures of the benchmark
+    missing = [n for n, e in report["cases"].items()
+               if not e["tilewise_runs"] or "error" in e["torch"]["eager"]]
+    if missing:
+        print("measurements missing for: " + ", ".join(missing))
+    return 1 if missing else 0
 
 
 def print_table(report):
