@@ -54,7 +54,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    sys.exit(f"{os.path.basename(sys.argv[0])}: numpy is not importable by {sys.executable}; run this "
+             "with the python3 that holds numpy and torch (on the GPU machine: python3; here: "
+             "/usr/bin/python3)")
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(REPO, "tools"))
@@ -526,8 +531,13 @@ def main():
         report["cases"][name] = entry
         log(f"[{name}] tilewise: {arch}, tile {tile}, batch {batch}")
         try:
-            for _ in range(a.repeat):
-                rep, _ = run_tilewise(a.bin, wf, out_dir)
+            for i in range(a.repeat):
+                rep, err = run_tilewise(a.bin, wf, out_dir)
+                if i == 0:  # the backend's own notices (unfused convolutions, batch lowered)
+                    notes = [ln for ln in err.splitlines() if ln.startswith("tilewise: cuda")]
+                    entry["tilewise_notices"] = notes
+                    for ln in notes:
+                        log(f"[{name}]   {ln}")
                 entry["tilewise_runs"].append(tilewise_figures(rep))
                 log(f"[{name}]   {fmt_rate(entry['tilewise_runs'][-1]['tiles_per_s'])} tiles/s")
         except (RuntimeError, subprocess.TimeoutExpired) as e:
