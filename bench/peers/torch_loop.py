@@ -69,7 +69,12 @@ def build_model(arch, weights):
     classes = sd["fc.weight"].shape[0]
     model = getattr(torchvision.models, arch)(weights=None, num_classes=classes)
     model.conv1 = torch.nn.Conv2d(bands, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    model.load_state_dict(sd, strict=False)  # num_batches_tracked is not stored
+    res = model.load_state_dict(sd, strict=False)
+    # only num_batches_tracked may be missing: export_onnx.py does not store it
+    missing = [k for k in res.missing_keys if not k.endswith("num_batches_tracked")]
+    if missing or res.unexpected_keys:
+        raise SystemExit(f"{weights}: not a {arch} state_dict (missing {missing[:3]}, "
+                         f"unexpected {res.unexpected_keys[:3]})")
     return model.eval()
 
 
