@@ -24,6 +24,7 @@ demo: build
 	@bash scripts/demo.sh $(BUILD)/tilewise
 
 test: build
+	$(MAKE) format-check
 	$(MAKE) test-release
 	$(MAKE) test-asan
 	$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
@@ -45,6 +46,13 @@ test-asan: setup $(ASAN_BUILD)/CMakeCache.txt
 FUZZ_SECONDS ?= 60
 fuzz: setup
 	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) bash fuzz/run.sh
+
+# STYLE.md rule 15: every C source and header as .clang-format lays it out.
+format-check: setup
+	@files=$$(git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build*'); \
+	bad=$$(for f in $$files; do clang-format --dry-run --Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
+	if [ -n "$$bad" ]; then echo "not clang-formatted (run: clang-format -i FILE):"; echo "$$bad"; exit 1; fi; \
+	echo "format-check: $$(echo $$files | wc -w) files clang-formatted"
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) out

@@ -70,23 +70,23 @@ enum {
 typedef struct cuda_layer {
     char name[48];
     const tw_conv *conv;
-    int cin;                  /* input channels on the device (stem: padded) */
+    int cin; /* input channels on the device (stem: padded) */
     int in_h, in_w, out_h, out_w;
     bool relu;
-    bool fused;               /* run with cudnnConvolutionBiasActivationForward */
+    bool fused; /* run with cudnnConvolutionBiasActivationForward */
     cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
     cudnnFilterDescriptor_t w_desc;
     cudnnConvolutionDescriptor_t conv_desc;
     cudnnConvolutionFwdAlgo_t algo;
     size_t ws_need;
-    size_t w_off, b_off;      /* offsets in the device arena */
+    size_t w_off, b_off; /* offsets in the device arena */
     void *w, *b;
 } cuda_layer;
 
 typedef struct cuda_ctx {
     int device;
     char device_name[256];
-    size_t fail_above;        /* test hook TW_CUDA_FAIL_ALLOC_ABOVE; 0 = off */
+    size_t fail_above; /* test hook TW_CUDA_FAIL_ALLOC_ABOVE; 0 = off */
     atomic_int pinned_fallback_told;
 
     cudaStream_t copy_stream, compute_stream;
@@ -105,21 +105,21 @@ typedef struct cuda_ctx {
     tw_cuda_dtype dtype;
     cudnnDataType_t cudnn_dtype;
     cudnnMathType_t math;
-    size_t esize;             /* bytes per activation/weight element */
+    size_t esize; /* bytes per activation/weight element */
     int cin_pad;
     cuda_layer *layers;
     int n_layers;
     int pool_h, pool_w, final_h, final_w;
-    size_t max_act;           /* largest activation of one tile, elements */
+    size_t max_act; /* largest activation of one tile, elements */
     void *arena;
     size_t arena_bytes;
     void *act[3], *x_dev, *raw_dev[CHUNKS], *ws;
     uint8_t *valid_dev[CHUNKS];
     float *fc_w, *fc_b, *emb_dev, *probs_dev;
     size_t ws_bytes;
-    float *probs_host, *emb_host;    /* pinned when possible */
+    float *probs_host, *emb_host; /* pinned when possible */
     bool out_pinned;
-    bool probing;             /* reserve's trial run: unfused fallback allowed */
+    bool probing; /* reserve's trial run: unfused fallback allowed */
     int n_unfused;
     tw_backend_stats stats;
 } cuda_ctx;
@@ -150,14 +150,26 @@ tw_status tw_cudnn_fail(tw_error *err, const char *call, cudnnStatus_t s, const 
 
 /* ---- shapes ---- */
 
-static size_t align_up(size_t v) { return (v + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
+static size_t align_up(size_t v)
+{
+    return (v + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+}
 
-static int conv_out(int in, const tw_conv *c) { return (in + 2 * c->pad - c->k) / c->stride + 1; }
+static int conv_out(int in, const tw_conv *c)
+{
+    return (in + 2 * c->pad - c->k) / c->stride + 1;
+}
 
 /* torchvision's maxpool 3x3, stride 2, padding 1 */
-static int pool_out(int in) { return (in + 2 - 3) / 2 + 1; }
+static int pool_out(int in)
+{
+    return (in + 2 - 3) / 2 + 1;
+}
 
-static int round_up_int(int v, int m) { return (v + m - 1) / m * m; }
+static int round_up_int(int v, int m)
+{
+    return (v + m - 1) / m * m;
+}
 
 typedef void (*visit_fn)(void *user, int index, const tw_conv *conv, const char *name, int cin,
                          int in_h, int in_w, int out_h, int out_w, bool relu);
@@ -165,7 +177,7 @@ typedef void (*visit_fn)(void *user, int index, const tw_conv *conv, const char 
 typedef struct net_shape {
     int n_layers;
     int stem_h, stem_w, pool_h, pool_w, final_h, final_w;
-    size_t max_act;           /* elements per tile */
+    size_t max_act; /* elements per tile */
 } net_shape;
 
 static void bump_act(net_shape *s, int c, int h, int w)
@@ -262,8 +274,8 @@ static int chunk_for(int max_batch)
     return max_batch >= SPLIT_MIN_BATCH ? (max_batch + CHUNKS - 1) / CHUNKS : max_batch;
 }
 
-static arena_plan plan_arena(const tw_resnet *net, int tile, int max_batch, int chunk,
-                             size_t esize, size_t ws_bytes)
+static arena_plan plan_arena(const tw_resnet *net, int tile, int max_batch, int chunk, size_t esize,
+                             size_t ws_bytes)
 {
     arena_plan p;
     memset(&p, 0, sizeof p);
@@ -282,8 +294,8 @@ static arena_plan plan_arena(const tw_resnet *net, int tile, int max_batch, int 
     p.emb = align_up((size_t)max_batch * (size_t)net->feat_dim * sizeof(float));
     p.probs = align_up((size_t)max_batch * (size_t)net->n_classes * sizeof(float));
     p.ws = align_up(ws_bytes);
-    p.total = p.weights + p.fc_w + p.fc_b + 3 * p.act + p.x + CHUNKS * (p.raw + p.valid) +
-              p.emb + p.probs + p.ws;
+    p.total = p.weights + p.fc_w + p.fc_b + 3 * p.act + p.x + CHUNKS * (p.raw + p.valid) + p.emb +
+              p.probs + p.ws;
     return p;
 }
 
@@ -362,8 +374,8 @@ static tw_status setup_for_batch(cuda_ctx *ctx, int n, tw_error *err)
                                               ctx->cudnn_dtype, n, net->stem.cout, ctx->pool_h,
                                               ctx->pool_w));
     int pn, pc, ph, pw;
-    TW_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(ctx->pool_desc, ctx->pool_in_desc, &pn, &pc,
-                                                     &ph, &pw));
+    TW_CUDNN_CHECK(
+        cudnnGetPooling2dForwardOutputDim(ctx->pool_desc, ctx->pool_in_desc, &pn, &pc, &ph, &pw));
     if (ph != ctx->pool_h || pw != ctx->pool_w)
         return tw_error_set(err, TW_ERR_INTERNAL,
                             "cuda backend: max pool output %dx%d, cuDNN says %dx%d", ctx->pool_h,
@@ -400,7 +412,8 @@ static tw_status setup_for_batch(cuda_ctx *ctx, int n, tw_error *err)
             for (int k = 0; k < got; k++) {
                 if (perf[k].status != CUDNN_STATUS_SUCCESS) continue;
                 if (perf[k].memory > CONV_WORKSPACE_MAX) continue;
-                if (need_precomp && perf[k].algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
+                if (need_precomp &&
+                    perf[k].algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
                     continue;
                 /* fp32 means fp32: no TF32 tensor-core kernel sneaks in. */
                 if (ctx->prec == TW_PREC_FP32 && perf[k].mathType != CUDNN_FMA_MATH &&
@@ -470,8 +483,8 @@ static tw_status upload_weights(cuda_ctx *ctx, size_t weights_bytes, size_t fc_w
     /* On the compute stream, after the arena's memset there: a legacy-stream
      * cudaMemcpy could still be in flight when the (non-blocking) compute
      * stream starts reading the weights. */
-    cudaError_t e = cudaMemcpyAsync(ctx->arena, stage, total, cudaMemcpyHostToDevice,
-                                    ctx->compute_stream);
+    cudaError_t e =
+        cudaMemcpyAsync(ctx->arena, stage, total, cudaMemcpyHostToDevice, ctx->compute_stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->compute_stream);
     tw_free(stage);
     if (e != cudaSuccess) return tw_cuda_fail(err, "cudaMemcpyAsync", e, __FILE__, __LINE__);
@@ -558,8 +571,8 @@ static tw_status run_network(cuda_ctx *ctx, int n_pad, int *out_buf, tw_error *e
                 return st;
         }
         int out = other_buffer(last_in, sc);
-        if ((st = run_conv(ctx, last, ctx->act[last_in], ctx->act[sc], ctx->act[out], n_pad, err)) !=
-            TW_OK)
+        if ((st = run_conv(ctx, last, ctx->act[last_in], ctx->act[sc], ctx->act[out], n_pad,
+                           err)) != TW_OK)
             return st;
         cur = out;
     }
@@ -578,10 +591,9 @@ static tw_status run_chunk(cuda_ctx *ctx, int n, int row, tw_error *err)
     float *emb = ctx->emb_dev + (size_t)row * net->feat_dim;
     TW_CUDA_CHECK(tw_cuda_launch_global_avg(ctx->act[buf], n, ctx->final_h * ctx->final_w,
                                             net->feat_dim, ctx->dtype, emb, ctx->compute_stream));
-    TW_CUDA_CHECK(tw_cuda_launch_fc_softmax(emb, ctx->fc_w, ctx->fc_b, n, net->feat_dim,
-                                            net->n_classes,
-                                            ctx->probs_dev + (size_t)row * net->n_classes,
-                                            ctx->compute_stream));
+    TW_CUDA_CHECK(tw_cuda_launch_fc_softmax(
+        emb, ctx->fc_w, ctx->fc_b, n, net->feat_dim, net->n_classes,
+        ctx->probs_dev + (size_t)row * net->n_classes, ctx->compute_stream));
     return TW_OK;
 }
 
@@ -647,10 +659,10 @@ static tw_status try_reserve(cuda_ctx *ctx, int max_batch, bool *no_fit, tw_erro
 
     size_t probs_bytes = (size_t)max_batch * net->n_classes * sizeof(float);
     size_t emb_bytes = (size_t)max_batch * net->feat_dim * sizeof(float);
-    ctx->out_pinned = cudaHostAlloc((void **)&ctx->probs_host, probs_bytes, cudaHostAllocDefault) ==
-                          cudaSuccess &&
-                      cudaHostAlloc((void **)&ctx->emb_host, emb_bytes, cudaHostAllocDefault) ==
-                          cudaSuccess;
+    ctx->out_pinned =
+        cudaHostAlloc((void **)&ctx->probs_host, probs_bytes, cudaHostAllocDefault) ==
+            cudaSuccess &&
+        cudaHostAlloc((void **)&ctx->emb_host, emb_bytes, cudaHostAllocDefault) == cudaSuccess;
     if (!ctx->out_pinned) {
         (void)cudaGetLastError();
         if (ctx->probs_host) cudaFreeHost(ctx->probs_host);
@@ -683,12 +695,16 @@ static void free_attempt(cuda_ctx *ctx)
     ctx->arena = NULL;
     ctx->arena_bytes = 0;
     if (ctx->probs_host) {
-        if (ctx->out_pinned) cudaFreeHost(ctx->probs_host);
-        else tw_free(ctx->probs_host);
+        if (ctx->out_pinned)
+            cudaFreeHost(ctx->probs_host);
+        else
+            tw_free(ctx->probs_host);
     }
     if (ctx->emb_host) {
-        if (ctx->out_pinned) cudaFreeHost(ctx->emb_host);
-        else tw_free(ctx->emb_host);
+        if (ctx->out_pinned)
+            cudaFreeHost(ctx->emb_host);
+        else
+            tw_free(ctx->emb_host);
     }
     ctx->probs_host = ctx->emb_host = NULL;
 }
@@ -742,6 +758,7 @@ static tw_status cuda_reserve(void *vctx, const tw_resnet *net, int tile, int *m
                             "bands, 1..%d classes",
                             net->in_bands, net->n_classes, TW_MAX_BANDS, TW_MAX_CLASSES);
     tw_status st = precision_setup(ctx, prec, err);
+    ctx->stats.precision = prec;
     if (st != TW_OK) return st;
     TW_CUDA_CHECK(cudaSetDevice(ctx->device));
 
@@ -753,8 +770,7 @@ static tw_status cuda_reserve(void *vctx, const tw_resnet *net, int tile, int *m
     ctx->layers = tw_calloc(TW_MEM_OTHER, (size_t)s.n_layers, sizeof *ctx->layers);
     if (!ctx->layers) {
         ctx->net = NULL;
-        return tw_error_set(err, TW_ERR_NOMEM, "cuda backend: no memory for %d layers",
-                            s.n_layers);
+        return tw_error_set(err, TW_ERR_NOMEM, "cuda backend: no memory for %d layers", s.n_layers);
     }
     ctx->n_layers = s.n_layers;
     layer_builder lb = {ctx};
@@ -821,21 +837,6 @@ static size_t cuda_workspace_bytes(void *vctx, const tw_resnet *net, int tile, i
 
 /* ---- infer ---- */
 
-static size_t raw_pixel_bytes(tw_dtype t)
-{
-    switch (t) {
-    case TW_DT_BYTE:
-    case TW_DT_INT8: return 1;
-    case TW_DT_UINT16:
-    case TW_DT_INT16: return 2;
-    case TW_DT_UINT32:
-    case TW_DT_INT32:
-    case TW_DT_FLOAT32: return 4;
-    case TW_DT_FLOAT64: return 8;
-    }
-    return 0;
-}
-
 static tw_status affine_from_norm(const tw_norm *norm, int bands, tw_cuda_affine *aff,
                                   tw_error *err)
 {
@@ -875,8 +876,8 @@ static tw_status cuda_infer(void *vctx, const tw_infer_batch *b, tw_error *err)
         return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: infer called before reserve");
     if (b->n < 1 || b->n > ctx->max_batch || b->tile != ctx->tile)
         return tw_error_set(err, TW_ERR_INTERNAL,
-                            "cuda backend: batch of %d %dx%d tiles, reserved for %d of %dx%d",
-                            b->n, b->tile, b->tile, ctx->max_batch, ctx->tile, ctx->tile);
+                            "cuda backend: batch of %d %dx%d tiles, reserved for %d of %dx%d", b->n,
+                            b->tile, b->tile, ctx->max_batch, ctx->tile, ctx->tile);
     const tw_resnet *net = ctx->net;
     const int bands = net->in_bands;
     const size_t hw = (size_t)ctx->tile * ctx->tile;
@@ -902,10 +903,9 @@ static tw_status cuda_infer(void *vctx, const tw_infer_batch *b, tw_error *err)
         return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: batch has neither raw nor x");
     }
     if (st != TW_OK) return st;
-    size_t px = raw_pixel_bytes(raw_type);
+    size_t px = tw_dtype_size(raw_type);
     if (px == 0 || px > RAW_MAX_PIXEL_BYTES)
-        return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: raw pixel type %d",
-                            (int)raw_type);
+        return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: raw pixel type %d", (int)raw_type);
     const size_t tile_raw = (size_t)bands * hw * px;
 
     TW_CUDA_CHECK(cudaSetDevice(ctx->device));
@@ -928,10 +928,9 @@ static tw_status cuda_infer(void *vctx, const tw_infer_batch *b, tw_error *err)
 
         TW_CUDA_CHECK(cudaStreamWaitEvent(ctx->compute_stream, ctx->ev_h2d_end[j], 0));
         TW_CUDA_CHECK(cudaEventRecord(ctx->ev_comp_start[j], ctx->compute_stream));
-        TW_CUDA_CHECK(tw_cuda_launch_normalize(ctx->raw_dev[j], (int)raw_type,
-                                               valid ? ctx->valid_dev[j] : NULL, nj, ctx->chunk,
-                                               bands, (int)hw, ctx->cin_pad, &aff, ctx->x_dev,
-                                               ctx->dtype, ctx->compute_stream));
+        TW_CUDA_CHECK(tw_cuda_launch_normalize(
+            ctx->raw_dev[j], (int)raw_type, valid ? ctx->valid_dev[j] : NULL, nj, ctx->chunk, bands,
+            (int)hw, ctx->cin_pad, &aff, ctx->x_dev, ctx->dtype, ctx->compute_stream));
         if ((st = run_chunk(ctx, nj, row, err)) != TW_OK) return st;
         TW_CUDA_CHECK(cudaEventRecord(ctx->ev_comp_end[j], ctx->compute_stream));
     }
@@ -986,8 +985,7 @@ static void *cuda_host_alloc(void *vctx, size_t bytes)
     if (bytes > SIZE_MAX - sizeof(host_header)) return NULL;
     host_header *h = NULL;
     cudaError_t e = cudaSetDevice(ctx->device);
-    if (e == cudaSuccess)
-        e = cudaHostAlloc((void **)&h, sizeof *h + bytes, cudaHostAllocPortable);
+    if (e == cudaSuccess) e = cudaHostAlloc((void **)&h, sizeof *h + bytes, cudaHostAllocPortable);
     if (e == cudaSuccess) {
         h->pinned = 1;
     } else {

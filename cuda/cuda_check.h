@@ -24,17 +24,17 @@ tw_status tw_cuda_fail(tw_error *err, const char *call, cudaError_t e, const cha
 tw_status tw_cudnn_fail(tw_error *err, const char *call, cudnnStatus_t s, const char *file,
                         int line);
 
-#define TW_CUDA_CHECK(call)                                                                  \
-    do {                                                                                     \
-        cudaError_t tw_e_ = (call);                                                          \
-        if (tw_e_ != cudaSuccess) return tw_cuda_fail(err, #call, tw_e_, __FILE__, __LINE__); \
+#define TW_CUDA_CHECK(call)                                                                        \
+    do {                                                                                           \
+        cudaError_t tw_e_ = (call);                                                                \
+        if (tw_e_ != cudaSuccess) return tw_cuda_fail(err, #call, tw_e_, __FILE__, __LINE__);      \
     } while (0)
 
-#define TW_CUDNN_CHECK(call)                                                                 \
-    do {                                                                                     \
-        cudnnStatus_t tw_s_ = (call);                                                        \
-        if (tw_s_ != CUDNN_STATUS_SUCCESS)                                                   \
-            return tw_cudnn_fail(err, #call, tw_s_, __FILE__, __LINE__);                     \
+#define TW_CUDNN_CHECK(call)                                                                       \
+    do {                                                                                           \
+        cudnnStatus_t tw_s_ = (call);                                                              \
+        if (tw_s_ != CUDNN_STATUS_SUCCESS)                                                         \
+            return tw_cudnn_fail(err, #call, tw_s_, __FILE__, __LINE__);                           \
     } while (0)
 
 #endif

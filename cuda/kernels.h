@@ -49,8 +49,8 @@ typedef struct tw_cuda_affine {
 /* raw [n][bands][hw] of raw_type and valid [n][hw] (NULL: all valid) ->
  * x [n_pad][hw][c_pad] NHWC of out_type. Channels >= bands, tiles >= n and
  * invalid pixels are written as 0, so padded tiles and channels are defined. */
-cudaError_t tw_cuda_launch_normalize(const void *raw, int raw_type, const uint8_t *valid,
-                                     int n, int n_pad, int bands, int hw, int c_pad,
+cudaError_t tw_cuda_launch_normalize(const void *raw, int raw_type, const uint8_t *valid, int n,
+                                     int n_pad, int bands, int hw, int c_pad,
                                      const tw_cuda_affine *aff, void *x, tw_cuda_dtype out_type,
                                      cudaStream_t stream);
 

@@ -20,12 +20,12 @@
 typedef struct tw_gpkg tw_gpkg;
 
 typedef struct tw_gpkg_params {
-    const char *path;                        /* final path, e.g. out/scene.tiles.gpkg */
+    const char *path; /* final path, e.g. out/scene.tiles.gpkg */
     int n_classes;
     const char (*class_names)[TW_NAME_MAX];
-    int tile;                                /* tile size in input pixels */
-    double geotransform[6];                  /* of the input raster */
-    const char *crs_wkt;                     /* "" or NULL: no CRS */
+    int tile;               /* tile size in input pixels */
+    double geotransform[6]; /* of the input raster */
+    const char *crs_wkt;    /* "" or NULL: no CRS */
 } tw_gpkg_params;
 
 tw_status tw_gpkg_create(const tw_gpkg_params *p, tw_gpkg **out, tw_error *err);

@@ -24,9 +24,9 @@
 
 /* A safetensors header larger than this is not a model we could use anyway
  * (a ResNet-152 header is ~100 KiB); refusing early avoids huge allocations. */
-#define ST_MAX_HEADER  (100u * 1024u * 1024u)
+#define ST_MAX_HEADER (100u * 1024u * 1024u)
 #define JSON_MAX_DEPTH 16
-#define SHA_CHUNK      (1u << 20)
+#define SHA_CHUNK (1u << 20)
 
 static const unsigned char HDF5_SIGNATURE[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
 
@@ -1065,10 +1065,15 @@ static tw_status load_safetensors(tw_model_file *mf, uint64_t file_size, tw_erro
 
     int n_pairs = d.toks[0].size, n_tensors = 0, meta_tok = -1;
     for (int i = 0, k = 1; i < n_pairs; i++) {
-        if (json_str_eq(&d, k, "__metadata__"))
-            meta_tok = k + 1;
-        else
+        if (!json_str_eq(&d, k, "__metadata__")) {
             n_tensors++;
+        } else if (meta_tok >= 0) {
+            /* found by fuzzing: the second one was taken for a tensor */
+            st = model_error(err, path, "safetensors header has two '__metadata__' entries");
+            goto done;
+        } else {
+            meta_tok = k + 1;
+        }
         k = d.toks[k + 1].next;
     }
     mf->tensors = tw_calloc(TW_MEM_OTHER, (size_t)(n_tensors ? n_tensors : 1), sizeof(tw_tensor));

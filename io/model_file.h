@@ -27,10 +27,10 @@
 
 typedef struct tw_tensor {
     char name[128];
-    int ndim;                 /* 1..4 */
+    int ndim; /* 1..4 */
     int64_t shape[4];
     int64_t numel;
-    float *data;              /* owned by the tw_model_file (tw_alloc, TW_MEM_WEIGHTS) */
+    float *data; /* owned by the tw_model_file (tw_alloc, TW_MEM_WEIGHTS) */
 } tw_tensor;
 
 typedef struct tw_model_file {
@@ -49,7 +49,7 @@ typedef struct tw_model_file {
     char classes[TW_MAX_CLASSES][TW_NAME_MAX];
     int n_classes;
     int tile;
-    char sha256[65];          /* hex digest of the whole file */
+    char sha256[65]; /* hex digest of the whole file */
 } tw_model_file;
 
 /* Load a model file; the format is detected from its content (HDF5 signature,

@@ -24,32 +24,17 @@
 struct tw_raster {
     GDALDatasetH ds;
     char *path;
-    int *bands;            /* 1-based, n_bands entries (int, not const: GDAL 3.6 API) */
+    int *bands; /* 1-based, n_bands entries (int, not const: GDAL 3.6 API) */
     int n_bands;
     tw_raster_info info;
     bool use_nodata;
     double nodata_value;
-    GDALRasterBandH mask;  /* per-dataset mask or alpha band, or NULL */
-    uint8_t *mask_buf;     /* scratch for mask reads, mask_cap bytes */
+    GDALRasterBandH mask; /* per-dataset mask or alpha band, or NULL */
+    uint8_t *mask_buf;    /* scratch for mask reads, mask_cap bytes */
     size_t mask_cap;
 };
 
 /* ---- dtypes ---------------------------------------------------------------- */
-
-size_t tw_dtype_size(tw_dtype t)
-{
-    switch (t) {
-    case TW_DT_BYTE:
-    case TW_DT_INT8: return 1;
-    case TW_DT_UINT16:
-    case TW_DT_INT16: return 2;
-    case TW_DT_UINT32:
-    case TW_DT_INT32:
-    case TW_DT_FLOAT32: return 4;
-    case TW_DT_FLOAT64: return 8;
-    }
-    return 0;
-}
 
 const char *tw_dtype_name(tw_dtype t)
 {
@@ -134,7 +119,10 @@ static void capture_begin(gdal_msgs *m)
     CPLPushErrorHandlerEx(capture_handler, m);
 }
 
-static void capture_end(void) { CPLPopErrorHandler(); }
+static void capture_end(void)
+{
+    CPLPopErrorHandler();
+}
 
 static const char *capture_text(const gdal_msgs *m)
 {
@@ -144,7 +132,10 @@ static const char *capture_text(const gdal_msgs *m)
 }
 
 static pthread_once_t g_register_once = PTHREAD_ONCE_INIT;
-static void register_drivers(void) { GDALAllRegister(); }
+static void register_drivers(void)
+{
+    GDALAllRegister();
+}
 
 /* ---- open / close ----------------------------------------------------------- */
 
@@ -190,8 +181,8 @@ static tw_status open_checked(tw_raster *r, const char *path, const int *bands, 
                               tw_error *err, gdal_msgs *msgs)
 {
     /* VERBOSE_ERROR: without it GDAL says nothing about an unrecognized file. */
-    r->ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, NULL,
-                       NULL, NULL);
+    r->ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, NULL, NULL,
+                       NULL);
     if (!r->ds) {
         /* GDAL often starts with the path itself; don't say it twice. */
         const char *why = capture_text(msgs);
@@ -226,8 +217,9 @@ static tw_status open_checked(tw_raster *r, const char *path, const int *bands, 
     for (int i = 0; i < r->n_bands; i++) {
         GDALRasterBandH bh = GDALGetRasterBand(r->ds, r->bands[i]);
         tw_dtype t;
-        if (!bh) return tw_error_set(err, TW_ERR_INPUT, "%s: band %d: %s", path, r->bands[i],
-                                     capture_text(msgs));
+        if (!bh)
+            return tw_error_set(err, TW_ERR_INPUT, "%s: band %d: %s", path, r->bands[i],
+                                capture_text(msgs));
         if (!band_dtype(bh, &t))
             return tw_error_set(err, TW_ERR_INPUT,
                                 "%s: band %d has data type %s, which is not supported "
@@ -313,9 +305,15 @@ void tw_raster_close(tw_raster *r)
     tw_free(r);
 }
 
-const tw_raster_info *tw_raster_get_info(const tw_raster *r) { return &r->info; }
+const tw_raster_info *tw_raster_get_info(const tw_raster *r)
+{
+    return &r->info;
+}
 
-int tw_raster_selected_bands(const tw_raster *r) { return r->n_bands; }
+int tw_raster_selected_bands(const tw_raster *r)
+{
+    return r->n_bands;
+}
 
 void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value)
 {
@@ -338,37 +336,37 @@ static bool nodata_as_int(double v, double lo, double hi, int64_t *out)
 /* Clear valid[] where band plane p (clipped region xr x yr, row stride w)
  * equals the nodata value. One loop per type so the compare stays a plain
  * integer/float compare. */
-#define MARK_INT(T, LO, HI)                                                        \
-    do {                                                                           \
-        int64_t ndi;                                                               \
-        if (!nodata_as_int(nd, (LO), (HI), &ndi)) break;                           \
-        const T ndv = (T)ndi;                                                      \
-        const T *p = plane;                                                        \
-        for (int y = 0; y < yr; y++) {                                             \
-            const T *row = p + (size_t)y * (size_t)w;                              \
-            uint8_t *vrow = valid + (size_t)y * (size_t)w;                         \
-            for (int x = 0; x < xr; x++) vrow[x] &= (uint8_t)(row[x] != ndv);      \
-        }                                                                          \
+#define MARK_INT(T, LO, HI)                                                                        \
+    do {                                                                                           \
+        int64_t ndi;                                                                               \
+        if (!nodata_as_int(nd, (LO), (HI), &ndi)) break;                                           \
+        const T ndv = (T)ndi;                                                                      \
+        const T *p = plane;                                                                        \
+        for (int y = 0; y < yr; y++) {                                                             \
+            const T *row = p + (size_t)y * (size_t)w;                                              \
+            uint8_t *vrow = valid + (size_t)y * (size_t)w;                                         \
+            for (int x = 0; x < xr; x++) vrow[x] &= (uint8_t)(row[x] != ndv);                      \
+        }                                                                                          \
     } while (0)
 
-#define MARK_FLOAT(T)                                                              \
-    do {                                                                           \
-        const T *p = plane;                                                        \
-        const bool has = use_nd && !isnan(nd);                                     \
-        const T ndv = has ? (T)nd : (T)0;                                          \
-        for (int y = 0; y < yr; y++) {                                             \
-            const T *row = p + (size_t)y * (size_t)w;                              \
-            uint8_t *vrow = valid + (size_t)y * (size_t)w;                         \
-            for (int x = 0; x < xr; x++) {                                         \
-                T v = row[x];                                                      \
-                bool bad = !isfinite(v) || (has && v == ndv);                      \
-                vrow[x] &= (uint8_t)!bad;                                          \
-            }                                                                      \
-        }                                                                          \
+#define MARK_FLOAT(T)                                                                              \
+    do {                                                                                           \
+        const T *p = plane;                                                                        \
+        const bool has = use_nd && !isnan(nd);                                                     \
+        const T ndv = has ? (T)nd : (T)0;                                                          \
+        for (int y = 0; y < yr; y++) {                                                             \
+            const T *row = p + (size_t)y * (size_t)w;                                              \
+            uint8_t *vrow = valid + (size_t)y * (size_t)w;                                         \
+            for (int x = 0; x < xr; x++) {                                                         \
+                T v = row[x];                                                                      \
+                bool bad = !isfinite(v) || (has && v == ndv);                                      \
+                vrow[x] &= (uint8_t)!bad;                                                          \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
-static void mark_band(tw_dtype t, const void *plane, int w, int xr, int yr, bool use_nd,
-                      double nd, uint8_t *valid)
+static void mark_band(tw_dtype t, const void *plane, int w, int xr, int yr, bool use_nd, double nd,
+                      uint8_t *valid)
 {
     switch (t) {
     case TW_DT_BYTE:
@@ -411,10 +409,10 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
 
     const size_t esz = tw_dtype_size(r->info.dtype);
     const size_t plane = (size_t)w * (size_t)h;
-    const int xr = x0 < r->info.width ? (int)((int64_t)x0 + w > r->info.width
-                                                  ? r->info.width - x0 : w) : 0;
-    const int yr = y0 < r->info.height ? (int)((int64_t)y0 + h > r->info.height
-                                                   ? r->info.height - y0 : h) : 0;
+    const int xr =
+        x0 < r->info.width ? (int)((int64_t)x0 + w > r->info.width ? r->info.width - x0 : w) : 0;
+    const int yr =
+        y0 < r->info.height ? (int)((int64_t)y0 + h > r->info.height ? r->info.height - y0 : h) : 0;
 
     /* Zero the padding: the right part of the clipped rows and the rows below. */
     uint8_t *rb = raw;
@@ -432,10 +430,9 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
     capture_begin(&msgs);
     GDALRasterIOExtraArg extra;
     INIT_RASTERIO_EXTRA_ARG(extra);
-    CPLErr e = GDALDatasetRasterIOEx(r->ds, GF_Read, x0, y0, xr, yr, raw, xr, yr,
-                                     gdal_type_of(r->info.dtype), r->n_bands, r->bands,
-                                     (GSpacing)esz, (GSpacing)(esz * (size_t)w),
-                                     (GSpacing)(esz * plane), &extra);
+    CPLErr e = GDALDatasetRasterIOEx(
+        r->ds, GF_Read, x0, y0, xr, yr, raw, xr, yr, gdal_type_of(r->info.dtype), r->n_bands,
+        r->bands, (GSpacing)esz, (GSpacing)(esz * (size_t)w), (GSpacing)(esz * plane), &extra);
     tw_status st = TW_OK;
     if (e != CE_None) {
         st = tw_error_set(err, TW_ERR_INPUT, "%s: read failed at window x=%d y=%d %dx%d: %s",
@@ -448,13 +445,15 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
             r->mask_cap = r->mask_buf ? need : 0;
         }
         if (!r->mask_buf) {
-            st = tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory for the mask of window "
-                              "x=%d y=%d %dx%d", r->path, x0, y0, w, h);
-        } else if (GDALRasterIO(r->mask, GF_Read, x0, y0, xr, yr, r->mask_buf, xr, yr, GDT_Byte,
-                                0, 0) != CE_None) {
+            st = tw_error_set(err, TW_ERR_NOMEM,
+                              "%s: out of memory for the mask of window "
+                              "x=%d y=%d %dx%d",
+                              r->path, x0, y0, w, h);
+        } else if (GDALRasterIO(r->mask, GF_Read, x0, y0, xr, yr, r->mask_buf, xr, yr, GDT_Byte, 0,
+                                0) != CE_None) {
             st = tw_error_set(err, TW_ERR_INPUT,
-                              "%s: mask read failed at window x=%d y=%d %dx%d: %s", r->path, x0,
-                              y0, w, h, capture_text(&msgs));
+                              "%s: mask read failed at window x=%d y=%d %dx%d: %s", r->path, x0, y0,
+                              w, h, capture_text(&msgs));
         }
     }
     capture_end();

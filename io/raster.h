@@ -26,19 +26,34 @@ typedef enum tw_dtype {
     TW_DT_INT8,
 } tw_dtype;
 
-/* Bytes per pixel of a dtype; name ("Byte", "UInt16", ... as GDAL says). */
-size_t tw_dtype_size(tw_dtype t);
+/* Bytes per sample of a dtype (inline: the CUDA backend, a separate static
+ * library, uses it too); its name ("Byte", "UInt16", ... as GDAL says). */
+static inline size_t tw_dtype_size(tw_dtype t)
+{
+    switch (t) {
+    case TW_DT_BYTE:
+    case TW_DT_INT8: return 1;
+    case TW_DT_UINT16:
+    case TW_DT_INT16: return 2;
+    case TW_DT_UINT32:
+    case TW_DT_INT32:
+    case TW_DT_FLOAT32: return 4;
+    case TW_DT_FLOAT64: return 8;
+    }
+    return 0;
+}
+
 const char *tw_dtype_name(tw_dtype t);
 
 typedef struct tw_raster_info {
     int width, height, band_count;
-    tw_dtype dtype;               /* of the first selected band (all must agree) */
-    int block_w, block_h;         /* natural block size of band 1 */
-    bool has_nodata;              /* raster's own nodata on band 1 */
+    tw_dtype dtype;       /* of the first selected band (all must agree) */
+    int block_w, block_h; /* natural block size of band 1 */
+    bool has_nodata;      /* raster's own nodata on band 1 */
     double nodata;
-    double geotransform[6];       /* GDAL order; identity-like when absent */
+    double geotransform[6]; /* GDAL order; identity-like when absent */
     bool has_geotransform;
-    char crs_wkt[4096];           /* "" when absent */
+    char crs_wkt[4096]; /* "" when absent */
     char driver[32];
 } tw_raster_info;
 

@@ -34,7 +34,7 @@ struct tw_tiletable {
     bool finished;
     char path[TW_PATH_MAX];
     char part_path[TW_PATH_MAX + 8];
-    char h5_msg[256];   /* error-stack text captured right after a failed call */
+    char h5_msg[256]; /* error-stack text captured right after a failed call */
 };
 
 /* HDF5 error-stack walker: keep the innermost (most specific) description. */
@@ -71,8 +71,7 @@ static hsize_t chunk_rows(size_t row_bytes)
 }
 
 /* An empty, extendible, deflated 2-D dataset [0][cols]. Returns <0 on failure. */
-static hid_t make_dataset(tw_tiletable *t, const char *name, hid_t type, int cols,
-                          tw_error *err)
+static hid_t make_dataset(tw_tiletable *t, const char *name, hid_t type, int cols, tw_error *err)
 {
     hsize_t dims[2] = {0, (hsize_t)cols};
     hsize_t maxdims[2] = {H5S_UNLIMITED, (hsize_t)cols};
@@ -85,8 +84,7 @@ static hid_t make_dataset(tw_tiletable *t, const char *name, hid_t type, int col
         h5_note(t);
         snprintf(what, sizeof what, "creating the dataspace of /%s", name);
         h5_fail(t, what, err);
-    } else if (H5Pset_chunk(dcpl, 2, chunk) < 0 ||
-               H5Pset_deflate(dcpl, TW_TT_DEFLATE_LEVEL) < 0) {
+    } else if (H5Pset_chunk(dcpl, 2, chunk) < 0 || H5Pset_deflate(dcpl, TW_TT_DEFLATE_LEVEL) < 0) {
         snprintf(what, sizeof what, "setting chunking/deflate of /%s", name);
         h5_fail(t, what, err);
     } else {
@@ -106,8 +104,7 @@ static tw_status write_attr(tw_tiletable *t, const char *name, hid_t type, hsize
                             const void *data, tw_error *err)
 {
     hid_t space = dims ? H5Screate_simple(1, &dims, NULL) : H5Screate(H5S_SCALAR);
-    hid_t attr = space >= 0 ? H5Acreate2(t->file, name, type, space, H5P_DEFAULT, H5P_DEFAULT)
-                            : -1;
+    hid_t attr = space >= 0 ? H5Acreate2(t->file, name, type, space, H5P_DEFAULT, H5P_DEFAULT) : -1;
     herr_t rc = attr >= 0 ? H5Awrite(attr, type, data) : -1;
     if (rc < 0) h5_note(t);
     if (attr >= 0 && H5Aclose(attr) < 0) rc = -1;
@@ -170,11 +167,10 @@ static tw_status tiletable_create(tw_tiletable *t, const tw_tiletable_params *p,
 tw_status tw_tiletable_create(const tw_tiletable_params *p, tw_tiletable **out, tw_error *err)
 {
     *out = NULL;
-    if (!p->path || !p->path[0])
-        return tw_error_set(err, TW_ERR_INTERNAL, "tile table: no path");
+    if (!p->path || !p->path[0]) return tw_error_set(err, TW_ERR_INTERNAL, "tile table: no path");
     if (p->n_classes < 1 || p->n_classes > TW_MAX_CLASSES || p->feat_dim < 0)
-        return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: %d classes, %d features",
-                            p->path, p->n_classes, p->feat_dim);
+        return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: %d classes, %d features", p->path,
+                            p->n_classes, p->feat_dim);
     tw_tiletable *t = tw_calloc(TW_MEM_OTHER, 1, sizeof *t);
     if (!t) return tw_error_set(err, TW_ERR_NOMEM, "tile table: out of memory");
     t->file = t->ds_origin = t->ds_prob = t->ds_emb = -1;
@@ -183,7 +179,7 @@ tw_status tw_tiletable_create(const tw_tiletable_params *p, tw_tiletable **out, 
     int n1 = snprintf(t->path, sizeof t->path, "%s", p->path);
     int n2 = snprintf(t->part_path, sizeof t->part_path, "%s.part", p->path);
     if (n1 < 0 || (size_t)n1 >= sizeof t->path || n2 < 0 || (size_t)n2 >= sizeof t->part_path) {
-        t->part_path[0] = '\0';   /* nothing of ours to remove */
+        t->part_path[0] = '\0'; /* nothing of ours to remove */
         tw_tiletable_destroy(t);
         return tw_error_set(err, TW_ERR_OUTPUT, "tile table path too long: %s", p->path);
     }
@@ -193,8 +189,7 @@ tw_status tw_tiletable_create(const tw_tiletable_params *p, tw_tiletable **out, 
     if (stat(t->path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         t->part_path[0] = '\0';
         tw_tiletable_destroy(t);
-        return tw_error_set(err, TW_ERR_OUTPUT, "tile table %s exists and is a directory",
-                            p->path);
+        return tw_error_set(err, TW_ERR_OUTPUT, "tile table %s exists and is a directory", p->path);
     }
 
     H5E_auto2_t old_func;
@@ -212,8 +207,8 @@ tw_status tw_tiletable_create(const tw_tiletable_params *p, tw_tiletable **out, 
 }
 
 /* Write an [n][cols] block (or, with col >= 0, a single column) at row t->n_tiles. */
-static herr_t write_block(tw_tiletable *t, hid_t ds, hsize_t row0, hsize_t n, hsize_t cols,
-                          int col, hid_t mtype, const void *data)
+static herr_t write_block(tw_tiletable *t, hid_t ds, hsize_t row0, hsize_t n, hsize_t cols, int col,
+                          hid_t mtype, const void *data)
 {
     hid_t fspace = H5Dget_space(ds);
     if (fspace < 0) {
@@ -233,9 +228,8 @@ static herr_t write_block(tw_tiletable *t, hid_t ds, hsize_t row0, hsize_t n, hs
     return rc;
 }
 
-static tw_status tiletable_append(tw_tiletable *t, int n, const int32_t *rows,
-                                  const int32_t *cols, const float *probs, const float *emb,
-                                  tw_error *err)
+static tw_status tiletable_append(tw_tiletable *t, int n, const int32_t *rows, const int32_t *cols,
+                                  const float *probs, const float *emb, tw_error *err)
 {
     hsize_t total = t->n_tiles + (hsize_t)n;
     hsize_t dims_o[2] = {total, 2};
@@ -265,12 +259,11 @@ tw_status tw_tiletable_append(tw_tiletable *t, int n, const int32_t *rows, const
     if (t->finished || t->file < 0)
         return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: append after finish", t->path);
     if (n < 0 || (n > 0 && (!rows || !cols || !probs)))
-        return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: bad append of %d tiles",
-                            t->path, n);
+        return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: bad append of %d tiles", t->path,
+                            n);
     if (n == 0) return TW_OK;
     if (t->feat_dim > 0 && !emb)
-        return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: embeddings missing",
-                            t->path);
+        return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: embeddings missing", t->path);
     H5E_auto2_t old_func;
     void *old_data;
     H5Eget_auto2(H5E_DEFAULT, &old_func, &old_data);
@@ -309,8 +302,8 @@ static tw_status tiletable_finish(tw_tiletable *t, tw_error *err)
         return tw_error_set(err, TW_ERR_OUTPUT, "tile table %s: cannot sync: %s", t->part_path,
                             strerror(e));
     if (rename(t->part_path, t->path) != 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", t->part_path,
-                            t->path, strerror(errno));
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", t->part_path, t->path,
+                            strerror(errno));
     t->finished = true;
     return TW_OK;
 }

@@ -20,12 +20,12 @@
 typedef struct tw_tiletable tw_tiletable;
 
 typedef struct tw_tiletable_params {
-    const char *path;                        /* final path */
+    const char *path; /* final path */
     int n_classes;
     const char (*class_names)[TW_NAME_MAX];
-    int feat_dim;                            /* 0: no embeddings */
+    int feat_dim; /* 0: no embeddings */
     int tile, stride;
-    double geotransform[6];                  /* of the input raster */
+    double geotransform[6]; /* of the input raster */
     const char *crs_wkt;
 } tw_tiletable_params;
 

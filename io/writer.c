@@ -45,29 +45,29 @@ typedef struct tw_writer_file {
     GDALDatasetH ds;
     GDALDataType type;
     int n_bands;
-    bool cog_made;                 /* cog_path exists and must be cleaned up */
+    bool cog_made; /* cog_path exists and must be cleaned up */
     char final_path[TW_PATH_MAX];
-    char part_path[TW_PATH_MAX];   /* GTiff being written */
-    char cog_path[TW_PATH_MAX];    /* COG copy made at finish */
-    tw_band_stats *stats;          /* [n_bands] */
-    void *buf;                     /* strip buffer, pixel-interleaved [rows][w][bands] */
+    char part_path[TW_PATH_MAX]; /* GTiff being written */
+    char cog_path[TW_PATH_MAX];  /* COG copy made at finish */
+    tw_band_stats *stats;        /* [n_bands] */
+    void *buf;                   /* strip buffer, pixel-interleaved [rows][w][bands] */
 } tw_writer_file;
 
 struct tw_writer {
     int grid_w, grid_h, n_classes;
     tw_prob_type prob_type;
     tw_format format;
-    char (*class_names)[TW_NAME_MAX];   /* own copy [n_classes] */
-    char **cog_options;                 /* CSL: COG driver options (user's merged in) */
+    char (*class_names)[TW_NAME_MAX]; /* own copy [n_classes] */
+    char **cog_options;               /* CSL: COG driver options (user's merged in) */
     tw_writer_file files[TW_WP_COUNT];
-    uint8_t *mask_buf;                  /* uint8 probabilities: per-dataset validity mask */
-    int cap_rows;                       /* rows the strip buffers hold */
+    uint8_t *mask_buf; /* uint8 probabilities: per-dataset validity mask */
+    int cap_rows;      /* rows the strip buffers hold */
     int next_row;
     bool finished;
     /* GDAL messages seen while our handler was pushed. */
     int gdal_failures;
     char gdal_msg[512];
-    char gdal_warning[512];   /* first warning (creation-option validation speaks in warnings) */
+    char gdal_warning[512]; /* first warning (creation-option validation speaks in warnings) */
 };
 
 /* ---- GDAL message routing ---- */
@@ -92,7 +92,10 @@ static void writer_gdal_begin(tw_writer *w)
     CPLPushErrorHandlerEx(writer_gdal_handler, w);
 }
 
-static void writer_gdal_end(void) { CPLPopErrorHandler(); }
+static void writer_gdal_end(void)
+{
+    CPLPopErrorHandler();
+}
 
 static const char *writer_gdal_msg(const tw_writer *w)
 {
@@ -159,8 +162,8 @@ static tw_status rename_with_sidecar(const char *src, const char *dst, tw_error 
         tw_status st = fsync_path(src_aux, false, err);
         if (st != TW_OK) return st;
         if (rename(src_aux, dst_aux) != 0)
-            return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", src_aux,
-                                dst_aux, strerror(errno));
+            return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", src_aux, dst_aux,
+                                strerror(errno));
     } else {
         /* A stale sidecar from an earlier run would contradict the new file. */
         (void)unlink(dst_aux);
@@ -198,8 +201,8 @@ static tw_status validate_options(tw_writer *w, const char *driver, char **opts,
     if (!drv) return tw_error_set(err, TW_ERR_INTERNAL, "GDAL has no %s driver", driver);
     w->gdal_warning[0] = '\0';
     if (!GDALValidateCreationOptions(drv, opts))
-        return tw_error_set(err, TW_ERR_CONFIG, "output.creation_options (format %s): %s",
-                            driver, w->gdal_warning[0] ? w->gdal_warning : "invalid option");
+        return tw_error_set(err, TW_ERR_CONFIG, "output.creation_options (format %s): %s", driver,
+                            w->gdal_warning[0] ? w->gdal_warning : "invalid option");
     return TW_OK;
 }
 
@@ -209,9 +212,9 @@ static tw_status validate_options(tw_writer *w, const char *driver, char **opts,
 static void class_color(int i, GDALColorEntry *c)
 {
     static const short base[12][3] = {
-        {0, 114, 189},   {34, 139, 34},   {230, 159, 0},  {204, 37, 41},
-        {148, 103, 189}, {140, 86, 75},   {227, 119, 194}, {127, 127, 127},
-        {188, 189, 34},  {23, 190, 207},  {255, 221, 51}, {0, 68, 27},
+        {0, 114, 189},   {34, 139, 34},  {230, 159, 0},   {204, 37, 41},
+        {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127},
+        {188, 189, 34},  {23, 190, 207}, {255, 221, 51},  {0, 68, 27},
     };
     c->c4 = 255;
     if (i < 12) {
@@ -266,8 +269,7 @@ static tw_status set_class_legend(tw_writer *w, tw_writer_file *f, tw_error *err
 {
     GDALRasterBandH band = GDALGetRasterBand(f->ds, 1);
     GDALColorTableH ct = GDALCreateColorTable(GPI_RGB);
-    if (!ct)
-        return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot create color table", f->part_path);
+    if (!ct) return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot create color table", f->part_path);
     for (int i = 0; i < w->n_classes; i++) {
         GDALColorEntry c;
         class_color(i, &c);
@@ -282,8 +284,8 @@ static tw_status set_class_legend(tw_writer *w, tw_writer_file *f, tw_error *err
     for (int i = 0; i < w->n_classes; i++) names[i] = w->class_names[i];
     names[w->n_classes] = NULL;
     if (GDALSetRasterCategoryNames(band, names) != CE_None)
-        return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set category names: %s",
-                            f->part_path, writer_gdal_msg(w));
+        return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set category names: %s", f->part_path,
+                            writer_gdal_msg(w));
     return TW_OK;
 }
 
@@ -313,8 +315,7 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
      * otherwise be picked up as ours. */
     remove_file_and_sidecars(f->part_path);
     remove_file_and_sidecars(f->cog_path);
-    f->ds = GDALCreate(drv, f->part_path, w->grid_w, w->grid_h, f->n_bands, f->type,
-                       gtiff_options);
+    f->ds = GDALCreate(drv, f->part_path, w->grid_w, w->grid_h, f->n_bands, f->type, gtiff_options);
     if (!f->ds)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", f->part_path,
                             writer_gdal_msg(w));
@@ -343,7 +344,7 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
         if (st == TW_OK && f->type == GDT_Byte) st = create_mask(w, f, err);
     }
     if (st != TW_OK) return st;
-    if (w->gdal_failures)   /* a setter that reported through the handler only */
+    if (w->gdal_failures) /* a setter that reported through the handler only */
         return tw_error_set(err, TW_ERR_OUTPUT, "%s: %s", f->part_path, writer_gdal_msg(w));
     return TW_OK;
 }
@@ -354,14 +355,12 @@ static tw_status check_dir(const tw_writer_params *p, tw_error *err)
     if (!p->dir || !p->dir[0])
         return tw_error_set(err, TW_ERR_OUTPUT, "output directory is not set");
     if (stat(p->dir, &st) != 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "output directory %s: %s", p->dir,
-                            strerror(errno));
+        return tw_error_set(err, TW_ERR_OUTPUT, "output directory %s: %s", p->dir, strerror(errno));
     if (!S_ISDIR(st.st_mode))
-        return tw_error_set(err, TW_ERR_OUTPUT, "output directory %s is not a directory",
-                            p->dir);
+        return tw_error_set(err, TW_ERR_OUTPUT, "output directory %s is not a directory", p->dir);
     if (access(p->dir, W_OK | X_OK) != 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "output directory %s is not writable: %s",
-                            p->dir, strerror(errno));
+        return tw_error_set(err, TW_ERR_OUTPUT, "output directory %s is not writable: %s", p->dir,
+                            strerror(errno));
     return TW_OK;
 }
 
@@ -572,8 +571,7 @@ static void fill_buffers(tw_writer *w, int n_rows, const float *probs, const uin
 static tw_status writer_write_rows(tw_writer *w, int row0, int n_rows, const float *probs,
                                    const uint8_t *has, tw_error *err)
 {
-    if (w->finished)
-        return tw_error_set(err, TW_ERR_INTERNAL, "writer: write after finish");
+    if (w->finished) return tw_error_set(err, TW_ERR_INTERNAL, "writer: write after finish");
     if (row0 != w->next_row || n_rows <= 0 || n_rows > w->grid_h - row0)
         return tw_error_set(err, TW_ERR_INTERNAL,
                             "writer: rows %d..%d out of order (next row %d of %d)", row0,
@@ -588,9 +586,9 @@ static tw_status writer_write_rows(tw_writer *w, int row0, int n_rows, const flo
         int sz = GDALGetDataTypeSizeBytes(f->type);
         GSpacing pixel = (GSpacing)sz * f->n_bands;
         GSpacing line = pixel * w->grid_w;
-        CPLErr e = GDALDatasetRasterIOEx(f->ds, GF_Write, 0, row0, w->grid_w, n_rows, f->buf,
-                                         w->grid_w, n_rows, f->type, f->n_bands, NULL, pixel,
-                                         line, sz, NULL);
+        CPLErr e =
+            GDALDatasetRasterIOEx(f->ds, GF_Write, 0, row0, w->grid_w, n_rows, f->buf, w->grid_w,
+                                  n_rows, f->type, f->n_bands, NULL, pixel, line, sz, NULL);
         if (e == CE_None && i == TW_WP_PROB && w->mask_buf) {
             GDALRasterBandH mask = GDALGetMaskBand(GDALGetRasterBand(f->ds, 1));
             e = mask ? GDALRasterIO(mask, GF_Write, 0, row0, w->grid_w, n_rows, w->mask_buf,
@@ -620,7 +618,7 @@ static tw_status store_statistics(tw_writer *w, tw_writer_file *f, tw_error *err
 {
     for (int b = 0; b < f->n_bands; b++) {
         const tw_band_stats *s = &f->stats[b];
-        if (s->n == 0) continue;   /* no valid cell: GDAL has nothing to describe */
+        if (s->n == 0) continue; /* no valid cell: GDAL has nothing to describe */
         double mean = s->sum / (double)s->n;
         double var = s->sumsq / (double)s->n - mean * mean;
         double sd = var > 0 ? sqrt(var) : 0.0;
@@ -691,8 +689,8 @@ static tw_status writer_finish(tw_writer *w, tw_error *err)
 {
     if (w->finished) return TW_OK;
     if (w->next_row != w->grid_h)
-        return tw_error_set(err, TW_ERR_INTERNAL, "writer: finish after %d of %d rows",
-                            w->next_row, w->grid_h);
+        return tw_error_set(err, TW_ERR_INTERNAL, "writer: finish after %d of %d rows", w->next_row,
+                            w->grid_h);
     tw_status st = TW_OK;
     char dir[TW_PATH_MAX] = "";
     for (int i = 0; i < TW_WP_COUNT && st == TW_OK; i++) {

@@ -23,20 +23,20 @@
 #include "pipeline/params.h"
 
 typedef struct tw_writer_params {
-    const char *dir;                      /* existing directory */
-    const char *stem;                     /* e.g. "scene" */
-    int grid_w, grid_h;                   /* output cells */
-    double geotransform[6];               /* of the output grid */
-    const char *crs_wkt;                  /* "" or NULL: none */
+    const char *dir;        /* existing directory */
+    const char *stem;       /* e.g. "scene" */
+    int grid_w, grid_h;     /* output cells */
+    double geotransform[6]; /* of the output grid */
+    const char *crs_wkt;    /* "" or NULL: none */
     int n_classes;
-    const char (*class_names)[TW_NAME_MAX];   /* n_classes names */
-    unsigned products;                    /* TW_PRODUCT_CLASS|PROB|CONF (others ignored) */
+    const char (*class_names)[TW_NAME_MAX]; /* n_classes names */
+    unsigned products;                      /* TW_PRODUCT_CLASS|PROB|CONF (others ignored) */
     tw_prob_type prob_type;
     tw_format format;
-    const char (*creation_options)[128];  /* "KEY=VALUE" */
+    const char (*creation_options)[128]; /* "KEY=VALUE" */
     int n_creation_options;
-    const char *metadata_json;            /* resolved config etc., stored as GDAL metadata
-                                             item TILEWISE_RUN (may be NULL) */
+    const char *metadata_json; /* resolved config etc., stored as GDAL metadata
+                                  item TILEWISE_RUN (may be NULL) */
 } tw_writer_params;
 
 typedef struct tw_writer tw_writer;

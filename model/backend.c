@@ -57,8 +57,8 @@ tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_back
                             device);
 #endif
     }
-    return tw_error_set(err, TW_ERR_CONFIG,
-                        "runtime.device: '%s' is not auto, cpu, cuda or cuda:N", device);
+    return tw_error_set(err, TW_ERR_CONFIG, "runtime.device: '%s' is not auto, cpu, cuda or cuda:N",
+                        device);
 }
 
 void tw_backend_destroy(tw_backend *b)

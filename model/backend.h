@@ -47,10 +47,11 @@ typedef struct tw_backend_stats {
     double copy_hidden_s;     /* copy time overlapped with compute */
     size_t device_peak_bytes; /* device memory high-water mark (0 on CPU) */
     int batch_halvings;       /* times the batch was halved after an allocation failure */
+    tw_precision precision;   /* what the backend really computes in (it may fall back) */
 } tw_backend_stats;
 
 struct tw_backend_i {
-    const char *name;         /* "cpu", "cuda" */
+    const char *name; /* "cpu", "cuda" */
     /* Bytes of workspace (activations, scratch, device weights) infer needs
      * for batches of up to max_batch tiles of tile x tile pixels, without
      * allocating. Used by the budget to pick batch: auto. */
@@ -61,6 +62,13 @@ struct tw_backend_i {
      * TW_ERR_NOMEM when not even batch 1 fits. */
     tw_status (*reserve)(void *ctx, const tw_resnet *net, int tile, int *max_batch,
                          tw_precision prec, tw_error *err);
+    /* runtime.precision int8 (NULL where a backend has no int8): measure the
+     * activation ranges on batch b (tiles of the raster `path`, b->n <=
+     * max_batch) and quantize with them from now on. Called before the
+     * first infer of each raster; a backend not yet calibrated when infer
+     * comes calibrates on that batch. May rebuild what reserve built (the
+     * same memory), so it may allocate. Writes nothing into b. */
+    tw_status (*calibrate)(void *ctx, const tw_infer_batch *b, const char *path, tw_error *err);
     /* Run one batch (b->n <= max_batch). Allocates nothing. */
     tw_status (*infer)(void *ctx, const tw_infer_batch *b, tw_error *err);
     /* true: infer reads b->raw/valid/norm and normalizes itself (x may be NULL);
@@ -99,7 +107,7 @@ int tw_cuda_device_count(void);
  * definition of the semantics in resnet.h): x [n][bands][tile][tile] ->
  * probs [n][classes], emb [n][feat_dim] (may be NULL). Allocates its own
  * scratch with tw_alloc; TW_ERR_NOMEM when it cannot. */
-tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile,
-                                float *probs, float *emb, tw_error *err);
+tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile, float *probs,
+                                float *emb, tw_error *err);
 
 #endif

@@ -28,9 +28,27 @@
  * The classifier (fc) and softmax are a few thousand multiply-adds per tile
  * and run in plain C, in double, after the pooled features come back.
  *
- * Precision: fp32 (tf32 means fp32 on a CPU). bf16/fp16/int8 requests run in
- * fp32 with one notice: oneDNN 2.6 has bf16 convolutions only on AVX-512
- * CPUs, and int8 would need calibration data we do not have.
+ * Precision (runtime.precision): fp32 (tf32 means fp32 on a CPU);
+ *  - bf16: activations and weights in bf16, accumulation and bias in fp32.
+ *    oneDNN 2.6 has bf16 convolutions only on AVX-512 CPUs (fastest with
+ *    AVX512-BF16); elsewhere the plan cannot be built and the run goes on in
+ *    fp32 with one notice.
+ *  - int8: symmetric quantization, per-output-channel weight scales
+ *    (127 / max|w|), one scale per activation tensor: u8 after a ReLU, s8
+ *    for the input and the projection shortcuts. The activation ranges are
+ *    measured by calibrate(): the pipeline hands it, before each raster, a
+ *    batch of tiles spread over the whole raster (pipeline/run.c), which
+ *    runs once in fp32 with every convolution's output recorded; each range
+ *    is the clip with the least squared error (choose_range), and the int8
+ *    plan replaces the fp32 one. Ranges thus depend on the raster, not on
+ *    the shard or on what a resumed run has left. Without that call (no
+ *    usable tile in the sample) the first batch of infer calibrates.
+ *    Residual adds stay in int8 (a sum post-op rescaled from the shortcut's
+ *    scale); the last activation is brought back to fp32 before the global
+ *    average.
+ *  - fp16 runs in fp32 with one notice (no fp16 convolutions in oneDNN 2.6).
+ * workspace_bytes() for int8 is the larger of the fp32 plan (calibration)
+ * and the int8 plan; the fp32 one is freed before the int8 one is built.
  *
  * One backend serves one thread at a time (the pipeline's infer stage).
  */
@@ -48,21 +66,34 @@
 
 enum { N_ACT = 4 };
 /* storage ids: 0..N_ACT-1 are the activation buffers */
-enum { BUF_IN_USER = N_ACT, BUF_IN_BLK, BUF_FEAT, BUF_COUNT };
+enum { BUF_IN_USER = N_ACT, BUF_IN_BLK, BUF_DEQ, BUF_FEAT, BUF_COUNT };
 
 typedef enum { L_CONV, L_POOL, L_REORDER } layer_kind;
+
+/* How a plan computes: the numeric type of activations and weights. */
+typedef enum { NUM_F32, NUM_BF16, NUM_INT8, NUM_MODES } num_mode;
 
 typedef struct layer {
     layer_kind kind;
     dnnl_primitive_desc_t pd;
-    int src, dst;         /* storage ids */
-    const tw_conv *conv;  /* L_CONV: the folded weights to reorder */
+    int src, dst;        /* storage ids */
+    const tw_conv *conv; /* L_CONV: the folded weights to reorder */
+    /* NUM_INT8 convs: the source's scale (q = x * scale) and, per output
+     * channel, the weights' scales (owned by the plan until build takes it) */
+    float src_scale;
+    float *w_scale;
+    bool relu; /* convs: ends in a ReLU (its int8 output is u8) */
 } layer;
 
 typedef struct plan {
     layer *layers;
     int n_layers, cap;
     int batch, tile, feat_dim;
+    num_mode mode;
+    /* NUM_INT8: the quantization range of the input ([0]) and of each conv's
+     * output in plan order ([1 + i]); NULL: every range is 1 (sizing only) */
+    const float *amax;
+    int n_conv;
     size_t buf_bytes[BUF_COUNT]; /* bytes of each storage: the most it ever holds */
     size_t scratch_bytes;        /* largest scratchpad of any primitive */
     size_t weight_bytes;         /* reordered conv weights and biases */
@@ -73,7 +104,19 @@ typedef struct op {
     dnnl_primitive_t prim;
     int nargs;
     dnnl_exec_arg_t args[6];
+    bool conv;
+    int levels;        /* conv: int8 steps of its output (255 after a ReLU, else 127) */
+    void *dst;         /* the output storage, and its f32 element count */
+    size_t dst_floats; /* (calibration reads the fp32 plan's outputs) */
 } op;
+
+/* Whether a mode's plan could be built for (net, tile), and why not. */
+typedef struct probe {
+    const tw_resnet *net;
+    int tile;
+    bool ok;
+    tw_error why;
+} probe;
 
 typedef struct cpu_ctx {
     int threads;
@@ -86,12 +129,18 @@ typedef struct cpu_ctx {
     int n_ops;
     dnnl_memory_t *mems; /* every memory object, for destroy */
     int n_mems, cap_mems;
-    void **allocs;       /* every tw_alloc'ed buffer, for destroy */
+    void **allocs; /* every tw_alloc'ed buffer, for destroy */
     int n_allocs, cap_allocs;
     void *buf[BUF_COUNT];
     void *scratch;
     dnnl_memory_t in_mem; /* the memory the first layer reads; its handle moves */
     float *fc_w, *fc_b;
+    num_mode mode;           /* what the built plan computes in */
+    bool int8;               /* int8 asked (and available) */
+    bool calibrate;          /* int8, not calibrated yet: the fp32 plan is built */
+    const tw_resnet *net;    /* kept for the int8 rebuild (the caller owns it) */
+    probe probes[NUM_MODES]; /* can oneDNN run bf16 / int8 here (mode_supported) */
+    int n_conv;
     tw_backend_stats stats;
 } cpu_ctx;
 
@@ -101,10 +150,10 @@ static tw_status dnnl_fail(tw_error *err, dnnl_status_t s, const char *what)
     return tw_error_set(err, st, "oneDNN: %s failed: %s", what, dnnl_status2str(s));
 }
 
-#define DNNL_TRY(call, what)                                                         \
-    do {                                                                             \
-        dnnl_status_t s_ = (call);                                                   \
-        if (s_ != dnnl_success) return dnnl_fail(err, s_, what);                     \
+#define DNNL_TRY(call, what)                                                                       \
+    do {                                                                                           \
+        dnnl_status_t s_ = (call);                                                                 \
+        if (s_ != dnnl_success) return dnnl_fail(err, s_, what);                                   \
     } while (0)
 
 static size_t alloc_size(size_t bytes)
@@ -128,7 +177,10 @@ static tw_status query_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int
 
 static void plan_free(plan *p)
 {
-    for (int i = 0; i < p->n_layers; i++) dnnl_primitive_desc_destroy(p->layers[i].pd);
+    for (int i = 0; i < p->n_layers; i++) {
+        dnnl_primitive_desc_destroy(p->layers[i].pd);
+        tw_free(p->layers[i].w_scale);
+    }
     tw_free(p->layers);
     memset(p, 0, sizeof *p);
 }
@@ -136,6 +188,7 @@ static void plan_free(plan *p)
 static tw_status plan_push(plan *p, layer_kind kind, dnnl_primitive_desc_t pd, int src, int dst,
                            const tw_conv *conv, tw_error *err)
 {
+    if (!pd) return tw_error_set(err, TW_ERR_INTERNAL, "oneDNN: no primitive descriptor");
     if (p->n_layers == p->cap) {
         int cap = p->cap ? 2 * p->cap : 64;
         layer *l = tw_alloc(TW_MEM_OTHER, (size_t)cap * sizeof *l);
@@ -148,7 +201,7 @@ static tw_status plan_push(plan *p, layer_kind kind, dnnl_primitive_desc_t pd, i
         p->layers = l;
         p->cap = cap;
     }
-    p->layers[p->n_layers++] = (layer){kind, pd, src, dst, conv};
+    p->layers[p->n_layers++] = (layer){kind, pd, src, dst, conv, 1.0f, NULL, false};
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t sb = sp ? dnnl_memory_desc_get_size(sp) : 0;
     if (sb > p->scratch_bytes) p->scratch_bytes = sb;
@@ -167,18 +220,32 @@ typedef struct act {
     dnnl_memory_desc_t md;
     int buf;
     int c, h;
+    float scale; /* NUM_INT8: q = x * scale */
 } act;
 
-static tw_status make_attr(bool sum, bool relu, dnnl_primitive_attr_t *attr, tw_error *err)
+/* What a primitive's attributes say beyond the user scratchpad. */
+typedef struct attr_spec {
+    bool sum, relu;
+    float sum_scale;         /* residual: old dst * sum_scale is added */
+    dnnl_data_type_t sum_dt; /* the old dst's type (undef: the dst's) */
+    int n_oscale, oscale_mask;
+    const float *oscale; /* output scales (int8 convs, quantizing reorders) */
+    bool own_scratch;    /* oneDNN allocates the scratchpad (one-off reorders) */
+} attr_spec;
+
+static tw_status make_attr(const attr_spec *a, dnnl_primitive_attr_t *attr, tw_error *err)
 {
     DNNL_TRY(dnnl_primitive_attr_create(attr), "attr create");
-    dnnl_status_t s = dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user);
-    if (s == dnnl_success && (sum || relu)) {
+    dnnl_status_t s = dnnl_primitive_attr_set_scratchpad_mode(
+        *attr, a->own_scratch ? dnnl_scratchpad_mode_library : dnnl_scratchpad_mode_user);
+    if (s == dnnl_success && a->n_oscale)
+        s = dnnl_primitive_attr_set_output_scales(*attr, a->n_oscale, a->oscale_mask, a->oscale);
+    if (s == dnnl_success && (a->sum || a->relu)) {
         dnnl_post_ops_t po;
         s = dnnl_post_ops_create(&po);
         if (s == dnnl_success) {
-            if (sum) s = dnnl_post_ops_append_sum(po, 1.0f);
-            if (s == dnnl_success && relu)
+            if (a->sum) s = dnnl_post_ops_append_sum_v2(po, a->sum_scale, a->sum_dt);
+            if (s == dnnl_success && a->relu)
                 s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
             if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(*attr, po);
             dnnl_post_ops_destroy(po);
@@ -195,31 +262,91 @@ static tw_status make_attr(bool sum, bool relu, dnnl_primitive_attr_t *attr, tw_
  * sum post-op (residual), else into storage dst_buf with a layout oneDNN
  * picks. *out describes the result. `in_any`: let oneDNN choose the source
  * layout too (the stem; the caller reads the choice back from the pd). */
-static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const act *in,
-                           bool in_any, const act *into, int dst_buf, bool relu, act *out,
-                           tw_error *err)
+static dnnl_data_type_t act_dt(num_mode m, bool nonneg)
+{
+    if (m == NUM_BF16) return dnnl_bf16;
+    if (m == NUM_INT8) return nonneg ? dnnl_u8 : dnnl_s8;
+    return dnnl_f32;
+}
+
+/* Scale that maps [-amax, amax] (or [0, amax]) onto s8 (u8) for range idx. */
+static float q_scale(const plan *p, int idx, bool nonneg)
+{
+    float m = p->amax ? p->amax[idx] : 1.0f;
+    if (!(m > 1e-6f)) m = 1e-6f; /* a dead tensor: any scale is exact for zeros */
+    return (nonneg ? 255.0f : 127.0f) / m;
+}
+
+/* Per-output-channel weight scales 127 / max|w| of conv c. */
+static float *weight_scales(const tw_conv *c)
+{
+    float *s = tw_alloc(TW_MEM_OTHER, (size_t)c->cout * sizeof *s);
+    if (!s) return NULL;
+    size_t per = (size_t)c->cin * c->k * c->k;
+    for (int o = 0; o < c->cout; o++) {
+        float m = 0.0f;
+        for (size_t i = 0; i < per; i++) m = fmaxf(m, fabsf(c->w[(size_t)o * per + i]));
+        s[o] = m > 0.0f ? 127.0f / m : 1.0f;
+    }
+    return s;
+}
+
+static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const act *in, bool in_any,
+                           const act *into, int dst_buf, bool relu, act *out, tw_error *err)
 {
     int n = p->batch;
+    int ci = ++p->n_conv; /* this conv's output range in p->amax */
+    dnnl_data_type_t wdt = p->mode == NUM_INT8 ? dnnl_s8 : act_dt(p->mode, false);
+    /* a residual conv always ends in a ReLU: its int8 output is u8 */
+    dnnl_data_type_t ddt = act_dt(p->mode, relu);
     int oh = tw_resnet_out_size(in->h, c->k, c->stride, c->pad);
     if (oh < 1)
         return tw_error_set(err, TW_ERR_INPUT,
-                            "tile %d is too small: a %dx%d convolution gets a %dx%d input",
-                            p->tile, c->k, c->k, in->h, in->h);
+                            "tile %d is too small: a %dx%d convolution gets a %dx%d input", p->tile,
+                            c->k, c->k, in->h, in->h);
     dnnl_memory_desc_t src_md, w_md, b_md, dst_md;
     dnnl_dims_t sd = {n, c->cin, in->h, in->h}, wd = {c->cout, c->cin, c->k, c->k};
     dnnl_dims_t bd = {c->cout}, dd = {n, c->cout, oh, oh};
     if (in_any)
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_md, 4, sd, dnnl_f32, dnnl_format_tag_any),
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_md, 4, sd, act_dt(p->mode, false),
+                                              dnnl_format_tag_any),
                  "src md");
     else
         src_md = in->md;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&w_md, 4, wd, dnnl_f32, dnnl_format_tag_any), "w md");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&w_md, 4, wd, wdt, dnnl_format_tag_any), "w md");
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_x), "bias md");
-    if (into)
+    if (into) {
+        /* the shortcut's storage and layout, read as the output's type: the
+         * sum post-op reads the old values as the shortcut's type (s8 and u8
+         * have one size, so the reinterpretation is exact) */
         dst_md = into->md;
-    else
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, dnnl_f32, dnnl_format_tag_any),
-                 "dst md");
+        dst_md.data_type = ddt;
+    } else {
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, ddt, dnnl_format_tag_any), "dst md");
+    }
+    float src_scale = in->scale, dst_scale = 1.0f, *oscale = NULL, *w_scale = NULL;
+    attr_spec as = {
+        .sum = into != NULL, .relu = relu, .sum_scale = 1.0f, .sum_dt = dnnl_data_type_undef};
+    if (p->mode == NUM_INT8) {
+        if (in_any) src_scale = q_scale(p, 0, false);
+        dst_scale = q_scale(p, ci, relu);
+        w_scale = weight_scales(c);
+        oscale = tw_alloc(TW_MEM_OTHER, (size_t)c->cout * sizeof *oscale);
+        if (!w_scale || !oscale) {
+            tw_free(w_scale);
+            tw_free(oscale);
+            return tw_error_set(err, TW_ERR_NOMEM, "out of memory planning the CPU backend");
+        }
+        /* oneDNN 2.x: dst = oscale * (acc + bias), acc in src*w units */
+        for (int o = 0; o < c->cout; o++) oscale[o] = dst_scale / (src_scale * w_scale[o]);
+        as.n_oscale = c->cout;
+        as.oscale_mask = 1 << 1;
+        as.oscale = oscale;
+        if (into) {
+            as.sum_scale = dst_scale / into->scale;
+            as.sum_dt = into->md.data_type;
+        }
+    }
     /* right padding so that oneDNN's output size is PyTorch's floor formula */
     dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * c->stride + c->k - in->h - c->pad;
     dnnl_dims_t strides = {c->stride, c->stride}, pl = {c->pad, c->pad}, prr = {pr, pr};
@@ -229,16 +356,29 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
                                                 &dst_md, strides, pl, prr),
              "convolution desc");
     dnnl_primitive_attr_t attr;
-    tw_status st = make_attr(into != NULL, relu, &attr, err);
-    if (st != TW_OK) return st;
+    tw_status st = make_attr(&as, &attr, err);
+    tw_free(oscale);
+    if (st != TW_OK) {
+        tw_free(w_scale);
+        return st;
+    }
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
     dnnl_primitive_attr_destroy(attr);
-    if (s != dnnl_success) return dnnl_fail(err, s, "convolution primitive desc");
+    if (s != dnnl_success) {
+        tw_free(w_scale);
+        return dnnl_fail(err, s, "convolution primitive desc");
+    }
 
     int dst = into ? into->buf : dst_buf;
     st = plan_push(p, L_CONV, pd, in->buf, dst, c, err);
-    if (st != TW_OK) return st;
+    if (st != TW_OK) {
+        tw_free(w_scale);
+        return st;
+    }
+    p->layers[p->n_layers - 1].src_scale = src_scale;
+    p->layers[p->n_layers - 1].relu = relu;
+    p->layers[p->n_layers - 1].w_scale = w_scale;
     const dnnl_memory_desc_t *wq, *dq;
     if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
         (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
@@ -249,6 +389,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     out->buf = dst;
     out->c = c->cout;
     out->h = oh;
+    out->scale = dst_scale;
     note_size(p, dst, &out->md);
     return TW_OK;
 }
@@ -259,23 +400,22 @@ static tw_status plan_pool(plan *p, dnnl_engine_t eng, const act *in, bool globa
     int k = global ? in->h : 3, stride = global ? 1 : 2, pad = global ? 0 : 1;
     int oh = tw_resnet_out_size(in->h, k, stride, pad);
     if (oh < 1)
-        return tw_error_set(err, TW_ERR_INPUT, "tile %d is too small for the max pooling",
-                            p->tile);
+        return tw_error_set(err, TW_ERR_INPUT, "tile %d is too small for the max pooling", p->tile);
     dnnl_dims_t dd = {p->batch, in->c, oh, oh};
     dnnl_memory_desc_t dst_md;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, dnnl_f32, dnnl_format_tag_any),
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, in->md.data_type, dnnl_format_tag_any),
              "pool dst md");
     dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * stride + k - in->h - pad;
     dnnl_dims_t strides = {stride, stride}, kernel = {k, k}, dil = {0, 0}, pl = {pad, pad},
                 prr = {pr, pr};
     dnnl_pooling_v2_desc_t pdsc;
-    DNNL_TRY(dnnl_pooling_v2_forward_desc_init(
-                 &pdsc, dnnl_forward_inference,
-                 global ? dnnl_pooling_avg_exclude_padding : dnnl_pooling_max, &in->md, &dst_md,
-                 strides, kernel, dil, pl, prr),
+    DNNL_TRY(dnnl_pooling_v2_forward_desc_init(&pdsc, dnnl_forward_inference,
+                                               global ? dnnl_pooling_avg_exclude_padding
+                                                      : dnnl_pooling_max,
+                                               &in->md, &dst_md, strides, kernel, dil, pl, prr),
              "pooling desc");
     dnnl_primitive_attr_t attr;
-    tw_status st = make_attr(false, false, &attr, err);
+    tw_status st = make_attr(&(attr_spec){0}, &attr, err);
     if (st != TW_OK) return st;
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_primitive_desc_create(&pd, &pdsc, attr, eng, NULL);
@@ -289,8 +429,26 @@ static tw_status plan_pool(plan *p, dnnl_engine_t eng, const act *in, bool globa
     out->buf = dst_buf;
     out->c = in->c;
     out->h = oh;
+    out->scale = in->scale; /* max pooling keeps the scale; averages are fp32 */
     note_size(p, dst_buf, &out->md);
     return TW_OK;
+}
+
+/* A reorder from `from` (storage src) to `to` (storage dst), multiplying
+ * by scale when it is not 1 (quantizing or dequantizing). */
+static tw_status plan_reorder(plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *from, int src,
+                              const dnnl_memory_desc_t *to, int dst, float scale, tw_error *err)
+{
+    dnnl_primitive_attr_t attr;
+    attr_spec as = {.n_oscale = scale != 1.0f, .oscale = &scale};
+    tw_status st = make_attr(&as, &attr, err);
+    if (st != TW_OK) return st;
+    dnnl_primitive_desc_t rpd;
+    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&rpd, from, eng, to, eng, attr);
+    dnnl_primitive_attr_destroy(attr);
+    if (s != dnnl_success) return dnnl_fail(err, s, "reorder primitive desc");
+    note_size(p, dst, to);
+    return plan_push(p, L_REORDER, rpd, src, dst, NULL, err);
 }
 
 /* Lowest activation buffer not in busy (a bit mask). */
@@ -301,10 +459,12 @@ static int free_buf(unsigned busy)
     return -1;
 }
 
-static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, int tile,
-                            int batch, tw_error *err)
+static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, int tile, int batch,
+                            num_mode mode, const float *amax, tw_error *err)
 {
     memset(p, 0, sizeof *p);
+    p->mode = mode;
+    p->amax = amax;
     p->batch = batch;
     p->tile = tile;
     p->feat_dim = net->feat_dim;
@@ -313,7 +473,7 @@ static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, in
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&p->in_md, 4, id, dnnl_f32, dnnl_nchw), "input md");
     p->buf_bytes[BUF_IN_USER] = dnnl_memory_desc_get_size(&p->in_md);
 
-    act in = {.md = p->in_md, .buf = BUF_IN_USER, .c = net->in_bands, .h = tile}, x, y;
+    act in = {.md = p->in_md, .buf = BUF_IN_USER, .c = net->in_bands, .h = tile, .scale = 1}, x, y;
     st = plan_conv(p, eng, &net->stem, &in, true, NULL, 0, true, &y, err);
     if (st != TW_OK) return st;
     /* the stem chose its input layout; convert the caller's NCHW when it differs */
@@ -321,13 +481,11 @@ static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, in
     const dnnl_memory_desc_t *want;
     if ((st = query_md(stem->pd, dnnl_query_src_md, 0, &want, err)) != TW_OK) return st;
     if (!dnnl_memory_desc_equal(want, &p->in_md)) {
-        dnnl_primitive_desc_t rpd;
-        DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &p->in_md, eng, want, eng, NULL),
-                 "input reorder desc");
-        note_size(p, BUF_IN_BLK, want);
+        /* (in int8 this reorder also quantizes, by the stem's source scale) */
+        float in_scale = stem->src_scale;
         stem->src = BUF_IN_BLK;
         /* the reorder runs first: swap it in front of the stem */
-        st = plan_push(p, L_REORDER, rpd, BUF_IN_USER, BUF_IN_BLK, NULL, err);
+        st = plan_reorder(p, eng, &p->in_md, BUF_IN_USER, want, BUF_IN_BLK, in_scale, err);
         if (st != TW_OK) return st;
         layer t = p->layers[p->n_layers - 1];
         p->layers[p->n_layers - 1] = p->layers[p->n_layers - 2];
@@ -357,20 +515,27 @@ static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, in
         }
         if (st != TW_OK) return st;
     }
+    if (mode == NUM_INT8) {
+        /* average in fp32: dequantize the last activation first (channels
+         * last, which oneDNN's pooling handles without its reference code) */
+        dnnl_memory_desc_t deq;
+        dnnl_dims_t xd = {batch, x.c, x.h, x.h};
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&deq, 4, xd, dnnl_f32, dnnl_nhwc), "deq md");
+        st = plan_reorder(p, eng, &x.md, x.buf, &deq, BUF_DEQ, 1.0f / x.scale, err);
+        if (st != TW_OK) return st;
+        x.md = deq;
+        x.buf = BUF_DEQ;
+    }
     /* global average pool in the blocked layout (a plain-layout destination
      * would send oneDNN to its slow reference pooling), then a small reorder
-     * brings the features back as plain [n][C] (nchw with 1x1) */
+     * brings the features back as plain fp32 [n][C] (nchw with 1x1) */
     act pooled;
-    st = plan_pool(p, eng, &x, true, free_buf(1u << x.buf), &pooled, err);
+    st = plan_pool(p, eng, &x, true, free_buf(x.buf < N_ACT ? 1u << x.buf : 0), &pooled, err);
     if (st != TW_OK) return st;
     dnnl_memory_desc_t feat_md;
     dnnl_dims_t fdims = {batch, pooled.c, 1, 1};
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&feat_md, 4, fdims, dnnl_f32, dnnl_nchw), "feat md");
-    dnnl_primitive_desc_t rpd;
-    DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &pooled.md, eng, &feat_md, eng, NULL),
-             "features reorder desc");
-    note_size(p, BUF_FEAT, &feat_md);
-    return plan_push(p, L_REORDER, rpd, pooled.buf, BUF_FEAT, NULL, err);
+    return plan_reorder(p, eng, &pooled.md, pooled.buf, &feat_md, BUF_FEAT, 1.0f, err);
 }
 
 /* Total bytes reserve() takes for this plan (all through tw_alloc). */
@@ -420,8 +585,8 @@ static void *ws_alloc(cpu_ctx *c, size_t bytes)
     return p;
 }
 
-static tw_status new_mem(cpu_ctx *c, const dnnl_memory_desc_t *md, void *handle,
-                         dnnl_memory_t *out, tw_error *err)
+static tw_status new_mem(cpu_ctx *c, const dnnl_memory_desc_t *md, void *handle, dnnl_memory_t *out,
+                         tw_error *err)
 {
     if (c->n_mems == c->cap_mems)
         return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: memory table full");
@@ -432,8 +597,8 @@ static tw_status new_mem(cpu_ctx *c, const dnnl_memory_desc_t *md, void *handle,
 
 /* Reorder the folded OIHW weights of conv into the layout of its primitive
  * and keep them; the bias is copied as is. */
-static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm,
-                                 dnnl_memory_t *bm, tw_error *err)
+static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, dnnl_memory_t *bm,
+                                 tw_error *err)
 {
     const tw_conv *cv = l->conv;
     const dnnl_memory_desc_t *wmd, *bmd;
@@ -442,9 +607,12 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm,
         (st = query_md(l->pd, dnnl_query_weights_md, 1, &bmd, err)) != TW_OK)
         return st;
     void *w = ws_alloc(c, dnnl_memory_desc_get_size(wmd));
-    void *b = ws_alloc(c, (size_t)cv->cout * sizeof(float));
+    float *b = ws_alloc(c, (size_t)cv->cout * sizeof(float));
     if (!w || !b) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU weights");
     memcpy(b, cv->b, (size_t)cv->cout * sizeof(float));
+    /* int8: the bias joins the accumulator, which counts in src*w units */
+    if (l->w_scale)
+        for (int o = 0; o < cv->cout; o++) b[o] *= l->src_scale * l->w_scale[o];
     st = new_mem(c, wmd, w, wm, err);
     if (st == TW_OK) st = new_mem(c, bmd, b, bm, err);
     if (st != TW_OK) return st;
@@ -457,7 +625,17 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm,
     DNNL_TRY(dnnl_memory_create(&um, &umd, c->eng, (void *)cv->w), "weights memory");
     dnnl_primitive_desc_t rpd = NULL;
     dnnl_primitive_t r = NULL;
-    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&rpd, &umd, c->eng, wmd, c->eng, NULL);
+    dnnl_primitive_attr_t attr;
+    attr_spec as = {.n_oscale = l->w_scale ? cv->cout : 0,
+                    .oscale_mask = 1 << 0,
+                    .oscale = l->w_scale,
+                    .own_scratch = true};
+    if ((st = make_attr(&as, &attr, err)) != TW_OK) {
+        dnnl_memory_destroy(um);
+        return st;
+    }
+    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&rpd, &umd, c->eng, wmd, c->eng, attr);
+    dnnl_primitive_attr_destroy(attr);
     if (s == dnnl_success) s = dnnl_primitive_create(&r, rpd);
     if (s == dnnl_success) {
         dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, um}, {DNNL_ARG_TO, *wm}};
@@ -513,6 +691,10 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, const plan *p, tw_error
         if (st == TW_OK) st = new_mem(c, dmd, c->buf[l->dst], &dm, err);
         if (st != TW_OK) return st;
         if (l->src == BUF_IN_USER) c->in_mem = sm;
+        o->conv = l->kind == L_CONV;
+        o->levels = l->relu ? 255 : 127;
+        o->dst = c->buf[l->dst];
+        o->dst_floats = dnnl_memory_desc_get_size(dmd) / sizeof(float);
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_FROM : DNNL_ARG_SRC, sm};
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_TO : DNNL_ARG_DST, dm};
         if (l->kind == L_CONV) {
@@ -537,17 +719,41 @@ nomem:
     return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU backend workspace");
 }
 
-static size_t cpu_workspace_bytes(void *ctx, const tw_resnet *net, int tile, int max_batch,
-                                  tw_precision prec)
+static num_mode wanted_mode(tw_precision prec)
 {
-    (void)prec;
-    cpu_ctx *c = ctx;
-    set_threads(c);
+    return prec == TW_PREC_BF16 ? NUM_BF16 : prec == TW_PREC_INT8 ? NUM_INT8 : NUM_F32;
+}
+
+static const char *mode_name(num_mode m)
+{
+    return m == NUM_BF16 ? "bf16" : m == NUM_INT8 ? "int8" : "fp32";
+}
+
+/* Can oneDNN run this net in mode on this CPU? (It answers "unimplemented"
+ * to a bf16 convolution without AVX-512, for instance.) */
+static bool mode_supported(cpu_ctx *c, const tw_resnet *net, int tile, num_mode mode)
+{
+    if (mode == NUM_F32) return true;
+    probe *pr = &c->probes[mode];
+    if (pr->net != net || pr->tile != tile) {
+        /* one batch-1 plan answers; the budget's bisection and reserve ask again */
+        plan p;
+        tw_error_init(&pr->why);
+        pr->ok = plan_build(&p, c->eng, net, tile, 1, mode, NULL, &pr->why) == TW_OK;
+        plan_free(&p);
+        pr->net = net;
+        pr->tile = tile;
+    }
+    return pr->ok;
+}
+
+static size_t mode_bytes(cpu_ctx *c, const tw_resnet *net, int tile, int max_batch, num_mode mode)
+{
     plan p;
     tw_error err;
     tw_error_init(&err);
     size_t bytes;
-    if (plan_build(&p, c->eng, net, tile, max_batch, &err) == TW_OK) {
+    if (plan_build(&p, c->eng, net, tile, max_batch, mode, NULL, &err) == TW_OK) {
         bytes = plan_bytes(&p, net);
     } else {
         /* reserve() will report the real problem; until then assume the
@@ -560,46 +766,89 @@ static size_t cpu_workspace_bytes(void *ctx, const tw_resnet *net, int tile, int
     return bytes;
 }
 
+static size_t cpu_workspace_bytes(void *ctx, const tw_resnet *net, int tile, int max_batch,
+                                  tw_precision prec)
+{
+    cpu_ctx *c = ctx;
+    set_threads(c);
+    num_mode mode = wanted_mode(prec);
+    /* int8 calibrates with the fp32 plan, frees it, then builds the int8
+     * one: a quarter of its buffers and weights plus an fp32 copy of the
+     * last activation (which the fp32 plan holds too), so the fp32 plan is
+     * the peak */
+    if (mode == NUM_INT8 || !mode_supported(c, net, tile, mode)) mode = NUM_F32;
+    return mode_bytes(c, net, tile, max_batch, mode);
+}
+
+/* Plan and build the net in mode for batches of *batch tiles; when
+ * may_lower, halve the batch on out-of-memory down to 1. */
+static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, int tile, int *batch, bool may_lower,
+                            num_mode mode, const float *amax, tw_error *err)
+{
+    for (;;) {
+        plan p;
+        tw_error local;
+        tw_error_init(&local);
+        tw_status st = plan_build(&p, c->eng, net, tile, *batch, mode, amax, &local);
+        if (st == TW_OK) st = build(c, net, &p, &local);
+        int n_conv = p.n_conv;
+        plan_free(&p);
+        if (st == TW_OK) {
+            c->mode = mode;
+            c->n_conv = n_conv;
+            c->reserved = true;
+            return TW_OK;
+        }
+        release(c);
+        if (st != TW_ERR_NOMEM || !may_lower || *batch == 1) {
+            /* only now record what went wrong (the retries stay silent) */
+            if (local.set) tw_error_set(err, local.status, "%s", local.msg);
+            return st;
+        }
+        *batch /= 2;
+    }
+}
+
 static tw_status cpu_reserve(void *ctx, const tw_resnet *net, int tile, int *max_batch,
                              tw_precision prec, tw_error *err)
 {
     cpu_ctx *c = ctx;
     if (*max_batch < 1)
         return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: max_batch %d", *max_batch);
-    if (prec != TW_PREC_FP32 && prec != TW_PREC_TF32)
-        fprintf(stderr, "tilewise: the CPU backend computes in fp32 (precision %s not "
-                        "supported on this backend)\n",
-                prec == TW_PREC_BF16 ? "bf16" : prec == TW_PREC_FP16 ? "fp16" : "int8");
     release(c);
+    c->int8 = c->calibrate = false;
     set_threads(c);
-    int batch = *max_batch;
-    for (;;) {
-        plan p;
-        tw_error local;
-        tw_error_init(&local);
-        tw_status st = plan_build(&p, c->eng, net, tile, batch, &local);
-        if (st == TW_OK) st = build(c, net, &p, &local);
-        plan_free(&p);
-        if (st == TW_OK) break;
-        release(c);
-        if (st != TW_ERR_NOMEM || batch == 1) {
-            /* only now record what went wrong (the retries stay silent) */
-            if (local.set) tw_error_set(err, local.status, "%s", local.msg);
-            return st;
-        }
-        batch /= 2;
+    num_mode mode = wanted_mode(prec);
+    if (prec == TW_PREC_FP16) {
+        fprintf(stderr, "tilewise: the CPU backend has no fp16 convolutions; computing in "
+                        "fp32\n");
+    } else if (!mode_supported(c, net, tile, mode)) {
+        fprintf(stderr,
+                "tilewise: %s convolutions are not available on this CPU (%s); "
+                "computing in fp32\n",
+                mode_name(mode), c->probes[mode].why.msg);
+        mode = NUM_F32;
     }
+    int batch = *max_batch;
+    /* int8 starts in fp32: calibrate() measures the activation ranges with it */
+    tw_status st =
+        build_mode(c, net, tile, &batch, true, mode == NUM_INT8 ? NUM_F32 : mode, NULL, err);
+    if (st != TW_OK) return st;
     if (batch != *max_batch) {
         fprintf(stderr, "tilewise: CPU backend: batch lowered from %d to %d (out of memory)\n",
                 *max_batch, batch);
         *max_batch = batch;
     }
+    c->int8 = c->calibrate = mode == NUM_INT8;
+    c->net = net;
     c->max_batch = batch;
     c->tile = tile;
     c->in_bands = net->in_bands;
     c->feat_dim = net->feat_dim;
     c->n_classes = net->n_classes;
-    c->reserved = true;
+    c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
+                         : mode == NUM_INT8 ? TW_PREC_INT8
+                                            : TW_PREC_FP32;
     return TW_OK;
 }
 
@@ -608,6 +857,118 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Point the first layer at this batch's input: in place for a full batch
+ * (oneDNN never writes its source), else copied into the backend's own. */
+static tw_status set_input(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
+{
+    void *src = c->buf[BUF_IN_USER];
+    if (b->n == c->max_batch)
+        src = (void *)b->x;
+    else
+        memcpy(src, b->x, (size_t)b->n * c->in_bands * c->tile * c->tile * sizeof(float));
+    DNNL_TRY(dnnl_memory_set_data_handle(c->in_mem, src), "set input");
+    return TW_OK;
+}
+
+static float max_abs(const float *v, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(v[i]));
+    return m;
+}
+
+/* The range to quantize v to `levels` steps (255 for u8, 127 for s8 per
+ * side): the clip c in (0, max|v|] with the least squared error, counting
+ * rounding (step^2 / 12 per value below c) and clipping ((|x| - c)^2 above
+ * it), from a histogram of |v|. Activations have long tails: spending the
+ * steps on the bulk of the values beats covering the rare largest one. */
+static float choose_range(const float *v, size_t n, int levels)
+{
+    enum { BINS = 2048, CANDIDATES = 64 };
+    float m = max_abs(v, n);
+    if (!(m > 0.0f)) return m;
+    double hist[BINS] = {0};
+    double per_bin = BINS / (double)m;
+    for (size_t i = 0; i < n; i++) {
+        int b = (int)(fabsf(v[i]) * per_bin);
+        hist[b < BINS ? b : BINS - 1] += 1.0;
+    }
+    float best = m;
+    double best_err = INFINITY;
+    for (int k = CANDIDATES; k >= 1; k--) {
+        double c = m * k / CANDIDATES, step = c / levels, err = 0.0;
+        for (int b = 0; b < BINS; b++) {
+            if (hist[b] == 0.0) continue;
+            double x = (b + 0.5) / per_bin;
+            err += hist[b] * (x > c ? (x - c) * (x - c) : step * step / 12.0);
+        }
+        if (err < best_err) {
+            best_err = err;
+            best = (float)c;
+        }
+    }
+    return best;
+}
+
+/* Run every op on batch b. amax (fp32 plans only): record the range of
+ * each conv's output at amax[1 + i] (choose_range). */
+static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_error *err)
+{
+    tw_status st = set_input(c, b, err);
+    if (st != TW_OK) return st;
+    for (int i = 0, k = 0; i < c->n_ops; i++) {
+        DNNL_TRY(dnnl_primitive_execute(c->ops[i].prim, c->stream, c->ops[i].nargs, c->ops[i].args),
+                 "execute");
+        if (amax && c->ops[i].conv) {
+            DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
+            amax[++k] = choose_range(c->ops[i].dst, c->ops[i].dst_floats, c->ops[i].levels);
+        }
+    }
+    DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
+    return TW_OK;
+}
+
+/* int8: run batch b in fp32 recording the activation ranges, then build the
+ * int8 plan with them in place of the fp32 one (same batch size: the
+ * caller's slots are sized for it). When an int8 plan is already built (an
+ * earlier raster), an fp32 one is built for the measurement first. */
+static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, const char *what, tw_error *err)
+{
+    int batch = c->max_batch;
+    tw_status st = TW_OK;
+    if (c->mode != NUM_F32) {
+        release(c);
+        st = build_mode(c, c->net, c->tile, &batch, false, NUM_F32, NULL, err);
+        if (st != TW_OK) return st;
+    }
+    float *amax = tw_calloc(TW_MEM_OTHER, (size_t)c->n_conv + 1, sizeof *amax);
+    if (!amax) return tw_error_set(err, TW_ERR_NOMEM, "out of memory calibrating int8");
+    amax[0] = choose_range(b->x, (size_t)b->n * c->in_bands * c->tile * c->tile, 127);
+    st = run_ops(c, b, amax, err);
+    if (st == TW_OK) {
+        release(c);
+        st = build_mode(c, c->net, c->tile, &batch, false, NUM_INT8, amax, err);
+    }
+    tw_free(amax);
+    if (st != TW_OK) return st;
+    c->calibrate = false;
+    fprintf(stderr, "tilewise: int8: activation ranges calibrated on %d tiles %s\n", b->n, what);
+    return TW_OK;
+}
+
+static tw_status cpu_calibrate(void *ctx, const tw_infer_batch *b, const char *path, tw_error *err)
+{
+    cpu_ctx *c = ctx;
+    if (!c->reserved || !c->int8) return TW_OK; /* not asked, or fell back to fp32 */
+    if (b->n < 1 || b->n > c->max_batch || b->tile != c->tile || !b->x)
+        return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: calibration batch of %d tiles",
+                            b->n);
+    set_threads(c);
+    char what[512];
+    snprintf(what, sizeof what, "spread over %s", path);
+    return calibrate(c, b, what, err);
 }
 
 static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
@@ -622,17 +983,9 @@ static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
                             b->n, b->tile, c->max_batch, c->tile);
     double t0 = now_s();
     set_threads(c);
-    void *src = c->buf[BUF_IN_USER];
-    if (b->n == c->max_batch)
-        src = (void *)b->x; /* read in place; oneDNN never writes its source */
-    else
-        memcpy(src, b->x, (size_t)b->n * c->in_bands * c->tile * c->tile * sizeof(float));
-    DNNL_TRY(dnnl_memory_set_data_handle(c->in_mem, src), "set input");
-    for (int i = 0; i < c->n_ops; i++)
-        DNNL_TRY(dnnl_primitive_execute(c->ops[i].prim, c->stream, c->ops[i].nargs,
-                                        c->ops[i].args),
-                 "execute");
-    DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
+    tw_status st = c->calibrate ? calibrate(c, b, "of the first batch", err) : TW_OK;
+    if (st == TW_OK) st = run_ops(c, b, NULL, err);
+    if (st != TW_OK) return st;
 
     const float *feat = c->buf[BUF_FEAT];
     int fd = c->feat_dim, k = c->n_classes;
@@ -692,6 +1045,7 @@ static const struct tw_backend_i k_cpu_iface = {
     .name = "cpu",
     .workspace_bytes = cpu_workspace_bytes,
     .reserve = cpu_reserve,
+    .calibrate = cpu_calibrate,
     .infer = cpu_infer,
     .wants_raw = cpu_wants_raw,
     .host_alloc = cpu_host_alloc,

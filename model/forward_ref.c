@@ -103,8 +103,8 @@ static size_t max_activation(const tw_resnet *net, int tile, size_t *max_col)
 
 /* One image: x [bands][tile][tile] -> probs [classes], emb [feat_dim] or NULL.
  * buf: four activation buffers of cap floats; col and feat as sized by the caller. */
-static void forward_one(const tw_resnet *net, const float *x, int tile, float *buf[4],
-                        float *col, double *feat, float *probs, float *emb)
+static void forward_one(const tw_resnet *net, const float *x, int tile, float *buf[4], float *col,
+                        double *feat, float *probs, float *emb)
 {
     /* buffers: cur = block input, t1/t2 = inner results, sc = shortcut */
     float *cur = buf[0], *t1 = buf[1], *t2 = buf[2], *sc = buf[3];
@@ -173,8 +173,8 @@ static void forward_one(const tw_resnet *net, const float *x, int tile, float *b
     for (int k = 0; k < net->n_classes; k++) probs[k] = (float)(logits[k] / sum);
 }
 
-tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile,
-                                float *probs, float *emb, tw_error *err)
+tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile, float *probs,
+                                float *emb, tw_error *err)
 {
     int h_stem = tw_resnet_out_size(tile, 7, 2, 3);
     if (tile < 1 || h_stem < 1 || tw_resnet_out_size(h_stem, 3, 2, 1) < 1)
@@ -186,7 +186,8 @@ tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int
      * parallel region, rather than a barrier after every small layer) */
     int nt = omp_get_max_threads();
     if (nt > n) nt = n;
-    size_t per_thread = (4 * cap + col_cap) * sizeof(float) + (size_t)net->feat_dim * sizeof(double);
+    size_t per_thread =
+        (4 * cap + col_cap) * sizeof(float) + (size_t)net->feat_dim * sizeof(double);
     per_thread = (per_thread + 63) & ~(size_t)63; /* each thread's part starts aligned */
     char *scratch = tw_alloc(TW_MEM_WORKSPACE, (size_t)nt * per_thread);
     if (!scratch)

@@ -21,7 +21,7 @@ static const struct {
     bool bottleneck;
     int blocks[4];
 } k_layouts[] = {
-    {18, false, {2, 2, 2, 2}},   {34, false, {3, 4, 6, 3}},  {50, true, {3, 4, 6, 3}},
+    {18, false, {2, 2, 2, 2}},  {34, false, {3, 4, 6, 3}},  {50, true, {3, 4, 6, 3}},
     {101, true, {3, 4, 23, 3}}, {152, true, {3, 8, 36, 3}},
 };
 
@@ -35,8 +35,7 @@ static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
     size_t used = 0;
     used += (size_t)snprintf(buf + used, cap - used, "[");
     for (int d = 0; d < ndim && used < cap; d++)
-        used += (size_t)snprintf(buf + used, cap - used, d ? ",%lld" : "%lld",
-                                 (long long)shape[d]);
+        used += (size_t)snprintf(buf + used, cap - used, d ? ",%lld" : "%lld", (long long)shape[d]);
     if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
@@ -63,12 +62,12 @@ static tw_status get_tensor(const tw_model_file *mf, const char *name, int ndim,
         format_shape(found_s, sizeof found_s, t->ndim, t->shape);
         format_shape(exp_s, sizeof exp_s, ndim, exp);
         return tw_error_set(err, TW_ERR_MODEL,
-                            "model file %s: tensor '%s' has shape %s, expected %s", mf->path,
-                            name, found_s, exp_s);
+                            "model file %s: tensor '%s' has shape %s, expected %s", mf->path, name,
+                            found_s, exp_s);
     }
     if (t->numel < 0 || !t->data)
-        return tw_error_set(err, TW_ERR_MODEL, "model file %s: tensor '%s' has no data",
-                            mf->path, name);
+        return tw_error_set(err, TW_ERR_MODEL, "model file %s: tensor '%s' has no data", mf->path,
+                            name);
     *out = t;
     return TW_OK;
 }
@@ -178,8 +177,8 @@ static int arch_depth(const char *arch)
     return 0;
 }
 
-static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bottleneck,
-                            int *ch, tw_block *blk, size_t *bytes, tw_error *err)
+static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bottleneck, int *ch,
+                            tw_block *blk, size_t *bytes, tw_error *err)
 {
     char p[96], bn[96];
     int stride = (stage > 0 && idx == 0) ? 2 : 1;
@@ -197,8 +196,7 @@ static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bo
 
     snprintf(p, sizeof p, "layer%d.%d.conv2", stage + 1, idx);
     snprintf(bn, sizeof bn, "layer%d.%d.bn2", stage + 1, idx);
-    st = load_conv_bn(mf, p, bn, blk->c1.cout, 3, bottleneck ? stride : 1, 1, &blk->c2, bytes,
-                      err);
+    st = load_conv_bn(mf, p, bn, blk->c1.cout, 3, bottleneck ? stride : 1, 1, &blk->c2, bytes, err);
     if (st != TW_OK) return st;
     int cout = blk->c2.cout;
 
@@ -306,8 +304,7 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
     int bi = 0;
     for (int s = 0; s < 4; s++)
         for (int i = 0; i < blocks[s]; i++) {
-            st = load_block(mf, s, i, bottleneck, &ch, &net->blocks[bi++], &net->weight_bytes,
-                            err);
+            st = load_block(mf, s, i, bottleneck, &ch, &net->blocks[bi++], &net->weight_bytes, err);
             if (st != TW_OK) goto fail;
         }
     net->feat_dim = ch;

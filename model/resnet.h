@@ -24,29 +24,29 @@
 
 typedef struct tw_conv {
     int cin, cout, k, stride, pad;
-    float *w;                 /* [cout][cin][k][k] (OIHW), BN folded */
-    float *b;                 /* [cout] */
+    float *w; /* [cout][cin][k][k] (OIHW), BN folded */
+    float *b; /* [cout] */
 } tw_conv;
 
 typedef struct tw_block {
-    tw_conv c1, c2, c3;       /* c3 only in bottleneck blocks */
+    tw_conv c1, c2, c3; /* c3 only in bottleneck blocks */
     bool has_down;
-    tw_conv down;             /* 1x1 projection of the shortcut */
+    tw_conv down; /* 1x1 projection of the shortcut */
 } tw_block;
 
 typedef struct tw_resnet {
-    int depth;                /* 18, 34, 50, 101, 152 */
+    int depth; /* 18, 34, 50, 101, 152 */
     bool bottleneck;
     int in_bands;
     int n_classes;
-    int feat_dim;             /* channels after the last stage (512 or 2048 for standard widths) */
-    tw_conv stem;             /* conv1 7x7 s2 p3 + bn1 */
+    int feat_dim; /* channels after the last stage (512 or 2048 for standard widths) */
+    tw_conv stem; /* conv1 7x7 s2 p3 + bn1 */
     tw_block *blocks;
     int n_blocks;
-    int stage_blocks[4];      /* blocks per stage, e.g. 2,2,2,2 */
-    float *fc_w;              /* [n_classes][feat_dim] */
-    float *fc_b;              /* [n_classes] */
-    size_t weight_bytes;      /* bytes of all folded weights */
+    int stage_blocks[4]; /* blocks per stage, e.g. 2,2,2,2 */
+    float *fc_w;         /* [n_classes][feat_dim] */
+    float *fc_b;         /* [n_classes] */
+    size_t weight_bytes; /* bytes of all folded weights */
 } tw_resnet;
 
 /* Build a folded ResNet from mf. arch ("resnet18".. or "" to infer from the

@@ -67,7 +67,10 @@ size_t tw_mem_peak(tw_mem_tag tag)
     return atomic_load(&g_peak[tag <= TW_MEM_TAG_COUNT ? tag : TW_MEM_OTHER]);
 }
 
-uint64_t tw_mem_alloc_count(void) { return atomic_load(&g_count); }
+uint64_t tw_mem_alloc_count(void)
+{
+    return atomic_load(&g_count);
+}
 
 const char *tw_mem_tag_name(tw_mem_tag tag)
 {

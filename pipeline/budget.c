@@ -6,19 +6,22 @@
 
 #define MIB ((size_t)1 << 20)
 
-static int ref_capacity_for(int batch) { return batch + 256; }
+static int ref_capacity_for(int batch)
+{
+    return batch + 256;
+}
 
 size_t tw_budget_slot_bytes(const tw_budget_in *in, int batch, int ref_capacity)
 {
     size_t px = (size_t)in->tile * (size_t)in->tile;
     size_t b = (size_t)batch;
     size_t bytes = b * (size_t)in->bands * px * tw_dtype_size(in->dtype); /* raw */
-    bytes += b * px;                                                       /* valid */
+    bytes += b * px;                                                      /* valid */
     if (!in->backend->i->wants_raw(in->backend->ctx))
-        bytes += b * (size_t)in->bands * px * sizeof(float);               /* normalized */
-    bytes += b * (size_t)in->n_classes * sizeof(float);                    /* probs */
-    if (in->want_emb) bytes += b * (size_t)in->feat_dim * sizeof(float);   /* embeddings */
-    bytes += (size_t)ref_capacity * 48;                                    /* tile refs */
+        bytes += b * (size_t)in->bands * px * sizeof(float);             /* normalized */
+    bytes += b * (size_t)in->n_classes * sizeof(float);                  /* probs */
+    if (in->want_emb) bytes += b * (size_t)in->feat_dim * sizeof(float); /* embeddings */
+    bytes += (size_t)ref_capacity * 48;                                  /* tile refs */
     return bytes + 8 * 64;
 }
 
@@ -53,8 +56,8 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     b->ref_capacity = ref_capacity_for(batch);
     b->slot_bytes = tw_budget_slot_bytes(in, batch, b->ref_capacity);
     b->slots = b->slot_bytes * (size_t)b->n_slots;
-    b->workspace = in->backend->i->workspace_bytes(in->backend->ctx, in->net, in->tile, batch,
-                                                   in->precision);
+    b->workspace =
+        in->backend->i->workspace_bytes(in->backend->ctx, in->net, in->tile, batch, in->precision);
     b->weights = in->weights;
     b->strip = in->strip;
     b->base = in->base;
@@ -131,5 +134,11 @@ static size_t status_kib(const char *key)
     return kib * 1024;
 }
 
-size_t tw_rss_now(void) { return status_kib("VmRSS:"); }
-size_t tw_rss_peak(void) { return status_kib("VmHWM:"); }
+size_t tw_rss_now(void)
+{
+    return status_kib("VmRSS:");
+}
+size_t tw_rss_peak(void)
+{
+    return status_kib("VmHWM:");
+}

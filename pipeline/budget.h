@@ -19,9 +19,9 @@
 #include "pipeline/plan.h"
 
 typedef struct tw_budget_in {
-    size_t total;                 /* runtime.memory */
-    size_t base;                  /* process RSS before the run's allocations */
-    size_t weights;               /* folded weights on the host */
+    size_t total;   /* runtime.memory */
+    size_t base;    /* process RSS before the run's allocations */
+    size_t weights; /* folded weights on the host */
     const tw_backend *backend;
     const tw_resnet *net;
     tw_precision precision;
@@ -29,30 +29,30 @@ typedef struct tw_budget_in {
     tw_dtype dtype;
     int n_classes, feat_dim;
     bool want_emb;
-    int fixed_batch;              /* 0: auto */
-    int max_auto_batch;           /* upper bound for auto */
-    int raster_w;                 /* widest input, pixels */
-    int block_w, block_h;         /* its natural block */
-    size_t strip;                 /* stitcher + writer row buffers */
-    bool vrt;                     /* a VRT reads through to its sources: its own
-                                     blocks never enter the GDAL cache */
+    int fixed_batch;      /* 0: auto */
+    int max_auto_batch;   /* upper bound for auto */
+    int raster_w;         /* widest input, pixels */
+    int block_w, block_h; /* its natural block */
+    size_t strip;         /* stitcher + writer row buffers */
+    bool vrt;             /* a VRT reads through to its sources: its own
+                             blocks never enter the GDAL cache */
 } tw_budget_in;
 
 typedef struct tw_budget {
-    int batch;                    /* tiles per batch slot */
+    int batch; /* tiles per batch slot */
     int n_slots;
-    int ref_capacity;             /* tile refs per slot (kept + skipped tiles) */
-    size_t slot_bytes;            /* one slot */
-    size_t slots;                 /* all slots */
-    size_t workspace;             /* backend */
+    int ref_capacity;  /* tile refs per slot (kept + skipped tiles) */
+    size_t slot_bytes; /* one slot */
+    size_t slots;      /* all slots */
+    size_t workspace;  /* backend */
     size_t weights;
     size_t strip;
-    size_t gdal_cache;            /* GDAL_CACHEMAX set for the run */
-    size_t gdal_cache_expected;   /* what the reads are expected to fill of it */
+    size_t gdal_cache;          /* GDAL_CACHEMAX set for the run */
+    size_t gdal_cache_expected; /* what the reads are expected to fill of it */
     size_t base;
-    size_t margin;                /* allocator slack, GDAL datasets, HDF5, threads */
-    size_t total;                 /* worst case, must fit runtime.memory */
-    size_t estimate;              /* expected peak (total with the expected GDAL cache) */
+    size_t margin;   /* allocator slack, GDAL datasets, HDF5, threads */
+    size_t total;    /* worst case, must fit runtime.memory */
+    size_t estimate; /* expected peak (total with the expected GDAL cache) */
 } tw_budget;
 
 /* Bytes of one batch slot for `batch` tiles. */

@@ -13,15 +13,15 @@
 
 typedef enum tw_status {
     TW_OK = 0,
-    TW_CANCELLED = 1,       /* stopped on request (signal, progress callback); resumable */
-    TW_ERR_USAGE = -1,      /* bad command line */
-    TW_ERR_CONFIG = -2,     /* workflow file: syntax, unknown key, type, range */
-    TW_ERR_INPUT = -3,      /* raster cannot be opened/read or does not fit the model */
-    TW_ERR_MODEL = -4,      /* model file unreadable, inconsistent or unsupported */
-    TW_ERR_OUTPUT = -5,     /* output cannot be created/written (permissions, disk full) */
-    TW_ERR_NOMEM = -6,      /* memory budget too small, allocation failed */
-    TW_ERR_DEVICE = -7,     /* GPU missing or failing */
-    TW_ERR_INTERNAL = -8,   /* a bug: please report */
+    TW_CANCELLED = 1,     /* stopped on request (signal, progress callback); resumable */
+    TW_ERR_USAGE = -1,    /* bad command line */
+    TW_ERR_CONFIG = -2,   /* workflow file: syntax, unknown key, type, range */
+    TW_ERR_INPUT = -3,    /* raster cannot be opened/read or does not fit the model */
+    TW_ERR_MODEL = -4,    /* model file unreadable, inconsistent or unsupported */
+    TW_ERR_OUTPUT = -5,   /* output cannot be created/written (permissions, disk full) */
+    TW_ERR_NOMEM = -6,    /* memory budget too small, allocation failed */
+    TW_ERR_DEVICE = -7,   /* GPU missing or failing */
+    TW_ERR_INTERNAL = -8, /* a bug: please report */
 } tw_status;
 
 /* Process exit codes (documented in README.md). Only main() uses them. */
@@ -37,9 +37,9 @@ enum {
 #define TW_ERROR_MSG_MAX 1024
 
 typedef struct tw_error {
-    atomic_int set;               /* 0 until the first error is recorded */
+    atomic_int set; /* 0 until the first error is recorded */
     tw_status status;
-    char msg[TW_ERROR_MSG_MAX];   /* one line, no trailing newline */
+    char msg[TW_ERROR_MSG_MAX]; /* one line, no trailing newline */
 } tw_error;
 
 /* Reset to "no error". */
@@ -58,9 +58,9 @@ int tw_status_exit_code(tw_status st);
 const char *tw_status_name(tw_status st);
 
 /* Programmer mistakes only: never for bad input or failed I/O. */
-#define TW_ASSERT(c)                                                                 \
-    do {                                                                             \
-        if (!(c)) tw_assert_fail(#c, __FILE__, __LINE__);                            \
+#define TW_ASSERT(c)                                                                               \
+    do {                                                                                           \
+        if (!(c)) tw_assert_fail(#c, __FILE__, __LINE__);                                          \
     } while (0)
 _Noreturn void tw_assert_fail(const char *cond, const char *file, int line);
 

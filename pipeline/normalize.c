@@ -11,13 +11,13 @@
 
 /* One band plane of one tile: n pixels. The select keeps invalid pixels at 0
  * even when their raw value is NaN/Inf (float rasters). */
-#define NORM_PLANE(T)                                                          \
-    do {                                                                       \
-        const T *src = (const T *)raw + off;                                   \
-        for (size_t p = 0; p < npix; p++) {                                    \
-            float v = (float)src[p] * a + b;                                   \
-            dst[p] = vmask[p] ? v : 0.0f;                                      \
-        }                                                                      \
+#define NORM_PLANE(T)                                                                              \
+    do {                                                                                           \
+        const T *src = (const T *)raw + off;                                                       \
+        for (size_t p = 0; p < npix; p++) {                                                        \
+            float v = (float)src[p] * a + b;                                                       \
+            dst[p] = vmask[p] ? v : 0.0f;                                                          \
+        }                                                                                          \
     } while (0)
 
 void tw_normalize(const void *raw, tw_dtype t, const uint8_t *valid, int n, int h, int w,

@@ -16,7 +16,7 @@
 #define TW_PATH_MAX 1024
 #define TW_MAX_INPUTS 64
 #define TW_MAX_BANDS 64
-#define TW_MAX_CLASSES 255       /* class map is Byte with 255 as nodata */
+#define TW_MAX_CLASSES 255 /* class map is Byte with 255 as nodata */
 #define TW_NAME_MAX 64
 #define TW_MAX_CREATION_OPTIONS 16
 
@@ -45,43 +45,43 @@ enum {
 typedef struct tw_input_params {
     char paths[TW_MAX_INPUTS][TW_PATH_MAX];
     int n_paths;
-    int bands[TW_MAX_BANDS];         /* 1-based; n_bands == 0: bundle's, else all */
+    int bands[TW_MAX_BANDS]; /* 1-based; n_bands == 0: bundle's, else all */
     int n_bands;
-    double scale;                    /* NaN: bundle's, else 1.0 */
-    bool nodata_auto;                /* true: the raster's own nodata (if any) */
-    double nodata;                   /* used when !nodata_auto */
+    double scale;     /* NaN: bundle's, else 1.0 */
+    bool nodata_auto; /* true: the raster's own nodata (if any) */
+    double nodata;    /* used when !nodata_auto */
     tw_on_error on_error;
 } tw_input_params;
 
 typedef struct tw_model_params {
     char weights[TW_PATH_MAX];
-    char arch[16];                   /* "" : from the file / the tensor shapes */
+    char arch[16]; /* "" : from the file / the tensor shapes */
     float mean[TW_MAX_BANDS];
-    int n_mean;                      /* 0: bundle's, else 0.0 */
+    int n_mean; /* 0: bundle's, else 0.0 */
     float std[TW_MAX_BANDS];
-    int n_std;                       /* 0: bundle's, else 1.0 */
+    int n_std; /* 0: bundle's, else 1.0 */
     char classes[TW_MAX_CLASSES][TW_NAME_MAX];
-    int n_classes;                   /* 0: bundle's, else class_0.. */
+    int n_classes; /* 0: bundle's, else class_0.. */
 } tw_model_params;
 
 typedef struct tw_tiling_params {
-    int tile;                        /* 0: bundle's, else 64 */
-    int stride;                      /* 0: = tile. tile % stride must be 0 */
-    int batch;                       /* 0: auto */
+    int tile;   /* 0: bundle's, else 64 */
+    int stride; /* 0: = tile. tile % stride must be 0 */
+    int batch;  /* 0: auto */
     tw_edge_mode edge;
-    double max_nodata_fraction;      /* default 0.5 */
+    double max_nodata_fraction; /* default 0.5 */
 } tw_tiling_params;
 
 typedef struct tw_runtime_params {
-    char device[16];                 /* auto | cpu | cuda | cuda:N */
+    char device[16]; /* auto | cpu | cuda | cuda:N */
     tw_precision precision;
-    size_t memory;                   /* bytes; default 2 GiB */
-    int threads;                     /* 0: auto (all cores) */
+    size_t memory; /* bytes; default 2 GiB */
+    int threads;   /* 0: auto (all cores) */
 } tw_runtime_params;
 
 typedef struct tw_output_params {
     char dir[TW_PATH_MAX];
-    unsigned products;               /* TW_PRODUCT_* bits; default class|prob */
+    unsigned products; /* TW_PRODUCT_* bits; default class|prob */
     tw_prob_type prob_type;
     tw_format format;
     char creation_options[TW_MAX_CREATION_OPTIONS][128];
@@ -94,9 +94,9 @@ typedef struct tw_run_params {
     tw_tiling_params tiling;
     tw_runtime_params runtime;
     tw_output_params output;
-    int shard_index;                 /* 0-based; shard_count 1 = unsharded */
+    int shard_index; /* 0-based; shard_count 1 = unsharded */
     int shard_count;
-    int chunk_rows;                  /* output rows per committed chunk; 0: about 1024 tiles */
+    int chunk_rows; /* output rows per committed chunk; 0: about 1024 tiles */
     bool quiet;
     char report_path[TW_PATH_MAX];   /* "" : <output.dir>/run.json only */
     char workflow_path[TW_PATH_MAX]; /* for messages and the report */

@@ -42,7 +42,7 @@ struct tw_parts {
     tw_parts_params p;
     char dir[TW_PATH_MAX + 300];
     char journal[TW_PATH_MAX + 400];
-    uint8_t *done;          /* [grid_h] */
+    uint8_t *done; /* [grid_h] */
     /* open chunk */
     int c_r0, c_r1, c_next;
     int64_t c_tiles;
@@ -73,9 +73,9 @@ static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int
 {
     DIR *d = opendir(dir);
     if (!d)
-        return errno == ENOENT ? TW_OK
-                               : tw_error_set(err, TW_ERR_OUTPUT, "cannot read %s: %s", dir,
-                                              strerror(errno));
+        return errno == ENOENT
+                   ? TW_OK
+                   : tw_error_set(err, TW_ERR_OUTPUT, "cannot read %s: %s", dir, strerror(errno));
     struct dirent *e;
     char path[TW_PATH_MAX + 600];
     while ((e = readdir(d)) != NULL) {
@@ -289,20 +289,25 @@ tw_status tw_parts_chunk_begin(tw_parts *pt, int r0, int r1, tw_error *err)
     pt->c_next = r0;
     pt->c_tiles = 0;
     tw_status st = open_temp(pt, &pt->rows, "rows", sizeof(chunk_header), err);
-    if (st == TW_OK && pt->p.tiles) st = open_temp(pt, &pt->tiles, "tiles", sizeof(tiles_header), err);
+    if (st == TW_OK && pt->p.tiles)
+        st = open_temp(pt, &pt->tiles, "tiles", sizeof(tiles_header), err);
     if (st != TW_OK) tw_parts_chunk_abort(pt);
     return st;
 }
 
-int tw_parts_chunk_end(const tw_parts *pt) { return pt->c_r0 < 0 ? -1 : pt->c_r1; }
+int tw_parts_chunk_end(const tw_parts *pt)
+{
+    return pt->c_r0 < 0 ? -1 : pt->c_r1;
+}
 
-tw_status tw_parts_chunk_rows(tw_parts *pt, int row, int n, const float *probs,
-                              const uint8_t *has, tw_error *err)
+tw_status tw_parts_chunk_rows(tw_parts *pt, int row, int n, const float *probs, const uint8_t *has,
+                              tw_error *err)
 {
     TW_ASSERT(pt->c_r0 >= 0 && row == pt->c_next && row + n <= pt->c_r1);
     const size_t W = (size_t)pt->p.grid_w, C = (size_t)pt->p.n_classes;
     for (int i = 0; i < n; i++) {
-        tw_status st = write_payload(&pt->rows, probs + (size_t)i * W * C, W * C * sizeof(float), err);
+        tw_status st =
+            write_payload(&pt->rows, probs + (size_t)i * W * C, W * C * sizeof(float), err);
         if (st == TW_OK) st = write_payload(&pt->rows, has + (size_t)i * W, W, err);
         if (st != TW_OK) return st;
     }
@@ -318,8 +323,10 @@ tw_status tw_parts_chunk_tiles(tw_parts *pt, int n, const int32_t *rows, const i
     for (int i = 0; i < n; i++) {
         int32_t rc[2] = {rows[i], cols[i]};
         tw_status st = write_payload(&pt->tiles, rc, sizeof rc, err);
-        if (st == TW_OK) st = write_payload(&pt->tiles, probs + (size_t)i * C, C * sizeof(float), err);
-        if (st == TW_OK && F) st = write_payload(&pt->tiles, emb + (size_t)i * F, F * sizeof(float), err);
+        if (st == TW_OK)
+            st = write_payload(&pt->tiles, probs + (size_t)i * C, C * sizeof(float), err);
+        if (st == TW_OK && F)
+            st = write_payload(&pt->tiles, emb + (size_t)i * F, F * sizeof(float), err);
         if (st != TW_OK) return st;
     }
     pt->c_tiles += n;
@@ -329,7 +336,8 @@ tw_status tw_parts_chunk_tiles(tw_parts *pt, int n, const int32_t *rows, const i
 static tw_status close_durable(open_file *of, const void *header, size_t header_bytes,
                                tw_error *err)
 {
-    bool ok = fseek(of->f, 0, SEEK_SET) == 0 && fwrite(header, 1, header_bytes, of->f) == header_bytes;
+    bool ok =
+        fseek(of->f, 0, SEEK_SET) == 0 && fwrite(header, 1, header_bytes, of->f) == header_bytes;
     ok = fflush(of->f) == 0 && ok;
     ok = fsync(fileno(of->f)) == 0 && ok;
     int e = errno;
@@ -432,9 +440,9 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
     return n;
 }
 
-tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
-                            const tw_tiletable_params *tp, const tw_gpkg_params *gp,
-                            int64_t *hist, int64_t *nodata_cells, tw_error *err)
+tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
+                            const tw_gpkg_params *gp, int64_t *hist, int64_t *nodata_cells,
+                            tw_error *err)
 {
     const int H = pt->p.grid_h;
     for (int r = 0; r < H; r++) {

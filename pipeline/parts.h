@@ -35,13 +35,13 @@ typedef struct tw_parts tw_parts;
 
 typedef struct tw_parts_params {
     const char *out_dir;
-    const char *stem;            /* the input's stem (no shard suffix) */
-    const char *fingerprint;     /* what the outputs depend on; a mismatch restarts */
+    const char *stem;                        /* the input's stem (no shard suffix) */
+    const char *fingerprint;                 /* what the outputs depend on; a mismatch restarts */
     int grid_w, grid_h, n_classes, feat_dim; /* feat_dim 0: no embeddings */
-    bool tiles;                  /* keep tile records (tile table, GeoPackage) */
+    bool tiles;                              /* keep tile records (tile table, GeoPackage) */
     int shard_index, shard_count;
-    bool merge_only;             /* read only: a different fingerprint is an error
-                                    and other shards' temporaries are left alone */
+    bool merge_only; /* read only: a different fingerprint is an error
+                        and other shards' temporaries are left alone */
 } tw_parts_params;
 
 /* Open (create) the parts directory of an input: removes stale temporary
@@ -59,8 +59,8 @@ int tw_parts_rows_done(const tw_parts *pt);
 /* Chunk writing, one chunk at a time, rows in order. */
 tw_status tw_parts_chunk_begin(tw_parts *pt, int r0, int r1, tw_error *err);
 /* Rows [row, row+n) of the open chunk: probs [n][grid_w][C], has [n][grid_w]. */
-tw_status tw_parts_chunk_rows(tw_parts *pt, int row, int n, const float *probs,
-                              const uint8_t *has, tw_error *err);
+tw_status tw_parts_chunk_rows(tw_parts *pt, int row, int n, const float *probs, const uint8_t *has,
+                              tw_error *err);
 /* Tiles of the open chunk (only those whose first row lies in it). */
 tw_status tw_parts_chunk_tiles(tw_parts *pt, int n, const int32_t *rows, const int32_t *cols,
                                const float *probs, const float *emb, tw_error *err);
@@ -76,9 +76,9 @@ void tw_parts_chunk_abort(tw_parts *pt);
  * NULL) the GeoPackage of tile polygons (gets the same tiles). hist
  * [n_classes] and nodata_cells receive the argmax counts of the grid. Fails with TW_ERR_INPUT
  * naming the missing rows when the grid is not complete. */
-tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp,
-                            const tw_tiletable_params *tp, const tw_gpkg_params *gp,
-                            int64_t *hist, int64_t *nodata_cells, tw_error *err);
+tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
+                            const tw_gpkg_params *gp, int64_t *hist, int64_t *nodata_cells,
+                            tw_error *err);
 /* Remove the parts directory (after a successful assembly). */
 tw_status tw_parts_remove(tw_parts *pt, tw_error *err);
 

@@ -1,7 +1,10 @@
 /* plan.c - see plan.h */
 #include "pipeline/plan.h"
 
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+static int ceil_div(int a, int b)
+{
+    return (a + b - 1) / b;
+}
 
 static void axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax)
 {
@@ -45,8 +48,8 @@ tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode
                        int shard_index, int shard_count, tw_plan *out, tw_error *err)
 {
     if (tile <= 0 || stride <= 0 || tile % stride != 0)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "tiling.stride: %d does not divide tiling.tile %d", stride, tile);
+        return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride: %d does not divide tiling.tile %d",
+                            stride, tile);
     if (width <= 0 || height <= 0)
         return tw_error_set(err, TW_ERR_INPUT, "raster has no pixels (%d x %d)", width, height);
     if (edge == TW_EDGE_SKIP && (width < tile || height < tile))

@@ -23,22 +23,22 @@
 #include "pipeline/params.h"
 
 typedef struct tw_axis {
-    int size;          /* raster pixels along this axis */
-    int cells;         /* output cells: ceil(size / S) */
-    int n_aligned;     /* aligned tile positions a = 0..n_aligned-1 at a*S */
-    bool shifted;      /* one more tile at size - T */
-    int n_pos;         /* n_aligned + shifted */
+    int size;      /* raster pixels along this axis */
+    int cells;     /* output cells: ceil(size / S) */
+    int n_aligned; /* aligned tile positions a = 0..n_aligned-1 at a*S */
+    bool shifted;  /* one more tile at size - T */
+    int n_pos;     /* n_aligned + shifted */
 } tw_axis;
 
 typedef struct tw_plan {
     int tile, stride, k;
     tw_edge_mode edge;
     tw_axis x, y;
-    int grid_w, grid_h;      /* = x.cells, y.cells */
+    int grid_w, grid_h; /* = x.cells, y.cells */
     /* this shard */
-    int row_begin, row_end;  /* output cell rows owned, [begin, end) */
-    int ty_begin, ty_end;    /* tile rows to run, [begin, end) */
-    int64_t n_tiles;         /* tiles this shard runs */
+    int row_begin, row_end; /* output cell rows owned, [begin, end) */
+    int ty_begin, ty_end;   /* tile rows to run, [begin, end) */
+    int64_t n_tiles;        /* tiles this shard runs */
 } tw_plan;
 
 /* Make the plan for a width x height raster. shard_index/shard_count split

@@ -77,14 +77,20 @@ static void jclose(jbuf *j, char c)
 
 static void jstr(jbuf *j, const char *key, const char *v)
 {
-    if (key) jkey(j, key); else jsep(j);
+    if (key)
+        jkey(j, key);
+    else
+        jsep(j);
     jstr_raw(j, v);
     j->need_comma = true;
 }
 
 static void jnum(jbuf *j, const char *key, double v)
 {
-    if (key) jkey(j, key); else jsep(j);
+    if (key)
+        jkey(j, key);
+    else
+        jsep(j);
     if (isfinite(v))
         jraw(j, "%.10g", v);
     else
@@ -94,7 +100,10 @@ static void jnum(jbuf *j, const char *key, double v)
 
 static void jint(jbuf *j, const char *key, long long v)
 {
-    if (key) jkey(j, key); else jsep(j);
+    if (key)
+        jkey(j, key);
+    else
+        jsep(j);
     jraw(j, "%lld", v);
     j->need_comma = true;
 }
@@ -163,10 +172,12 @@ static void config_object(jbuf *j, const tw_run_params *p, const tw_resolved *m)
     jopen(j, "output", '{');
     jstr(j, "dir", p->output.dir);
     jopen(j, "products", '[');
-    static const struct { unsigned bit; const char *name; } prods[] = {
-        {TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "confidence"},
-        {TW_PRODUCT_EMB, "embeddings"}, {TW_PRODUCT_TILES, "tiles"},
-        {TW_PRODUCT_TILES_GPKG, "tiles_gpkg"}};
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } prods[] = {{TW_PRODUCT_CLASS, "class"},     {TW_PRODUCT_PROB, "prob"},
+                 {TW_PRODUCT_CONF, "confidence"}, {TW_PRODUCT_EMB, "embeddings"},
+                 {TW_PRODUCT_TILES, "tiles"},     {TW_PRODUCT_TILES_GPKG, "tiles_gpkg"}};
     for (size_t i = 0; i < sizeof prods / sizeof prods[0]; i++)
         if (p->output.products & prods[i].bit) jstr(j, NULL, prods[i].name);
     jclose(j, ']');
@@ -258,6 +269,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         jnum(&j, "copy_hidden_s", r->backend_stats.copy_hidden_s);
         jint(&j, "device_peak_bytes", (long long)r->backend_stats.device_peak_bytes);
         jint(&j, "batch_halvings", r->backend_stats.batch_halvings);
+        jstr(&j, "precision", precision_name(r->backend_stats.precision));
         jclose(&j, '}');
 
         jopen(&j, "inputs", '[');

@@ -53,13 +53,13 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
         memcpy(m->bands, mf->bands, sizeof(int) * (size_t)m->n_bands);
     }
     if (m->n_bands > 0 && m->n_bands != net->in_bands)
-        return tw_error_set(err, TW_ERR_MODEL,
-                            "%s expects %d input bands (conv1.weight) but %s selects %d",
-                            wpath, net->in_bands,
-                            p->input.n_bands > 0 ? "input.bands" : "the bundle's band list",
-                            m->n_bands);
+        return tw_error_set(
+            err, TW_ERR_MODEL, "%s expects %d input bands (conv1.weight) but %s selects %d", wpath,
+            net->in_bands, p->input.n_bands > 0 ? "input.bands" : "the bundle's band list",
+            m->n_bands);
 
-    m->scale = !isnan(p->input.scale) ? p->input.scale : (!isnan(mf->scale) && mf->scale > 0 ? mf->scale : 1.0);
+    m->scale = !isnan(p->input.scale) ? p->input.scale
+                                      : (!isnan(mf->scale) && mf->scale > 0 ? mf->scale : 1.0);
 
     m->n_norm = net->in_bands;
     int n_mean = p->model.n_mean > 0 ? p->model.n_mean : mf->n_mean;
@@ -68,8 +68,8 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
     const float *std = p->model.n_std > 0 ? p->model.std : mf->std;
     if (n_mean > 0 && n_mean != net->in_bands)
         return tw_error_set(err, TW_ERR_CONFIG,
-                            "model.mean has %d values but %s expects %d input bands", n_mean,
-                            wpath, net->in_bands);
+                            "model.mean has %d values but %s expects %d input bands", n_mean, wpath,
+                            net->in_bands);
     if (n_std > 0 && n_std != net->in_bands)
         return tw_error_set(err, TW_ERR_CONFIG,
                             "model.std has %d values but %s expects %d input bands", n_std, wpath,
@@ -105,7 +105,8 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
                             m->stride, m->tile);
     if (m->tile < 32)
         return tw_error_set(err, TW_ERR_CONFIG,
-                            "tiling.tile %d is too small for a ResNet (32 pixels at least)", m->tile);
+                            "tiling.tile %d is too small for a ResNet (32 pixels at least)",
+                            m->tile);
     return TW_OK;
 }
 
@@ -176,27 +177,27 @@ static tw_status make_dirs(const char *dir, tw_error *err)
 
 typedef struct tile_ref {
     int32_t tx, ty;
-    int32_t seg;        /* index of the row segment the tile was read for */
-    int32_t kept;       /* index into the slot's kept tiles, -1: not classified */
+    int32_t seg;  /* index of the row segment the tile was read for */
+    int32_t kept; /* index into the slot's kept tiles, -1: not classified */
     uint8_t read_error;
 } tile_ref;
 
 typedef struct slot {
     int n_refs, n_kept;
-    tile_ref *refs;     /* [ref_capacity] */
-    void *raw;          /* [batch][bands][T][T] raw type */
-    bool raw_backend;   /* raw came from the backend's host_alloc (pinned) */
-    uint8_t *valid;     /* [batch][T][T] */
-    float *x;           /* [batch][bands][T][T], NULL when the backend normalizes */
-    float *probs;       /* [batch][classes] */
-    float *emb;         /* [batch][feat] or NULL */
+    tile_ref *refs;       /* [ref_capacity] */
+    void *raw;            /* [batch][bands][T][T] raw type */
+    bool raw_backend;     /* raw came from the backend's host_alloc (pinned) */
+    uint8_t *valid;       /* [batch][T][T] */
+    float *x;             /* [batch][bands][T][T], NULL when the backend normalizes */
+    float *probs;         /* [batch][classes] */
+    float *emb;           /* [batch][feat] or NULL */
     int32_t *orow, *ocol; /* [batch] tile origins, for the tile table */
 } slot;
 
 /* A band of output rows still to do (rows not committed by an earlier run):
  * the reader runs the tile rows touching it, the stitcher averages them. */
 typedef struct segment {
-    tw_plan plan;       /* restricted to the segment's rows */
+    tw_plan plan; /* restricted to the segment's rows */
 } segment;
 
 typedef struct run_pipe {
@@ -215,11 +216,11 @@ typedef struct run_pipe {
     segment *segs;
     int n_segs;
     int chunk_rows;
-    int64_t n_tiles;            /* over all segments */
+    int64_t n_tiles; /* over all segments */
     tw_queue *q_free, *q_norm, *q_infer, *q_write;
-    atomic_int abort;           /* an error or a cancel: every stage stops */
+    atomic_int abort; /* an error or a cancel: every stage stops */
     atomic_int cancelled;
-    atomic_int stop_row;        /* on a stop request: rows up to here are finished */
+    atomic_int stop_row; /* on a stop request: rows up to here are finished */
     tw_error *err;
     tw_stitch *stitch;
     tw_parts *parts;
@@ -309,6 +310,84 @@ static bool stop_requested(const run_pipe *pp)
     return pp->hooks && pp->hooks->stop && *pp->hooks->stop;
 }
 
+/* Open the input with the nodata value the workflow asks for. */
+static tw_status open_input(const run_pipe *pp, tw_raster **r, tw_error *err)
+{
+    tw_status st = tw_raster_open(pp->path, pp->m->bands, pp->m->n_bands, r, err);
+    if (st != TW_OK) return st;
+    const tw_raster_info *info = tw_raster_get_info(*r);
+    tw_raster_set_nodata(*r, !pp->p->input.nodata_auto || info->has_nodata,
+                         pp->p->input.nodata_auto ? info->nodata : pp->p->input.nodata);
+    return TW_OK;
+}
+
+/* Is a tile with n_nodata of its n_inside pixels (those inside the raster)
+ * nodata classified, or nodata in every output? */
+static bool tile_classified(const run_pipe *pp, int64_t n_nodata, int64_t n_inside)
+{
+    return n_inside > 0 && n_nodata < n_inside &&
+           (double)n_nodata / (double)n_inside <= pp->p->tiling.max_nodata_fraction;
+}
+
+/* The one batch of tw_infer_batch for slot s (n tiles). */
+static tw_infer_batch slot_batch(const run_pipe *pp, slot *s, int n, int tile)
+{
+    return (tw_infer_batch){
+        .n = n,
+        .tile = tile,
+        .x = s->x,
+        .raw = s->raw,
+        .raw_type = pp->dtype,
+        .valid = s->valid,
+        .norm = &pp->norm,
+        .probs = s->probs,
+        .emb = s->emb,
+    };
+}
+
+/* runtime.precision int8: the backend quantizes activations to ranges it
+ * measures on real tiles. Give it one batch of tiles spread evenly over the
+ * whole raster - not the shard's rows, nor what a resumed run has left - so
+ * that every shard and every rerun of a raster computes with the same
+ * ranges, and the ranges see the whole scene rather than its first rows.
+ * Runs before the stages start, in slot 0. Tiles that cannot be read or
+ * are mostly nodata are left out; with none left the backend calibrates on
+ * its first batch instead. */
+static tw_status calibrate_backend(run_pipe *pp, const tw_raster_info *info, tw_error *err)
+{
+    const tw_run_params *p = pp->p;
+    tw_plan full;
+    tw_status st = tw_plan_make(info->width, info->height, pp->m->tile, pp->m->stride,
+                                p->tiling.edge, 0, 1, &full, err);
+    if (st != TW_OK) return st;
+    const int T = full.tile;
+    const size_t px = (size_t)T * T;
+    const size_t raw_tile = (size_t)pp->norm.bands * px * tw_dtype_size(pp->dtype);
+    int64_t n_pos = (int64_t)full.x.n_pos * full.y.n_pos;
+    int want = n_pos < pp->bud->batch ? (int)n_pos : pp->bud->batch;
+    tw_raster *r = NULL;
+    if ((st = open_input(pp, &r, err)) != TW_OK) return st;
+    slot *s = &pp->slots[0];
+    int n = 0;
+    for (int i = 0; i < want; i++) {
+        int64_t idx = (2 * (int64_t)i + 1) * n_pos / (2 * (int64_t)want); /* cell centres */
+        int x0 = tw_axis_pos(&full.x, T, full.stride, (int)(idx % full.x.n_pos));
+        int y0 = tw_axis_pos(&full.y, T, full.stride, (int)(idx / full.x.n_pos));
+        int64_t n_nodata = 0, n_inside = 0;
+        tw_error rerr;
+        tw_error_init(&rerr);
+        if (tw_raster_read(r, x0, y0, T, T, (char *)s->raw + (size_t)n * raw_tile,
+                           s->valid + (size_t)n * px, &n_nodata, &n_inside, &rerr) == TW_OK &&
+            tile_classified(pp, n_nodata, n_inside))
+            n++;
+    }
+    tw_raster_close(r);
+    if (n == 0) return TW_OK;
+    if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, s->x);
+    tw_infer_batch b = slot_batch(pp, s, n, T);
+    return pp->be->i->calibrate(pp->be->ctx, &b, pp->path, err);
+}
+
 static void *reader_main(void *arg)
 {
     run_pipe *pp = arg;
@@ -320,13 +399,10 @@ static void *reader_main(void *arg)
     int stop_row = -1;
     tw_raster *r = NULL;
     /* Each stage opens its own dataset: GDAL handles are not thread-safe. */
-    if (tw_raster_open(pp->path, pp->m->bands, pp->m->n_bands, &r, pp->err) != TW_OK) {
+    if (open_input(pp, &r, pp->err) != TW_OK) {
         pipe_abort(pp);
         goto done;
     }
-    tw_raster_set_nodata(r, !pp->p->input.nodata_auto || tw_raster_get_info(r)->has_nodata,
-                         pp->p->input.nodata_auto ? tw_raster_get_info(r)->nodata
-                                                  : pp->p->input.nodata);
     slot *s = NULL;
     for (int si = 0; si < pp->n_segs && !atomic_load(&pp->abort); si++) {
         const tw_plan *pl = &pp->segs[si].plan;
@@ -361,9 +437,9 @@ static void *reader_main(void *arg)
                 int64_t n_nodata = 0, n_inside = 0;
                 tw_error rerr;
                 tw_error_init(&rerr);
-                tw_status st = tw_raster_read(r, x0, y0, T, T,
-                                              (char *)s->raw + (size_t)k * raw_tile,
-                                              s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
+                tw_status st =
+                    tw_raster_read(r, x0, y0, T, T, (char *)s->raw + (size_t)k * raw_tile,
+                                   s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
                 if (st != TW_OK) {
                     if (pp->p->input.on_error != TW_ON_ERROR_SKIP) {
                         tw_error_set(pp->err, st, "%s", rerr.msg);
@@ -375,8 +451,7 @@ static void *reader_main(void *arg)
                             "is unreadable and written as nodata: %s\n",
                             pp->path, x0, y0, ty, tx, rerr.msg);
                     ref->read_error = 1;
-                } else if (n_inside > 0 && n_nodata < n_inside &&
-                           (double)n_nodata / (double)n_inside <= pp->p->tiling.max_nodata_fraction) {
+                } else if (tile_classified(pp, n_nodata, n_inside)) {
                     ref->kept = k;
                     s->orow[k] = y0;
                     s->ocol[k] = x0;
@@ -390,7 +465,8 @@ static void *reader_main(void *arg)
         }
     }
 stopped:
-    if (s && s->n_refs > 0 && !atomic_load(&pp->abort)) tw_queue_push(pp->q_norm, s, &stats->wait_s);
+    if (s && s->n_refs > 0 && !atomic_load(&pp->abort))
+        tw_queue_push(pp->q_norm, s, &stats->wait_s);
 done:
     tw_raster_close(r);
     tw_queue_close(pp->q_norm);
@@ -425,17 +501,7 @@ static void *infer_main(void *arg)
     while ((s = tw_queue_pop(pp->q_infer, &stats->wait_s)) != NULL) {
         if (atomic_load(&pp->abort)) break;
         if (s->n_kept > 0) {
-            tw_infer_batch b = {
-                .n = s->n_kept,
-                .tile = pp->segs[0].plan.tile,
-                .x = s->x,
-                .raw = s->raw,
-                .raw_type = pp->dtype,
-                .valid = s->valid,
-                .norm = &pp->norm,
-                .probs = s->probs,
-                .emb = s->emb,
-            };
+            tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
             if (pp->be->i->infer(pp->be->ctx, &b, pp->err) != TW_OK) {
                 pipe_abort(pp);
                 break;
@@ -484,8 +550,7 @@ static tw_status writer_begin_row(run_pipe *pp, const segment *seg, int ty, tw_e
     if (st != TW_OK) return st;
     int c0, c1;
     tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ty, &c0, &c1);
-    if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end &&
-        tw_parts_chunk_end(pp->parts) < 0) {
+    if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end && tw_parts_chunk_end(pp->parts) < 0) {
         int r0, r1;
         chunk_of(pp, seg, c0, &r0, &r1);
         st = tw_parts_chunk_begin(pp->parts, r0, r1, err);
@@ -698,12 +763,15 @@ static tw_status manifest_read(const char *out_dir, const char *stem, manifest *
     if (st != TW_OK) return st;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return tw_error_set(err, TW_ERR_INPUT, "%s: no run manifest (%s): was this input run by "
-                            "this version of tilewise?", stem, strerror(errno));
+        return tw_error_set(err, TW_ERR_INPUT,
+                            "%s: no run manifest (%s): was this input run by "
+                            "this version of tilewise?",
+                            stem, strerror(errno));
     bool ok = fread(mf, sizeof *mf, 1, f) == 1;
     fclose(f);
-    if (!ok || memcmp(mf->magic, MANIFEST_MAGIC, 8) != 0 || mf->size_params != sizeof(tw_run_params) ||
-        mf->size_resolved != sizeof(tw_resolved) || mf->size_info != sizeof(tw_raster_info))
+    if (!ok || memcmp(mf->magic, MANIFEST_MAGIC, 8) != 0 ||
+        mf->size_params != sizeof(tw_run_params) || mf->size_resolved != sizeof(tw_resolved) ||
+        mf->size_info != sizeof(tw_raster_info))
         return tw_error_set(err, TW_ERR_INPUT,
                             "%s is damaged or was written by another version of tilewise", path);
     mf->config_json[sizeof mf->config_json - 1] = '\0';
@@ -711,13 +779,13 @@ static tw_status manifest_read(const char *out_dir, const char *stem, manifest *
     return TW_OK;
 }
 
-static tw_status assemble(const tw_run_params *p, const tw_resolved *m,
-                          const tw_raster_info *info, const char *config_json, tw_parts *parts,
-                          tw_input_result *res, tw_error *err)
+static tw_status assemble(const tw_run_params *p, const tw_resolved *m, const tw_raster_info *info,
+                          const char *config_json, tw_parts *parts, tw_input_result *res,
+                          tw_error *err)
 {
     tw_plan plan;
-    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0,
-                                1, &plan, err);
+    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
+                                &plan, err);
     if (st != TW_OK) return st;
     run_ctx tmp;
     memset(&tmp, 0, sizeof tmp);
@@ -726,7 +794,8 @@ static tw_status assemble(const tw_run_params *p, const tw_resolved *m,
     snprintf(tmp.config_json, sizeof tmp.config_json, "%s", config_json);
     tw_writer_params wp;
     writer_params_for(&tmp, info, &plan, res->stem, &wp);
-    bool rasters = (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF)) != 0;
+    bool rasters =
+        (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF)) != 0;
     bool table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
     char tpath[TW_PATH_MAX + 300];
     snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
@@ -758,8 +827,10 @@ static tw_status assemble(const tw_run_params *p, const tw_resolved *m,
     if (st == TW_OK) st = tw_parts_remove(parts, err);
     if (st != TW_OK) return st;
     res->n_outputs = 0;
-    static const struct { unsigned bit; const char *name; } prods[] = {
-        {TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "conf"}};
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } prods[] = {{TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "conf"}};
     for (int i = 0; i < 3; i++)
         if (p->output.products & prods[i].bit)
             tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
@@ -843,8 +914,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
 
     /* Segments: the shard's rows that no earlier run has committed. */
     if (st == TW_OK) {
-        pp.segs = tw_calloc(TW_MEM_OTHER, (size_t)(plan.row_end - plan.row_begin) + 1,
-                            sizeof(segment));
+        pp.segs =
+            tw_calloc(TW_MEM_OTHER, (size_t)(plan.row_end - plan.row_begin) + 1, sizeof(segment));
         if (!pp.segs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     for (int r = plan.row_begin; st == TW_OK && r < plan.row_end;) {
@@ -873,8 +944,11 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
             (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
         }
         st = slots_alloc(&pp, plan.tile, err);
-        if (st == TW_OK) st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, parts_sink, &pp,
-                                               &pp.stitch, err);
+        if (st == TW_OK && p->runtime.precision == TW_PREC_INT8 && c->be.i->calibrate)
+            st = calibrate_backend(&pp, info, err);
+        if (st == TW_OK)
+            st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, parts_sink, &pp, &pp.stitch,
+                                  err);
         if (st == TW_OK) {
             pp.q_free = tw_queue_create(pp.n_slots);
             pp.q_norm = tw_queue_create(pp.n_slots);
@@ -909,7 +983,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
                              : tw_error_set(err, TW_ERR_INTERNAL, "pipeline stopped");
             }
         }
-        if (st == TW_OK && pp.steady) res->steady_state_allocs = tw_mem_alloc_count() - pp.allocs_mark;
+        if (st == TW_OK && pp.steady)
+            res->steady_state_allocs = tw_mem_alloc_count() - pp.allocs_mark;
         if (pp.stitch) {
             int64_t nod = 0;
             const int64_t *h = tw_stitch_histogram(pp.stitch, &nod);
@@ -1007,7 +1082,10 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     return tw_budget_plan(&bin, &c->bud, err);
 }
 
-static bool tiling_batch_auto(const tw_run_params *p) { return p->tiling.batch <= 0; }
+static bool tiling_batch_auto(const tw_run_params *p)
+{
+    return p->tiling.batch <= 0;
+}
 
 tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
                  tw_error *err)
@@ -1206,8 +1284,7 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
         };
         tw_parts *parts = NULL;
         st = tw_parts_open(&pp, quiet, &parts, err);
-        if (st == TW_OK)
-            st = assemble(&mf->p, &mf->m, &mf->info, mf->config_json, parts, res, err);
+        if (st == TW_OK) st = assemble(&mf->p, &mf->m, &mf->info, mf->config_json, parts, res, err);
         tw_parts_close(parts);
     }
     tw_free(stems);

@@ -31,28 +31,28 @@ typedef int (*tw_progress_fn)(double complete, const char *message, void *user);
 typedef void (*tw_tiles_fn)(int64_t done, int64_t total, const char *message, void *user);
 
 typedef struct tw_run_hooks {
-    tw_progress_fn progress;       /* may be NULL */
-    void *progress_user;           /* for progress and tiles */
-    tw_tiles_fn tiles;             /* may be NULL */
-    volatile sig_atomic_t *stop;   /* may be NULL; non-zero: stop soon (signal) */
+    tw_progress_fn progress;     /* may be NULL */
+    void *progress_user;         /* for progress and tiles */
+    tw_tiles_fn tiles;           /* may be NULL */
+    volatile sig_atomic_t *stop; /* may be NULL; non-zero: stop soon (signal) */
 } tw_run_hooks;
 
 enum { TW_STAGE_READ = 0, TW_STAGE_NORMALIZE, TW_STAGE_INFER, TW_STAGE_WRITE, TW_STAGE_COUNT };
 
 typedef struct tw_stage_stats {
-    double busy_s;                 /* working */
-    double wait_s;                 /* blocked on its queues */
+    double busy_s; /* working */
+    double wait_s; /* blocked on its queues */
 } tw_stage_stats;
 
 /* What the model and the bundle resolve to, after config overrides. */
 typedef struct tw_resolved {
     char arch[16];
     int bands[TW_MAX_BANDS];
-    int n_bands;                   /* 0: all bands of the raster */
+    int n_bands; /* 0: all bands of the raster */
     double scale;
     float mean[TW_MAX_BANDS];
     float std[TW_MAX_BANDS];
-    int n_norm;                    /* = input bands of the model */
+    int n_norm; /* = input bands of the model */
     char classes[TW_MAX_CLASSES][TW_NAME_MAX];
     int n_classes;
     int tile, stride;
@@ -64,16 +64,16 @@ typedef struct tw_input_result {
     char path[TW_PATH_MAX];
     char stem[256];
     int width, height, grid_w, grid_h;
-    int64_t tiles_total;           /* tiles this shard had to look at */
+    int64_t tiles_total; /* tiles this shard had to look at */
     int64_t tiles_classified;
-    int64_t tiles_nodata;          /* skipped: above max_nodata_fraction */
-    int64_t tiles_read_errors;     /* unreadable, made nodata (on_error: skip) */
+    int64_t tiles_nodata;      /* skipped: above max_nodata_fraction */
+    int64_t tiles_read_errors; /* unreadable, made nodata (on_error: skip) */
     double seconds;
     tw_stage_stats stage[TW_STAGE_COUNT];
-    int64_t hist[TW_MAX_CLASSES];  /* output cells per argmax class */
+    int64_t hist[TW_MAX_CLASSES]; /* output cells per argmax class */
     int64_t nodata_cells;
-    uint64_t steady_state_allocs;  /* tw_alloc calls after the first rows were written */
-    int rows_resumed;              /* output rows committed by an earlier, interrupted run */
+    uint64_t steady_state_allocs;       /* tw_alloc calls after the first rows were written */
+    int rows_resumed;                   /* output rows committed by an earlier, interrupted run */
     char outputs[6][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
 } tw_input_result;
@@ -84,7 +84,7 @@ typedef struct tw_run_result {
     tw_budget budget;
     tw_backend_stats backend_stats;
     int n_inputs;
-    tw_input_result *inputs;       /* [n_inputs] */
+    tw_input_result *inputs; /* [n_inputs] */
     double seconds;
     size_t peak_rss;
     int64_t tiles_classified;
@@ -120,7 +120,6 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
                           tw_status status, const char *message, tw_error *err);
 /* The resolved configuration as a JSON object (for GDAL metadata). Returns
  * the length written (truncated to size-1). */
-size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char *buf,
-                             size_t size);
+size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char *buf, size_t size);
 
 #endif

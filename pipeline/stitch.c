@@ -10,12 +10,12 @@ struct tw_stitch {
     tw_rows_fn sink;
     void *sink_user;
     int n_classes, k, grid_w;
-    int next_row;        /* first row still held = first row of the buffer */
-    float *sum;          /* [k][grid_w][n_classes] */
-    uint32_t *count;     /* [k][grid_w] */
-    float *out;          /* [k][grid_w][n_classes] averaged, handed to the writer */
-    uint8_t *has;        /* [k][grid_w] */
-    int64_t *hist;       /* [n_classes] */
+    int next_row;    /* first row still held = first row of the buffer */
+    float *sum;      /* [k][grid_w][n_classes] */
+    uint32_t *count; /* [k][grid_w] */
+    float *out;      /* [k][grid_w][n_classes] averaged, handed to the writer */
+    uint8_t *has;    /* [k][grid_w] */
+    int64_t *hist;   /* [n_classes] */
     int64_t nodata_cells;
 };
 
@@ -41,8 +41,8 @@ tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_rows_fn sink, 
     }
     if (!s || !s->sum || !s->out || !s->count || !s->has || !s->hist) {
         tw_stitch_destroy(s);
-        return tw_error_set(err, TW_ERR_NOMEM, "cannot allocate the output strip buffer (%zu cells)",
-                            cells);
+        return tw_error_set(err, TW_ERR_NOMEM,
+                            "cannot allocate the output strip buffer (%zu cells)", cells);
     }
     s->plan = plan;
     s->sink = sink;
@@ -93,8 +93,8 @@ static tw_status flush_rows(tw_stitch *s, int n, tw_error *err)
         }
     }
     if (s->sink) {
-        tw_status st = s->sink(s->sink_user, s->next_row - s->plan->row_begin, n, s->out, s->has,
-                               err);
+        tw_status st =
+            s->sink(s->sink_user, s->next_row - s->plan->row_begin, n, s->out, s->has, err);
         if (st != TW_OK) return st;
     }
     size_t row_cells = (size_t)W;
@@ -159,7 +159,10 @@ const int64_t *tw_stitch_histogram(const tw_stitch *s, int64_t *nodata_cells)
     return s->hist;
 }
 
-int tw_stitch_rows_done(const tw_stitch *s) { return s->next_row - s->plan->row_begin; }
+int tw_stitch_rows_done(const tw_stitch *s)
+{
+    return s->next_row - s->plan->row_begin;
+}
 
 tw_status tw_stitch_flush_until(tw_stitch *s, int row, tw_error *err)
 {

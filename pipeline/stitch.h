@@ -18,8 +18,8 @@ typedef struct tw_stitch tw_stitch;
 /* Where finished rows go: rows [row0, row0 + n) relative to the shard's
  * first row; probs [n][grid_w][n_classes] averaged, has [n][grid_w] 1 where
  * some tile covered the cell. tw_writer_write_rows has this shape. */
-typedef tw_status (*tw_rows_fn)(void *user, int row0, int n, const float *probs,
-                                const uint8_t *has, tw_error *err);
+typedef tw_status (*tw_rows_fn)(void *user, int row0, int n, const float *probs, const uint8_t *has,
+                                tw_error *err);
 
 /* sink may be NULL (nothing written; the class histogram is still kept).
  * Borrowed: plan and sink_user must outlive the stitcher. */

@@ -32,8 +32,8 @@ static inline float synth_uniform(synth *s)
 }
 
 /* A tensor with values uniform in [lo, hi). */
-static inline tw_tensor *synth_add(synth *s, const char *name, int ndim, const int64_t *shape, float lo,
-                            float hi)
+static inline tw_tensor *synth_add(synth *s, const char *name, int ndim, const int64_t *shape,
+                                   float lo, float hi)
 {
     if (s->mf.n_tensors >= SYNTH_MAX_TENSORS) return NULL;
     tw_tensor *t = &s->mf.tensors[s->mf.n_tensors++];
@@ -79,7 +79,8 @@ static inline void synth_reshape(synth *s, const char *name, int ndim, const int
     synth_add(s, keep, ndim, shape, -0.1f, 0.1f);
 }
 
-static inline void synth_conv_bn(synth *s, const char *conv, const char *bn, int cout, int cin, int k)
+static inline void synth_conv_bn(synth *s, const char *conv, const char *bn, int cout, int cin,
+                                 int k)
 {
     char n[160];
     float r = sqrtf(3.0f / (float)(cin * k * k)); /* keeps activations near unit scale */
@@ -97,8 +98,8 @@ static inline void synth_conv_bn(synth *s, const char *conv, const char *bn, int
 
 /* A torchvision ResNet state_dict: stage s has blocks[s] blocks of width
  * width << s (bottleneck: expansion 4). Returns 0, or -1 on allocation failure. */
-static inline int synth_resnet(synth *s, const int blocks[4], int bottleneck, int in_bands, int width,
-                        int n_classes, uint64_t seed)
+static inline int synth_resnet(synth *s, const int blocks[4], int bottleneck, int in_bands,
+                               int width, int n_classes, uint64_t seed)
 {
     memset(s, 0, sizeof *s);
     s->rng = seed;

@@ -76,9 +76,9 @@ static void test_half_conversion(void **state)
     for (size_t i = 0; i < sizeof k_conv / sizeof k_conv[0]; i++) {
         float f = from_bits(k_conv[i].f32);
         if (tw_f32_to_f16_bits(f) != k_conv[i].f16 || tw_f32_to_bf16_bits(f) != k_conv[i].bf16)
-            fail_msg("0x%08x (%g): f16 0x%04x want 0x%04x, bf16 0x%04x want 0x%04x",
-                     k_conv[i].f32, (double)f, tw_f32_to_f16_bits(f), k_conv[i].f16,
-                     tw_f32_to_bf16_bits(f), k_conv[i].bf16);
+            fail_msg("0x%08x (%g): f16 0x%04x want 0x%04x, bf16 0x%04x want 0x%04x", k_conv[i].f32,
+                     (double)f, tw_f32_to_f16_bits(f), k_conv[i].f16, tw_f32_to_bf16_bits(f),
+                     k_conv[i].bf16);
     }
     /* The largest float rounds up past bf16's largest finite value. */
     assert_int_equal(tw_f32_to_bf16_bits(from_bits(0x7f7fffffu)), 0x7f80);
@@ -115,7 +115,7 @@ static void test_no_device_is_clear_error(void **state)
 typedef struct fixture {
     tw_model_file *mf;
     tw_resnet *net;
-    float *tiles;             /* [8][6][64][64] normalized */
+    float *tiles; /* [8][6][64][64] normalized */
     float *ref_probs;
     float *ref_emb;
     int classes, feat;
@@ -128,7 +128,8 @@ static bool load_fixture(fixture *fx, const char *model, const char *probs, cons
     if (!dir) return false;
     tw_error err;
     tw_error_init(&err);
-    if (tw_model_file_load(tw_test_path(dir, model), &fx->mf, &err) != TW_OK) fail_msg("%s", err.msg);
+    if (tw_model_file_load(tw_test_path(dir, model), &fx->mf, &err) != TW_OK)
+        fail_msg("%s", err.msg);
     if (tw_resnet_create(fx->mf, "", &fx->net, &err) != TW_OK) fail_msg("%s", err.msg);
     fx->classes = fx->net->n_classes;
     fx->feat = fx->net->feat_dim;
@@ -385,11 +386,21 @@ static void test_raw_uint16_with_nodata(void **state)
                            : 0.0f;
             }
     float p_raw[N_TILES * 8], p_x[N_TILES * 8];
-    tw_infer_batch b = {.n = N_TILES, .tile = TILE, .raw = raw, .raw_type = TW_DT_UINT16,
-                        .valid = valid, .norm = &norm, .probs = p_raw};
+    tw_infer_batch b = {.n = N_TILES,
+                        .tile = TILE,
+                        .raw = raw,
+                        .raw_type = TW_DT_UINT16,
+                        .valid = valid,
+                        .norm = &norm,
+                        .probs = p_raw};
     if (be.i->infer(be.ctx, &b, &err) != TW_OK) fail_msg("%s", err.msg);
-    tw_infer_batch bx = {.n = N_TILES, .tile = TILE, .raw = x, .raw_type = TW_DT_FLOAT32,
-                         .valid = NULL, .norm = NULL, .probs = p_x};
+    tw_infer_batch bx = {.n = N_TILES,
+                         .tile = TILE,
+                         .raw = x,
+                         .raw_type = TW_DT_FLOAT32,
+                         .valid = NULL,
+                         .norm = NULL,
+                         .probs = p_x};
     if (be.i->infer(be.ctx, &bx, &err) != TW_OK) fail_msg("%s", err.msg);
     double d = max_abs_diff(p_raw, p_x, (size_t)N_TILES * fx.classes);
     printf("uint16 + nodata on device vs host-normalized: max |dp| %.3g\n", d);

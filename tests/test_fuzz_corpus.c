@@ -214,6 +214,24 @@ static void test_hdf5_regressions(void **state)
     }
 }
 
+/* fuzz_safetensors: two "__metadata__" keys; the first was taken for a
+ * tensor and written past the tensor table (io/model_file.c). */
+static void test_safetensors_regressions(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/safetensors", src ? src : TW_SOURCE_DIR);
+    tw_error err;
+    tw_error_init(&err);
+    tw_model_file *mf = NULL;
+    const char *path = tw_test_path(dir, "regress-duplicate-metadata");
+    assert_int_equal(tw_model_file_load(path, &mf, &err), TW_ERR_MODEL);
+    assert_null(mf);
+    assert_one_line(&err, "two '__metadata__' entries", "regress-duplicate-metadata");
+    assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -221,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_corpus),
         cmocka_unit_test(test_hdf5_corpus),
         cmocka_unit_test(test_hdf5_regressions),
+        cmocka_unit_test(test_safetensors_regressions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

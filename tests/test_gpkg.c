@@ -313,12 +313,9 @@ static void test_bad_crs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_write_read),
-        cmocka_unit_test(test_rotated_no_crs),
-        cmocka_unit_test(test_destroy_removes_part),
-        cmocka_unit_test(test_bad_path),
-        cmocka_unit_test(test_path_is_directory),
-        cmocka_unit_test(test_bad_crs),
+        cmocka_unit_test(test_write_read),           cmocka_unit_test(test_rotated_no_crs),
+        cmocka_unit_test(test_destroy_removes_part), cmocka_unit_test(test_bad_path),
+        cmocka_unit_test(test_path_is_directory),    cmocka_unit_test(test_bad_crs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -139,9 +139,8 @@ static void check_against_reference(const setup *s)
     assert_true(n_invalid > 0);
 }
 
-static const tw_dtype k_all[] = {TW_DT_BYTE,   TW_DT_INT8,    TW_DT_UINT16,
-                                 TW_DT_INT16,  TW_DT_UINT32,  TW_DT_INT32,
-                                 TW_DT_FLOAT32, TW_DT_FLOAT64};
+static const tw_dtype k_all[] = {TW_DT_BYTE,   TW_DT_INT8,  TW_DT_UINT16,  TW_DT_INT16,
+                                 TW_DT_UINT32, TW_DT_INT32, TW_DT_FLOAT32, TW_DT_FLOAT64};
 
 static void test_every_dtype(void **state)
 {
@@ -228,10 +227,8 @@ static void test_empty(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_known_values),
-        cmocka_unit_test(test_every_dtype),
-        cmocka_unit_test(test_scale),
-        cmocka_unit_test(test_many_tiles_openmp),
+        cmocka_unit_test(test_known_values), cmocka_unit_test(test_every_dtype),
+        cmocka_unit_test(test_scale),        cmocka_unit_test(test_many_tiles_openmp),
         cmocka_unit_test(test_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,7 +33,7 @@ static void check_axis(const tw_axis *ax, int T, int S, tw_edge_mode e)
         assert_true(c0 >= prev_c0); /* raster order: first rows never go back */
         prev_c0 = c0;
         for (int c = c0; c < c1; c++) {
-            assert_true(c * S < pos + T);  /* cell starts inside the tile */
+            assert_true(c * S < pos + T); /* cell starts inside the tile */
             assert_true(c * S + S > pos);
         }
         if (pos <= covered_to && pos + T > covered_to) covered_to = pos + T;
@@ -164,7 +164,10 @@ static tw_status grid_rows(void *user, int row0, int n, const float *probs, cons
  * stride = tile/2 the cell (i, j) is covered by tiles tx in {j-1, j},
  * ty in {i-1, i} (those that exist), so its value is the mean of those v:
  * known in closed form. */
-static float tile_v(int tx, int ty) { return 0.01f * (float)(tx + 10 * ty); }
+static float tile_v(int tx, int ty)
+{
+    return 0.01f * (float)(tx + 10 * ty);
+}
 
 static void run_stitch_case(tw_edge_mode edge, int w, int h, int shard, int nshard, grid_sink *g)
 {
@@ -282,8 +285,8 @@ static void test_format_bytes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plan_pad),      cmocka_unit_test(test_plan_shift_skip),
-        cmocka_unit_test(test_plan_errors),   cmocka_unit_test(test_plan_shards),
+        cmocka_unit_test(test_plan_pad),       cmocka_unit_test(test_plan_shift_skip),
+        cmocka_unit_test(test_plan_errors),    cmocka_unit_test(test_plan_shards),
         cmocka_unit_test(test_stitch_average), cmocka_unit_test(test_queue),
         cmocka_unit_test(test_format_bytes),
     };

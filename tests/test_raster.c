@@ -26,7 +26,7 @@
 typedef struct fx_dtype {
     const char *name; /* as in the file names */
     tw_dtype t;
-    double nd;        /* nodata value of the _nodata variants */
+    double nd; /* nodata value of the _nodata variants */
 } fx_dtype;
 
 static const fx_dtype k_dtypes[] = {
@@ -288,8 +288,10 @@ static void test_nan_inf(void **state)
                     float v = raw[(size_t)(b - 1) * FW * FH + (size_t)y * FW + x];
                     if (special && (x + y) % 3 + 1 == b) {
                         int kind = (q / 11) % 3;
-                        if (kind == 0) assert_true(isnan(v));
-                        else assert_true(isinf(v) && (v > 0) == (kind == 1));
+                        if (kind == 0)
+                            assert_true(isnan(v));
+                        else
+                            assert_true(isinf(v) && (v > 0) == (kind == 1));
                     } else {
                         float e;
                         put_value(TW_DT_FLOAT32, &e, 0, b, y, x, false, 0);
@@ -551,8 +553,7 @@ static void expect_open_error(const char *path, const int *bands, int nb, const 
     assert_null(r);
     assert_int_equal(err.status, TW_ERR_INPUT);
     if (!strstr(err.msg, needle1)) fail_msg("message '%s' lacks '%s'", err.msg, needle1);
-    if (needle2 && !strstr(err.msg, needle2))
-        fail_msg("message '%s' lacks '%s'", err.msg, needle2);
+    if (needle2 && !strstr(err.msg, needle2)) fail_msg("message '%s' lacks '%s'", err.msg, needle2);
     assert_int_equal(printed, 0);
 }
 
@@ -693,8 +694,9 @@ static void test_shared_rasters(void **state)
         assert_string_equal(in->driver, driver);
         if (strcmp(gts, "none") != 0) {
             double gt[6];
-            assert_int_equal(sscanf(gts, "%lf,%lf,%lf,%lf,%lf,%lf", &gt[0], &gt[1], &gt[2],
-                                    &gt[3], &gt[4], &gt[5]), 6);
+            assert_int_equal(sscanf(gts, "%lf,%lf,%lf,%lf,%lf,%lf", &gt[0], &gt[1], &gt[2], &gt[3],
+                                    &gt[4], &gt[5]),
+                             6);
             assert_true(in->has_geotransform);
             for (int i = 0; i < 6; i++) assert_true(in->geotransform[i] == gt[i]);
         }

@@ -50,8 +50,8 @@ static void test_depth_inference(void **state)
     static const struct {
         const int *blocks;
         int bottleneck, depth;
-    } cases[] = {{k_r18, 0, 18}, {k_r34, 0, 34}, {k_r34, 1, 50}, {k_r101, 1, 101},
-                 {k_r152, 1, 152}};
+    } cases[] = {
+        {k_r18, 0, 18}, {k_r34, 0, 34}, {k_r34, 1, 50}, {k_r101, 1, 101}, {k_r152, 1, 152}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         synth s;
         assert_int_equal(synth_resnet(&s, cases[i].blocks, cases[i].bottleneck, 5, 4, 3, 1 + i), 0);
@@ -171,15 +171,17 @@ static void test_arch_mismatch(void **state)
     expect_error(&s, "resnet19", TW_ERR_MODEL, 1, "'resnet19'");
     synth_free(&s);
     assert_int_equal(synth_resnet(&s, k_r34, 0, 3, 4, 2, 7), 0);
-    expect_error(&s, "resnet50", TW_ERR_MODEL, 1, "weights are resnet34 but model.arch says resnet50");
+    expect_error(&s, "resnet50", TW_ERR_MODEL, 1,
+                 "weights are resnet34 but model.arch says resnet50");
     synth_free(&s);
 }
 
 static void test_missing_tensors(void **state)
 {
     (void)state;
-    static const char *names[] = {"layer3.1.bn2.running_var", "fc.bias", "fc.weight", "bn1.bias",
-                                  "layer2.0.downsample.0.weight", "conv1.weight"};
+    static const char *names[] = {
+        "layer3.1.bn2.running_var",     "fc.bias",     "fc.weight", "bn1.bias",
+        "layer2.0.downsample.0.weight", "conv1.weight"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         synth s;
         assert_int_equal(synth_resnet(&s, k_r18, 0, 6, 8, 4, 9), 0);
@@ -207,7 +209,9 @@ static void test_wrong_shapes(void **state)
         {"layer1.1.bn1.weight", 1, {5}, "has shape [5], expected [8]"},
         {"conv1.weight", 3, {8, 6, 7}, "has shape [8,6,7], expected"},
         {"conv1.weight", 4, {8, 6, 3, 3}, "has shape [8,6,3,3], expected [8,6,7,7]"},
-        {"layer2.0.downsample.0.weight", 4, {16, 8, 3, 3},
+        {"layer2.0.downsample.0.weight",
+         4,
+         {16, 8, 3, 3},
          "has shape [16,8,3,3], expected [16,8,1,1]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

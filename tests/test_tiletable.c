@@ -157,7 +157,7 @@ static void test_write_read(void **state)
 
     hid_t vstr = H5Tcopy(H5T_C_S1);
     H5Tset_size(vstr, H5T_VARIABLE);
-    H5Tset_cset(vstr, H5T_CSET_UTF8);   /* HDF5 does not convert between character sets */
+    H5Tset_cset(vstr, H5T_CSET_UTF8); /* HDF5 does not convert between character sets */
     char *wkt = NULL;
     read_attr(f, "crs_wkt", vstr, &wkt);
     assert_string_equal(wkt, k_wkt);
@@ -188,7 +188,7 @@ static void test_many_no_embeddings(void **state)
     const char *dir = tw_test_tmpdir();
     const char *path = tw_test_path(dir, "big.tiles.h5");
     tw_tiletable_params p = base_params(path, 0);
-    p.class_names = NULL;   /* default names */
+    p.class_names = NULL; /* default names */
     tw_error err;
     tw_error_init(&err);
     tw_tiletable *t = NULL;
@@ -206,9 +206,9 @@ static void test_many_no_embeddings(void **state)
     const int parts[] = {4000, 1, 3999, 1000};
     int at = 0;
     for (int k = 0; k < 4; k++) {
-        assert_int_equal(tw_tiletable_append(t, parts[k], rows + at, cols + at, probs + at * 3,
-                                             NULL, &err),
-                         TW_OK);
+        assert_int_equal(
+            tw_tiletable_append(t, parts[k], rows + at, cols + at, probs + at * 3, NULL, &err),
+            TW_OK);
         at += parts[k];
     }
     assert_int_equal(tw_tiletable_finish(t, &err), TW_OK);
@@ -228,7 +228,7 @@ static void test_many_no_embeddings(void **state)
     assert_memory_equal(pr, probs, sizeof(float) * N * 3);
     hid_t vstr = H5Tcopy(H5T_C_S1);
     H5Tset_size(vstr, H5T_VARIABLE);
-    H5Tset_cset(vstr, H5T_CSET_UTF8);   /* HDF5 does not convert between character sets */
+    H5Tset_cset(vstr, H5T_CSET_UTF8); /* HDF5 does not convert between character sets */
     char *cls[3] = {NULL, NULL, NULL};
     read_attr(f, "classes", vstr, cls);
     assert_string_equal(cls[2], "class_2");
@@ -351,10 +351,8 @@ static void test_write_failure(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_write_read),
-        cmocka_unit_test(test_many_no_embeddings),
-        cmocka_unit_test(test_destroy_removes_part),
-        cmocka_unit_test(test_bad_path),
+        cmocka_unit_test(test_write_read),           cmocka_unit_test(test_many_no_embeddings),
+        cmocka_unit_test(test_destroy_removes_part), cmocka_unit_test(test_bad_path),
         cmocka_unit_test(test_write_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

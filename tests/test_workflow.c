@@ -18,39 +18,39 @@
 
 /* Every key, one per line; line numbers below refer to this text. */
 static const char k_good[] =
-    "# a workflow with every key\n"                      /* 1 */
-    "input:\n"                                           /* 2 */
-    "  path: [a.tif, \"dir with space/b.vrt\"]\n"        /* 3 */
-    "  bands: [4, 3, 2]\n"                               /* 4 */
-    "  scale: 0.0001\n"                                  /* 5 */
-    "  nodata: -9999\n"                                  /* 6 */
-    "  on_error: skip\n"                                 /* 7 */
-    "model:\n"                                           /* 8 */
-    "  weights: models/r50.safetensors\n"                /* 9 */
-    "  arch: ResNet50\n"                                 /* 10 */
-    "  mean: [0.1, 0.2, 0.3]\n"                          /* 11 */
-    "  std: [1.5, 2, 2.5e-1]\n"                          /* 12 */
-    "  classes:\n"                                       /* 13 */
-    "    - water\n"                                      /* 14 */
-    "    - 'forest: dense'\n"                            /* 15 */
-    "    - urban\n"                                      /* 16 */
-    "tiling:\n"                                          /* 17 */
-    "  tile: 128\n"                                      /* 18 */
-    "  stride: 32\n"                                     /* 19 */
-    "  batch: 48\n"                                      /* 20 */
-    "  edge: shift\n"                                    /* 21 */
-    "  max_nodata_fraction: 0.25\n"                      /* 22 */
-    "runtime:\n"                                         /* 23 */
-    "  device: cuda:1\n"                                 /* 24 */
-    "  precision: bf16\n"                                /* 25 */
-    "  memory: 1.5GiB\n"                                 /* 26 */
-    "  threads: 12\n"                                    /* 27 */
-    "output:\n"                                          /* 28 */
-    "  dir: out/landcover\n"                             /* 29 */
+    "# a workflow with every key\n"                                   /* 1 */
+    "input:\n"                                                        /* 2 */
+    "  path: [a.tif, \"dir with space/b.vrt\"]\n"                     /* 3 */
+    "  bands: [4, 3, 2]\n"                                            /* 4 */
+    "  scale: 0.0001\n"                                               /* 5 */
+    "  nodata: -9999\n"                                               /* 6 */
+    "  on_error: skip\n"                                              /* 7 */
+    "model:\n"                                                        /* 8 */
+    "  weights: models/r50.safetensors\n"                             /* 9 */
+    "  arch: ResNet50\n"                                              /* 10 */
+    "  mean: [0.1, 0.2, 0.3]\n"                                       /* 11 */
+    "  std: [1.5, 2, 2.5e-1]\n"                                       /* 12 */
+    "  classes:\n"                                                    /* 13 */
+    "    - water\n"                                                   /* 14 */
+    "    - 'forest: dense'\n"                                         /* 15 */
+    "    - urban\n"                                                   /* 16 */
+    "tiling:\n"                                                       /* 17 */
+    "  tile: 128\n"                                                   /* 18 */
+    "  stride: 32\n"                                                  /* 19 */
+    "  batch: 48\n"                                                   /* 20 */
+    "  edge: shift\n"                                                 /* 21 */
+    "  max_nodata_fraction: 0.25\n"                                   /* 22 */
+    "runtime:\n"                                                      /* 23 */
+    "  device: cuda:1\n"                                              /* 24 */
+    "  precision: bf16\n"                                             /* 25 */
+    "  memory: 1.5GiB\n"                                              /* 26 */
+    "  threads: 12\n"                                                 /* 27 */
+    "output:\n"                                                       /* 28 */
+    "  dir: out/landcover\n"                                          /* 29 */
     "  products: [class, prob, confidence, embeddings, tiles_gpkg]\n" /* 30 */
-    "  prob_type: uint8\n"                               /* 31 */
-    "  format: cog\n"                                    /* 32 */
-    "  creation_options: [COMPRESS=DEFLATE, \"PREDICTOR=2\"]\n"; /* 33 */
+    "  prob_type: uint8\n"                                            /* 31 */
+    "  format: cog\n"                                                 /* 32 */
+    "  creation_options: [COMPRESS=DEFLATE, \"PREDICTOR=2\"]\n";      /* 33 */
 
 static tw_status parse(const char *text, const char *const *sets, int n_sets, tw_run_params *p,
                        tw_error *err)
@@ -155,8 +155,9 @@ static void test_defaults(void **state)
     assert_int_equal(p.output.n_creation_options, 0);
 
     /* "auto" spellings and the nan nodata map onto the documented values */
-    const char *autos = "input: {path: a.tif, nodata: nan}\nmodel: {weights: m.h5}\n"
-                        "tiling: {batch: AUTO}\nruntime: {threads: auto, device: CPU, memory: 17179869184}\n";
+    const char *autos =
+        "input: {path: a.tif, nodata: nan}\nmodel: {weights: m.h5}\n"
+        "tiling: {batch: AUTO}\nruntime: {threads: auto, device: CPU, memory: 17179869184}\n";
     assert_int_equal(parse(autos, NULL, 0, &p, &err), TW_OK);
     assert_false(p.input.nodata_auto);
     assert_true(isnan(p.input.nodata));
@@ -172,18 +173,18 @@ static void test_overrides(void **state)
     tw_run_params p;
     tw_error err;
     const char *sets[] = {
-        "tiling.tile=32",                              /* scalar */
-        "tiling.stride = 16",                          /* spaces around the key */
-        "input.bands=[6, 5]",                          /* list replaces the file's */
+        "tiling.tile=32",     /* scalar */
+        "tiling.stride = 16", /* spaces around the key */
+        "input.bands=[6, 5]", /* list replaces the file's */
         "model.mean=[1, 2]",
         "model.std=[3,4]",
         "output.products=[prob]",
-        "input.path=[x.tif, y.tif, z.tif]",            /* nested list of strings */
-        "output.creation_options=[]",                  /* empty list clears */
+        "input.path=[x.tif, y.tif, z.tif]", /* nested list of strings */
+        "output.creation_options=[]",       /* empty list clears */
         "runtime.memory=64MiB",
         "model.classes=[a, b, c, d]",
         "input.nodata=auto",
-        "tiling.stride=8",                             /* the last one wins */
+        "tiling.stride=8", /* the last one wins */
     };
     assert_int_equal(parse(k_good, sets, (int)(sizeof sets / sizeof sets[0]), &p, &err), TW_OK);
     assert_int_equal(p.tiling.tile, 32);
@@ -212,7 +213,9 @@ static void test_overrides(void **state)
     /* an override goes through the cross-key checks too, and the message says so */
     const char *bad[] = {"tiling.stride=48"};
     assert_int_equal(parse(k_good, bad, 1, &p, &err), TW_ERR_CONFIG);
-    assert_string_equal(err.msg, "--set tiling.stride: 48 does not divide tile 128 (expected a divisor such as 64)");
+    assert_string_equal(
+        err.msg,
+        "--set tiling.stride: 48 does not divide tile 128 (expected a divisor such as 64)");
 
     /* a failed parse leaves *out alone */
     memset(&p, 0x5A, sizeof p);
@@ -226,7 +229,7 @@ static void test_overrides(void **state)
  * contain every needle (file:line, key path, what is wrong). */
 typedef struct bad_case {
     const char *yaml;
-    const char *set;          /* one --set, or NULL */
+    const char *set; /* one --set, or NULL */
     const char *needles[4];
 } bad_case;
 
@@ -234,113 +237,196 @@ typedef struct bad_case {
 
 static const bad_case k_bad[] = {
     /* unknown key, closest known one suggested */
-    {"input:\n  path: a.tif\n  bandz: [1, 2]\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: a.tif\n  bandz: [1, 2]\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:3: input.bandz: unknown key (did you mean input.bands?)"}},
-    {BASE "modle:\n  arch: resnet18\n", NULL, {"flow.yaml:5: modle: unknown key (did you mean model?)"}},
-    {"input:\n  path: a.tif\n  tile: 64\nmodel: {weights: m.h5}\n", NULL,
+    {BASE "modle:\n  arch: resnet18\n",
+     NULL,
+     {"flow.yaml:5: modle: unknown key (did you mean model?)"}},
+    {"input:\n  path: a.tif\n  tile: 64\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:3: input.tile: unknown key (did you mean tiling.tile?)"}},
-    {BASE "output:\n  xyzzy: 1\n", NULL,
-     {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, products, prob_type, format, "
+    {BASE "output:\n  xyzzy: 1\n",
+     NULL,
+     {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, products, prob_type, "
+      "format, "
       "creation_options)"}},
-    {BASE "tiling.tile: 64\n", NULL, {"flow.yaml:5: tiling.tile: unknown key (write it nested: 'tiling:' with 'tile:' indented under it)"}},
+    {BASE "tiling.tile: 64\n",
+     NULL,
+     {"flow.yaml:5: tiling.tile: unknown key (write it nested: 'tiling:' with 'tile:' indented "
+      "under it)"}},
     {BASE "extras:\n  a: 1\n", NULL, {"flow.yaml:5: extras: unknown section"}},
     /* wrong types */
-    {BASE "tiling:\n  tile: abc\n", NULL, {"flow.yaml:6: tiling.tile: expected an integer, got 'abc'"}},
-    {BASE "tiling:\n  tile: 12.5\n", NULL, {"flow.yaml:6: tiling.tile: expected an integer, got '12.5'"}},
-    {BASE "tiling:\n  tile: [64]\n", NULL, {"flow.yaml:6: tiling.tile: expected an integer, got a list"}},
-    {BASE "tiling:\n  tile:\n", NULL, {"flow.yaml:", "tiling.tile: expected an integer, got nothing"}},
-    {BASE "runtime: fast\n", NULL, {"flow.yaml:5: runtime: expected a mapping of keys, got 'fast'"}},
+    {BASE "tiling:\n  tile: abc\n",
+     NULL,
+     {"flow.yaml:6: tiling.tile: expected an integer, got 'abc'"}},
+    {BASE "tiling:\n  tile: 12.5\n",
+     NULL,
+     {"flow.yaml:6: tiling.tile: expected an integer, got '12.5'"}},
+    {BASE "tiling:\n  tile: [64]\n",
+     NULL,
+     {"flow.yaml:6: tiling.tile: expected an integer, got a list"}},
+    {BASE "tiling:\n  tile:\n",
+     NULL,
+     {"flow.yaml:", "tiling.tile: expected an integer, got nothing"}},
+    {BASE "runtime: fast\n",
+     NULL,
+     {"flow.yaml:5: runtime: expected a mapping of keys, got 'fast'"}},
     {"- input\n- model\n", NULL, {"flow.yaml:1: expected a mapping of sections"}},
     {BASE "model:\n", NULL, {"flow.yaml:5: model: duplicate key (first given at line 3)"}},
-    {"input:\n  path: a.tif\n  bands: [1, two, 3]\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: a.tif\n  bands: [1, two, 3]\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:3: input.bands: expected an integer, got 'two'"}},
-    {"input:\n  path: a.tif\n  bands:\n    - 1\n    - 0\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: a.tif\n  bands:\n    - 1\n    - 0\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:5: input.bands: 0 is out of range (expected 1..2147483647)"}},
-    {"input:\n  path: a.tif\n  scale: -2\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: a.tif\n  scale: -2\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:3: input.scale: -2 is out of range (expected a number > 0)"}},
-    {"input:\n  path: a.tif\n  scale: 0x10\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: a.tif\n  scale: 0x10\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:3: input.scale: expected a number, got '0x10'"}},
-    {"input:\n  path: a.tif\n  nodata: none\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: a.tif\n  nodata: none\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:3: input.nodata: expected auto, nan or a number, got 'none'"}},
-    {"input:\n  path: a.tif\n  on_error: retry\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: a.tif\n  on_error: retry\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:3: input.on_error: expected one of fail | skip, got 'retry'"}},
-    {"input:\n  path: {a: 1}\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: {a: 1}\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:2: input.path: expected a list of raster paths, got a mapping"}},
-    {"input:\n  path: []\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: []\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:2: input.path: expected a list of raster paths, got an empty list"}},
-    {"input:\n  path: \"\"\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: \"\"\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:2: input.path: must not be empty"}},
-    {"input:\n  path: \"a\\0b\"\nmodel: {weights: m.h5}\n", NULL,
+    {"input:\n  path: \"a\\0b\"\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:2: input.path: contains a NUL byte"}},
     /* out of range */
-    {BASE "tiling:\n  tile: 5000\n", NULL, {"flow.yaml:6: tiling.tile: 5000 is out of range (expected 8..4096)"}},
-    {BASE "tiling:\n  tile: 99999999999999999999999\n", NULL,
+    {BASE "tiling:\n  tile: 5000\n",
+     NULL,
+     {"flow.yaml:6: tiling.tile: 5000 is out of range (expected 8..4096)"}},
+    {BASE "tiling:\n  tile: 99999999999999999999999\n",
+     NULL,
      {"flow.yaml:6: tiling.tile: '99999999999999999999999' is out of range (expected 8..4096)"}},
-    {BASE "tiling:\n  batch: 0\n", NULL, {"flow.yaml:6: tiling.batch: 0 is out of range (expected auto or an integer 1..4096)"}},
-    {BASE "tiling:\n  max_nodata_fraction: 1.5\n", NULL,
+    {BASE "tiling:\n  batch: 0\n",
+     NULL,
+     {"flow.yaml:6: tiling.batch: 0 is out of range (expected auto or an integer 1..4096)"}},
+    {BASE "tiling:\n  max_nodata_fraction: 1.5\n",
+     NULL,
      {"flow.yaml:6: tiling.max_nodata_fraction: 1.5 is out of range (expected 0..1)"}},
-    {BASE "tiling:\n  edge: wrap\n", NULL, {"flow.yaml:6: tiling.edge: expected one of pad | shift | skip, got 'wrap'"}},
-    {BASE "runtime:\n  threads: 5000\n", NULL, {"flow.yaml:6: runtime.threads: 5000 is out of range"}},
-    {BASE "runtime:\n  device: gpu\n", NULL, {"flow.yaml:6: runtime.device: expected auto | cpu | cuda | cuda:N, got 'gpu'"}},
+    {BASE "tiling:\n  edge: wrap\n",
+     NULL,
+     {"flow.yaml:6: tiling.edge: expected one of pad | shift | skip, got 'wrap'"}},
+    {BASE "runtime:\n  threads: 5000\n",
+     NULL,
+     {"flow.yaml:6: runtime.threads: 5000 is out of range"}},
+    {BASE "runtime:\n  device: gpu\n",
+     NULL,
+     {"flow.yaml:6: runtime.device: expected auto | cpu | cuda | cuda:N, got 'gpu'"}},
     {BASE "runtime:\n  device: cuda:x\n", NULL, {"flow.yaml:6: runtime.device:", "got 'cuda:x'"}},
-    {BASE "runtime:\n  precision: fp8\n", NULL, {"flow.yaml:6: runtime.precision: expected one of fp32"}},
+    {BASE "runtime:\n  precision: fp8\n",
+     NULL,
+     {"flow.yaml:6: runtime.precision: expected one of fp32"}},
     /* stride and tile */
-    {BASE "tiling:\n  tile: 64\n  stride: 48\n", NULL,
+    {BASE "tiling:\n  tile: 64\n  stride: 48\n",
+     NULL,
      {"flow.yaml:7: tiling.stride: 48 does not divide tile 64"}},
-    {BASE "tiling:\n  stride: 96\n  tile: 64\n", NULL,
+    {BASE "tiling:\n  stride: 96\n  tile: 64\n",
+     NULL,
      {"flow.yaml:6: tiling.stride: 96 is larger than tile 64"}},
     /* mean/std lengths */
-    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 2, 3]\n  std: [1, 2]\n", NULL,
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 2, 3]\n  std: [1, 2]\n",
+     NULL,
      {"flow.yaml:5: model.std: 2 values but model.mean has 3"}},
-    {"input: {path: a.tif, bands: [1, 2]}\nmodel:\n  weights: m.h5\n  mean: [1, 2, 3]\n", NULL,
+    {"input: {path: a.tif, bands: [1, 2]}\nmodel:\n  weights: m.h5\n  mean: [1, 2, 3]\n",
+     NULL,
      {"flow.yaml:4: model.mean: 3 values but input.bands selects 2 bands"}},
-    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  std: [1, 0]\n", NULL,
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  std: [1, 0]\n",
+     NULL,
      {"flow.yaml:4: model.std: 0 is out of range (expected a number > 0)"}},
-    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 1e39]\n", NULL,
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 1e39]\n",
+     NULL,
      {"flow.yaml:4: model.mean: 1e+39 is too large for float32"}},
     /* sizes */
-    {BASE "runtime:\n  memory: 2 GiBs\n", NULL,
+    {BASE "runtime:\n  memory: 2 GiBs\n",
+     NULL,
      {"flow.yaml:6: runtime.memory: bad size '2 GiBs' (expected a size such as 512MiB"}},
-    {BASE "runtime:\n  memory: 1MiB\n", NULL, {"flow.yaml:6: runtime.memory: 1MiB is too small (at least 16MiB)"}},
+    {BASE "runtime:\n  memory: 1MiB\n",
+     NULL,
+     {"flow.yaml:6: runtime.memory: 1MiB is too small (at least 16MiB)"}},
     /* products, classes, creation options */
-    {BASE "output:\n  products: [class, probs]\n", NULL,
-     {"flow.yaml:6: output.products: expected one of class | prob | confidence | embeddings | tiles | "
+    {BASE "output:\n  products: [class, probs]\n",
+     NULL,
+     {"flow.yaml:6: output.products: expected one of class | prob | confidence | embeddings | "
+      "tiles | "
       "tiles_gpkg, got 'probs'"}},
-    {BASE "output:\n  format: PNG\n", NULL, {"flow.yaml:6: output.format: expected one of GTiff | COG, got 'PNG'"}},
-    {BASE "output:\n  prob_type: float64\n", NULL, {"flow.yaml:6: output.prob_type:", "got 'float64'"}},
-    {BASE "output:\n  creation_options:\n    - COMPRESS=LZW\n    - TILED\n", NULL,
+    {BASE "output:\n  format: PNG\n",
+     NULL,
+     {"flow.yaml:6: output.format: expected one of GTiff | COG, got 'PNG'"}},
+    {BASE "output:\n  prob_type: float64\n",
+     NULL,
+     {"flow.yaml:6: output.prob_type:", "got 'float64'"}},
+    {BASE "output:\n  creation_options:\n    - COMPRESS=LZW\n    - TILED\n",
+     NULL,
      {"flow.yaml:8: output.creation_options: expected KEY=VALUE, got 'TILED'"}},
-    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [water, land, water]\n", NULL,
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [water, land, water]\n",
+     NULL,
      {"flow.yaml:4: model.classes: duplicate class name 'water' (items 1 and 3)"}},
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: "
      "[aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]\n",
-     NULL, {"flow.yaml:4: model.classes: too long (74 bytes, at most 63)"}},
-    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  arch: vgg16\n", NULL,
-     {"flow.yaml:4: model.arch: expected one of resnet18 | resnet34 | resnet50 | resnet101 | resnet152, got 'vgg16'"}},
+     NULL,
+     {"flow.yaml:4: model.classes: too long (74 bytes, at most 63)"}},
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  arch: vgg16\n",
+     NULL,
+     {"flow.yaml:4: model.arch: expected one of resnet18 | resnet34 | resnet50 | resnet101 | "
+      "resnet152, got 'vgg16'"}},
     /* duplicate keys */
-    {BASE "tiling:\n  tile: 64\n  stride: 32\n  tile: 32\n", NULL,
+    {BASE "tiling:\n  tile: 64\n  stride: 32\n  tile: 32\n",
+     NULL,
      {"flow.yaml:8: tiling.tile: duplicate key (first given at line 6)"}},
     /* YAML syntax */
-    {"input:\n  path: a.tif\n  bands: [1, 2\nmodel:\n  weights: m.h5\n", NULL,
+    {"input:\n  path: a.tif\n  bands: [1, 2\nmodel:\n  weights: m.h5\n",
+     NULL,
      {"flow.yaml:4:", "YAML syntax error", "flow sequence at line 3"}},
-    {"input:\n  path: a.tif\n   bands: [1]\n", NULL, {"flow.yaml:3:", "YAML syntax error: mapping values are not allowed"}},
+    {"input:\n  path: a.tif\n   bands: [1]\n",
+     NULL,
+     {"flow.yaml:3:", "YAML syntax error: mapping values are not allowed"}},
     {"input:\n  path: 'a.tif\n", NULL, {"flow.yaml:", "YAML syntax error", "quoted scalar"}},
-    {"input:\n  path: *nowhere\n", NULL, {"flow.yaml:2:", "YAML syntax error: found undefined alias"}},
-    {"input:\n  path: a.tif\nmodel: {weights: \"m\xff.h5\"}\n", NULL, {"flow.yaml:3:", "YAML syntax error", "UTF-8"}},
+    {"input:\n  path: *nowhere\n",
+     NULL,
+     {"flow.yaml:2:", "YAML syntax error: found undefined alias"}},
+    {"input:\n  path: a.tif\nmodel: {weights: \"m\xff.h5\"}\n",
+     NULL,
+     {"flow.yaml:3:", "YAML syntax error", "UTF-8"}},
     {BASE "---\ninput: {path: b.tif}\n", NULL, {"flow.yaml:6: only one YAML document is allowed"}},
-    {"input:\n\tpath: a.tif\n", NULL, {"flow.yaml:2:1: YAML syntax error:", "(indent YAML with spaces, not tabs)"}},
-    {BASE, "model.classes=[a, \xff]", {"--set model.classes: YAML syntax error in value '[a, ?]': invalid leading UTF-8"}},
+    {"input:\n\tpath: a.tif\n",
+     NULL,
+     {"flow.yaml:2:1: YAML syntax error:", "(indent YAML with spaces, not tabs)"}},
+    {BASE,
+     "model.classes=[a, \xff]",
+     {"--set model.classes: YAML syntax error in value '[a, ?]': invalid leading UTF-8"}},
     {BASE, "input.scale=1e400", {"--set input.scale: '1e400' is out of range for a number"}},
     /* a message shows valid UTF-8 as it is and a broken sequence as '?' */
-    {BASE, "output.dir=[\"a\", \"\xc3\xa9t\xc3\"]", {"--set output.dir: YAML syntax error in value '[\"a\", \"\xc3\xa9t?\"]': invalid trailing UTF-8"}},
+    {BASE,
+     "output.dir=[\"a\", \"\xc3\xa9t\xc3\"]",
+     {"--set output.dir: YAML syntax error in value '[\"a\", \"\xc3\xa9t?\"]': invalid trailing "
+      "UTF-8"}},
     {BASE "model:\n", NULL, {"flow.yaml:5: model: duplicate key"}},
     /* nesting deep enough to make libyaml's scanner crawl is refused up front */
-    {"input:\n  path: a.tif\n  bands: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n", NULL,
+    {"input:\n  path: a.tif\n  bands: "
+     "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n",
+     NULL,
      {"flow.yaml:3: YAML nested deeper than 64 levels"}},
-    {BASE, "input.bands={{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{",
+    {BASE,
+     "input.bands={{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{"
+     "{{{",
      {"--set input.bands: value nested deeper than 64 levels"}},
     /* an alias cycle is just a value of the wrong type */
-    {"input: &a\n  path: *a\nmodel: {weights: m.h5}\n", NULL,
+    {"input: &a\n  path: *a\nmodel: {weights: m.h5}\n",
+     NULL,
      {"flow.yaml:1: input.path: expected a list of raster paths, got a mapping"}},
     /* required keys and empty files */
     {"input:\n  path: a.tif\n", NULL, {"flow.yaml: model.weights is required"}},
@@ -357,10 +443,16 @@ static const bad_case k_bad[] = {
     {BASE, "tiling.tile=", {"--set tiling.tile: expected an integer, got nothing"}},
     {BASE, "tiling.tile=4", {"--set tiling.tile: 4 is out of range (expected 8..4096)"}},
     {BASE, "input.bands=[1,2", {"--set input.bands: YAML syntax error in value '[1,2'"}},
-    {BASE, "input.bands={a: 1}", {"--set input.bands: expected a list of band numbers (1-based), got a mapping"}},
+    {BASE,
+     "input.bands={a: 1}",
+     {"--set input.bands: expected a list of band numbers (1-based), got a mapping"}},
     {BASE, "runtime.memory=lots", {"--set runtime.memory: bad size 'lots'"}},
-    {BASE, "output.products=[class, maps]", {"--set output.products: expected one of", "got 'maps'"}},
-    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 2]\n", "model.std=[1]", {"--set model.std: 1 values but model.mean has 2"}},
+    {BASE,
+     "output.products=[class, maps]",
+     {"--set output.products: expected one of", "got 'maps'"}},
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 2]\n",
+     "model.std=[1]",
+     {"--set model.std: 1 values but model.mean has 2"}},
 };
 
 static void test_bad_configs(void **state)
@@ -378,8 +470,8 @@ static void test_bad_configs(void **state)
         for (int j = 0; ok && j < 4 && bc->needles[j]; j++)
             if (!strstr(err.msg, bc->needles[j])) ok = false;
         if (!ok) {
-            print_error("case %d: status %d, message \"%s\"\n  yaml: %s\n  wanted:", i, (int)st, err.msg,
-                        bc->yaml);
+            print_error("case %d: status %d, message \"%s\"\n  yaml: %s\n  wanted:", i, (int)st,
+                        err.msg, bc->yaml);
             for (int j = 0; j < 4 && bc->needles[j]; j++) print_error(" \"%s\"", bc->needles[j]);
             print_error("\n");
         }
@@ -399,8 +491,10 @@ static void test_limits(void **state)
 
     /* 255 classes fit, 256 do not */
     for (int n = 255; n <= 256; n++) {
-        int len = snprintf(text, cap, "input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [");
-        for (int i = 0; i < n; i++) len += snprintf(text + len, cap - (size_t)len, "%sc%d", i ? ", " : "", i);
+        int len =
+            snprintf(text, cap, "input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [");
+        for (int i = 0; i < n; i++)
+            len += snprintf(text + len, cap - (size_t)len, "%sc%d", i ? ", " : "", i);
         snprintf(text + len, cap - (size_t)len, "]\n");
         tw_status st = parse(text, NULL, 0, &p, &err);
         if (n == 255) {
@@ -409,12 +503,14 @@ static void test_limits(void **state)
             assert_string_equal(p.model.classes[254], "c254");
         } else {
             assert_int_equal(st, TW_ERR_CONFIG);
-            assert_string_equal(err.msg, "flow.yaml:4: model.classes: too many items (256, at most 255)");
+            assert_string_equal(err.msg,
+                                "flow.yaml:4: model.classes: too many items (256, at most 255)");
         }
     }
     /* 65 inputs */
     int len = snprintf(text, cap, "model: {weights: m.h5}\ninput:\n  path:\n");
-    for (int i = 0; i < TW_MAX_INPUTS + 1; i++) len += snprintf(text + len, cap - (size_t)len, "    - f%d.tif\n", i);
+    for (int i = 0; i < TW_MAX_INPUTS + 1; i++)
+        len += snprintf(text + len, cap - (size_t)len, "    - f%d.tif\n", i);
     assert_int_equal(parse(text, NULL, 0, &p, &err), TW_ERR_CONFIG);
     assert_string_equal(err.msg, "flow.yaml:4: input.path: too many items (65, at most 64)");
     /* a path one byte too long for TW_PATH_MAX */
@@ -425,7 +521,8 @@ static void test_limits(void **state)
     assert_string_equal(err.msg, "flow.yaml:3: model.weights: too long (1024 bytes, at most 1023)");
     /* 65 bands */
     len = snprintf(text, cap, "input:\n  path: a.tif\n  bands: [");
-    for (int i = 0; i < TW_MAX_BANDS + 1; i++) len += snprintf(text + len, cap - (size_t)len, "%s1", i ? "," : "");
+    for (int i = 0; i < TW_MAX_BANDS + 1; i++)
+        len += snprintf(text + len, cap - (size_t)len, "%s1", i ? "," : "");
     snprintf(text + len, cap - (size_t)len, "]\nmodel: {weights: m.h5}\n");
     assert_int_equal(parse(text, NULL, 0, &p, &err), TW_ERR_CONFIG);
     assert_string_equal(err.msg, "flow.yaml:3: input.bands: too many items (65, at most 64)");
@@ -461,7 +558,8 @@ static void test_files(void **state)
     assert_int_equal(p.tiling.tile, 128);
 
     const char *bad = tw_test_path(dir, "bad.yaml");
-    const char bad_text[] = "input:\n  path: a.tif\nmodel:\n  weights: m.h5\ntiling:\n  stride: 3\n  tile: 64\n";
+    const char bad_text[] =
+        "input:\n  path: a.tif\nmodel:\n  weights: m.h5\ntiling:\n  stride: 3\n  tile: 64\n";
     write_file(bad, bad_text, sizeof bad_text - 1);
     tw_error_init(&err);
     assert_int_equal(tw_workflow_load(bad, NULL, 0, &p, &err), TW_ERR_CONFIG);
@@ -507,7 +605,8 @@ static void test_sample_workflow(void **state)
     tw_run_params p;
     tw_error err;
     tw_error_init(&err);
-    assert_int_equal(tw_workflow_load(tw_test_path(src, "workflows/sample.yaml"), NULL, 0, &p, &err), TW_OK);
+    assert_int_equal(
+        tw_workflow_load(tw_test_path(src, "workflows/sample.yaml"), NULL, 0, &p, &err), TW_OK);
     assert_string_equal(p.input.paths[0], "sample_data/L7_ETMs.tif");
     assert_int_equal(p.input.n_bands, 6);
     for (int i = 0; i < 6; i++) assert_int_equal(p.input.bands[i], i + 1);
@@ -531,7 +630,8 @@ static void test_batch_workflow(void **state)
     tw_run_params p;
     tw_error err;
     tw_error_init(&err);
-    assert_int_equal(tw_workflow_load(tw_test_path(src, "workflows/batch_cog.yaml"), NULL, 0, &p, &err), TW_OK);
+    assert_int_equal(
+        tw_workflow_load(tw_test_path(src, "workflows/batch_cog.yaml"), NULL, 0, &p, &err), TW_OK);
     assert_int_equal(p.input.n_paths, 3);
     assert_int_equal(p.input.n_bands, 4);
     assert_int_equal(p.model.n_mean, 4);
@@ -541,7 +641,8 @@ static void test_batch_workflow(void **state)
     assert_int_equal(p.runtime.memory, (size_t)8 << 30);
     assert_int_equal(p.output.format, TW_FORMAT_COG);
     assert_int_equal(p.output.prob_type, TW_PROB_UINT8);
-    assert_int_equal(p.output.products, TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_EMB | TW_PRODUCT_TILES);
+    assert_int_equal(p.output.products,
+                     TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_EMB | TW_PRODUCT_TILES);
 }
 
 static void test_parse_bytes(void **state)
@@ -575,12 +676,33 @@ static void test_parse_bytes(void **state)
         assert_int_equal(v, good[i].v);
     }
     static const char *const bad[] = {
-        "", "abc", "-1", "0", "0GiB", "0.1", "1.5.5GB", "GiB", "12 XB", "0x10", "1e9", " 5",
-        "5 ", "18446744073709551616", "20000000TiB", "1,5GB", "NaN", "inf", "2GiBs", "2  GiB", ".", "1.GiB x",
+        "",
+        "abc",
+        "-1",
+        "0",
+        "0GiB",
+        "0.1",
+        "1.5.5GB",
+        "GiB",
+        "12 XB",
+        "0x10",
+        "1e9",
+        " 5",
+        "5 ",
+        "18446744073709551616",
+        "20000000TiB",
+        "1,5GB",
+        "NaN",
+        "inf",
+        "2GiBs",
+        "2  GiB",
+        ".",
+        "1.GiB x",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         size_t v = 12345;
-        if (tw_parse_bytes(bad[i], &v) != -1) print_error("tw_parse_bytes(\"%s\") accepted: %zu\n", bad[i], v);
+        if (tw_parse_bytes(bad[i], &v) != -1)
+            print_error("tw_parse_bytes(\"%s\") accepted: %zu\n", bad[i], v);
         assert_int_equal(tw_parse_bytes(bad[i], &v), -1);
     }
     size_t v;
@@ -678,8 +800,7 @@ int main(void)
         cmocka_unit_test(test_overrides),       cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_limits),          cmocka_unit_test(test_files),
         cmocka_unit_test(test_sample_workflow), cmocka_unit_test(test_batch_workflow),
-        cmocka_unit_test(test_parse_bytes),
-        cmocka_unit_test(test_fuzz_mutations),
+        cmocka_unit_test(test_parse_bytes),     cmocka_unit_test(test_fuzz_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,7 +42,7 @@ static char *utm18n_wkt(void)
     char *wkt = NULL;
     assert_int_equal(OSRExportToWkt(srs, &wkt), OGRERR_NONE);
     OSRDestroySpatialReference(srs);
-    return wkt;   /* CPLFree */
+    return wkt; /* CPLFree */
 }
 
 /* Deterministic probabilities for a w x h grid of k classes, with some
@@ -125,7 +125,9 @@ static void remove_dir(const char *dir)
 }
 
 /* Population statistics of the valid values, as GDAL defines them. */
-typedef struct { double min, max, mean, sd; } ref_stats;
+typedef struct {
+    double min, max, mean, sd;
+} ref_stats;
 
 static ref_stats stats_of(const double *v, int n)
 {
@@ -168,15 +170,14 @@ static void write_strips(tw_writer *w, const float *probs, const uint8_t *has, i
 
 static void read_band_f32(GDALDatasetH ds, int b, float *out, int w, int h)
 {
-    assert_int_equal(GDALRasterIO(GDALGetRasterBand(ds, b), GF_Read, 0, 0, w, h, out, w, h,
-                                  GDT_Float32, 0, 0),
-                     CE_None);
+    assert_int_equal(
+        GDALRasterIO(GDALGetRasterBand(ds, b), GF_Read, 0, 0, w, h, out, w, h, GDT_Float32, 0, 0),
+        CE_None);
 }
 
 static void read_band_u8(GDALRasterBandH band, uint8_t *out, int w, int h)
 {
-    assert_int_equal(GDALRasterIO(band, GF_Read, 0, 0, w, h, out, w, h, GDT_Byte, 0, 0),
-                     CE_None);
+    assert_int_equal(GDALRasterIO(band, GF_Read, 0, 0, w, h, out, w, h, GDT_Byte, 0, 0), CE_None);
 }
 
 static void assert_georef(GDALDatasetH ds, const char *wkt)
@@ -231,10 +232,8 @@ static void test_gtiff_float(void **state)
     assert_false(tw_test_file_exists(tw_test_path(dir, "scene.conf.tif")));
     assert_true(tw_test_file_exists(tw_test_path(dir, ".scene.class.tif.part")));
     assert_true(tw_test_file_exists(tw_test_path(dir, ".scene.prob.tif.part")));
-    assert_int_equal(tw_writer_write_rows(w, 3, 2, probs + 3 * GW * K, has + 3 * GW, &err),
-                     TW_OK);
-    assert_int_equal(tw_writer_write_rows(w, 5, 2, probs + 5 * GW * K, has + 5 * GW, &err),
-                     TW_OK);
+    assert_int_equal(tw_writer_write_rows(w, 3, 2, probs + 3 * GW * K, has + 3 * GW, &err), TW_OK);
+    assert_int_equal(tw_writer_write_rows(w, 5, 2, probs + 5 * GW * K, has + 5 * GW, &err), TW_OK);
     assert_true(tw_mem_alloc_count() == allocs);
     if (tw_writer_finish(w, &err) != TW_OK) fail_msg("finish: %s", err.msg);
     tw_writer_destroy(w);
@@ -254,7 +253,7 @@ static void test_gtiff_float(void **state)
     GDALRasterBandH band = GDALGetRasterBand(ds, 1);
     int bx, by;
     GDALGetBlockSize(band, &bx, &by);
-    assert_int_equal(bx, 256);   /* TILED=YES: square tiles, not strips of rows */
+    assert_int_equal(bx, 256); /* TILED=YES: square tiles, not strips of rows */
     assert_int_equal(by, 256);
     assert_int_equal(GDALGetRasterDataType(band), GDT_Byte);
     assert_string_equal(GDALGetDescription(band), "class");
@@ -278,7 +277,7 @@ static void test_gtiff_float(void **state)
         assert_int_equal(cls[i], expect);
         if (has[i]) vals[nv++] = expect;
     }
-    assert_int_equal(cls[1], 0);   /* ties: lowest class index */
+    assert_int_equal(cls[1], 0); /* ties: lowest class index */
     assert_int_equal(cls[2], 1);
     assert_int_equal(cls[3], 0);
     assert_stats(band, stats_of(vals, nv));
@@ -397,7 +396,7 @@ static void test_destroy_removes_parts(void **state)
     uint8_t has[GW * GH];
     make_probs(GW, GH, K, probs, has);
     tw_writer_params p = base_params(dir, "");
-    p.prob_type = TW_PROB_UINT8;   /* with a mask band too */
+    p.prob_type = TW_PROB_UINT8; /* with a mask band too */
     tw_error err;
     tw_error_init(&err);
     tw_writer *w = NULL;
@@ -445,7 +444,7 @@ static void expect_output_error(const tw_writer_params *p, const char *needle)
 {
     tw_error err;
     tw_error_init(&err);
-    tw_writer *w = (tw_writer *)&err;   /* must be reset to NULL */
+    tw_writer *w = (tw_writer *)&err; /* must be reset to NULL */
     assert_int_equal(tw_writer_create(p, &w, &err), TW_ERR_OUTPUT);
     assert_null(w);
     assert_int_equal(err.status, TW_ERR_OUTPUT);
@@ -551,7 +550,7 @@ static void test_cog(void **state)
             float *p = probs + i * K4;
             for (int j = 0; j < K4; j++) p[j] = 0.1f + 0.001f * (float)((r + c + j) % 7);
             p[cls] = 0.7f;
-            has[i] = !(r >= 300 && r < 302 && c < 2);   /* one nodata 2x2 block */
+            has[i] = !(r >= 300 && r < 302 && c < 2); /* one nodata 2x2 block */
         }
     }
     tw_writer_params p = base_params(dir, wkt);
@@ -580,8 +579,7 @@ static void test_cog(void **state)
         GDALDatasetH ds = GDALOpen(tw_test_path(dir, prods[k]), GA_ReadOnly);
         assert_non_null(ds);
         assert_string_equal(GDALGetMetadataItem(ds, "LAYOUT", "IMAGE_STRUCTURE"), "COG");
-        assert_string_equal(GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE"),
-                            "DEFLATE");
+        assert_string_equal(GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE"), "DEFLATE");
         assert_string_equal(GDALGetMetadataItem(ds, "TILEWISE_RUN", NULL), "{\"tile\": 64}");
         assert_georef(ds, wkt);
         GDALRasterBandH band = GDALGetRasterBand(ds, 1);
@@ -607,15 +605,14 @@ static void test_cog(void **state)
             assert_int_equal(row[2], 0);
             assert_int_equal(row[3], 3);
             uint8_t o[N / 2];
-            assert_int_equal(GDALRasterIO(ov, GF_Read, 0, 10, N / 2, 1, o, N / 2, 1, GDT_Byte,
-                                          0, 0),
-                             CE_None);
-            for (int c = 0; c < N / 2; c++) assert_int_equal(o[c], 3);   /* MODE */
+            assert_int_equal(
+                GDALRasterIO(ov, GF_Read, 0, 10, N / 2, 1, o, N / 2, 1, GDT_Byte, 0, 0), CE_None);
+            for (int c = 0; c < N / 2; c++) assert_int_equal(o[c], 3); /* MODE */
         } else if (k == 1) {
             /* AVERAGE: overview cell = mean of its four cells. */
             float o[N / 2];
-            assert_int_equal(GDALRasterIO(GDALGetOverview(GDALGetRasterBand(ds, 2), 0), GF_Read,
-                                          0, 10, N / 2, 1, o, N / 2, 1, GDT_Float32, 0, 0),
+            assert_int_equal(GDALRasterIO(GDALGetOverview(GDALGetRasterBand(ds, 2), 0), GF_Read, 0,
+                                          10, N / 2, 1, o, N / 2, 1, GDT_Float32, 0, 0),
                              CE_None);
             for (int c = 0; c < N / 2; c += 37) {
                 double sum = 0;
@@ -701,7 +698,7 @@ static void test_write_failure(void **state)
         struct rlimit old, lim;
         assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
         lim = old;
-        lim.rlim_cur = 64 * 1024;   /* the prob raster needs ~1.9 MB */
+        lim.rlim_cur = 64 * 1024; /* the prob raster needs ~1.9 MB */
         void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
         assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
         tw_status st = tw_writer_write_rows(w, 0, N, probs, has, &err);
@@ -726,16 +723,11 @@ int main(void)
 {
     GDALAllRegister();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_product_path),
-        cmocka_unit_test(test_gtiff_float),
-        cmocka_unit_test(test_gtiff_uint8),
-        cmocka_unit_test(test_destroy_removes_parts),
-        cmocka_unit_test(test_rows_out_of_order),
-        cmocka_unit_test(test_bad_output_dir),
-        cmocka_unit_test(test_bad_creation_option),
-        cmocka_unit_test(test_cog),
-        cmocka_unit_test(test_cog_uint8_mask),
-        cmocka_unit_test(test_write_failure),
+        cmocka_unit_test(test_product_path),        cmocka_unit_test(test_gtiff_float),
+        cmocka_unit_test(test_gtiff_uint8),         cmocka_unit_test(test_destroy_removes_parts),
+        cmocka_unit_test(test_rows_out_of_order),   cmocka_unit_test(test_bad_output_dir),
+        cmocka_unit_test(test_bad_creation_option), cmocka_unit_test(test_cog),
+        cmocka_unit_test(test_cog_uint8_mask),      cmocka_unit_test(test_write_failure),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     GDALDestroyDriverManager();

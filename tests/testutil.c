@@ -38,10 +38,16 @@ long tw_test_read_f32(const char *path, float **out)
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
-    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return -1; }
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return -1;
+    }
     long bytes = ftell(f);
     rewind(f);
-    if (bytes < 0 || bytes % 4) { fclose(f); return -1; }
+    if (bytes < 0 || bytes % 4) {
+        fclose(f);
+        return -1;
+    }
     float *v = malloc(bytes ? (size_t)bytes : 1);
     if (!v || fread(v, 1, (size_t)bytes, f) != (size_t)bytes) {
         free(v);

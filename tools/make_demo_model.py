@@ -1,16 +1,18 @@
 #!/usr/bin/python3
-"""Train the small demo model shipped as sample_data/demo_resnet18.h5.
+"""Train the small demo models shipped as sample_data/demo_resnet18.h5 and
+sample_data/demo_resnet50.h5.
 
 A ResNet-18 with torchvision's tensor names and block layout (BasicBlock,
 [2, 2, 2, 2]) but a quarter of the width (16/32/64/128 channels) and 6 input
-bands, trained for about a minute on the CPU on 64x64 tiles of
+bands, or (--arch resnet50) a ResNet-50 (Bottleneck, [3, 4, 6, 3]) at an
+eighth of the width (8/16/32/64 inner channels, 256 out), trained for about a minute on the CPU on 64x64 tiles of
 sample_data/L7_ETMs.tif. The labels are NOT ground truth: each pixel gets a
 class from simple spectral rules (NDWI for water, NDVI for vegetation) and a
 tile gets its pixels' majority class. The model therefore learns to imitate
 those rules; it exists so that the pipeline can be demonstrated and tested
 end to end on a real raster, not to map land cover.
 
-    make_demo_model.py [-o sample_data/demo_resnet18.h5] [--steps N]
+    make_demo_model.py [--arch resnet18|resnet50] [-o sample_data/demo_ARCH.h5] [--steps N]
 
 Deterministic: fixed seeds, single-process data, torch.use_deterministic_algorithms.
 """
@@ -27,7 +29,8 @@ sys.path.insert(0, HERE)
 import export_model  # noqa: E402
 
 CLASSES = ["water", "dense_vegetation", "sparse_vegetation", "bare_or_built"]
-WIDTHS = (16, 32, 64, 128)
+WIDTHS = {"resnet18": (16, 32, 64, 128), "resnet50": (8, 16, 32, 64)}
+BLOCKS = {"resnet18": (2, 2, 2, 2), "resnet50": (3, 4, 6, 3)}
 TILE = 64        # the tile size recorded in the bundle (inference)
 # Training alternates 32x32 crops (3x cheaper per CPU step) with 64x64 ones
 # (the inference size, whose majority labels are coarser).
@@ -56,31 +59,33 @@ def tile_label(pix, x, y, size):
     return int(np.argmax(counts))
 
 
-def build_model(torch, torchvision):
-    """torchvision ResNet-18 structure at reduced width; state_dict names are
-    identical to torchvision.models.resnet18's."""
-    from torchvision.models.resnet import BasicBlock
+def build_model(torch, torchvision, arch):
+    """torchvision ResNet-18/50 structure at reduced width; state_dict names
+    are identical to torchvision.models.resnet18's / resnet50's."""
+    from torchvision.models.resnet import BasicBlock, Bottleneck
     nn = torch.nn
+    block = BasicBlock if arch == "resnet18" else Bottleneck
 
-    class NarrowResNet18(nn.Module):
+    class NarrowResNet(nn.Module):
         def __init__(self):
             super().__init__()
-            w = WIDTHS
+            w = WIDTHS[arch]
             self.conv1 = nn.Conv2d(BANDS, w[0], 7, 2, 3, bias=False)
             self.bn1 = nn.BatchNorm2d(w[0])
             self.relu = nn.ReLU(inplace=True)
             self.maxpool = nn.MaxPool2d(3, 2, 1)
             inplanes = w[0]
-            for i, planes in enumerate(w):
+            for i, (planes, n) in enumerate(zip(w, BLOCKS[arch])):
                 stride = 1 if i == 0 else 2
                 down = None
-                if stride != 1 or inplanes != planes:
-                    down = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
-                                         nn.BatchNorm2d(planes))
-                layer = nn.Sequential(BasicBlock(inplanes, planes, stride, down),
-                                      BasicBlock(planes, planes))
-                setattr(self, f"layer{i + 1}", layer)
-                inplanes = planes
+                out = planes * block.expansion
+                if stride != 1 or inplanes != out:
+                    down = nn.Sequential(nn.Conv2d(inplanes, out, 1, stride, bias=False),
+                                         nn.BatchNorm2d(out))
+                blocks = [block(inplanes, planes, stride, down)]
+                blocks += [block(out, planes) for _ in range(n - 1)]
+                setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+                inplanes = out
             self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
             self.fc = nn.Linear(inplanes, len(CLASSES))
             for m in self.modules():
@@ -92,15 +97,18 @@ def build_model(torch, torchvision):
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(torch.flatten(self.avgpool(x), 1))
 
-    return NarrowResNet18()
+    return NarrowResNet()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-o", "--output", default=os.path.join(REPO, "sample_data", "demo_resnet18.h5"))
+    ap.add_argument("--arch", choices=sorted(WIDTHS), default="resnet18")
+    ap.add_argument("-o", "--output", help="default sample_data/demo_ARCH.h5")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args()
+    if not args.output:
+        args.output = os.path.join(REPO, "sample_data", f"demo_{args.arch}.h5")
 
     import rasterio
     import torch
@@ -131,7 +139,7 @@ def main():
         print(f"{T}x{T} training tiles per class:",
               {CLASSES[c]: len(v) for c, v in train.items()})
 
-    model = build_model(torch, torchvision)
+    model = build_model(torch, torchvision, args.arch)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=args.steps)
     lossf = torch.nn.CrossEntropyLoss()
@@ -176,7 +184,7 @@ def main():
 
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()
           if not k.endswith("num_batches_tracked")}
-    export_model.export(sd, args.output, arch="resnet18", bands=list(range(1, BANDS + 1)),
+    export_model.export(sd, args.output, arch=args.arch, bands=list(range(1, BANDS + 1)),
                         scale=1.0, mean=mean.tolist(), std=std.tolist(), classes=CLASSES,
                         tile=TILE, source="make_demo_model.py")
     print(f"wrote {args.output} ({os.path.getsize(args.output)} bytes)")

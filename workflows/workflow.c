@@ -67,16 +67,16 @@ enum wf_key {
 
 /* Where a key's current value came from, for messages about it. */
 typedef struct wf_origin {
-    int line;     /* 1-based line in the file; 0: not given */
-    bool by_set;  /* given (last) by --set */
+    int line;    /* 1-based line in the file; 0: not given */
+    bool by_set; /* given (last) by --set */
 } wf_origin;
 
 typedef struct wf_ctx {
-    const char *name;           /* file name for messages */
+    const char *name; /* file name for messages */
     tw_error *err;
-    yaml_document_t *doc;       /* the document the current node belongs to */
-    bool in_set;                /* the current value comes from --set */
-    int key;                    /* the key being set (enum wf_key) */
+    yaml_document_t *doc; /* the document the current node belongs to */
+    bool in_set;          /* the current value comes from --set */
+    int key;              /* the key being set (enum wf_key) */
     wf_origin origin[K_COUNT];
 } wf_ctx;
 
@@ -110,8 +110,11 @@ static const char *show(const char *s, size_t len, char *buf, size_t cap)
     for (size_t i = 0; i < n;) {
         unsigned char ch = (unsigned char)s[i];
         /* copy whole, well-formed UTF-8 sequences; any other byte becomes '?' */
-        size_t seq = ch < 0x80 ? 1 : ch >= 0xC2 && ch <= 0xDF ? 2 : ch >= 0xE0 && ch <= 0xEF ? 3
-                   : ch >= 0xF0 && ch <= 0xF4 ? 4 : 0;
+        size_t seq = ch < 0x80                  ? 1
+                     : ch >= 0xC2 && ch <= 0xDF ? 2
+                     : ch >= 0xE0 && ch <= 0xEF ? 3
+                     : ch >= 0xF0 && ch <= 0xF4 ? 4
+                                                : 0;
         bool ok = seq > 0 && i + seq <= n;
         for (size_t k = 1; ok && k < seq; k++) ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
         if (!ok || ch < 0x20 || ch == 0x7F) {
@@ -137,8 +140,8 @@ static int node_line(const yaml_node_t *n)
 }
 
 /* Record "WHERE: KEY: what" where WHERE is "file:line", "file" or "--set". */
-static tw_status fail_v(const wf_ctx *c, bool by_set, int line, const char *key,
-                        const char *fmt, va_list ap)
+static tw_status fail_v(const wf_ctx *c, bool by_set, int line, const char *key, const char *fmt,
+                        va_list ap)
 {
     char what[TW_ERROR_MSG_MAX];
     vsnprintf(what, sizeof what, fmt, ap);
@@ -151,14 +154,12 @@ static tw_status fail_v(const wf_ctx *c, bool by_set, int line, const char *key,
         snprintf(where, sizeof where, "%s:%d", c->name, line);
     else
         snprintf(where, sizeof where, "%s", c->name);
-    if (key)
-        return tw_error_set(c->err, TW_ERR_CONFIG, "%s: %s: %s", where, key, what);
+    if (key) return tw_error_set(c->err, TW_ERR_CONFIG, "%s: %s: %s", where, key, what);
     return tw_error_set(c->err, TW_ERR_CONFIG, "%s: %s", where, what);
 }
 
 /* An error about the value of the key being set, at node n. */
-__attribute__((format(printf, 3, 4))) static tw_status fail(const wf_ctx *c,
-                                                            const yaml_node_t *n,
+__attribute__((format(printf, 3, 4))) static tw_status fail(const wf_ctx *c, const yaml_node_t *n,
                                                             const char *fmt, ...);
 
 /* An error at an explicit line with an explicit key label (may be NULL). */
@@ -256,8 +257,8 @@ static wf_num parse_number(const char *s, double *v)
 }
 
 /* The message for a failed parse_number. */
-static tw_status fail_number(wf_ctx *c, const yaml_node_t *n, wf_num r, const char *what, const char *s,
-                             size_t len)
+static tw_status fail_number(wf_ctx *c, const yaml_node_t *n, wf_num r, const char *what,
+                             const char *s, size_t len)
 {
     char d[WF_SHOW_MAX + 8];
     if (r == NUM_RANGE)
@@ -278,11 +279,12 @@ static tw_status get_int(wf_ctx *c, const yaml_node_t *n, long long lo, long lon
         double x;
         /* an integer-looking number that strtoll cannot hold */
         if (parse_number(s, &x) == NUM_OK && strpbrk(s, ".eE") == NULL)
-            return fail(c, n, "'%s' is out of range (expected %lld..%lld)", show(s, len, d, sizeof d),
-                        lo, hi);
+            return fail(c, n, "'%s' is out of range (expected %lld..%lld)",
+                        show(s, len, d, sizeof d), lo, hi);
         return fail(c, n, "expected an integer, got '%s'", show(s, len, d, sizeof d));
     }
-    if (v < lo || v > hi) return fail(c, n, "%lld is out of range (expected %lld..%lld)", v, lo, hi);
+    if (v < lo || v > hi)
+        return fail(c, n, "%lld is out of range (expected %lld..%lld)", v, lo, hi);
     *out = (int)v;
     return TW_OK;
 }
@@ -302,7 +304,8 @@ static tw_status get_auto_int(wf_ctx *c, const yaml_node_t *n, long long lo, lon
     }
     long long v;
     char d[WF_SHOW_MAX + 8];
-    if (!parse_int(s, &v)) return fail(c, n, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
+    if (!parse_int(s, &v))
+        return fail(c, n, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
     if (v < lo || v > hi) return fail(c, n, "%lld is out of range (expected %s)", v, what);
     *out = (int)v;
     return TW_OK;
@@ -319,8 +322,8 @@ static tw_status get_number(wf_ctx *c, const yaml_node_t *n, double *out)
 }
 
 /* One of choices[] (case-insensitive); *idx is its index. */
-static tw_status get_choice(wf_ctx *c, const yaml_node_t *n, const char *const *choices, int n_choices,
-                            int *idx)
+static tw_status get_choice(wf_ctx *c, const yaml_node_t *n, const char *const *choices,
+                            int n_choices, int *idx)
 {
     char what[256] = "one of ";
     for (int i = 0; i < n_choices; i++) {
@@ -341,7 +344,8 @@ static tw_status get_choice(wf_ctx *c, const yaml_node_t *n, const char *const *
 }
 
 /* A non-empty string that fits dst[cap] with its terminator. */
-static tw_status get_string(wf_ctx *c, const yaml_node_t *n, const char *what, char *dst, size_t cap)
+static tw_status get_string(wf_ctx *c, const yaml_node_t *n, const char *what, char *dst,
+                            size_t cap)
 {
     const char *s = NULL;
     size_t len = 0;
@@ -376,7 +380,9 @@ static tw_status check_list(wf_ctx *c, const yaml_node_t *n, const char *what, i
     if (n && n->type == YAML_MAPPING_NODE)
         return fail(c, n, "expected a list of %s, got a mapping", what);
     int len = list_len(n);
-    if (len == 0) return fail(c, n, "expected a list of %s, got %s", what, is_null(n) ? "nothing" : "an empty list");
+    if (len == 0)
+        return fail(c, n, "expected a list of %s, got %s", what,
+                    is_null(n) ? "nothing" : "an empty list");
     if (len > max) return fail(c, n, "too many items (%d, at most %d)", len, max);
     *count = len;
     return TW_OK;
@@ -455,7 +461,8 @@ static tw_status set_model_weights(wf_ctx *c, const yaml_node_t *v, tw_run_param
 
 static tw_status set_model_arch(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
-    static const char *const names[] = {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"};
+    static const char *const names[] = {"resnet18", "resnet34", "resnet50", "resnet101",
+                                        "resnet152"};
     int i;
     tw_status st = get_choice(c, v, names, 5, &i);
     if (!st) snprintf(p->model.arch, sizeof p->model.arch, "%s", names[i]);
@@ -472,7 +479,8 @@ static tw_status set_norm(wf_ctx *c, const yaml_node_t *v, float *dst, int *n_ds
         double x;
         st = get_number(c, it, &x);
         if (st) break;
-        if (fabs(x) > FLT_MAX) st = fail(c, it, "%g is too large for float32", x);
+        if (fabs(x) > FLT_MAX)
+            st = fail(c, it, "%g is too large for float32", x);
         else if (positive && !(x > 0))
             st = fail(c, it, "%g is out of range (expected a number > 0)", x);
         else
@@ -503,8 +511,8 @@ static tw_status set_model_classes(wf_ctx *c, const yaml_node_t *v, tw_run_param
             if (strcmp(p->model.classes[i], p->model.classes[j]) == 0) {
                 char d[WF_SHOW_MAX + 8];
                 const char *s = p->model.classes[i];
-                st = fail(c, it, "duplicate class name '%s' (items %d and %d)", show(s, strlen(s), d, sizeof d),
-                          j + 1, i + 1);
+                st = fail(c, it, "duplicate class name '%s' (items %d and %d)",
+                          show(s, strlen(s), d, sizeof d), j + 1, i + 1);
             }
     }
     if (!st) p->model.n_classes = n;
@@ -609,11 +617,12 @@ static tw_status set_output_dir(wf_ctx *c, const yaml_node_t *v, tw_run_params *
 
 static tw_status set_output_products(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
-    static const char *const names[] = {"class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg"};
+    static const char *const names[] = {"class",      "prob",  "confidence",
+                                        "embeddings", "tiles", "tiles_gpkg"};
     /* embeddings live in the HDF5 tile table, so they imply it */
-    static const unsigned bits[] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB, TW_PRODUCT_CONF,
-                                    TW_PRODUCT_EMB | TW_PRODUCT_TILES, TW_PRODUCT_TILES,
-                                    TW_PRODUCT_TILES_GPKG};
+    static const unsigned bits[] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB,
+                                    TW_PRODUCT_CONF,  TW_PRODUCT_EMB | TW_PRODUCT_TILES,
+                                    TW_PRODUCT_TILES, TW_PRODUCT_TILES_GPKG};
     int n;
     tw_status st = check_list(c, v, "products", 16, &n);
     unsigned products = 0;
@@ -804,7 +813,8 @@ static tw_status key_name(wf_ctx *c, const yaml_node_t *k, const char *where, co
 {
     char d[WF_SHOW_MAX + 16];
     if (!k || k->type != YAML_SCALAR_NODE || is_null(k))
-        return fail_at(c, node_line(k), where, "expected a key name, got %s", describe(k, d, sizeof d));
+        return fail_at(c, node_line(k), where, "expected a key name, got %s",
+                       describe(k, d, sizeof d));
     const char *s = (const char *)k->data.scalar.value;
     if (strlen(s) != k->data.scalar.length || k->data.scalar.length > 63) {
         char lbl[TW_ERROR_MSG_MAX / 4];
@@ -824,7 +834,8 @@ static tw_status walk_section(wf_ctx *c, const char *section, const yaml_node_t 
     if (map->type != YAML_MAPPING_NODE)
         return fail_at(c, node_line(map), section, "expected a mapping of keys, got %s",
                        describe(map, d, sizeof d));
-    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top;
+         pr++) {
         const yaml_node_t *kn = yaml_document_get_node(c->doc, pr->key);
         const yaml_node_t *vn = yaml_document_get_node(c->doc, pr->value);
         const char *name;
@@ -860,15 +871,18 @@ static tw_status walk_document(wf_ctx *c, tw_run_params *p)
     char d[WF_SHOW_MAX + 16];
     const yaml_node_t *root = yaml_document_get_root_node(c->doc);
     if (is_null(root))
-        return fail_at(c, 0, NULL,
-                       "empty workflow file (expected sections input, model, tiling, runtime, output)");
+        return fail_at(
+            c, 0, NULL,
+            "empty workflow file (expected sections input, model, tiling, runtime, output)");
     if (root->type != YAML_MAPPING_NODE)
-        return fail_at(c, node_line(root), NULL,
-                       "expected a mapping of sections (input, model, tiling, runtime, output), got %s",
-                       describe(root, d, sizeof d));
+        return fail_at(
+            c, node_line(root), NULL,
+            "expected a mapping of sections (input, model, tiling, runtime, output), got %s",
+            describe(root, d, sizeof d));
     int seen_section[N_SECTIONS] = {0};
     int seen_key[K_COUNT] = {0};
-    for (yaml_node_pair_t *pr = root->data.mapping.pairs.start; pr < root->data.mapping.pairs.top; pr++) {
+    for (yaml_node_pair_t *pr = root->data.mapping.pairs.start; pr < root->data.mapping.pairs.top;
+         pr++) {
         const yaml_node_t *kn = yaml_document_get_node(c->doc, pr->key);
         const char *name;
         tw_status st = key_name(c, kn, NULL, &name);
@@ -881,15 +895,19 @@ static tw_status walk_document(wf_ctx *c, tw_run_params *p)
             show(name, strlen(name), d, sizeof d);
             const char *dot = strchr(name, '.');
             if (dot && find_key(name) >= 0) /* "tiling.tile: 64" written flat */
-                return fail_at(c, line, d, "unknown key (write it nested: '%.*s:' with '%s:' indented under it)",
-                               (int)(dot - name), name, dot + 1);
+                return fail_at(
+                    c, line, d,
+                    "unknown key (write it nested: '%.*s:' with '%s:' indented under it)",
+                    (int)(dot - name), name, dot + 1);
             const char *sug = suggest_section(name);
             if (!sug && dot) sug = suggest_key(name);
             if (sug) return fail_at(c, line, d, "unknown key (did you mean %s?)", sug);
-            return fail_at(c, line, d, "unknown section (expected input, model, tiling, runtime, output)");
+            return fail_at(c, line, d,
+                           "unknown section (expected input, model, tiling, runtime, output)");
         }
         if (seen_section[s])
-            return fail_at(c, line, name, "duplicate key (first given at line %d)", seen_section[s]);
+            return fail_at(c, line, name, "duplicate key (first given at line %d)",
+                           seen_section[s]);
         seen_section[s] = line;
         st = walk_section(c, k_sections[s], yaml_document_get_node(c->doc, pr->value), p, seen_key);
         if (st) return st;
@@ -928,14 +946,16 @@ static tw_status yaml_failure(wf_ctx *c, const yaml_parser_t *y, const char *tex
     if (at < len && text[at] == '\t') hint = " (indent YAML with spaces, not tabs)";
     char ctxbuf[160] = "";
     if (y->context && y->error != YAML_READER_ERROR)
-        snprintf(ctxbuf, sizeof ctxbuf, " (%s at line %zu)", y->context, (size_t)y->context_mark.line + 1);
+        snprintf(ctxbuf, sizeof ctxbuf, " (%s at line %zu)", y->context,
+                 (size_t)y->context_mark.line + 1);
     if (set_key) {
         char d[WF_SHOW_MAX + 8];
-        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: YAML syntax error in value '%s': %s%s%s",
-                            set_key, show(set_value, strlen(set_value), d, sizeof d), problem, ctxbuf, hint);
+        return tw_error_set(c->err, TW_ERR_CONFIG,
+                            "--set %s: YAML syntax error in value '%s': %s%s%s", set_key,
+                            show(set_value, strlen(set_value), d, sizeof d), problem, ctxbuf, hint);
     }
-    return tw_error_set(c->err, TW_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s%s%s", c->name, line + 1,
-                        col + 1, problem, ctxbuf, hint);
+    return tw_error_set(c->err, TW_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s%s%s", c->name,
+                        line + 1, col + 1, problem, ctxbuf, hint);
 }
 
 /* libyaml's scanner does work proportional to the flow nesting depth for
@@ -950,14 +970,19 @@ static tw_status check_nesting(wf_ctx *c, const char *text, size_t len, const ch
     int depth = 0, line = 1;
     for (size_t i = 0; i < len; i++) {
         char ch = text[i];
-        if (ch == '\n') line++;
-        else if (ch == '[' || ch == '{') depth++;
-        else if ((ch == ']' || ch == '}') && depth > 0) depth--;
+        if (ch == '\n')
+            line++;
+        else if (ch == '[' || ch == '{')
+            depth++;
+        else if ((ch == ']' || ch == '}') && depth > 0)
+            depth--;
         if (depth > WF_FLOW_DEPTH_MAX) {
             if (set_key)
-                return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: value nested deeper than %d levels",
-                                    set_key, WF_FLOW_DEPTH_MAX);
-            return fail_at(c, line, NULL, "YAML nested deeper than %d levels of [ ] or { }", WF_FLOW_DEPTH_MAX);
+                return tw_error_set(c->err, TW_ERR_CONFIG,
+                                    "--set %s: value nested deeper than %d levels", set_key,
+                                    WF_FLOW_DEPTH_MAX);
+            return fail_at(c, line, NULL, "YAML nested deeper than %d levels of [ ] or { }",
+                           WF_FLOW_DEPTH_MAX);
         }
     }
     return TW_OK;
@@ -988,10 +1013,12 @@ static tw_status load_document(wf_ctx *c, yaml_document_t *doc, const char *text
             const yaml_node_t *r = yaml_document_get_root_node(&extra);
             if (r) {
                 if (set_key)
-                    st = tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: more than one YAML document in the value",
-                                      set_key);
+                    st =
+                        tw_error_set(c->err, TW_ERR_CONFIG,
+                                     "--set %s: more than one YAML document in the value", set_key);
                 else
-                    st = fail_at(c, node_line(r), NULL, "only one YAML document is allowed in a workflow file");
+                    st = fail_at(c, node_line(r), NULL,
+                                 "only one YAML document is allowed in a workflow file");
             }
             yaml_document_delete(&extra);
         }
@@ -1012,7 +1039,8 @@ static tw_status apply_set(wf_ctx *c, const char *set, tw_run_params *p)
     char key[64];
     size_t kl = (size_t)(ke - kb);
     if (!eq || kl == 0)
-        return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: expected key.path=value (e.g. tiling.tile=32)",
+        return tw_error_set(c->err, TW_ERR_CONFIG,
+                            "--set %s: expected key.path=value (e.g. tiling.tile=32)",
                             show(set, strlen(set), d, sizeof d));
     int k = -1;
     if (kl < sizeof key) {
@@ -1023,7 +1051,9 @@ static tw_status apply_set(wf_ctx *c, const char *set, tw_run_params *p)
     if (k < 0) {
         show(kb, kl, d, sizeof d);
         const char *s = kl < sizeof key ? suggest_key(key) : NULL;
-        if (s) return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: unknown key (did you mean %s?)", d, s);
+        if (s)
+            return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: unknown key (did you mean %s?)",
+                                d, s);
         return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: unknown key", d);
     }
     const char *value = eq + 1;
@@ -1056,26 +1086,30 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
     if (!given(c, K_INPUT_PATH))
         return fail_at(c, 0, NULL, "input.path is required (the raster(s) to classify)");
     if (!given(c, K_MODEL_WEIGHTS))
-        return fail_at(c, 0, NULL, "model.weights is required (an HDF5 bundle or a safetensors file)");
+        return fail_at(c, 0, NULL,
+                       "model.weights is required (an HDF5 bundle or a safetensors file)");
     const tw_tiling_params *t = &p->tiling;
     if (t->tile > 0 && t->stride > 0) {
         if (t->stride > t->tile)
-            return fail_key(c, K_TILING_STRIDE, "%d is larger than tile %d (expected 1..tile)", t->stride,
-                            t->tile);
+            return fail_key(c, K_TILING_STRIDE, "%d is larger than tile %d (expected 1..tile)",
+                            t->stride, t->tile);
         if (t->tile % t->stride != 0)
-            return fail_key(c, K_TILING_STRIDE, "%d does not divide tile %d (expected a divisor such as %d)",
-                            t->stride, t->tile, t->tile / 2 >= 1 ? t->tile / 2 : 1);
+            return fail_key(c, K_TILING_STRIDE,
+                            "%d does not divide tile %d (expected a divisor such as %d)", t->stride,
+                            t->tile, t->tile / 2 >= 1 ? t->tile / 2 : 1);
     }
     const tw_model_params *m = &p->model;
     if (m->n_mean > 0 && m->n_std > 0 && m->n_mean != m->n_std)
-        return fail_key(c, K_MODEL_STD, "%d values but model.mean has %d (expected one per band)", m->n_std,
-                        m->n_mean);
+        return fail_key(c, K_MODEL_STD, "%d values but model.mean has %d (expected one per band)",
+                        m->n_std, m->n_mean);
     if (p->input.n_bands > 0) {
         if (m->n_mean > 0 && m->n_mean != p->input.n_bands)
-            return fail_key(c, K_MODEL_MEAN, "%d values but input.bands selects %d bands (expected one per band)",
+            return fail_key(c, K_MODEL_MEAN,
+                            "%d values but input.bands selects %d bands (expected one per band)",
                             m->n_mean, p->input.n_bands);
         if (m->n_std > 0 && m->n_std != p->input.n_bands)
-            return fail_key(c, K_MODEL_STD, "%d values but input.bands selects %d bands (expected one per band)",
+            return fail_key(c, K_MODEL_STD,
+                            "%d values but input.bands selects %d bands (expected one per band)",
                             m->n_std, p->input.n_bands);
     }
     return TW_OK;
@@ -1116,12 +1150,14 @@ tw_status tw_workflow_parse(const char *name, const char *text, size_t len, cons
     return st;
 }
 
-tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets, tw_run_params *out,
-                           tw_error *err)
+tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets,
+                           tw_run_params *out, tw_error *err)
 {
     if (!path || !*path) return tw_error_set(err, TW_ERR_CONFIG, "no workflow file given");
     FILE *f = fopen(path, "rb");
-    if (!f) return tw_error_set(err, TW_ERR_CONFIG, "%s: cannot open workflow file: %s", path, strerror(errno));
+    if (!f)
+        return tw_error_set(err, TW_ERR_CONFIG, "%s: cannot open workflow file: %s", path,
+                            strerror(errno));
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     tw_status st = TW_OK;
@@ -1129,8 +1165,9 @@ tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets
     while (!st) {
         if (len == cap) {
             if (cap >= WF_FILE_MAX) {
-                st = tw_error_set(err, TW_ERR_CONFIG, "%s: workflow file larger than %zu MiB: is it a YAML file?",
-                                  path, WF_FILE_MAX >> 20);
+                st = tw_error_set(err, TW_ERR_CONFIG,
+                                  "%s: workflow file larger than %zu MiB: is it a YAML file?", path,
+                                  WF_FILE_MAX >> 20);
                 break;
             }
             char *nb = realloc(buf, cap * 2);
@@ -1145,7 +1182,8 @@ tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets
         len += got;
         if (got == 0) {
             if (ferror(f))
-                st = tw_error_set(err, TW_ERR_CONFIG, "%s: cannot read workflow file: %s", path, strerror(errno));
+                st = tw_error_set(err, TW_ERR_CONFIG, "%s: cannot read workflow file: %s", path,
+                                  strerror(errno));
             break;
         }
     }

@@ -22,9 +22,8 @@ tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets
                            tw_run_params *out, tw_error *err);
 
 /* Same, from a string in memory (name is used in messages). For tests/fuzzing. */
-tw_status tw_workflow_parse(const char *name, const char *text, size_t len,
-                            const char *const *sets, int n_sets, tw_run_params *out,
-                            tw_error *err);
+tw_status tw_workflow_parse(const char *name, const char *text, size_t len, const char *const *sets,
+                            int n_sets, tw_run_params *out, tw_error *err);
 
 /* "512MiB", "2GiB", "1.5GB", "1048576" -> bytes. Returns 0 on success, -1 on
  * a malformed or non-positive size. */
