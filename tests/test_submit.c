@@ -95,6 +95,7 @@ static pid_t spawn(const char *const argv[], const char *cwd)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        setpgid(0, 0); /* its own group: a timeout kills what it started too */
         if (cwd && chdir(cwd) != 0) _exit(126);
         execv(argv[0], (char *const *)argv);
         _exit(127);
@@ -102,8 +103,9 @@ static pid_t spawn(const char *const argv[], const char *cwd)
     return pid;
 }
 
-/* Wait at most timeout_s for pid; kill it on timeout (and fail). Returns
- * the exit code, or 128 + signal. */
+/* Wait at most timeout_s for pid; kill its process group on timeout (and
+ * fail), so that no stray child keeps ctest's output pipe open. Returns the
+ * exit code, or 128 + signal. */
 static int wait_bounded(pid_t pid, double timeout_s)
 {
     struct timespec nap = {0, 10 * 1000 * 1000};
@@ -113,7 +115,7 @@ static int wait_bounded(pid_t pid, double timeout_s)
         if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         nanosleep(&nap, NULL);
     }
-    kill(pid, SIGKILL);
+    kill(-pid, SIGKILL);
     waitpid(pid, NULL, 0);
     fail_msg("process %d did not end within %.0f s", (int)pid, timeout_s);
     return -1;

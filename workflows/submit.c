@@ -228,9 +228,15 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
     sb_add(&a, "#SBATCH --output=tilewise-%A_%a.out\n#SBATCH --error=tilewise-%A_%a.err\n"
                "#SBATCH --open-mode=append\n\n");
     add_cd(&a, cwd ? cwd : "/");
-    sb_add(&a, "tw_usr1=0\ntw_sig=0\n"
-               "trap 'tw_usr1=1; tw_sig=1; kill -USR1 \"$tw_pid\" 2>/dev/null' USR1\n"
-               "trap 'tw_sig=1; kill -TERM \"$tw_pid\" 2>/dev/null' TERM INT\n"
+    /* A signal that lands before tw_pid is set (the batch shell may be
+     * descheduled right after the fork) is kept and forwarded once it is. */
+    sb_add(&a, "tw_usr1=0\ntw_sig=0\ntw_pid=\ntw_pending=\n"
+               "tw_forward() {\n"
+               "  if [ -n \"$tw_pid\" ]; then kill -\"$1\" \"$tw_pid\" 2>/dev/null\n"
+               "  else tw_pending=$1; fi\n"
+               "}\n"
+               "trap 'tw_usr1=1; tw_sig=1; tw_forward USR1' USR1\n"
+               "trap 'tw_sig=1; tw_forward TERM' TERM INT\n"
                "# the shard comes from SLURM_ARRAY_TASK_ID/COUNT/MIN\n");
     sb_quoted(&a, sp->tilewise);
     sb_add(&a, " run ");
@@ -247,6 +253,7 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
     sb_add(&a,
            " &\n"
            "tw_pid=$!\n"
+           "[ -z \"$tw_pending\" ] || kill -\"$tw_pending\" \"$tw_pid\" 2>/dev/null\n"
            "while :; do\n"
            "  tw_sig=0\n"
            "  wait \"$tw_pid\"\n"
