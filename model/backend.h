@@ -69,6 +69,11 @@ struct tw_backend_i {
      * comes calibrates on that batch. May rebuild what reserve built (the
      * same memory), so it may allocate. Writes nothing into b. */
     tw_status (*calibrate)(void *ctx, const tw_infer_batch *b, const char *path, tw_error *err);
+    /* After reserve: does the backend still read the net's convolution
+     * weights (int8 re-quantizes them for every raster, for instance)?
+     * false: it holds its own copy and the caller may release them with
+     * tw_resnet_release_convs. NULL means true. */
+    bool (*needs_conv_weights)(void *ctx);
     /* Run one batch (b->n <= max_batch). Allocates nothing. */
     tw_status (*infer)(void *ctx, const tw_infer_batch *b, tw_error *err);
     /* true: infer reads b->raw/valid/norm and normalizes itself (x may be NULL);

@@ -1007,6 +1007,14 @@ static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
     return TW_OK;
 }
 
+/* fp32 and bf16 run on the weights reordered at reserve; int8 quantizes
+ * the net's fp32 weights again for every raster it calibrates on. */
+static bool cpu_needs_conv_weights(void *ctx)
+{
+    const cpu_ctx *c = ctx;
+    return !c->reserved || c->int8;
+}
+
 static bool cpu_wants_raw(void *ctx)
 {
     (void)ctx;
@@ -1047,6 +1055,7 @@ static const struct tw_backend_i k_cpu_iface = {
     .reserve = cpu_reserve,
     .calibrate = cpu_calibrate,
     .infer = cpu_infer,
+    .needs_conv_weights = cpu_needs_conv_weights,
     .wants_raw = cpu_wants_raw,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,

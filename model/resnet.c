@@ -139,19 +139,23 @@ static void free_conv(tw_conv *c)
     c->w = c->b = NULL;
 }
 
-void tw_resnet_destroy(tw_resnet *net)
+void tw_resnet_release_convs(tw_resnet *net)
 {
     if (!net) return;
     free_conv(&net->stem);
-    if (net->blocks) {
-        for (int i = 0; i < net->n_blocks; i++) {
-            free_conv(&net->blocks[i].c1);
-            free_conv(&net->blocks[i].c2);
-            free_conv(&net->blocks[i].c3);
-            free_conv(&net->blocks[i].down);
-        }
-        tw_free(net->blocks);
+    for (int i = 0; net->blocks && i < net->n_blocks; i++) {
+        free_conv(&net->blocks[i].c1);
+        free_conv(&net->blocks[i].c2);
+        free_conv(&net->blocks[i].c3);
+        free_conv(&net->blocks[i].down);
     }
+}
+
+void tw_resnet_destroy(tw_resnet *net)
+{
+    if (!net) return;
+    tw_resnet_release_convs(net);
+    tw_free(net->blocks);
     tw_free(net->fc_w);
     tw_free(net->fc_b);
     tw_free(net);

@@ -1125,6 +1125,10 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
             batch = b;
             break;
         }
+        /* The backend's own copy of the weights is the one it runs on:
+         * drop the net's, rather than hold them twice for the whole run. */
+        if (st == TW_OK && c->be.i->needs_conv_weights && !c->be.i->needs_conv_weights(c->be.ctx))
+            tw_resnet_release_convs(c->net);
         if (st == TW_OK && batch < c->bud.batch) {
             c->bud.batch = batch; /* the backend halved it: fewer tiles per slot */
             c->bud.ref_capacity = batch + 256;

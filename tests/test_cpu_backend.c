@@ -124,6 +124,16 @@ static void check_vs_pytorch(const char *model, const char *tag)
     size_t ws0 = tw_mem_current(TW_MEM_WORKSPACE);
     tw_backend be;
     reserve_checked(net, 64, 8, &be);
+    /* fp32 runs on the backend's reordered copy: the net's convolution
+     * weights can go (tw_run drops them), and every result below is
+     * computed without them */
+    assert_false(be.i->needs_conv_weights(be.ctx));
+    size_t wb = tw_mem_current(TW_MEM_WEIGHTS);
+    tw_resnet_release_convs(net);
+    assert_null(net->stem.w);
+    assert_null(net->blocks[net->n_blocks - 1].c2.b);
+    assert_non_null(net->fc_w);
+    assert_true(tw_mem_current(TW_MEM_WEIGHTS) < wb / 10);
     float *p = calloc((size_t)8 * k, sizeof(float)), *e = calloc((size_t)8 * fd, sizeof(float));
     /* short batches (1 and 3 < max_batch 8), then a full one read in place */
     infer_chunks(&be, net, x, 64, (const int[]){1, 3, 3, 1}, 4, p, e);
@@ -240,6 +250,7 @@ static void test_bad_calls(void **state)
     tw_infer_batch b = {.n = 1, .tile = 32, .x = x, .probs = p};
     assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
     assert_non_null(strstr(err.msg, "before reserve"));
+    assert_true(be.i->needs_conv_weights(be.ctx));
 
     int mb = 2;
     assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, &err), TW_OK);
@@ -260,6 +271,14 @@ static void test_bad_calls(void **state)
     mb = 2;
     assert_int_equal(be.i->reserve(be.ctx, net, 64, &mb, TW_PREC_FP32, &err), TW_OK);
     assert_true(tw_mem_current(TW_MEM_WORKSPACE) > ws);
+
+    /* int8 quantizes the net's weights again for every raster: it keeps
+     * needing them (unless this CPU has no int8 and it runs in fp32) */
+    mb = 2;
+    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_INT8, &err), TW_OK);
+    tw_backend_stats stats;
+    be.i->get_stats(be.ctx, &stats);
+    assert_int_equal(be.i->needs_conv_weights(be.ctx), stats.precision == TW_PREC_INT8);
     be.i->destroy(be.ctx);
     tw_resnet_destroy(net);
 }
