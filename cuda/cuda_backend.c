@@ -743,9 +743,12 @@ static tw_status precision_setup(cuda_ctx *ctx, tw_precision prec, tw_error *err
     return TW_OK;
 }
 
-static tw_status cuda_reserve(void *vctx, const tw_resnet *net, int tile, int *max_batch,
-                              tw_precision prec, tw_error *err)
+/* consume is not used: the weights are uploaded after the arena is
+ * allocated, and the host copy stays for a reserve that halves the batch. */
+static tw_status cuda_reserve(void *vctx, tw_resnet *net, int tile, int *max_batch,
+                              tw_precision prec, bool consume, tw_error *err)
 {
+    (void)consume;
     cuda_ctx *ctx = vctx;
     release_reservation(ctx);
     if (tile < 1 || *max_batch < 1)
@@ -1017,6 +1020,14 @@ static void cuda_host_free(void *vctx, void *p)
     }
 }
 
+/* Large batches keep the GPU busy; the budget bounds them by memory. */
+static int cuda_auto_batch(void *vctx, int tile)
+{
+    (void)vctx;
+    (void)tile;
+    return 256;
+}
+
 static bool cuda_wants_raw(void *vctx)
 {
     (void)vctx;
@@ -1063,6 +1074,7 @@ static const struct tw_backend_i cuda_iface = {
     .workspace_bytes = cuda_workspace_bytes,
     .reserve = cuda_reserve,
     .infer = cuda_infer,
+    .auto_batch = cuda_auto_batch,
     .wants_raw = cuda_wants_raw,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,

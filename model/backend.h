@@ -57,11 +57,19 @@ struct tw_backend_i {
      * allocating. Used by the budget to pick batch: auto. */
     size_t (*workspace_bytes)(void *ctx, const tw_resnet *net, int tile, int max_batch,
                               tw_precision prec);
+    /* batch: auto's upper bound for tiles of tile x tile pixels: the batch
+     * beyond which this backend gets no faster, only bigger (the budget
+     * may lower it further). */
+    int (*auto_batch)(void *ctx, int tile);
     /* Allocate everything for batches up to max_batch. May lower *max_batch
      * (and say so once on stderr) when the device cannot hold it; fails with
-     * TW_ERR_NOMEM when not even batch 1 fits. */
-    tw_status (*reserve)(void *ctx, const tw_resnet *net, int tile, int *max_batch,
-                         tw_precision prec, tw_error *err);
+     * TW_ERR_NOMEM when not even batch 1 fits. consume: the caller will not
+     * use the net's convolution weights again, so a backend that keeps its
+     * own copy may free each conv's w and b (tw_resnet_release_conv) as soon
+     * as it is copied: the weights are then never in memory twice. A net
+     * consumed by one reserve cannot be reserved again. */
+    tw_status (*reserve)(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
+                         bool consume, tw_error *err);
     /* runtime.precision int8 (NULL where a backend has no int8): measure the
      * activation ranges on batch b (tiles of the raster `path`, b->n <=
      * max_batch) and quantize with them from now on. Called before the
@@ -69,11 +77,6 @@ struct tw_backend_i {
      * comes calibrates on that batch. May rebuild what reserve built (the
      * same memory), so it may allocate. Writes nothing into b. */
     tw_status (*calibrate)(void *ctx, const tw_infer_batch *b, const char *path, tw_error *err);
-    /* After reserve: does the backend still read the net's convolution
-     * weights (int8 re-quantizes them for every raster, for instance)?
-     * false: it holds its own copy and the caller may release them with
-     * tw_resnet_release_convs. NULL means true. */
-    bool (*needs_conv_weights)(void *ctx);
     /* Run one batch (b->n <= max_batch). Allocates nothing. */
     tw_status (*infer)(void *ctx, const tw_infer_batch *b, tw_error *err);
     /* true: infer reads b->raw/valid/norm and normalizes itself (x may be NULL);

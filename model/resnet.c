@@ -139,23 +139,30 @@ static void free_conv(tw_conv *c)
     c->w = c->b = NULL;
 }
 
-void tw_resnet_release_convs(tw_resnet *net)
+void tw_resnet_release_conv(tw_resnet *net, const tw_conv *conv)
 {
-    if (!net) return;
-    free_conv(&net->stem);
-    for (int i = 0; net->blocks && i < net->n_blocks; i++) {
-        free_conv(&net->blocks[i].c1);
-        free_conv(&net->blocks[i].c2);
-        free_conv(&net->blocks[i].c3);
-        free_conv(&net->blocks[i].down);
+    if (conv == &net->stem) free_conv(&net->stem);
+    for (int i = 0; i < net->n_blocks; i++) {
+        tw_block *b = &net->blocks[i];
+        tw_conv *cs[] = {&b->c1, &b->c2, &b->c3, &b->down};
+        for (int j = 0; j < 4; j++)
+            if (conv == cs[j]) free_conv(cs[j]);
     }
 }
 
 void tw_resnet_destroy(tw_resnet *net)
 {
     if (!net) return;
-    tw_resnet_release_convs(net);
-    tw_free(net->blocks);
+    free_conv(&net->stem);
+    if (net->blocks) {
+        for (int i = 0; i < net->n_blocks; i++) {
+            free_conv(&net->blocks[i].c1);
+            free_conv(&net->blocks[i].c2);
+            free_conv(&net->blocks[i].c3);
+            free_conv(&net->blocks[i].down);
+        }
+        tw_free(net->blocks);
+    }
     tw_free(net->fc_w);
     tw_free(net->fc_b);
     tw_free(net);

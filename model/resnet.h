@@ -58,11 +58,10 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
                            tw_error *err);
 void tw_resnet_destroy(tw_resnet *net);
 
-/* Free the convolution weights and biases (w, b of every conv become NULL;
- * shapes and fc stay), once a backend holds its own copy: the weights are
- * otherwise in memory twice for the whole run. weight_bytes keeps its value
- * (what the net needed). */
-void tw_resnet_release_convs(tw_resnet *net);
+/* Free the weights and bias of conv, one of net's convolutions (its w and b
+ * become NULL; shapes, the other convs and fc stay), once a backend holds
+ * its own copy. weight_bytes keeps its value (what the net needed). */
+void tw_resnet_release_conv(tw_resnet *net, const tw_conv *conv);
 
 /* Spatial size after the stem+maxpool and each stage, for an input of tile
  * pixels (used for workspace estimates). */

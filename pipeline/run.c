@@ -1072,7 +1072,7 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .feat_dim = c->m.feat_dim,
         .want_emb = (p->output.products & TW_PRODUCT_EMB) != 0,
         .fixed_batch = p->tiling.batch,
-        .max_auto_batch = strcmp(c->be.i->name, "cpu") == 0 ? 64 : 256,
+        .max_auto_batch = c->be.i->auto_batch(c->be.ctx, c->m.tile),
         .raster_w = wi->width,
         .block_w = wi->block_w,
         .block_h = wi->block_h,
@@ -1114,7 +1114,8 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
             tw_error rerr;
             tw_error_init(&rerr);
             int b = batch;
-            st = c->be.i->reserve(c->be.ctx, c->net, c->m.tile, &b, p->runtime.precision, &rerr);
+            st = c->be.i->reserve(c->be.ctx, c->net, c->m.tile, &b, p->runtime.precision, true,
+                                  &rerr);
             if (st == TW_ERR_NOMEM && batch > 1 && tiling_batch_auto(p)) {
                 batch /= 2;
                 if (!p->quiet)
@@ -1125,10 +1126,6 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
             batch = b;
             break;
         }
-        /* The backend's own copy of the weights is the one it runs on:
-         * drop the net's, rather than hold them twice for the whole run. */
-        if (st == TW_OK && c->be.i->needs_conv_weights && !c->be.i->needs_conv_weights(c->be.ctx))
-            tw_resnet_release_convs(c->net);
         if (st == TW_OK && batch < c->bud.batch) {
             c->bud.batch = batch; /* the backend halved it: fewer tiles per slot */
             c->bud.ref_capacity = batch + 256;

@@ -28,9 +28,11 @@ static int argmax(const float *p, int k)
     return best;
 }
 
-/* Create a backend and reserve it for net; check the estimate made before
- * against the workspace bytes reserve really took (within 15%). */
-static void reserve_checked(const tw_resnet *net, int tile, int max_batch, tw_backend *be)
+/* Create a backend and reserve it for net, consuming the net's conv
+ * weights as tw_run does (the results are then computed without them);
+ * check the estimate made before against the workspace bytes reserve
+ * really took (within 15%), and that the net's copy is gone. */
+static void reserve_checked(tw_resnet *net, int tile, int max_batch, tw_backend *be)
 {
     tw_error err;
     tw_error_init(&err);
@@ -40,11 +42,16 @@ static void reserve_checked(const tw_resnet *net, int tile, int max_batch, tw_ba
     assert_null(be->i->host_alloc(be->ctx, 64));
     size_t est = be->i->workspace_bytes(be->ctx, net, tile, max_batch, TW_PREC_FP32);
     size_t before = tw_mem_current(TW_MEM_WORKSPACE);
+    size_t weights = tw_mem_current(TW_MEM_WEIGHTS);
     int mb = max_batch;
-    if (be->i->reserve(be->ctx, net, tile, &mb, TW_PREC_FP32, &err) != TW_OK)
+    if (be->i->reserve(be->ctx, net, tile, &mb, TW_PREC_FP32, true, &err) != TW_OK)
         fail_msg("reserve: %s", err.msg);
     assert_int_equal(mb, max_batch);
     size_t got = tw_mem_current(TW_MEM_WORKSPACE) - before;
+    assert_null(net->stem.w);
+    assert_null(net->blocks[net->n_blocks - 1].c2.b);
+    assert_non_null(net->fc_w); /* the backend copies fc too, the net keeps it */
+    assert_true(weights - tw_mem_current(TW_MEM_WEIGHTS) >= net->weight_bytes * 9 / 10);
     print_message("resnet%d tile %d batch %d: workspace estimate %zu bytes, reserved %zu\n",
                   net->depth, tile, max_batch, est, got);
     assert_true(got > 0);
@@ -124,16 +131,6 @@ static void check_vs_pytorch(const char *model, const char *tag)
     size_t ws0 = tw_mem_current(TW_MEM_WORKSPACE);
     tw_backend be;
     reserve_checked(net, 64, 8, &be);
-    /* fp32 runs on the backend's reordered copy: the net's convolution
-     * weights can go (tw_run drops them), and every result below is
-     * computed without them */
-    assert_false(be.i->needs_conv_weights(be.ctx));
-    size_t wb = tw_mem_current(TW_MEM_WEIGHTS);
-    tw_resnet_release_convs(net);
-    assert_null(net->stem.w);
-    assert_null(net->blocks[net->n_blocks - 1].c2.b);
-    assert_non_null(net->fc_w);
-    assert_true(tw_mem_current(TW_MEM_WEIGHTS) < wb / 10);
     float *p = calloc((size_t)8 * k, sizeof(float)), *e = calloc((size_t)8 * fd, sizeof(float));
     /* short batches (1 and 3 < max_batch 8), then a full one read in place */
     infer_chunks(&be, net, x, 64, (const int[]){1, 3, 3, 1}, 4, p, e);
@@ -250,10 +247,9 @@ static void test_bad_calls(void **state)
     tw_infer_batch b = {.n = 1, .tile = 32, .x = x, .probs = p};
     assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
     assert_non_null(strstr(err.msg, "before reserve"));
-    assert_true(be.i->needs_conv_weights(be.ctx));
 
     int mb = 2;
-    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, &err), TW_OK);
+    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, false, &err), TW_OK);
     b.n = 3;
     tw_error_init(&err);
     assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
@@ -269,23 +265,52 @@ static void test_bad_calls(void **state)
     /* reserving again (another tile size) replaces the first reservation */
     size_t ws = tw_mem_current(TW_MEM_WORKSPACE);
     mb = 2;
-    assert_int_equal(be.i->reserve(be.ctx, net, 64, &mb, TW_PREC_FP32, &err), TW_OK);
+    assert_int_equal(be.i->reserve(be.ctx, net, 64, &mb, TW_PREC_FP32, false, &err), TW_OK);
     assert_true(tw_mem_current(TW_MEM_WORKSPACE) > ws);
 
-    /* int8 quantizes the net's weights again for every raster: it keeps
-     * needing them (unless this CPU has no int8 and it runs in fp32) */
+    /* int8 quantizes the net's weights again for every raster: even a
+     * consuming reserve keeps them (unless this CPU has no int8 and it
+     * runs in fp32) */
     mb = 2;
-    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_INT8, &err), TW_OK);
+    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_INT8, true, &err), TW_OK);
     tw_backend_stats stats;
     be.i->get_stats(be.ctx, &stats);
-    assert_int_equal(be.i->needs_conv_weights(be.ctx), stats.precision == TW_PREC_INT8);
+    if (stats.precision == TW_PREC_INT8) {
+        assert_non_null(net->stem.w);
+        assert_non_null(net->blocks[0].c1.b);
+    }
+    /* a consuming fp32 reserve frees them; reserving that net again is a
+     * clear error, not a crash */
+    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, true, &err), TW_OK);
+    assert_null(net->stem.w);
+    tw_error_init(&err);
+    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, false, &err),
+                     TW_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "already released"));
     be.i->destroy(be.ctx);
     tw_resnet_destroy(net);
+}
+
+/* batch: auto's bound: the smallest power of two with >= 128 pixels in
+ * the last stage's maps (tile/32 wide), at most 64 */
+static void test_auto_batch(void **state)
+{
+    (void)state;
+    tw_backend be;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_cpu_backend_create(1, &be, &err), TW_OK);
+    const int tiles[][2] = {{16, 64}, {32, 64}, {33, 32}, {64, 32}, {65, 16}, {128, 8},
+                            {224, 4}, {256, 2}, {257, 2}, {352, 2}, {353, 1}, {2048, 1}};
+    for (size_t i = 0; i < sizeof tiles / sizeof *tiles; i++)
+        assert_int_equal(be.i->auto_batch(be.ctx, tiles[i][0]), tiles[i][1]);
+    be.i->destroy(be.ctx);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auto_batch),
         cmocka_unit_test(test_bad_calls),
         cmocka_unit_test(test_odd_shapes_basic),
         cmocka_unit_test(test_odd_shapes_bottleneck),

@@ -229,7 +229,7 @@ static void check_fp32_parity(const char *model, const char *probs, const char *
         skip();
     }
     int max_batch = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, TW_PREC_FP32, &err) != TW_OK)
+    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, TW_PREC_FP32, false, &err) != TW_OK)
         fail_msg("%s", err.msg);
     assert_int_equal(max_batch, N_TILES);
 
@@ -307,7 +307,7 @@ static void check_reduced(tw_precision prec, const char *name, double tol)
         skip();
     }
     int max_batch = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, prec, &err) != TW_OK)
+    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, prec, false, &err) != TW_OK)
         fail_msg("%s: %s", name, err.msg);
     float p[N_TILES * 8];
     if (run_tiles(&be, &fx, 0, N_TILES, p, NULL, &err) != TW_OK) fail_msg("%s", err.msg);
@@ -361,7 +361,7 @@ static void test_raw_uint16_with_nodata(void **state)
         skip();
     }
     int max_batch = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, TW_PREC_FP32, &err) != TW_OK)
+    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, TW_PREC_FP32, false, &err) != TW_OK)
         fail_msg("%s", err.msg);
     const size_t hw = TILE * TILE, n_px = (size_t)N_TILES * BANDS * hw;
     uint16_t *raw = malloc(n_px * sizeof *raw);
@@ -433,7 +433,7 @@ static void test_forced_alloc_failure_halves_batch(void **state)
         skip();
     }
     int mb = 4;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, &err) != TW_OK)
+    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err) != TW_OK)
         fail_msg("%s", err.msg);
     tw_backend_stats st;
     be.i->get_stats(be.ctx, &st);
@@ -447,7 +447,7 @@ static void test_forced_alloc_failure_halves_batch(void **state)
     unsetenv("TW_CUDA_FAIL_ALLOC_ABOVE");
     assert_true(ok);
     mb = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, &err) != TW_OK)
+    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err) != TW_OK)
         fail_msg("%s", err.msg);
     assert_int_equal(mb, 4);
     be.i->get_stats(be.ctx, &st);
@@ -466,7 +466,7 @@ static void test_forced_alloc_failure_halves_batch(void **state)
     unsetenv("TW_CUDA_FAIL_ALLOC_ABOVE");
     assert_true(ok);
     mb = N_TILES;
-    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, &err), TW_ERR_NOMEM);
+    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err), TW_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "not even one"));
     tw_backend_destroy(&be);
     free_fixture(&fx);
@@ -486,10 +486,10 @@ static void test_bad_calls_are_errors(void **state)
     }
     int mb = 4;
     tw_error_init(&err);
-    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_INT8, &err), TW_ERR_CONFIG);
+    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_INT8, false, &err), TW_ERR_CONFIG);
     assert_non_null(strstr(err.msg, "int8"));
     tw_error_init(&err);
-    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, &err) != TW_OK)
+    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err) != TW_OK)
         fail_msg("%s", err.msg);
     float p[N_TILES * 8];
     tw_error_init(&err);
