@@ -466,7 +466,8 @@ static void test_forced_alloc_failure_halves_batch(void **state)
     unsetenv("TW_CUDA_FAIL_ALLOC_ABOVE");
     assert_true(ok);
     mb = N_TILES;
-    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err), TW_ERR_NOMEM);
+    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err),
+                     TW_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "not even one"));
     tw_backend_destroy(&be);
     free_fixture(&fx);
@@ -486,7 +487,8 @@ static void test_bad_calls_are_errors(void **state)
     }
     int mb = 4;
     tw_error_init(&err);
-    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_INT8, false, &err), TW_ERR_CONFIG);
+    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_INT8, false, &err),
+                     TW_ERR_CONFIG);
     assert_non_null(strstr(err.msg, "int8"));
     tw_error_init(&err);
     if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err) != TW_OK)
