@@ -821,8 +821,8 @@ static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume
     }
 }
 
-static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch,
-                             tw_precision prec, bool consume, tw_error *err)
+static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
+                             bool consume, tw_error *err)
 {
     cpu_ctx *c = ctx;
     if (*max_batch < 1)
@@ -844,10 +844,10 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch
     int batch = *max_batch;
     /* int8 starts in fp32: calibrate() measures the activation ranges with
      * it, then quantizes the net's weights (for every raster): it keeps them */
-    tw_status st = mode == NUM_INT8
-                       ? build_mode(c, net, NULL, tile, &batch, true, NUM_F32, NULL, err)
-                       : build_mode(c, net, consume ? net : NULL, tile, &batch, true, mode, NULL,
-                                    err);
+    tw_status st =
+        mode == NUM_INT8
+            ? build_mode(c, net, NULL, tile, &batch, true, NUM_F32, NULL, err)
+            : build_mode(c, net, consume ? net : NULL, tile, &batch, true, mode, NULL, err);
     if (st != TW_OK) return st;
     if (batch != *max_batch) {
         fprintf(stderr, "tilewise: CPU backend: batch lowered from %d to %d (out of memory)\n",

@@ -284,8 +284,7 @@ static void test_bad_calls(void **state)
     assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, true, &err), TW_OK);
     assert_null(net->stem.w);
     tw_error_init(&err);
-    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, false, &err),
-                     TW_ERR_NOMEM);
+    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, false, &err), TW_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "already released"));
     be.i->destroy(be.ctx);
     tw_resnet_destroy(net);
