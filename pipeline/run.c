@@ -353,6 +353,17 @@ static tw_infer_batch slot_batch(const run_pipe *pp, slot *s, int n, int tile)
  * Runs before the stages start, in slot 0. Tiles that cannot be read or
  * are mostly nodata are left out; with none left the backend calibrates on
  * its first batch instead. */
+/* Does the reserved backend compute in int8, and so want its activation
+ * ranges measured? (Not when runtime.precision int8 fell back to fp32 on a
+ * CPU without int8 convolutions: no sample tiles are read then.) */
+static bool backend_runs_int8(const tw_backend *be)
+{
+    if (!be->i->calibrate || !be->i->get_stats) return false;
+    tw_backend_stats st;
+    be->i->get_stats(be->ctx, &st);
+    return st.precision == TW_PREC_INT8;
+}
+
 static tw_status calibrate_backend(run_pipe *pp, const tw_raster_info *info, tw_error *err)
 {
     const tw_run_params *p = pp->p;
@@ -944,8 +955,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
             (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
         }
         st = slots_alloc(&pp, plan.tile, err);
-        if (st == TW_OK && p->runtime.precision == TW_PREC_INT8 && c->be.i->calibrate)
-            st = calibrate_backend(&pp, info, err);
+        if (st == TW_OK && backend_runs_int8(&c->be)) st = calibrate_backend(&pp, info, err);
         if (st == TW_OK)
             st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, parts_sink, &pp, &pp.stitch,
                                   err);
