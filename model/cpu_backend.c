@@ -47,8 +47,8 @@
  *    scale); the last activation is brought back to fp32 before the global
  *    average.
  *  - fp16 runs in fp32 with one notice (no fp16 convolutions in oneDNN 2.6).
- * workspace_bytes() for int8 is the larger of the fp32 plan (calibration)
- * and the int8 plan; the fp32 one is freed before the int8 one is built.
+ * workspace_bytes() for int8 is the fp32 plan's (calibration runs on it and
+ * frees it before the smaller int8 plan is built).
  *
  * One backend serves one thread at a time (the pipeline's infer stage).
  */
@@ -258,10 +258,7 @@ static tw_status make_attr(const attr_spec *a, dnnl_primitive_attr_t *attr, tw_e
     return TW_OK;
 }
 
-/* Add conv c reading `in`; dst: when `into` is given, write into it with a
- * sum post-op (residual), else into storage dst_buf with a layout oneDNN
- * picks. *out describes the result. `in_any`: let oneDNN choose the source
- * layout too (the stem; the caller reads the choice back from the pd). */
+/* The type of an activation in mode m (nonneg: it follows a ReLU). */
 static dnnl_data_type_t act_dt(num_mode m, bool nonneg)
 {
     if (m == NUM_BF16) return dnnl_bf16;
@@ -291,6 +288,10 @@ static float *weight_scales(const tw_conv *c)
     return s;
 }
 
+/* Add conv c reading `in`; dst: when `into` is given, write into it with a
+ * sum post-op (residual), else into storage dst_buf with a layout oneDNN
+ * picks. *out describes the result. `in_any`: let oneDNN choose the source
+ * layout too (the stem; the caller reads the choice back from the pd). */
 static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const act *in, bool in_any,
                            const act *into, int dst_buf, bool relu, act *out, tw_error *err)
 {
@@ -324,6 +325,15 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     } else {
         DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, ddt, dnnl_format_tag_any), "dst md");
     }
+    /* right padding so that oneDNN's output size is PyTorch's floor formula */
+    dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * c->stride + c->k - in->h - c->pad;
+    dnnl_dims_t strides = {c->stride, c->stride}, pl = {c->pad, c->pad}, prr = {pr, pr};
+    dnnl_convolution_desc_t cd;
+    DNNL_TRY(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference,
+                                                dnnl_convolution_direct, &src_md, &w_md, &b_md,
+                                                &dst_md, strides, pl, prr),
+             "convolution desc");
+    tw_status st;
     float src_scale = in->scale, dst_scale = 1.0f, *oscale = NULL, *w_scale = NULL;
     attr_spec as = {
         .sum = into != NULL, .relu = relu, .sum_scale = 1.0f, .sum_dt = dnnl_data_type_undef};
@@ -333,9 +343,9 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
         w_scale = weight_scales(c);
         oscale = tw_alloc(TW_MEM_OTHER, (size_t)c->cout * sizeof *oscale);
         if (!w_scale || !oscale) {
-            tw_free(w_scale);
             tw_free(oscale);
-            return tw_error_set(err, TW_ERR_NOMEM, "out of memory planning the CPU backend");
+            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory planning the CPU backend");
+            goto fail;
         }
         /* oneDNN 2.x: dst = oscale * (acc + bias), acc in src*w units */
         for (int o = 0; o < c->cout; o++) oscale[o] = dst_scale / (src_scale * w_scale[o]);
@@ -347,35 +357,21 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
             as.sum_dt = into->md.data_type;
         }
     }
-    /* right padding so that oneDNN's output size is PyTorch's floor formula */
-    dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * c->stride + c->k - in->h - c->pad;
-    dnnl_dims_t strides = {c->stride, c->stride}, pl = {c->pad, c->pad}, prr = {pr, pr};
-    dnnl_convolution_desc_t cd;
-    DNNL_TRY(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                dnnl_convolution_direct, &src_md, &w_md, &b_md,
-                                                &dst_md, strides, pl, prr),
-             "convolution desc");
     dnnl_primitive_attr_t attr;
-    tw_status st = make_attr(&as, &attr, err);
-    tw_free(oscale);
-    if (st != TW_OK) {
-        tw_free(w_scale);
-        return st;
-    }
+    st = make_attr(&as, &attr, err);
+    tw_free(oscale); /* the attributes hold a copy */
+    if (st != TW_OK) goto fail;
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
     dnnl_primitive_attr_destroy(attr);
     if (s != dnnl_success) {
-        tw_free(w_scale);
-        return dnnl_fail(err, s, "convolution primitive desc");
+        st = dnnl_fail(err, s, "convolution primitive desc");
+        goto fail;
     }
 
     int dst = into ? into->buf : dst_buf;
     st = plan_push(p, L_CONV, pd, in->buf, dst, c, err);
-    if (st != TW_OK) {
-        tw_free(w_scale);
-        return st;
-    }
+    if (st != TW_OK) goto fail;
     p->layers[p->n_layers - 1].src_scale = src_scale;
     p->layers[p->n_layers - 1].relu = relu;
     p->layers[p->n_layers - 1].w_scale = w_scale;
@@ -392,6 +388,9 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     out->scale = dst_scale;
     note_size(p, dst, &out->md);
     return TW_OK;
+fail:
+    tw_free(w_scale); /* not yet the plan's */
+    return st;
 }
 
 static tw_status plan_pool(plan *p, dnnl_engine_t eng, const act *in, bool global, int dst_buf,

@@ -345,14 +345,6 @@ static tw_infer_batch slot_batch(const run_pipe *pp, slot *s, int n, int tile)
     };
 }
 
-/* runtime.precision int8: the backend quantizes activations to ranges it
- * measures on real tiles. Give it one batch of tiles spread evenly over the
- * whole raster - not the shard's rows, nor what a resumed run has left - so
- * that every shard and every rerun of a raster computes with the same
- * ranges, and the ranges see the whole scene rather than its first rows.
- * Runs before the stages start, in slot 0. Tiles that cannot be read or
- * are mostly nodata are left out; with none left the backend calibrates on
- * its first batch instead. */
 /* Does the reserved backend compute in int8, and so want its activation
  * ranges measured? (Not when runtime.precision int8 fell back to fp32 on a
  * CPU without int8 convolutions: no sample tiles are read then.) */
@@ -364,6 +356,14 @@ static bool backend_runs_int8(const tw_backend *be)
     return st.precision == TW_PREC_INT8;
 }
 
+/* runtime.precision int8: the backend quantizes activations to ranges it
+ * measures on real tiles. Give it one batch of tiles spread evenly over the
+ * whole raster - not the shard's rows, nor what a resumed run has left - so
+ * that every shard and every rerun of a raster computes with the same
+ * ranges, and the ranges see the whole scene rather than its first rows.
+ * Runs before the stages start, in slot 0. Tiles that cannot be read or
+ * are mostly nodata are left out; with none left the backend calibrates on
+ * its first batch instead. */
 static tw_status calibrate_backend(run_pipe *pp, const tw_raster_info *info, tw_error *err)
 {
     const tw_run_params *p = pp->p;
@@ -1092,11 +1092,6 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     return tw_budget_plan(&bin, &c->bud, err);
 }
 
-static bool tiling_batch_auto(const tw_run_params *p)
-{
-    return p->tiling.batch <= 0;
-}
-
 tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
                  tw_error *err)
 {
@@ -1116,26 +1111,12 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         r->model = c->m;
         snprintf(r->backend, sizeof r->backend, "%s", c->be.i->name);
         tw_report_config_json(p, &c->m, c->config_json, sizeof c->config_json);
-        int batch = c->bud.batch;
         /* An allocation that fails although the budget said it fits (the
-         * machine has less free memory than runtime.memory): halve the batch
-         * and try again, down to 1, rather than give up. */
-        for (;;) {
-            tw_error rerr;
-            tw_error_init(&rerr);
-            int b = batch;
-            st = c->be.i->reserve(c->be.ctx, c->net, c->m.tile, &b, p->runtime.precision, true,
-                                  &rerr);
-            if (st == TW_ERR_NOMEM && batch > 1 && tiling_batch_auto(p)) {
-                batch /= 2;
-                if (!p->quiet)
-                    fprintf(stderr, "tilewise: %s; retrying with batch %d\n", rerr.msg, batch);
-                continue;
-            }
-            if (st != TW_OK) tw_error_set(err, st, "%s", rerr.msg);
-            batch = b;
-            break;
-        }
+         * machine has less free memory than runtime.memory): the backend
+         * halves the batch itself, down to 1, and says so (backend.h). */
+        int batch = c->bud.batch;
+        st =
+            c->be.i->reserve(c->be.ctx, c->net, c->m.tile, &batch, p->runtime.precision, true, err);
         if (st == TW_OK && batch < c->bud.batch) {
             c->bud.batch = batch; /* the backend halved it: fewer tiles per slot */
             c->bud.ref_capacity = batch + 256;
