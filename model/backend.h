@@ -48,6 +48,7 @@ typedef struct tw_backend_stats {
     size_t device_peak_bytes; /* device memory high-water mark (0 on CPU) */
     int batch_halvings;       /* times the batch was halved after an allocation failure */
     tw_precision precision;   /* what the backend really computes in (it may fall back) */
+    int winograd_convs;       /* convolutions run as Winograd F(4,3) (CPU, fp32; 0 elsewhere) */
 } tw_backend_stats;
 
 struct tw_backend_i {

@@ -4,7 +4,10 @@
  * primitive descriptors (convolutions with bias and fused sum/relu post-ops,
  * max pooling, global average pooling, a reorder of the input when the stem
  * wants another layout and one of the pooled features back to plain [n][C]).
- * oneDNN chooses the activation and weight layouts (format_tag any); each
+ * oneDNN chooses the activation and weight layouts (format_tag any), except
+ * in fp32 on AVX-512 CPUs: there the 3x3 stride-1 convs run as Winograd
+ * F(4,3), which reads and writes only nChw16c, so every conv writes that
+ * layout (oneDNN's direct kernels are as fast on it; see use_winograd); each
  * layer's source is the previous layer's chosen destination, so no reorders
  * appear between layers. The same plan
  * gives workspace_bytes() its number (sizes queried from oneDNN, nothing
@@ -55,6 +58,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -90,6 +94,10 @@ typedef struct plan {
     int n_layers, cap;
     int batch, tile, feat_dim;
     num_mode mode;
+    /* NUM_F32 on a CPU with oneDNN's Winograd kernel: 3x3 stride-1 convs
+     * run as Winograd F(4,3), every activation in the 16-channel blocked
+     * layout that kernel reads (see use_winograd) */
+    bool wino;
     /* NUM_INT8: the quantization range of the input ([0]) and of each conv's
      * output in plan order ([1 + i]); NULL: every range is 1 (sizing only) */
     const float *amax;
@@ -323,15 +331,21 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
         dst_md = into->md;
         dst_md.data_type = ddt;
     } else {
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, ddt, dnnl_format_tag_any), "dst md");
+        /* Winograd reads and writes only nChw16c: keep every activation there */
+        dnnl_format_tag_t tag = p->wino && c->cout % 16 == 0 ? dnnl_aBcd16b : dnnl_format_tag_any;
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, ddt, tag), "dst md");
     }
     /* right padding so that oneDNN's output size is PyTorch's floor formula */
     dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * c->stride + c->k - in->h - c->pad;
     dnnl_dims_t strides = {c->stride, c->stride}, pl = {c->pad, c->pad}, prr = {pr, pr};
+    /* Winograd F(4,3) computes 4x4 output tiles: on maps under 4x4 most of
+     * each tile is padding and direct is faster (bench/RESULTS.md) */
+    bool wino = p->wino && c->k == 3 && c->stride == 1 && oh >= 4;
     dnnl_convolution_desc_t cd;
     DNNL_TRY(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                dnnl_convolution_direct, &src_md, &w_md, &b_md,
-                                                &dst_md, strides, pl, prr),
+                                                wino ? dnnl_convolution_winograd
+                                                     : dnnl_convolution_direct,
+                                                &src_md, &w_md, &b_md, &dst_md, strides, pl, prr),
              "convolution desc");
     tw_status st;
     float src_scale = in->scale, dst_scale = 1.0f, *oscale = NULL, *w_scale = NULL;
@@ -363,6 +377,11 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     if (st != TW_OK) goto fail;
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
+    if (s == dnnl_unimplemented && wino) {
+        /* a shape the Winograd kernel declines: the same conv, direct */
+        cd.alg_kind = dnnl_convolution_direct;
+        s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
+    }
     dnnl_primitive_attr_destroy(attr);
     if (s != dnnl_success) {
         st = dnnl_fail(err, s, "convolution primitive desc");
@@ -458,11 +477,35 @@ static int free_buf(unsigned busy)
     return -1;
 }
 
+/* Whether fp32 plans use Winograd: oneDNN 2.6 has it for AVX-512 CPUs
+ * only, where it runs ResNet's 3x3 convolutions 1.4-2.6x faster than its
+ * direct kernels (bench/RESULTS.md); TILEWISE_CPU_WINOGRAD=0 turns it off
+ * (exactly PyTorch's arithmetic order is not kept either way; Winograd's
+ * transforms add a rounding error of about 1e-6 relative). */
+static bool use_winograd(dnnl_engine_t eng)
+{
+    const char *env = getenv("TILEWISE_CPU_WINOGRAD");
+    if (env && strcmp(env, "0") == 0) return false;
+    dnnl_memory_desc_t x, w;
+    dnnl_dims_t xd = {1, 16, 8, 8}, wd = {16, 16, 3, 3}, one = {1, 1};
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd;
+    if (dnnl_memory_desc_init_by_tag(&x, 4, xd, dnnl_f32, dnnl_aBcd16b) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&w, 4, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_winograd,
+                                           &x, &w, NULL, &x, one, one, one) != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &cd, NULL, eng, NULL) != dnnl_success)
+        return false;
+    dnnl_primitive_desc_destroy(pd);
+    return true;
+}
+
 static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, int tile, int batch,
                             num_mode mode, const float *amax, tw_error *err)
 {
     memset(p, 0, sizeof *p);
     p->mode = mode;
+    p->wino = mode == NUM_F32 && use_winograd(eng);
     p->amax = amax;
     p->batch = batch;
     p->tile = tile;
@@ -660,6 +703,7 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
                        tw_error *err)
 {
     c->ops = tw_calloc(TW_MEM_OTHER, (size_t)p->n_layers, sizeof *c->ops);
+    c->stats.winograd_convs = 0;
     c->cap_mems = p->n_layers * 6 + 4;
     c->mems = tw_calloc(TW_MEM_OTHER, (size_t)c->cap_mems, sizeof *c->mems);
     c->cap_allocs = 2 * p->n_layers + BUF_COUNT + 4;
@@ -706,6 +750,11 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_FROM : DNNL_ARG_SRC, sm};
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_TO : DNNL_ARG_DST, dm};
         if (l->kind == L_CONV) {
+            const dnnl_convolution_desc_t *cd = NULL;
+            if (dnnl_primitive_desc_query(l->pd, dnnl_query_convolution_d, 0, &cd) ==
+                    dnnl_success &&
+                cd->alg_kind == dnnl_convolution_winograd)
+                c->stats.winograd_convs++;
             dnnl_memory_t wm, bm;
             st = prepare_weights(c, l, &wm, &bm, err);
             if (st != TW_OK) return st;

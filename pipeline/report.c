@@ -270,6 +270,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         jint(&j, "device_peak_bytes", (long long)r->backend_stats.device_peak_bytes);
         jint(&j, "batch_halvings", r->backend_stats.batch_halvings);
         jstr(&j, "precision", precision_name(r->backend_stats.precision));
+        jint(&j, "winograd_convs", r->backend_stats.winograd_convs);
         jclose(&j, '}');
 
         jopen(&j, "inputs", '[');

@@ -100,8 +100,20 @@ static void compare(const float *p, const float *ref_p, const float *e, const fl
                      argmax(ref_p + t * k, k));
 }
 
+/* Does oneDNN 2.6 have its Winograd kernel here? It has it for AVX-512
+ * (avx512_core: F, CD, BW, DQ, VL) only; asked of the CPU, not of oneDNN. */
+static bool cpu_has_avx512_core(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
 /* model against the references ref_<tag>_probs.f32 and, when there is one,
- * ref_<tag>_emb.f32. */
+ * ref_<tag>_emb.f32: once as the backend chooses (Winograd for the 3x3
+ * convolutions on AVX-512 CPUs), once with TILEWISE_CPU_WINOGRAD=0 (direct
+ * convolutions only). */
 static void check_vs_pytorch(const char *model, const char *tag)
 {
     const char *fx = tw_test_fixtures();
@@ -117,45 +129,60 @@ static void check_vs_pytorch(const char *model, const char *tag)
     long ne = tw_test_read_f32(tw_test_path(fx, name), &ref_e);
     assert_true(np > 0);
 
-    tw_error err;
-    tw_error_init(&err);
-    tw_model_file *mf = NULL;
-    tw_resnet *net = NULL;
-    if (tw_model_file_load(tw_test_path(fx, model), &mf, &err) != TW_OK) fail_msg("%s", err.msg);
-    if (tw_resnet_create(mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
-    tw_model_file_destroy(mf);
-    int k = net->n_classes, fd = net->feat_dim;
-    assert_int_equal(np, 8 * k);
-    if (ref_e) assert_int_equal(ne, 8 * fd);
+    for (int direct = 0; direct < 2; direct++) {
+        if (direct) setenv("TILEWISE_CPU_WINOGRAD", "0", 1);
+        tw_error err;
+        tw_error_init(&err);
+        tw_model_file *mf = NULL;
+        tw_resnet *net = NULL;
+        if (tw_model_file_load(tw_test_path(fx, model), &mf, &err) != TW_OK)
+            fail_msg("%s", err.msg);
+        if (tw_resnet_create(mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
+        tw_model_file_destroy(mf);
+        int k = net->n_classes, fd = net->feat_dim;
+        assert_int_equal(np, 8 * k);
+        if (ref_e) assert_int_equal(ne, 8 * fd);
 
-    size_t ws0 = tw_mem_current(TW_MEM_WORKSPACE);
-    tw_backend be;
-    reserve_checked(net, 64, 8, &be);
-    float *p = calloc((size_t)8 * k, sizeof(float)), *e = calloc((size_t)8 * fd, sizeof(float));
-    /* short batches (1 and 3 < max_batch 8), then a full one read in place */
-    infer_chunks(&be, net, x, 64, (const int[]){1, 3, 3, 1}, 4, p, e);
-    compare(p, ref_p, e, ref_e, 8, k, fd, "batches 1,3,3,1");
-    memset(p, 0, (size_t)8 * k * sizeof(float));
-    memset(e, 0, (size_t)8 * fd * sizeof(float));
-    infer_chunks(&be, net, x, 64, (const int[]){8}, 1, p, e);
-    compare(p, ref_p, e, ref_e, 8, k, fd, "batch 8");
-    /* embeddings are optional */
-    memset(p, 0, (size_t)8 * k * sizeof(float));
-    infer_chunks(&be, net, x, 64, (const int[]){5, 3}, 2, p, NULL);
-    compare(p, ref_p, e, ref_e, 8, k, fd, "batches 5,3 without embeddings");
+        size_t ws0 = tw_mem_current(TW_MEM_WORKSPACE);
+        tw_backend be;
+        reserve_checked(net, 64, 8, &be);
+        tw_backend_stats stats;
+        be.i->get_stats(be.ctx, &stats);
+        print_message("%s, %s: %d convolutions on Winograd\n", model,
+                      direct ? "TILEWISE_CPU_WINOGRAD=0" : "default", stats.winograd_convs);
+        if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA"))
+            ; /* oneDNN told to use fewer ISA extensions than the CPU has */
+        else if (direct || !cpu_has_avx512_core())
+            assert_int_equal(stats.winograd_convs, 0);
+        else /* every 3x3 stride-1 conv on a map of >= 4 x 4 (stages 1-3 at 64 px):
+              * ResNet-18 4 + 3 + 3, ResNet-50 3 + 3 + 5 */
+            assert_int_equal(stats.winograd_convs, net->bottleneck ? 11 : 10);
+        float *p = calloc((size_t)8 * k, sizeof(float)), *e = calloc((size_t)8 * fd, sizeof(float));
+        /* short batches (1 and 3 < max_batch 8), then a full one read in place */
+        infer_chunks(&be, net, x, 64, (const int[]){1, 3, 3, 1}, 4, p, e);
+        compare(p, ref_p, e, ref_e, 8, k, fd, "batches 1,3,3,1");
+        memset(p, 0, (size_t)8 * k * sizeof(float));
+        memset(e, 0, (size_t)8 * fd * sizeof(float));
+        infer_chunks(&be, net, x, 64, (const int[]){8}, 1, p, e);
+        compare(p, ref_p, e, ref_e, 8, k, fd, "batch 8");
+        /* embeddings are optional */
+        memset(p, 0, (size_t)8 * k * sizeof(float));
+        infer_chunks(&be, net, x, 64, (const int[]){5, 3}, 2, p, NULL);
+        compare(p, ref_p, e, ref_e, 8, k, fd, "batches 5,3 without embeddings");
 
-    tw_backend_stats stats;
-    be.i->get_stats(be.ctx, &stats);
-    assert_true(stats.compute_s > 0.0);
-    assert_int_equal(stats.copy_in_s, 0);
-    be.i->destroy(be.ctx);
-    assert_int_equal(tw_mem_current(TW_MEM_WORKSPACE), ws0);
-    free(p);
-    free(e);
+        be.i->get_stats(be.ctx, &stats);
+        assert_true(stats.compute_s > 0.0);
+        assert_int_equal(stats.copy_in_s, 0);
+        be.i->destroy(be.ctx);
+        assert_int_equal(tw_mem_current(TW_MEM_WORKSPACE), ws0);
+        free(p);
+        free(e);
+        tw_resnet_destroy(net);
+    }
+    unsetenv("TILEWISE_CPU_WINOGRAD");
     free(x);
     free(ref_p);
     free(ref_e);
-    tw_resnet_destroy(net);
 }
 
 static void test_resnet18_vs_pytorch(void **state)
