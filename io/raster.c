@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/tiff_direct.h"
 #include "pipeline/alloc.h"
 
 struct tw_raster {
@@ -32,6 +33,8 @@ struct tw_raster {
     GDALRasterBandH mask; /* per-dataset mask or alpha band, or NULL */
     uint8_t *mask_buf;    /* scratch for mask reads, mask_cap bytes */
     size_t mask_cap;
+    tw_tiff *tiff; /* plain tiled GeoTIFF: pixels through libtiff (tiff_direct.h) */
+    char why_gdal[160];
 };
 
 /* ---- dtypes ---------------------------------------------------------------- */
@@ -177,6 +180,25 @@ static void find_mask(tw_raster *r)
     if ((flags & GMF_PER_DATASET) || (flags & GMF_ALPHA)) r->mask = GDALGetMaskBand(b1);
 }
 
+/* Read the pixels of a plain tiled GeoTIFF through libtiff, when it
+ * qualifies (tiff_direct.h); its decoded tiles take the place of GDAL's
+ * block cache, and the same budget (GDAL's cache size, which tw_run sets
+ * from runtime.memory). TILEWISE_TIFF_DIRECT=0 keeps every file on GDAL. */
+static void open_direct(tw_raster *r)
+{
+    const char *env = getenv("TILEWISE_TIFF_DIRECT");
+    if (env && strcmp(env, "0") == 0) {
+        snprintf(r->why_gdal, sizeof r->why_gdal, "TILEWISE_TIFF_DIRECT=0");
+    } else if (strcmp(r->info.driver, "GTiff") != 0) {
+        snprintf(r->why_gdal, sizeof r->why_gdal, "driver %s", r->info.driver);
+    } else if (r->mask) {
+        snprintf(r->why_gdal, sizeof r->why_gdal, "a mask or alpha band");
+    } else {
+        r->tiff = tw_tiff_open(r->path, &r->info, r->bands, r->n_bands, (size_t)GDALGetCacheMax64(),
+                               r->why_gdal, sizeof r->why_gdal);
+    }
+}
+
 static tw_status open_checked(tw_raster *r, const char *path, const int *bands, int n_bands,
                               tw_error *err, gdal_msgs *msgs)
 {
@@ -259,6 +281,7 @@ static tw_status open_checked(tw_raster *r, const char *path, const int *bands, 
     r->use_nodata = in->has_nodata;
     r->nodata_value = in->nodata;
     find_mask(r);
+    open_direct(r);
     return TW_OK;
 }
 
@@ -299,6 +322,7 @@ void tw_raster_close(tw_raster *r)
         GDALClose(r->ds);
         capture_end();
     }
+    tw_tiff_close(r->tiff);
     tw_free(r->mask_buf);
     tw_free(r->bands);
     free(r->path);
@@ -313,6 +337,17 @@ const tw_raster_info *tw_raster_get_info(const tw_raster *r)
 int tw_raster_selected_bands(const tw_raster *r)
 {
     return r->n_bands;
+}
+
+long long tw_raster_tiles_decoded(const tw_raster *r)
+{
+    return r->tiff ? tw_tiff_tiles_decoded(r->tiff) : -1;
+}
+
+const char *tw_raster_reader(const tw_raster *r, const char **why)
+{
+    if (why) *why = r->tiff ? "" : r->why_gdal;
+    return r->tiff ? "libtiff" : "gdal";
 }
 
 void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value)
@@ -428,15 +463,26 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
 
     gdal_msgs msgs;
     capture_begin(&msgs);
-    GDALRasterIOExtraArg extra;
-    INIT_RASTERIO_EXTRA_ARG(extra);
-    CPLErr e = GDALDatasetRasterIOEx(
-        r->ds, GF_Read, x0, y0, xr, yr, raw, xr, yr, gdal_type_of(r->info.dtype), r->n_bands,
-        r->bands, (GSpacing)esz, (GSpacing)(esz * (size_t)w), (GSpacing)(esz * plane), &extra);
     tw_status st = TW_OK;
-    if (e != CE_None) {
-        st = tw_error_set(err, TW_ERR_INPUT, "%s: read failed at window x=%d y=%d %dx%d: %s",
-                          r->path, x0, y0, w, h, capture_text(&msgs));
+    if (r->tiff) {
+        tw_error terr;
+        tw_error_init(&terr);
+        st = tw_tiff_read(r->tiff, x0, y0, xr, yr, raw, w, h, &terr);
+        if (st != TW_OK)
+            tw_error_set(err, st, "%s: read failed at window x=%d y=%d %dx%d: %s", r->path, x0, y0,
+                         w, h, terr.msg);
+    } else {
+        GDALRasterIOExtraArg extra;
+        INIT_RASTERIO_EXTRA_ARG(extra);
+        CPLErr e = GDALDatasetRasterIOEx(
+            r->ds, GF_Read, x0, y0, xr, yr, raw, xr, yr, gdal_type_of(r->info.dtype), r->n_bands,
+            r->bands, (GSpacing)esz, (GSpacing)(esz * (size_t)w), (GSpacing)(esz * plane), &extra);
+        if (e != CE_None)
+            st = tw_error_set(err, TW_ERR_INPUT, "%s: read failed at window x=%d y=%d %dx%d: %s",
+                              r->path, x0, y0, w, h, capture_text(&msgs));
+    }
+    if (st != TW_OK) {
+        /* reported above */
     } else if (r->mask) {
         size_t need = (size_t)xr * (size_t)yr;
         if (need > r->mask_cap) {

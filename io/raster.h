@@ -72,6 +72,15 @@ const tw_raster_info *tw_raster_get_info(const tw_raster *r);
 /* Number of bands selected (= n_bands given to open, or band_count). */
 int tw_raster_selected_bands(const tw_raster *r);
 
+/* Which library reads the pixels: "libtiff" (a plain tiled GeoTIFF, read
+ * by io/tiff_direct.c) or "gdal"; *why (when why is given) says why not
+ * libtiff ("" when it is). Borrowed; valid until close. */
+const char *tw_raster_reader(const tw_raster *r, const char **why);
+
+/* TIFF tiles the libtiff reader has decoded so far (-1 when GDAL reads):
+ * shows that its cache decodes each tile once on a row-major walk. */
+long long tw_raster_tiles_decoded(const tw_raster *r);
+
 /* Nodata rule for reads: use_nodata false = no nodata value; else pixels
  * equal to nodata_value (after conversion to the raster's type; NaN matches
  * NaN) are invalid. Non-finite values of float rasters (NaN, +-Inf) are

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "io/tiff_direct.h"
 #include "pipeline/alloc.h"
 #include "pipeline/fileio.h"
 #include "pipeline/run.h"
@@ -222,6 +223,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
     jopen(&j, "versions", '{');
     jstr(&j, "tilewise", TW_VERSION);
     jstr(&j, "gdal", GDALVersionInfo("RELEASE_NAME"));
+    jstr(&j, "libtiff", tw_tiff_version());
     jclose(&j, '}');
     jstr(&j, "workflow", p->workflow_path);
     if (p->shard_count > 1) {
@@ -290,6 +292,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
             jnum(&j, "tiles_per_s", in->seconds > 0 ? in->tiles_classified / in->seconds : 0);
             jint(&j, "steady_state_allocs", (long long)in->steady_state_allocs);
             jint(&j, "rows_resumed", in->rows_resumed);
+            jstr(&j, "reader", in->reader);
             jopen(&j, "stages", '{');
             for (int s = 0; s < TW_STAGE_COUNT; s++) {
                 jopen(&j, stage_names[s], '{');

@@ -414,6 +414,7 @@ static void *reader_main(void *arg)
         pipe_abort(pp);
         goto done;
     }
+    snprintf(pp->res->reader, sizeof pp->res->reader, "%s", tw_raster_reader(r, NULL));
     slot *s = NULL;
     for (int si = 0; si < pp->n_segs && !atomic_load(&pp->abort); si++) {
         const tw_plan *pl = &pp->segs[si].plan;

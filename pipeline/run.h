@@ -74,6 +74,7 @@ typedef struct tw_input_result {
     int64_t nodata_cells;
     uint64_t steady_state_allocs;       /* tw_alloc calls after the first rows were written */
     int rows_resumed;                   /* output rows committed by an earlier, interrupted run */
+    char reader[16];                    /* who decoded the pixels: "libtiff" or "gdal" */
     char outputs[6][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
 } tw_input_result;

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <gdal.h>
+
 #include "io/raster.h"
 #include "tests/testutil.h"
 
@@ -201,6 +203,8 @@ static void test_fixture_windows(void **state)
                                           : tw_raster_open(path, sel, 2, &r, &err);
                     if (st != TW_OK) fail_msg("%s: %s", name, err.msg);
                     const tw_raster_info *in = tw_raster_get_info(r);
+                    /* tiled files are read through libtiff (io/tiff_direct.c) */
+                    assert_string_equal(tw_raster_reader(r, NULL), li ? "libtiff" : "gdal");
                     assert_int_equal(in->dtype, k_dtypes[di].t);
                     assert_int_equal(in->width, FW);
                     assert_int_equal(in->height, FH);
@@ -224,6 +228,207 @@ static void test_fixture_windows(void **state)
         }
     }
     assert_int_equal(checked, 8 * 2 * 2 * 2 * 7);
+}
+
+/* ---- libtiff's direct reads against GDAL's ---- */
+
+typedef struct direct_fx {
+    const char *name; /* rast_direct_<name>.tif */
+    const char *reader;
+    tw_dtype t;
+    int bands;
+    int dtype_index; /* into k_dtypes: the formula holds (lossless, not sparse); -1 otherwise */
+} direct_fx;
+
+static const direct_fx k_direct[] = {
+    {"uint16_deflate_pred2", "libtiff", TW_DT_UINT16, 3, 2},
+    {"float32_lzw_pred3", "libtiff", TW_DT_FLOAT32, 3, 6},
+    {"int16_band_zstd", "libtiff", TW_DT_INT16, 3, 3},
+    {"float64_bigtiff_packbits", "libtiff", TW_DT_FLOAT64, 3, 7},
+    {"uint32_lzma", "libtiff", TW_DT_UINT32, 3, 4},
+    {"byte_jpeg_rgb", "libtiff", TW_DT_BYTE, 3, -1},
+    {"byte_jpeg_ycbcr", "gdal", TW_DT_BYTE, 3, -1},
+    {"uint16_sparse_nodata", "libtiff", TW_DT_UINT16, 3, -1},
+    {"byte_sparse", "libtiff", TW_DT_BYTE, 3, -1},
+    {"byte_1band", "libtiff", TW_DT_BYTE, 1, 0},
+};
+
+static tw_raster *open_reader(const char *path, const int *bands, int nb, bool gdal_only)
+{
+    if (gdal_only) setenv("TILEWISE_TIFF_DIRECT", "0", 1);
+    tw_error err;
+    tw_error_init(&err);
+    tw_raster *r = NULL;
+    tw_status st = tw_raster_open(path, bands, nb, &r, &err);
+    unsetenv("TILEWISE_TIFF_DIRECT");
+    if (st != TW_OK) fail_msg("%s: %s", path, err.msg);
+    return r;
+}
+
+/* The window (x0, y0, w, h) read by a and by b: the same bytes, flags, counts. */
+static void same_window(tw_raster *a, tw_raster *b, size_t esz, int nb, int x0, int y0, int w,
+                        int h, const char *name)
+{
+    size_t plane = (size_t)w * h, bytes = (size_t)nb * plane * esz;
+    uint8_t *ra = malloc(bytes), *rb = malloc(bytes), *va = malloc(plane), *vb = malloc(plane);
+    assert_true(ra && rb && va && vb);
+    memset(ra, 0xAB, bytes);
+    memset(rb, 0xCD, bytes);
+    int64_t na = -1, ia = -1, nbd = -2, ib = -2;
+    tw_error err;
+    tw_error_init(&err);
+    if (tw_raster_read(a, x0, y0, w, h, ra, va, &na, &ia, &err) != TW_OK ||
+        tw_raster_read(b, x0, y0, w, h, rb, vb, &nbd, &ib, &err) != TW_OK)
+        fail_msg("%s window %d,%d %dx%d: %s", name, x0, y0, w, h, err.msg);
+    if (memcmp(ra, rb, bytes) != 0 || memcmp(va, vb, plane) != 0)
+        fail_msg("%s window %d,%d %dx%d: libtiff and GDAL read different pixels", name, x0, y0, w,
+                 h);
+    assert_int_equal(na, nbd);
+    assert_int_equal(ia, ib);
+    free(ra);
+    free(rb);
+    free(va);
+    free(vb);
+}
+
+/* Windows of every kind: the edge cases of k_windows, single whole tiles
+ * (16 x 16 and the int16 file's 32 x 16: the direct-into-buffer case), and
+ * a scan of 24 x 24 windows at stride 20 (crossing tile edges everywhere). */
+static int direct_windows(int out[][4], int cap)
+{
+    int n = 0;
+    for (size_t i = 0; i < sizeof k_windows / sizeof k_windows[0]; i++)
+        memcpy(out[n++], k_windows[i], sizeof out[0]);
+    static const int tiles[][4] = {{0, 0, 16, 16},   {32, 48, 16, 16}, {96, 64, 16, 16},
+                                   {32, 16, 32, 16}, {96, 0, 32, 16},  {64, 32, 32, 32}};
+    for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
+        memcpy(out[n++], tiles[i], sizeof out[0]);
+    for (int y = 0; y < FH; y += 20)
+        for (int x = 0; x < FW && n < cap; x += 20) {
+            int win[4] = {x, y, 24, 24};
+            memcpy(out[n++], win, sizeof win);
+        }
+    return n;
+}
+
+static void test_direct_matches_gdal(void **state)
+{
+    (void)state;
+    if (!tw_test_fixtures()) skip();
+    static const int all[] = {1, 2, 3}, sel[] = {3, 1}, one[] = {1};
+    int wins[64][4];
+    int n_win = direct_windows(wins, 64);
+    int compared = 0;
+    for (size_t fi = 0; fi < sizeof k_direct / sizeof k_direct[0]; fi++) {
+        const direct_fx *d = &k_direct[fi];
+        char name[128];
+        snprintf(name, sizeof name, "rast_direct_%s.tif", d->name);
+        const char *path = fixture(name);
+        if (!path) fail_msg("fixture %s missing", name);
+        for (int s = 0; s < (d->bands == 3 ? 2 : 1); s++) {
+            const int *bands = d->bands == 1 ? one : s ? sel : all;
+            int nb = d->bands == 1 ? 1 : s ? 2 : 3;
+            tw_raster *direct = open_reader(path, bands, nb, false);
+            tw_raster *gdal = open_reader(path, bands, nb, true);
+            const char *why = NULL;
+            const char *got = tw_raster_reader(direct, &why);
+            if (strcmp(got, d->reader) != 0)
+                fail_msg("%s: read by %s (%s), expected %s", name, got, why, d->reader);
+            assert_string_equal(tw_raster_reader(gdal, &why), "gdal");
+            assert_string_equal(why, "TILEWISE_TIFF_DIRECT=0");
+            for (int w = 0; w < n_win; w++) {
+                same_window(direct, gdal, tw_dtype_size(d->t), nb, wins[w][0], wins[w][1],
+                            wins[w][2], wins[w][3], name);
+                if (d->dtype_index >= 0 && d->bands == 3) {
+                    char what[192];
+                    snprintf(what, sizeof what, "%s window %d", name, w);
+                    check_window(direct, &k_dtypes[d->dtype_index], false, bands, nb, wins[w][0],
+                                 wins[w][1], wins[w][2], wins[w][3], what);
+                }
+                compared++;
+            }
+            tw_raster_close(direct);
+            tw_raster_close(gdal);
+        }
+    }
+    assert_true(compared >= 19 * n_win);
+}
+
+/* A sparse file's missing tiles read as its nodata value (or 0), as GDAL
+ * fills them: the test above shows libtiff = GDAL, this that both are right. */
+static void test_direct_sparse(void **state)
+{
+    (void)state;
+    const char *path = fixture("rast_direct_uint16_sparse_nodata.tif");
+    if (!path) skip();
+    tw_raster *r = open_reader(path, NULL, 0, false);
+    assert_string_equal(tw_raster_reader(r, NULL), "libtiff");
+    uint16_t raw[3 * 16 * 16];
+    uint8_t valid[16 * 16];
+    int64_t nn, ni;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_raster_read(r, 16, 48, 16, 16, raw, valid, &nn, &ni, &err), TW_OK);
+    for (int i = 0; i < 3 * 16 * 16; i++) assert_int_equal(raw[i], 65535);
+    assert_int_equal(nn, 256);
+    tw_raster_close(r);
+}
+
+/* A cache of a single decoded tile (GDAL's cache size, which the reader
+ * takes as its budget, set to 1 byte) gives the same pixels: tiles are
+ * evicted and decoded again. */
+static void test_direct_tiny_cache(void **state)
+{
+    (void)state;
+    const char *path = fixture("rast_direct_uint16_deflate_pred2.tif");
+    if (!path) skip();
+    GIntBig old = GDALGetCacheMax64();
+    GDALSetCacheMax64(1);
+    tw_raster *direct = open_reader(path, NULL, 0, false);
+    GDALSetCacheMax64(old);
+    tw_raster *gdal = open_reader(path, NULL, 0, true);
+    assert_string_equal(tw_raster_reader(direct, NULL), "libtiff");
+    int wins[64][4];
+    int n_win = direct_windows(wins, 64);
+    for (int w = 0; w < n_win; w++)
+        same_window(direct, gdal, 2, 3, wins[w][0], wins[w][1], wins[w][2], wins[w][3],
+                    "tiny cache");
+    tw_raster_close(direct);
+    tw_raster_close(gdal);
+}
+
+/* Row-major windows, as the pipeline reads: with the default cache each of
+ * the 7 x 5 tiles (16 x 16) is decoded once; with a one-tile cache, more. */
+static void test_direct_decodes_once(void **state)
+{
+    (void)state;
+    const char *path = fixture("rast_direct_uint16_deflate_pred2.tif");
+    if (!path) skip();
+    GIntBig old = GDALGetCacheMax64();
+    for (int tiny = 0; tiny < 2; tiny++) {
+        GDALSetCacheMax64(tiny ? 1 : 64 << 20);
+        tw_raster *r = open_reader(path, NULL, 0, false);
+        GDALSetCacheMax64(old);
+        uint16_t raw[3 * 12 * 12];
+        uint8_t valid[12 * 12];
+        int64_t nn, ni;
+        tw_error err;
+        tw_error_init(&err);
+        for (int y = 0; y < FH; y += 12)
+            for (int x = 0; x < FW; x += 12)
+                assert_int_equal(tw_raster_read(r, x, y, 12, 12, raw, valid, &nn, &ni, &err),
+                                 TW_OK);
+        long long n = tw_raster_tiles_decoded(r);
+        print_message("cache %s: %lld tiles decoded\n", tiny ? "of one tile" : "default", n);
+        if (tiny)
+            assert_true(n > 35);
+        else
+            assert_int_equal(n, 35);
+        tw_raster_close(r);
+    }
+    tw_raster *g = open_reader(path, NULL, 0, true);
+    assert_int_equal(tw_raster_tiles_decoded(g), -1);
+    tw_raster_close(g);
 }
 
 /* The nodata variants must actually contain nodata (else the test above
@@ -824,6 +1029,10 @@ int main(void)
         cmocka_unit_test(test_info_matches_gdal),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_read_errors),
+        cmocka_unit_test(test_direct_matches_gdal),
+        cmocka_unit_test(test_direct_sparse),
+        cmocka_unit_test(test_direct_tiny_cache),
+        cmocka_unit_test(test_direct_decodes_once),
         cmocka_unit_test(test_shared_rasters),
         cmocka_unit_test(test_shared_warning_quiet),
     };
