@@ -1028,6 +1028,12 @@ static int cuda_auto_batch(void *vctx, int tile)
     return 256;
 }
 
+static bool cuda_consumes_weights(void *vctx, tw_precision prec)
+{
+    (void)vctx, (void)prec;
+    return false; /* the host copy stays: batch halving rebuilds from it */
+}
+
 static bool cuda_wants_raw(void *vctx)
 {
     (void)vctx;
@@ -1075,6 +1081,7 @@ static const struct tw_backend_i cuda_iface = {
     .reserve = cuda_reserve,
     .infer = cuda_infer,
     .auto_batch = cuda_auto_batch,
+    .consumes_weights = cuda_consumes_weights,
     .wants_raw = cuda_wants_raw,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,

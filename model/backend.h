@@ -71,6 +71,9 @@ struct tw_backend_i {
      * consumed by one reserve cannot be reserved again. */
     tw_status (*reserve)(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
                          bool consume, tw_error *err);
+    /* Whether reserve(..., consume = true) frees the net's weights in prec:
+     * then the budget counts them at the model load only, not in the run. */
+    bool (*consumes_weights)(void *ctx, tw_precision prec);
     /* runtime.precision int8 (NULL where a backend has no int8): measure the
      * activation ranges on batch b (tiles of the raster `path`, b->n <=
      * max_batch) and quantize with them from now on. Called before the

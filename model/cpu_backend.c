@@ -1088,6 +1088,12 @@ static int cpu_auto_batch(void *ctx, int tile)
     return (int)b;
 }
 
+static bool cpu_consumes_weights(void *ctx, tw_precision prec)
+{
+    (void)ctx;
+    return wanted_mode(prec) != NUM_INT8; /* int8 quantizes them again per raster */
+}
+
 static bool cpu_wants_raw(void *ctx)
 {
     (void)ctx;
@@ -1129,6 +1135,7 @@ static const struct tw_backend_i k_cpu_iface = {
     .calibrate = cpu_calibrate,
     .infer = cpu_infer,
     .auto_batch = cpu_auto_batch,
+    .consumes_weights = cpu_consumes_weights,
     .wants_raw = cpu_wants_raw,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,

@@ -1,8 +1,11 @@
 /* budget.h - one memory budget for the whole run, fixed at start-up.
  *
  * Peak memory = base (the process before any work: code, libraries) +
- * weights + slots x slot size + backend workspace + output strip + GDAL block
- * cache. Raster size enters only through the strip (one band of output rows)
+ * output strip + margin + the larger of the model load (the file's tensors
+ * and the folded weights side by side: twice the weights) and the run
+ * (slots x slot size + backend workspace + GDAL block cache, + the weights
+ * unless the backend consumes them in reserve). Raster size enters only
+ * through the strip (one band of output rows)
  * and the GDAL cache (one row of blocks, capped). batch: auto is the largest
  * batch whose total fits; an explicit batch that does not fit, or a budget
  * too small for batch 1, is refused before any work with the number needed.
@@ -19,9 +22,10 @@
 #include "pipeline/plan.h"
 
 typedef struct tw_budget_in {
-    size_t total;   /* runtime.memory */
-    size_t base;    /* process RSS before the run's allocations */
-    size_t weights; /* folded weights on the host */
+    size_t total;          /* runtime.memory */
+    size_t base;           /* process RSS before the run's allocations */
+    size_t weights;        /* folded weights on the host */
+    bool weights_consumed; /* freed by the backend's reserve (consumes_weights) */
     const tw_backend *backend;
     const tw_resnet *net;
     tw_precision precision;
@@ -50,7 +54,7 @@ typedef struct tw_budget {
     size_t gdal_cache;          /* GDAL_CACHEMAX set for the run */
     size_t gdal_cache_expected; /* what the reads are expected to fill of it */
     size_t base;
-    size_t margin;   /* allocator slack, GDAL datasets, HDF5, threads */
+    size_t margin;   /* allocator slack, GDAL datasets, HDF5, threads, JIT code */
     size_t total;    /* worst case, must fit runtime.memory */
     size_t estimate; /* expected peak (total with the expected GDAL cache) */
 } tw_budget;

@@ -1072,6 +1072,7 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .total = p->runtime.memory,
         .base = base,
         .weights = c->net->weight_bytes,
+        .weights_consumed = c->be.i->consumes_weights(c->be.ctx, p->runtime.precision),
         .backend = &c->be,
         .net = c->net,
         .precision = p->runtime.precision,
