@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Write the committed seed corpora under fuzz/corpus/<harness>/
-(workflow, safetensors, hdf5 for the bundle harness, hdf5_raw).
+(workflow, safetensors, hdf5 for the bundle harness, hdf5_raw, tiff).
 
 Seeds are small valid inputs plus a few hostile ones, so that the fuzzer
 starts from inputs that reach deep into each parser. Run from anywhere with
@@ -179,6 +179,32 @@ def workflow_seeds():
           "  edge: [pad]\nruntime:\n  memory: 99999999999999999999PiB\n\toops\n")
 
 
+def tiff_seeds():
+    """fuzz_tiff: 16 parameter bytes (tests/tiff_roundtrip.h) + pixel bytes.
+    One seed per sample type, each with another codec, layout and window;
+    two with missing tiles, two with corrupted tile data."""
+    r = np.random.default_rng(7)
+    px = bytes(r.integers(0, 256, 300, dtype=np.uint8))
+    #        W   H  tw  th spp type planar codec pred sp0 sp1 flags nd win step cache
+    seeds = {
+        "byte_deflate_pred": [63, 40, 0, 1, 2, 0, 0, 2, 1, 0, 0, 0, 100, 24, 20, 0],
+        "int8_none_band": [30, 30, 1, 0, 2, 1, 1, 0, 0, 0, 0, 0, 100, 16, 16, 0],
+        "uint16_lzw_reversed": [71, 71, 2, 2, 3, 2, 2, 1, 1, 0, 0, 0, 100, 40, 33, 1],
+        "int16_zstd_planar": [50, 20, 0, 0, 1, 3, 3, 4, 1, 0, 0, 0, 100, 7, 5, 2],
+        "uint32_lzma": [17, 33, 1, 1, 0, 4, 0, 5, 0, 0, 0, 0, 100, 16, 16, 0],
+        "int32_packbits": [40, 40, 0, 2, 1, 5, 1, 3, 0, 0, 0, 0, 100, 13, 13, 0],
+        "float32_pred3": [47, 29, 2, 0, 2, 6, 0, 2, 2, 0, 0, 0, 100, 32, 32, 0],
+        "float64_none": [20, 20, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 100, 3, 2, 1],
+        "sparse_nodata": [63, 63, 0, 0, 2, 2, 0, 2, 0, 0xAA, 0x55, 3, 160, 20, 17, 0],
+        "sparse_zero_planar": [40, 60, 0, 0, 1, 0, 1, 1, 0, 0xF0, 0x0F, 1, 100, 16, 16, 0],
+        "whole_tiles": [63, 63, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 100, 15, 16, 0],
+        "corrupt_deflate": [40, 40, 0, 0, 2, 2, 0, 2, 1, 0, 0, 0, 100, 20, 20, 4],
+        "corrupt_lzw_planar": [33, 33, 1, 0, 1, 6, 1, 1, 0, 0, 0, 0, 100, 11, 9, 4],
+    }
+    for name, head in seeds.items():
+        write("tiff", name, bytes(head) + px)
+
+
 def main():
     rng = np.random.default_rng(2024)
     sd = tiny_resnet(rng)
@@ -186,6 +212,7 @@ def main():
     hdf5_seeds(sd)
     bundle_seeds()
     workflow_seeds()
+    tiff_seeds()
     return 0
 
 

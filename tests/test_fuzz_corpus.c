@@ -14,12 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "io/model_file.h"
 #include "pipeline/alloc.h"
 #include "tests/testutil.h"
+#include "tests/tiff_roundtrip.h"
 #include "workflows/workflow.h"
 
 /* Run directly from an ASan build (leak detection on), the raw HDF5 corpus
@@ -127,6 +129,27 @@ static void test_workflow_corpus(void **state)
     /* The two workflow files of the repository are in the corpus and parse. */
     assert_true(n_ok >= 2);
     free(params);
+    free_corpus(b, n);
+}
+
+/* fuzz_tiff's corpus: each input's TIFF, written by libtiff, read back by
+ * the direct reader sample for sample (tests/tiff_roundtrip.h). */
+static void test_tiff_corpus(void **state)
+{
+    (void)state;
+    int n = 0;
+    blob *b = load_corpus("tiff", &n);
+    assert_true(n >= 13);
+    char scratch[] = "/tmp/tw-fuzz-tiff-XXXXXX";
+    int fd = mkstemp(scratch);
+    assert_true(fd >= 0);
+    close(fd);
+    for (int i = 0; i < n; i++) {
+        char why[256];
+        if (tw_tiff_roundtrip(b[i].data, b[i].size, scratch, why, sizeof why) != 0)
+            fail_msg("%s: %s", b[i].name, why);
+    }
+    unlink(scratch);
     free_corpus(b, n);
 }
 
@@ -240,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_hdf5_corpus),
         cmocka_unit_test(test_hdf5_regressions),
         cmocka_unit_test(test_safetensors_regressions),
+        cmocka_unit_test(test_tiff_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
