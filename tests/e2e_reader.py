@@ -10,8 +10,9 @@ ResNet-18 fixture (tile 64, stride 32: overlapping tiles; products class and
 prob; the band-interleaved one with input.bands reversed): once as tilewise
 chooses, once with TILEWISE_TIFF_DIRECT=0. Checked: run.json's
 inputs[0].reader (libtiff for the first two, gdal for the masked one and for
-every forced run), and the class and probability rasters' pixels, read back
-with GDAL, equal bit for bit between the two runs.
+every forced run) and `tilewise validate`'s reader line, and the class and
+probability rasters' pixels, read back with GDAL, equal bit for bit between
+the two runs.
 """
 import json
 import os
@@ -115,6 +116,12 @@ def main():
              "masked": "[1, 2, 3, 4, 5, 6]"}
     for name, path in inputs.items():
         out_d, rj_d = run(work, name, path, bands[name], False)
+        v = subprocess.run([BIN, "validate", out_d + ".yaml"], capture_output=True, text=True)
+        said = [l for l in v.stdout.splitlines() if l.startswith("reader ")]
+        check(v.returncode == 0 and len(said) == 1
+              and ("libtiff" in said[0]) == (expect[name] == "libtiff")
+              and (name != "masked" or "mask or alpha" in said[0]),
+              f"{name}: validate names the reader: {said}")
         out_g, rj_g = run(work, name, path, bands[name], True)
         check(rj_d["inputs"][0]["reader"] == expect[name],
               f"{name}: read by {rj_d['inputs'][0]['reader']} (expected {expect[name]})")

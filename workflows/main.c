@@ -762,6 +762,16 @@ static void validate_advice(const tw_run_params *p)
         check_georef(p->input.paths[i], ds, m.tile);
         check_values(p->input.paths[i], ds, &m);
         GDALClose(ds);
+        tw_raster *r = NULL;
+        if (tw_raster_open(p->input.paths[i], m.bands, m.n_bands, &r, &err) == TW_OK) {
+            const char *why = "";
+            tw_raster_reader(r, &why);
+            if (why[0])
+                printf("reader    %s: GDAL (%s)\n", p->input.paths[i], why);
+            else
+                printf("reader    %s: libtiff, whole tiles decoded directly\n", p->input.paths[i]);
+            tw_raster_close(r);
+        }
     }
     CPLPopErrorHandler();
 }
