@@ -233,17 +233,13 @@ void tw_tiff_close(tw_tiff *t)
     tw_free(t);
 }
 
-const char *tw_tiff_version(void)
+const char *tw_tiff_version(char *buf, size_t size)
 {
-    static char v[32];
-    if (!v[0]) {
-        /* "LIBTIFF, Version 4.5.0\nCopyright ..." */
-        const char *s = strstr(TIFFGetVersion(), "Version ");
-        s = s ? s + 8 : "unknown";
-        size_t n = strcspn(s, "\n ");
-        snprintf(v, sizeof v, "%.*s", (int)(n < sizeof v ? n : sizeof v - 1), s);
-    }
-    return v;
+    /* "LIBTIFF, Version 4.5.0\nCopyright ..." */
+    const char *v = strstr(TIFFGetVersion(), "Version ");
+    v = v ? v + 8 : "unknown";
+    snprintf(buf, size, "%.*s", (int)strcspn(v, "\n "), v);
+    return buf;
 }
 
 long long tw_tiff_tiles_decoded(const tw_tiff *t)

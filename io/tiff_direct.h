@@ -45,8 +45,8 @@ void tw_tiff_close(tw_tiff *t);
 tw_status tw_tiff_read(tw_tiff *t, int x0, int y0, int xr, int yr, void *raw, int w, int h,
                        tw_error *err);
 
-/* libtiff's version number ("4.5.0"). */
-const char *tw_tiff_version(void);
+/* libtiff's version number ("4.5.0") into buf; returns buf. */
+const char *tw_tiff_version(char *buf, size_t size);
 
 /* Tiles decoded so far (cache hits not counted), for tests and reports. */
 long long tw_tiff_tiles_decoded(const tw_tiff *t);

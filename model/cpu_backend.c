@@ -148,6 +148,7 @@ typedef struct cpu_ctx {
     bool calibrate;          /* int8, not calibrated yet: the fp32 plan is built */
     const tw_resnet *net;    /* kept for the int8 rebuild (the caller owns it) */
     probe probes[NUM_MODES]; /* can oneDNN run bf16 / int8 here (mode_supported) */
+    bool wino;               /* fp32 plans use Winograd (use_winograd, asked once) */
     int n_conv;
     tw_backend_stats stats;
 } cpu_ctx;
@@ -500,12 +501,13 @@ static bool use_winograd(dnnl_engine_t eng)
     return true;
 }
 
-static tw_status plan_build(plan *p, dnnl_engine_t eng, const tw_resnet *net, int tile, int batch,
+static tw_status plan_build(plan *p, const cpu_ctx *c, const tw_resnet *net, int tile, int batch,
                             num_mode mode, const float *amax, tw_error *err)
 {
+    dnnl_engine_t eng = c->eng;
     memset(p, 0, sizeof *p);
     p->mode = mode;
-    p->wino = mode == NUM_F32 && use_winograd(eng);
+    p->wino = mode == NUM_F32 && c->wino;
     p->amax = amax;
     p->batch = batch;
     p->tile = tile;
@@ -797,7 +799,7 @@ static bool mode_supported(cpu_ctx *c, const tw_resnet *net, int tile, num_mode 
         /* one batch-1 plan answers; the budget's bisection and reserve ask again */
         plan p;
         tw_error_init(&pr->why);
-        pr->ok = plan_build(&p, c->eng, net, tile, 1, mode, NULL, &pr->why) == TW_OK;
+        pr->ok = plan_build(&p, c, net, tile, 1, mode, NULL, &pr->why) == TW_OK;
         plan_free(&p);
         pr->net = net;
         pr->tile = tile;
@@ -811,7 +813,7 @@ static size_t mode_bytes(cpu_ctx *c, const tw_resnet *net, int tile, int max_bat
     tw_error err;
     tw_error_init(&err);
     size_t bytes;
-    if (plan_build(&p, c->eng, net, tile, max_batch, mode, NULL, &err) == TW_OK) {
+    if (plan_build(&p, c, net, tile, max_batch, mode, NULL, &err) == TW_OK) {
         bytes = plan_bytes(&p, net);
     } else {
         /* reserve() will report the real problem; until then assume the
@@ -849,7 +851,7 @@ static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume
         plan p;
         tw_error local;
         tw_error_init(&local);
-        tw_status st = plan_build(&p, c->eng, net, tile, *batch, mode, amax, &local);
+        tw_status st = plan_build(&p, c, net, tile, *batch, mode, amax, &local);
         if (st == TW_OK) st = build(c, net, consume, &p, &local);
         int n_conv = p.n_conv;
         plan_free(&p);
@@ -867,6 +869,12 @@ static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume
         }
         *batch /= 2;
     }
+}
+
+static bool cpu_consumes_weights(void *ctx, tw_precision prec)
+{
+    (void)ctx;
+    return wanted_mode(prec) != NUM_INT8; /* int8 quantizes them again per raster */
 }
 
 static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
@@ -892,10 +900,9 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch
     int batch = *max_batch;
     /* int8 starts in fp32: calibrate() measures the activation ranges with
      * it, then quantizes the net's weights (for every raster): it keeps them */
-    tw_status st =
-        mode == NUM_INT8
-            ? build_mode(c, net, NULL, tile, &batch, true, NUM_F32, NULL, err)
-            : build_mode(c, net, consume ? net : NULL, tile, &batch, true, mode, NULL, err);
+    tw_resnet *consumed = consume && cpu_consumes_weights(c, prec) ? net : NULL;
+    tw_status st = build_mode(c, net, consumed, tile, &batch, true,
+                              mode == NUM_INT8 ? NUM_F32 : mode, NULL, err);
     if (st != TW_OK) return st;
     if (batch != *max_batch) {
         fprintf(stderr, "tilewise: CPU backend: batch lowered from %d to %d (out of memory)\n",
@@ -1088,12 +1095,6 @@ static int cpu_auto_batch(void *ctx, int tile)
     return (int)b;
 }
 
-static bool cpu_consumes_weights(void *ctx, tw_precision prec)
-{
-    (void)ctx;
-    return wanted_mode(prec) != NUM_INT8; /* int8 quantizes them again per raster */
-}
-
 static bool cpu_wants_raw(void *ctx)
 {
     (void)ctx;
@@ -1156,6 +1157,7 @@ tw_status tw_cpu_backend_create(int threads, tw_backend *out, tw_error *err)
         cpu_destroy(c);
         return dnnl_fail(err, s, "CPU engine/stream create");
     }
+    c->wino = use_winograd(c->eng);
     out->i = &k_cpu_iface;
     out->ctx = c;
     return TW_OK;

@@ -223,7 +223,8 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
     jopen(&j, "versions", '{');
     jstr(&j, "tilewise", TW_VERSION);
     jstr(&j, "gdal", GDALVersionInfo("RELEASE_NAME"));
-    jstr(&j, "libtiff", tw_tiff_version());
+    char tiffv[32];
+    jstr(&j, "libtiff", tw_tiff_version(tiffv, sizeof tiffv));
     jclose(&j, '}');
     jstr(&j, "workflow", p->workflow_path);
     if (p->shard_count > 1) {

@@ -29,41 +29,11 @@ import subprocess
 import sys
 import tempfile
 
-FIX = os.environ.get("TW_FIXTURES")
-SRC = os.environ.get("TW_SOURCE_DIR")
-BIN = os.environ.get("TW_BIN")
-MEAN = [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
-STD = [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
-
-
-def check(cond, what):
-    if not cond:
-        sys.exit("FAIL: " + what)
+from e2eutil import BIN, FIX, SRC, check, gdal_or_skip, workflow
 
 
 def tw(*args, **kw):
     return subprocess.run([BIN, *args], capture_output=True, text=True, **kw)
-
-
-def workflow(work, name, paths, extra=""):
-    wf = os.path.join(work, name + ".yaml")
-    with open(wf, "w") as f:
-        f.write(f"""input:
-  path: [{", ".join(paths)}]
-model:
-  weights: {FIX}/resnet18_6b_7c.safetensors
-  mean: {MEAN}
-  std: {STD}
-tiling:
-  tile: 64
-runtime:
-  device: cpu
-  memory: 1GiB
-output:
-  dir: {os.path.join(work, name)}
-  products: [class]
-{extra}""")
-    return wf, os.path.join(work, name)
 
 
 def test_help():
@@ -280,11 +250,9 @@ def test_progress(work, gdal, rgb):
 
 
 def main():
-    if not (FIX and SRC and BIN):
-        print("TW_FIXTURES/TW_SOURCE_DIR/TW_BIN not set: skipped")
+    gdal = gdal_or_skip()
+    if gdal is None:
         return 77
-    from osgeo import gdal
-    gdal.UseExceptions()
     work = tempfile.mkdtemp(prefix="tw_cli_")
     test_help()
     test_info(gdal)

@@ -21,17 +21,12 @@ import subprocess
 import sys
 import tempfile
 
-FIX = os.environ.get("TW_FIXTURES")
-SRC = os.environ.get("TW_SOURCE_DIR")
-BIN = os.environ.get("TW_BIN")
-MEAN = [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
-STD = [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
+from e2eutil import BIN, SRC, gdal_or_skip, workflow
+from e2eutil import check as check_quiet
 
 
 def check(cond, what):
-    if not cond:
-        sys.exit("FAIL: " + what)
-    print("ok   " + what)
+    check_quiet(cond, what, say_ok=True)
 
 
 def make_inputs(gdal, work):
@@ -65,26 +60,8 @@ def make_inputs(gdal, work):
 
 
 def run(work, name, path, bands, forced):
-    out = os.path.join(work, f"{name}_{'gdal' if forced else 'default'}")
-    wf = out + ".yaml"
-    with open(wf, "w") as f:
-        f.write(f"""input:
-  path: {path}
-  bands: {bands}
-model:
-  weights: {FIX}/resnet18_6b_7c.safetensors
-  mean: {MEAN}
-  std: {STD}
-tiling:
-  tile: 64
-  stride: 32
-runtime:
-  device: cpu
-  memory: 1GiB
-output:
-  dir: {out}
-  products: [class, prob]
-""")
+    wf, out = workflow(work, f"{name}_{'gdal' if forced else 'default'}", [path], bands=bands,
+                       stride=32, products="[class, prob]")
     env = dict(os.environ)
     env.pop("TILEWISE_TIFF_DIRECT", None)
     if forced:
@@ -103,11 +80,9 @@ def pixels(gdal, path):
 
 
 def main():
-    if not (FIX and SRC and BIN):
-        print("TW_FIXTURES/TW_SOURCE_DIR/TW_BIN not set: skipped")
+    gdal = gdal_or_skip()
+    if gdal is None:
         return 77
-    from osgeo import gdal
-    gdal.UseExceptions()
     import numpy as np
     work = tempfile.mkdtemp(prefix="tw_reader_")
     inputs = make_inputs(gdal, work)
