@@ -1,7 +1,8 @@
 /* read_speed.c - tilewise's raster reader alone: windows/s and MB/s of raw
  * pixels for one file, read the way the pipeline reads it (row-major
  * windows of tile x tile at stride tile), through GDAL and through the
- * direct libtiff path (io/tiff_direct.c), alternating, best of --repeat.
+ * direct libtiff path (io/tiff_direct.c), alternating, best of REPEAT
+ * passes, in the process's CPU seconds.
  *
  *   read_speed FILE TILE [REPEAT]
  *
@@ -21,7 +22,9 @@
 static double now_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    /* CPU time, not wall time: on a shared VM the time other guests take
+     * (steal) would otherwise swamp differences of a few per cent */
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 

@@ -316,23 +316,26 @@ static const uint8_t *get_tile(tw_tiff *t, uint32_t tile, tw_error *err)
     return victim->data;
 }
 
-/* dst[i] = src[i * step] for n samples of esz bytes */
+/* dst[i] = src[i * step] for n samples of esz bytes; eight at a time (a
+ * loop of single bytes ran 0.8x to 1.1x GDAL's speed depending only on
+ * where the compiler placed it) */
 static void gather(uint8_t *dst, const uint8_t *src, int n, int step, size_t esz)
 {
+#define GATHER(S)                                                                                  \
+    do {                                                                                           \
+        const size_t st = (size_t)step * (S);                                                      \
+        int i = 0;                                                                                 \
+        for (; i + 8 <= n; i += 8, dst += 8 * (S), src += 8 * st)                                  \
+            for (int k = 0; k < 8; k++) memcpy(dst + k * (S), src + k * st, (S));                  \
+        for (; i < n; i++, dst += (S), src += st) memcpy(dst, src, (S));                           \
+    } while (0)
     switch (esz) {
-    case 1:
-        for (int i = 0; i < n; i++) dst[i] = src[(size_t)i * step];
-        break;
-    case 2:
-        for (int i = 0; i < n; i++) memcpy(dst + 2 * i, src + (size_t)2 * i * step, 2);
-        break;
-    case 4:
-        for (int i = 0; i < n; i++) memcpy(dst + 4 * i, src + (size_t)4 * i * step, 4);
-        break;
-    default:
-        for (int i = 0; i < n; i++) memcpy(dst + 8 * i, src + (size_t)8 * i * step, 8);
-        break;
+    case 1: GATHER(1); break;
+    case 2: GATHER(2); break;
+    case 4: GATHER(4); break;
+    default: GATHER(8); break;
     }
+#undef GATHER
 }
 
 tw_status tw_tiff_read(tw_tiff *t, int x0, int y0, int xr, int yr, void *raw, int w, int h,
