@@ -35,6 +35,9 @@ struct tw_raster {
     size_t mask_cap;
     tw_tiff *tiff; /* plain tiled GeoTIFF: pixels through libtiff (tiff_direct.h) */
     char why_gdal[160];
+    uint8_t *strip;     /* tw_raster_read_tiles' window: raw then valid, strip_bytes */
+    size_t strip_bytes; /* 0 until tw_raster_reserve_strip */
+    int strip_w, strip_h;
 };
 
 /* ---- dtypes ---------------------------------------------------------------- */
@@ -323,6 +326,7 @@ void tw_raster_close(tw_raster *r)
         capture_end();
     }
     tw_tiff_close(r->tiff);
+    tw_free(r->strip);
     tw_free(r->mask_buf);
     tw_free(r->bands);
     free(r->path);
@@ -525,5 +529,104 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
     }
     *n_inside = inside;
     *n_nodata = inside - good;
+    return TW_OK;
+}
+
+/* ---- strips of tiles --------------------------------------------------------- */
+
+size_t tw_raster_strip_bytes(int w, int h, int bands, tw_dtype dtype, bool mask)
+{
+    size_t px = (size_t)w * (size_t)h;
+    /* raw planes, the validity plane, and the mask scratch when the raster has a mask */
+    return px * ((size_t)bands * tw_dtype_size(dtype) + 1 + (mask ? 1 : 0));
+}
+
+bool tw_raster_has_mask(const tw_raster *r)
+{
+    return r->mask != NULL;
+}
+
+tw_status tw_raster_reserve_strip(tw_raster *r, int max_w, int h, tw_error *err)
+{
+    if (max_w <= 0 || h <= 0)
+        return tw_error_set(err, TW_ERR_INTERNAL, "%s: strip of %d x %d pixels", r->path, max_w, h);
+    size_t bytes = tw_raster_strip_bytes(max_w, h, r->n_bands, r->info.dtype, false);
+    uint8_t *buf = tw_alloc(TW_MEM_READ, bytes);
+    if (!buf)
+        return tw_error_set(err, TW_ERR_NOMEM, "%s: cannot allocate a read strip of %d x %d pixels",
+                            r->path, max_w, h);
+    size_t px = (size_t)max_w * (size_t)h;
+    if (r->mask && r->mask_cap < px) {
+        tw_free(r->mask_buf);
+        r->mask_buf = tw_alloc(TW_MEM_READ, px);
+        r->mask_cap = r->mask_buf ? px : 0;
+        if (!r->mask_buf) {
+            tw_free(buf);
+            return tw_error_set(err, TW_ERR_NOMEM,
+                                "%s: cannot allocate the mask of a read strip of %d x %d pixels",
+                                r->path, max_w, h);
+        }
+    }
+    tw_free(r->strip);
+    r->strip = buf;
+    r->strip_bytes = bytes;
+    r->strip_w = max_w;
+    r->strip_h = h;
+    return TW_OK;
+}
+
+int tw_raster_strip_width(const tw_raster *r)
+{
+    return r->strip_w;
+}
+
+/* Copy one T x T tile at column ox of a [bands][T][w] window into
+ * [bands][T][T], with its validity; returns the valid pixels. */
+static int64_t cut_tile(const uint8_t *win, const uint8_t *wvalid, int w, int T, int ox, int bands,
+                        size_t esz, uint8_t *raw, uint8_t *valid)
+{
+    const size_t wplane = (size_t)w * (size_t)T * esz, tplane = (size_t)T * (size_t)T * esz;
+    const size_t row = (size_t)T * esz;
+    for (int b = 0; b < bands; b++) {
+        const uint8_t *src = win + (size_t)b * wplane + (size_t)ox * esz;
+        uint8_t *dst = raw + (size_t)b * tplane;
+        for (int y = 0; y < T; y++) memcpy(dst + (size_t)y * row, src + (size_t)y * w * esz, row);
+    }
+    int64_t good = 0;
+    for (int y = 0; y < T; y++) {
+        const uint8_t *v = wvalid + (size_t)y * w + ox;
+        uint8_t *d = valid + (size_t)y * T;
+        memcpy(d, v, (size_t)T);
+        for (int x = 0; x < T; x++) good += d[x];
+    }
+    return good;
+}
+
+tw_status tw_raster_read_tiles(tw_raster *r, int y0, const int *xs, int n, int T, void *raw,
+                               uint8_t *valid, int64_t *n_nodata, int64_t *n_inside, tw_error *err)
+{
+    if (n <= 0) return TW_OK;
+    const int x0 = xs[0], w = xs[n - 1] - x0 + T;
+    if (!r->strip || T != r->strip_h || w > r->strip_w)
+        return tw_error_set(err, TW_ERR_INTERNAL,
+                            "%s: a window of %d x %d pixels does not fit the read strip (%d x %d)",
+                            r->path, w, T, r->strip_w, r->strip_h);
+    const size_t esz = tw_dtype_size(r->info.dtype);
+    uint8_t *win = r->strip, *wvalid = r->strip + (size_t)r->n_bands * (size_t)w * T * esz;
+    int64_t nod = 0, ins = 0;
+    tw_status st = tw_raster_read(r, x0, y0, w, T, win, wvalid, &nod, &ins, err);
+    if (st != TW_OK) return st;
+    const size_t tile_raw = (size_t)r->n_bands * (size_t)T * T * esz, tile_px = (size_t)T * T;
+    const int64_t rows_in =
+        y0 < r->info.height ? (y0 + T > r->info.height ? r->info.height - y0 : T) : 0;
+    for (int i = 0; i < n; i++) {
+        int64_t good = cut_tile(win, wvalid, w, T, xs[i] - x0, r->n_bands, esz,
+                                (uint8_t *)raw + (size_t)i * tile_raw, valid + (size_t)i * tile_px);
+        int64_t cols_in =
+            xs[i] < r->info.width ? (xs[i] + T > r->info.width ? r->info.width - xs[i] : T) : 0;
+        /* outside pixels are invalid, so good counts inside pixels only */
+        n_inside[i] = cols_in * rows_in;
+        n_nodata[i] = n_inside[i] - good;
+    }
     return TW_OK;
 }

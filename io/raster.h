@@ -97,4 +97,30 @@ void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value);
 tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
                          int64_t *n_nodata, int64_t *n_inside, tw_error *err);
 
+/* Strips of tiles: a row of tiles read with one window (one RasterIO call
+ * over all bands, or one gather from libtiff's decoded tiles) and cut into
+ * tiles in memory, instead of one read per tile.
+ *
+ * Bytes of the strip of a w x h window (raw planes and validity, plus the
+ * mask scratch when mask): for the memory budget. */
+size_t tw_raster_strip_bytes(int w, int h, int bands, tw_dtype dtype, bool mask);
+/* Whether reads also read a mask or alpha band (it needs strip scratch). */
+bool tw_raster_has_mask(const tw_raster *r);
+/* Allocate the strip for windows up to max_w x h pixels (TW_MEM_READ),
+ * replacing an earlier one. Call before the steady state: reads allocate
+ * nothing afterwards. TW_ERR_NOMEM when it cannot. */
+tw_status tw_raster_reserve_strip(tw_raster *r, int max_w, int h, tw_error *err);
+/* Width of the reserved strip (0: none). */
+int tw_raster_strip_width(const tw_raster *r);
+/* Read n tiles of T x T pixels whose top-left corners are (xs[i], y0), xs
+ * ascending, with one read of the window spanning them (xs[n-1] + T - xs[0]
+ * pixels wide; it must fit the reserved strip, whose height must be T).
+ * Tile i goes to raw + i * bands*T*T*dtype_size as [bands][T][T] and to
+ * valid + i*T*T; n_nodata[i] and n_inside[i] as tw_raster_read gives them.
+ * Same pixels, bit for bit, as n tw_raster_read calls. On a failed read the
+ * error names the whole window: callers that skip unreadable tiles read
+ * that strip's tiles one by one to find which fail. */
+tw_status tw_raster_read_tiles(tw_raster *r, int y0, const int *xs, int n, int T, void *raw,
+                               uint8_t *valid, int64_t *n_nodata, int64_t *n_inside, tw_error *err);
+
 #endif

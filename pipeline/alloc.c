@@ -74,6 +74,7 @@ uint64_t tw_mem_alloc_count(void)
 
 const char *tw_mem_tag_name(tw_mem_tag tag)
 {
-    static const char *names[] = {"weights", "slots", "workspace", "strip", "other", "total"};
+    static const char *names[] = {"weights", "slots", "workspace", "strip",
+                                  "read",    "other", "total"};
     return tag <= TW_MEM_TAG_COUNT ? names[tag] : "other";
 }

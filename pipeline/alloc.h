@@ -17,6 +17,7 @@ typedef enum tw_mem_tag {
     TW_MEM_SLOTS,       /* batch slots (raw pixels, masks, normalized input, outputs) */
     TW_MEM_WORKSPACE,   /* backend activations and scratch */
     TW_MEM_STRIP,       /* stitcher's output strip buffer */
+    TW_MEM_READ,        /* the readers' strips of input rows */
     TW_MEM_OTHER,       /* small things: plans, names, queues */
     TW_MEM_TAG_COUNT
 } tw_mem_tag;

@@ -6,9 +6,32 @@
 
 #define MIB ((size_t)1 << 20)
 
+/* A batch's tiles are refs too (kept or not): a slot holds one batch of
+ * consecutive tile positions. */
 static int ref_capacity_for(int batch)
 {
-    return batch + 256;
+    return batch;
+}
+
+/* The most one reader's strip may take: a window this size still runs at
+ * GDAL's full strip speed (bench/feed_rate), and N readers stay small
+ * beside the slots. */
+#define READ_STRIP_MAX (32 * MIB)
+
+/* Widest window a reader takes for batches of `batch` tiles: a run of
+ * consecutive tiles of one tile row, at most the raster's width (plus the
+ * padding of the last tile), at most READ_STRIP_MAX, at least one tile. */
+static int read_strip_w_for(const tw_budget_in *in, int batch)
+{
+    int stride = in->stride > 0 ? in->stride : in->tile;
+    long run = (long)(batch - 1) * stride + in->tile;
+    long full = (long)in->raster_w + in->tile;
+    long w = run < full ? run : full;
+    size_t col = tw_raster_strip_bytes(1, in->tile, in->bands, in->dtype, in->mask);
+    long cap = (long)(READ_STRIP_MAX / col);
+    if (w > cap) w = cap;
+    if (w < in->tile) w = in->tile;
+    return (int)w;
 }
 
 size_t tw_budget_slot_bytes(const tw_budget_in *in, int batch, int ref_capacity)
@@ -25,10 +48,10 @@ size_t tw_budget_slot_bytes(const tw_budget_in *in, int batch, int ref_capacity)
     return bytes + 8 * 64;
 }
 
-/* Enough GDAL block cache to keep one tile row's blocks across the width, so
- * no block is decoded twice; capped so that a very wide raster re-reads
+/* Enough GDAL block cache to keep one tile row's blocks across the width
+ * for each reader, so no block is decoded twice; capped so that a very wide raster re-reads
  * rather than blowing the budget. */
-static size_t gdal_cache_for(const tw_budget_in *in, size_t cap)
+static size_t gdal_cache_for(const tw_budget_in *in, int readers, size_t cap)
 {
     int bw = in->block_w > 0 ? in->block_w : in->raster_w;
     int bh = in->block_h > 0 ? in->block_h : 1;
@@ -44,7 +67,8 @@ static size_t gdal_cache_for(const tw_budget_in *in, size_t cap)
     }
     size_t need = blocks_x * (size_t)rows * (size_t)bw * (size_t)bh * (size_t)in->bands *
                   tw_dtype_size(in->dtype);
-    need += need / 8; /* GDAL's per-block bookkeeping */
+    need *= (size_t)readers; /* each reader works on its own tile row */
+    need += need / 8;        /* GDAL's per-block bookkeeping */
     if (need < 4 * MIB) need = 4 * MIB;
     return need < cap ? need : cap;
 }
@@ -52,10 +76,15 @@ static size_t gdal_cache_for(const tw_budget_in *in, size_t cap)
 static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
 {
     b->batch = batch;
-    b->n_slots = 4; /* one per stage: read, normalize, infer, write */
+    b->readers = in->readers > 0 ? in->readers : 1;
+    b->n_slots = b->readers + 3; /* one per reader, normalize, infer, write */
     b->ref_capacity = ref_capacity_for(batch);
     b->slot_bytes = tw_budget_slot_bytes(in, batch, b->ref_capacity);
     b->slots = b->slot_bytes * (size_t)b->n_slots;
+    b->read_strip_w = read_strip_w_for(in, batch);
+    b->read = (size_t)b->readers *
+              (tw_raster_strip_bytes(b->read_strip_w, in->tile, in->bands, in->dtype, in->mask) +
+               (size_t)batch * (sizeof(int) + 2 * sizeof(int64_t)));
     b->workspace =
         in->backend->i->workspace_bytes(in->backend->ctx, in->net, in->tile, batch, in->precision);
     b->weights = in->weights;
@@ -69,11 +98,11 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     size_t kept = in->weights_consumed ? 0 : b->weights; /* through the run */
     size_t fixed = b->base + kept + b->strip + b->margin;
     size_t cap = in->total > fixed ? (in->total - fixed) / 4 : 4 * MIB;
-    b->gdal_cache = gdal_cache_for(in, cap);
+    b->gdal_cache = gdal_cache_for(in, b->readers, cap);
     b->gdal_cache_expected = in->vrt && b->gdal_cache > 4 * MIB ? 4 * MIB : b->gdal_cache;
     /* the model load comes first: the file's tensors and the folded net */
     size_t load = 2 * b->weights;
-    size_t run = kept + b->slots + b->workspace;
+    size_t run = kept + b->slots + b->read + b->workspace;
     size_t worst = run + b->gdal_cache, expected = run + b->gdal_cache_expected;
     b->total = b->base + b->strip + b->margin + (worst > load ? worst : load);
     b->estimate = b->base + b->strip + b->margin + (expected > load ? expected : load);

@@ -3,8 +3,8 @@
  * Peak memory = base (the process before any work: code, libraries) +
  * output strip + margin + the larger of the model load (the file's tensors
  * and the folded weights side by side: twice the weights) and the run
- * (slots x slot size + backend workspace + GDAL block cache, + the weights
- * unless the backend consumes them in reserve). Raster size enters only
+ * (slots x slot size + the readers' strips + backend workspace + GDAL block
+ * cache, + the weights unless the backend consumes them in reserve). Raster size enters only
  * through the strip (one band of output rows)
  * and the GDAL cache (one row of blocks, capped). batch: auto is the largest
  * batch whose total fits; an explicit batch that does not fit, or a budget
@@ -40,11 +40,16 @@ typedef struct tw_budget_in {
     size_t strip;         /* stitcher + writer row buffers */
     bool vrt;             /* a VRT reads through to its sources: its own
                              blocks never enter the GDAL cache */
+    int readers;          /* reader workers, >= 1 (runtime.readers resolved) */
+    bool mask;            /* some input has a mask band (read strips hold it too) */
 } tw_budget_in;
 
 typedef struct tw_budget {
-    int batch; /* tiles per batch slot */
-    int n_slots;
+    int batch;   /* tiles per batch slot */
+    int n_slots; /* one per reader, one each for normalize, infer and write */
+    int readers;
+    int read_strip_w;  /* widest window one read takes (pixels; T rows) */
+    size_t read;       /* the readers' strips, all of them */
     int ref_capacity;  /* tile refs per slot (kept + skipped tiles) */
     size_t slot_bytes; /* one slot */
     size_t slots;      /* all slots */

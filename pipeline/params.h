@@ -77,6 +77,7 @@ typedef struct tw_runtime_params {
     tw_precision precision;
     size_t memory; /* bytes; default 2 GiB */
     int threads;   /* 0: auto (all cores) */
+    int readers;   /* reader workers; 0: auto (tw_run_readers_auto) */
 } tw_runtime_params;
 
 typedef struct tw_output_params {

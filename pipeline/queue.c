@@ -12,6 +12,8 @@ struct tw_queue {
     void **items;
     int capacity, head, count;
     bool closed;
+    bool ordered;     /* items[seq % capacity], popped in seq order */
+    int64_t next_seq; /* ordered: the sequence number pop returns next */
 };
 
 static double now_s(void)
@@ -37,6 +39,13 @@ tw_queue *tw_queue_create(int capacity)
     return q;
 }
 
+tw_queue *tw_queue_create_ordered(int capacity)
+{
+    tw_queue *q = tw_queue_create(capacity);
+    if (q) q->ordered = true;
+    return q;
+}
+
 void tw_queue_destroy(tw_queue *q)
 {
     if (!q) return;
@@ -45,6 +54,45 @@ void tw_queue_destroy(tw_queue *q)
     pthread_cond_destroy(&q->not_full);
     tw_free(q->items);
     tw_free(q);
+}
+
+bool tw_queue_push_seq(tw_queue *q, void *item, int64_t seq, double *wait_s)
+{
+    pthread_mutex_lock(&q->mu);
+    if (seq >= q->next_seq + q->capacity && !q->closed) {
+        double t0 = now_s();
+        while (seq >= q->next_seq + q->capacity && !q->closed)
+            pthread_cond_wait(&q->not_full, &q->mu);
+        if (wait_s) *wait_s += now_s() - t0;
+    }
+    bool ok = !q->closed && seq >= q->next_seq && !q->items[seq % q->capacity];
+    if (ok) {
+        q->items[seq % q->capacity] = item;
+        q->count++;
+        /* several items may wait out of order: wake the consumer only
+         * when the one it waits for has come */
+        if (seq == q->next_seq) pthread_cond_broadcast(&q->not_empty);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return ok;
+}
+
+static void *pop_ordered(tw_queue *q, double *wait_s)
+{
+    void **slot = &q->items[q->next_seq % q->capacity];
+    if (!*slot && !q->closed) {
+        double t0 = now_s();
+        while (!*slot && !q->closed) pthread_cond_wait(&q->not_empty, &q->mu);
+        if (wait_s) *wait_s += now_s() - t0;
+    }
+    void *item = *slot;
+    if (item) {
+        *slot = NULL;
+        q->next_seq++;
+        q->count--;
+        pthread_cond_broadcast(&q->not_full);
+    }
+    return item;
 }
 
 bool tw_queue_push(tw_queue *q, void *item, double *wait_s)
@@ -68,6 +116,11 @@ bool tw_queue_push(tw_queue *q, void *item, double *wait_s)
 void *tw_queue_pop(tw_queue *q, double *wait_s)
 {
     pthread_mutex_lock(&q->mu);
+    if (q->ordered) {
+        void *item = pop_ordered(q, wait_s);
+        pthread_mutex_unlock(&q->mu);
+        return item;
+    }
     if (q->count == 0 && !q->closed) {
         double t0 = now_s();
         while (q->count == 0 && !q->closed) pthread_cond_wait(&q->not_empty, &q->mu);

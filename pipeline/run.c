@@ -19,10 +19,9 @@
 #include "io/writer.h"
 #include "pipeline/alloc.h"
 #include "pipeline/fileio.h"
-#include "pipeline/normalize.h"
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"
-#include "pipeline/queue.h"
+#include "pipeline/stages.h"
 #include "pipeline/stitch.h"
 
 static double now_s(void)
@@ -123,6 +122,7 @@ static void input_stem(const char *path, char *out, size_t size)
 typedef struct input_info {
     tw_raster_info info;
     int bands;
+    bool mask; /* reads also read a mask band */
 } input_info;
 
 static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, input_info *infos,
@@ -134,6 +134,7 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, inpu
         if (st != TW_OK) return st;
         infos[i].info = *tw_raster_get_info(r);
         infos[i].bands = tw_raster_selected_bands(r);
+        infos[i].mask = tw_raster_has_mask(r);
         tw_raster_close(r);
         if (infos[i].bands != m->in_bands)
             return tw_error_set(err, TW_ERR_INPUT,
@@ -170,480 +171,6 @@ static tw_status make_dirs(const char *dir, tw_error *err)
         return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s is not writable: %s", dir,
                             strerror(errno));
     return TW_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Batch slots and the stage workers.                                        */
-
-typedef struct tile_ref {
-    int32_t tx, ty;
-    int32_t seg;  /* index of the row segment the tile was read for */
-    int32_t kept; /* index into the slot's kept tiles, -1: not classified */
-    uint8_t read_error;
-} tile_ref;
-
-typedef struct slot {
-    int n_refs, n_kept;
-    tile_ref *refs;       /* [ref_capacity] */
-    void *raw;            /* [batch][bands][T][T] raw type */
-    bool raw_backend;     /* raw came from the backend's host_alloc (pinned) */
-    uint8_t *valid;       /* [batch][T][T] */
-    float *x;             /* [batch][bands][T][T], NULL when the backend normalizes */
-    float *probs;         /* [batch][classes] */
-    float *emb;           /* [batch][feat] or NULL */
-    int32_t *orow, *ocol; /* [batch] tile origins, for the tile table */
-} slot;
-
-/* A band of output rows still to do (rows not committed by an earlier run):
- * the reader runs the tile rows touching it, the stitcher averages them. */
-typedef struct segment {
-    tw_plan plan; /* restricted to the segment's rows */
-} segment;
-
-typedef struct run_pipe {
-    const tw_run_params *p;
-    const tw_resolved *m;
-    const tw_budget *bud;
-    tw_backend *be;
-    const tw_run_hooks *hooks;
-    const char *path;
-    tw_dtype dtype;
-    tw_norm norm;
-    bool wants_raw;
-    bool want_emb;
-    slot *slots;
-    int n_slots;
-    segment *segs;
-    int n_segs;
-    int chunk_rows;
-    int64_t n_tiles; /* over all segments */
-    tw_queue *q_free, *q_norm, *q_infer, *q_write;
-    atomic_int abort; /* an error or a cancel: every stage stops */
-    atomic_int cancelled;
-    atomic_int stop_row; /* on a stop request: rows up to here are finished */
-    tw_error *err;
-    tw_stitch *stitch;
-    tw_parts *parts;
-    int cur_seg;
-    tw_input_result *res;
-    int64_t tiles_done;
-    uint64_t allocs_mark;
-    bool steady;
-} run_pipe;
-
-static void pipe_abort(run_pipe *pp)
-{
-    atomic_store(&pp->abort, 1);
-    tw_queue_close(pp->q_free);
-    tw_queue_close(pp->q_norm);
-    tw_queue_close(pp->q_infer);
-    tw_queue_close(pp->q_write);
-}
-
-/* The chunk of output rows holding `row`, inside segment seg: chunks lie on
- * a global grid of chunk_rows, cut by the segment's ends. */
-static void chunk_of(const run_pipe *pp, const segment *seg, int row, int *r0, int *r1)
-{
-    int g0 = row / pp->chunk_rows * pp->chunk_rows;
-    *r0 = g0 > seg->plan.row_begin ? g0 : seg->plan.row_begin;
-    *r1 = g0 + pp->chunk_rows < seg->plan.row_end ? g0 + pp->chunk_rows : seg->plan.row_end;
-}
-
-static void slots_free(run_pipe *pp)
-{
-    if (!pp->slots) return;
-    for (int i = 0; i < pp->n_slots; i++) {
-        slot *s = &pp->slots[i];
-        if (s->raw_backend && pp->be->i->host_free)
-            pp->be->i->host_free(pp->be->ctx, s->raw);
-        else
-            tw_free(s->raw);
-        tw_free(s->refs);
-        tw_free(s->valid);
-        tw_free(s->x);
-        tw_free(s->probs);
-        tw_free(s->emb);
-        tw_free(s->orow);
-        tw_free(s->ocol);
-    }
-    tw_free(pp->slots);
-    pp->slots = NULL;
-}
-
-static tw_status slots_alloc(run_pipe *pp, int tile, tw_error *err)
-{
-    const tw_budget *b = pp->bud;
-    size_t px = (size_t)tile * (size_t)tile;
-    size_t nb = (size_t)b->batch;
-    size_t raw_bytes = nb * (size_t)pp->norm.bands * px * tw_dtype_size(pp->dtype);
-    pp->n_slots = b->n_slots;
-    pp->slots = tw_calloc(TW_MEM_SLOTS, (size_t)pp->n_slots, sizeof(slot));
-    if (!pp->slots) goto nomem;
-    for (int i = 0; i < pp->n_slots; i++) {
-        slot *s = &pp->slots[i];
-        if (pp->be->i->host_alloc) {
-            s->raw = pp->be->i->host_alloc(pp->be->ctx, raw_bytes);
-            s->raw_backend = s->raw != NULL;
-        }
-        if (!s->raw) s->raw = tw_alloc(TW_MEM_SLOTS, raw_bytes);
-        s->refs = tw_calloc(TW_MEM_SLOTS, (size_t)b->ref_capacity, sizeof(tile_ref));
-        s->valid = tw_alloc(TW_MEM_SLOTS, nb * px);
-        if (!pp->wants_raw)
-            s->x = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->norm.bands * px * sizeof(float));
-        s->probs = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->n_classes * sizeof(float));
-        if (pp->want_emb)
-            s->emb = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->feat_dim * sizeof(float));
-        s->orow = tw_alloc(TW_MEM_SLOTS, nb * sizeof(int32_t));
-        s->ocol = tw_alloc(TW_MEM_SLOTS, nb * sizeof(int32_t));
-        if (!s->raw || !s->refs || !s->valid || (!pp->wants_raw && !s->x) || !s->probs ||
-            (pp->want_emb && !s->emb) || !s->orow || !s->ocol)
-            goto nomem;
-    }
-    return TW_OK;
-nomem:
-    return tw_error_set(err, TW_ERR_NOMEM, "cannot allocate %d batch slots of %zu bytes",
-                        b->n_slots, b->slot_bytes);
-}
-
-static bool stop_requested(const run_pipe *pp)
-{
-    return pp->hooks && pp->hooks->stop && *pp->hooks->stop;
-}
-
-/* Open the input with the nodata value the workflow asks for. */
-static tw_status open_input(const run_pipe *pp, tw_raster **r, tw_error *err)
-{
-    tw_status st = tw_raster_open(pp->path, pp->m->bands, pp->m->n_bands, r, err);
-    if (st != TW_OK) return st;
-    const tw_raster_info *info = tw_raster_get_info(*r);
-    tw_raster_set_nodata(*r, !pp->p->input.nodata_auto || info->has_nodata,
-                         pp->p->input.nodata_auto ? info->nodata : pp->p->input.nodata);
-    return TW_OK;
-}
-
-/* Is a tile with n_nodata of its n_inside pixels (those inside the raster)
- * nodata classified, or nodata in every output? */
-static bool tile_classified(const run_pipe *pp, int64_t n_nodata, int64_t n_inside)
-{
-    return n_inside > 0 && n_nodata < n_inside &&
-           (double)n_nodata / (double)n_inside <= pp->p->tiling.max_nodata_fraction;
-}
-
-/* The one batch of tw_infer_batch for slot s (n tiles). */
-static tw_infer_batch slot_batch(const run_pipe *pp, slot *s, int n, int tile)
-{
-    return (tw_infer_batch){
-        .n = n,
-        .tile = tile,
-        .x = s->x,
-        .raw = s->raw,
-        .raw_type = pp->dtype,
-        .valid = s->valid,
-        .norm = &pp->norm,
-        .probs = s->probs,
-        .emb = s->emb,
-    };
-}
-
-/* Does the reserved backend compute in int8, and so want its activation
- * ranges measured? (Not when runtime.precision int8 fell back to fp32 on a
- * CPU without int8 convolutions: no sample tiles are read then.) */
-static bool backend_runs_int8(const tw_backend *be)
-{
-    if (!be->i->calibrate || !be->i->get_stats) return false;
-    tw_backend_stats st;
-    be->i->get_stats(be->ctx, &st);
-    return st.precision == TW_PREC_INT8;
-}
-
-/* runtime.precision int8: the backend quantizes activations to ranges it
- * measures on real tiles. Give it one batch of tiles spread evenly over the
- * whole raster - not the shard's rows, nor what a resumed run has left - so
- * that every shard and every rerun of a raster computes with the same
- * ranges, and the ranges see the whole scene rather than its first rows.
- * Runs before the stages start, in slot 0. Tiles that cannot be read or
- * are mostly nodata are left out; with none left the backend calibrates on
- * its first batch instead. */
-static tw_status calibrate_backend(run_pipe *pp, const tw_raster_info *info, tw_error *err)
-{
-    const tw_run_params *p = pp->p;
-    tw_plan full;
-    tw_status st = tw_plan_make(info->width, info->height, pp->m->tile, pp->m->stride,
-                                p->tiling.edge, 0, 1, &full, err);
-    if (st != TW_OK) return st;
-    const int T = full.tile;
-    const size_t px = (size_t)T * T;
-    const size_t raw_tile = (size_t)pp->norm.bands * px * tw_dtype_size(pp->dtype);
-    int64_t n_pos = (int64_t)full.x.n_pos * full.y.n_pos;
-    int want = n_pos < pp->bud->batch ? (int)n_pos : pp->bud->batch;
-    tw_raster *r = NULL;
-    if ((st = open_input(pp, &r, err)) != TW_OK) return st;
-    slot *s = &pp->slots[0];
-    int n = 0;
-    for (int i = 0; i < want; i++) {
-        int64_t idx = (2 * (int64_t)i + 1) * n_pos / (2 * (int64_t)want); /* cell centres */
-        int x0 = tw_axis_pos(&full.x, T, full.stride, (int)(idx % full.x.n_pos));
-        int y0 = tw_axis_pos(&full.y, T, full.stride, (int)(idx / full.x.n_pos));
-        int64_t n_nodata = 0, n_inside = 0;
-        tw_error rerr;
-        tw_error_init(&rerr);
-        if (tw_raster_read(r, x0, y0, T, T, (char *)s->raw + (size_t)n * raw_tile,
-                           s->valid + (size_t)n * px, &n_nodata, &n_inside, &rerr) == TW_OK &&
-            tile_classified(pp, n_nodata, n_inside))
-            n++;
-    }
-    tw_raster_close(r);
-    if (n == 0) return TW_OK;
-    if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, s->x);
-    tw_infer_batch b = slot_batch(pp, s, n, T);
-    return pp->be->i->calibrate(pp->be->ctx, &b, pp->path, err);
-}
-
-static void *reader_main(void *arg)
-{
-    run_pipe *pp = arg;
-    tw_stage_stats *stats = &pp->res->stage[TW_STAGE_READ];
-    double t_start = now_s();
-    const int T = pp->segs[0].plan.tile;
-    const size_t px = (size_t)T * T;
-    const size_t raw_tile = (size_t)pp->norm.bands * px * tw_dtype_size(pp->dtype);
-    int stop_row = -1;
-    tw_raster *r = NULL;
-    /* Each stage opens its own dataset: GDAL handles are not thread-safe. */
-    if (open_input(pp, &r, pp->err) != TW_OK) {
-        pipe_abort(pp);
-        goto done;
-    }
-    snprintf(pp->res->reader, sizeof pp->res->reader, "%s", tw_raster_reader(r, NULL));
-    slot *s = NULL;
-    for (int si = 0; si < pp->n_segs && !atomic_load(&pp->abort); si++) {
-        const tw_plan *pl = &pp->segs[si].plan;
-        for (int ty = pl->ty_begin; ty < pl->ty_end && !atomic_load(&pp->abort); ty++) {
-            int c0, c1;
-            tw_axis_cells(&pl->y, T, pl->stride, ty, &c0, &c1);
-            if (stop_row >= 0 && c0 >= stop_row) goto stopped;
-            if (stop_row < 0 && stop_requested(pp)) {
-                /* Finish the chunk under way, then stop: the tile rows that
-                 * touch it are all that is still needed. */
-                int r0, r1;
-                chunk_of(pp, &pp->segs[si], c0 > pl->row_begin ? c0 : pl->row_begin, &r0, &r1);
-                stop_row = r1;
-                atomic_store(&pp->stop_row, stop_row);
-                if (c0 >= stop_row) goto stopped;
-            }
-            int y0 = tw_axis_pos(&pl->y, T, pl->stride, ty);
-            for (int tx = 0; tx < pl->x.n_pos; tx++) {
-                if (!s) {
-                    s = tw_queue_pop(pp->q_free, &stats->wait_s);
-                    if (!s) goto done;
-                    s->n_refs = s->n_kept = 0;
-                }
-                int x0 = tw_axis_pos(&pl->x, T, pl->stride, tx);
-                tile_ref *ref = &s->refs[s->n_refs++];
-                ref->tx = tx;
-                ref->ty = ty;
-                ref->seg = si;
-                ref->kept = -1;
-                ref->read_error = 0;
-                int k = s->n_kept;
-                int64_t n_nodata = 0, n_inside = 0;
-                tw_error rerr;
-                tw_error_init(&rerr);
-                tw_status st =
-                    tw_raster_read(r, x0, y0, T, T, (char *)s->raw + (size_t)k * raw_tile,
-                                   s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
-                if (st != TW_OK) {
-                    if (pp->p->input.on_error != TW_ON_ERROR_SKIP) {
-                        tw_error_set(pp->err, st, "%s", rerr.msg);
-                        pipe_abort(pp);
-                        goto done;
-                    }
-                    fprintf(stderr,
-                            "tilewise: warning: %s: tile at pixel x=%d y=%d (tile row %d, col %d) "
-                            "is unreadable and written as nodata: %s\n",
-                            pp->path, x0, y0, ty, tx, rerr.msg);
-                    ref->read_error = 1;
-                } else if (tile_classified(pp, n_nodata, n_inside)) {
-                    ref->kept = k;
-                    s->orow[k] = y0;
-                    s->ocol[k] = x0;
-                    s->n_kept++;
-                }
-                if (s->n_kept == pp->bud->batch || s->n_refs == pp->bud->ref_capacity) {
-                    if (!tw_queue_push(pp->q_norm, s, &stats->wait_s)) goto done;
-                    s = NULL;
-                }
-            }
-        }
-    }
-stopped:
-    if (s && s->n_refs > 0 && !atomic_load(&pp->abort))
-        tw_queue_push(pp->q_norm, s, &stats->wait_s);
-done:
-    tw_raster_close(r);
-    tw_queue_close(pp->q_norm);
-    stats->busy_s = now_s() - t_start - stats->wait_s;
-    return NULL;
-}
-
-static void *normalize_main(void *arg)
-{
-    run_pipe *pp = arg;
-    tw_stage_stats *stats = &pp->res->stage[TW_STAGE_NORMALIZE];
-    double t_start = now_s();
-    const int T = pp->segs[0].plan.tile;
-    slot *s;
-    while ((s = tw_queue_pop(pp->q_norm, &stats->wait_s)) != NULL) {
-        if (atomic_load(&pp->abort)) break;
-        if (!pp->wants_raw && s->n_kept > 0)
-            tw_normalize(s->raw, pp->dtype, s->valid, s->n_kept, T, T, &pp->norm, s->x);
-        if (!tw_queue_push(pp->q_infer, s, &stats->wait_s)) break;
-    }
-    tw_queue_close(pp->q_infer);
-    stats->busy_s = now_s() - t_start - stats->wait_s;
-    return NULL;
-}
-
-static void *infer_main(void *arg)
-{
-    run_pipe *pp = arg;
-    tw_stage_stats *stats = &pp->res->stage[TW_STAGE_INFER];
-    double t_start = now_s();
-    slot *s;
-    while ((s = tw_queue_pop(pp->q_infer, &stats->wait_s)) != NULL) {
-        if (atomic_load(&pp->abort)) break;
-        if (s->n_kept > 0) {
-            tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
-            if (pp->be->i->infer(pp->be->ctx, &b, pp->err) != TW_OK) {
-                pipe_abort(pp);
-                break;
-            }
-        }
-        if (!tw_queue_push(pp->q_write, s, &stats->wait_s)) break;
-    }
-    tw_queue_close(pp->q_write);
-    stats->busy_s = now_s() - t_start - stats->wait_s;
-    return NULL;
-}
-
-/* Rows finished by the stitcher go into the committed chunks. */
-static tw_status parts_sink(void *user, int row0, int n, const float *probs, const uint8_t *has,
-                            tw_error *err)
-{
-    run_pipe *pp = user;
-    const segment *seg = &pp->segs[pp->cur_seg];
-    const size_t W = (size_t)seg->plan.grid_w, C = (size_t)pp->m->n_classes;
-    int row = seg->plan.row_begin + row0;
-    while (n > 0) {
-        if (tw_parts_chunk_end(pp->parts) < 0) {
-            int r0, r1;
-            chunk_of(pp, seg, row, &r0, &r1);
-            tw_status st = tw_parts_chunk_begin(pp->parts, row, r1, err);
-            if (st != TW_OK) return st;
-        }
-        int end = tw_parts_chunk_end(pp->parts);
-        int m = end - row < n ? end - row : n;
-        tw_status st = tw_parts_chunk_rows(pp->parts, row, m, probs, has, err);
-        if (st == TW_OK && row + m == end) st = tw_parts_chunk_commit(pp->parts, err);
-        if (st != TW_OK) return st;
-        row += m;
-        n -= m;
-        probs += (size_t)m * W * C;
-        has += (size_t)m * W;
-    }
-    return TW_OK;
-}
-
-/* Before tiles of tile row ty are added: finish the rows above it and make
- * sure the chunk holding its first row is open, so its tiles land there. */
-static tw_status writer_begin_row(run_pipe *pp, const segment *seg, int ty, tw_error *err)
-{
-    tw_status st = tw_stitch_begin_row(pp->stitch, ty, err);
-    if (st != TW_OK) return st;
-    int c0, c1;
-    tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ty, &c0, &c1);
-    if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end && tw_parts_chunk_end(pp->parts) < 0) {
-        int r0, r1;
-        chunk_of(pp, seg, c0, &r0, &r1);
-        st = tw_parts_chunk_begin(pp->parts, r0, r1, err);
-    }
-    return st;
-}
-
-static void *writer_main(void *arg)
-{
-    run_pipe *pp = arg;
-    tw_stage_stats *stats = &pp->res->stage[TW_STAGE_WRITE];
-    double t_start = now_s();
-    const int C = pp->m->n_classes;
-    const int F = pp->want_emb ? pp->m->feat_dim : 0;
-    int cur_ty = -1;
-    pp->cur_seg = -1;
-    slot *s;
-    while ((s = tw_queue_pop(pp->q_write, &stats->wait_s)) != NULL) {
-        if (atomic_load(&pp->abort)) break;
-        for (int i = 0; i < s->n_refs; i++) {
-            const tile_ref *ref = &s->refs[i];
-            if (ref->seg != pp->cur_seg) {
-                if (pp->cur_seg >= 0 && tw_stitch_finish(pp->stitch, pp->err) != TW_OK) goto fail;
-                pp->cur_seg = ref->seg;
-                tw_stitch_reset(pp->stitch, &pp->segs[ref->seg].plan);
-                cur_ty = -1;
-            }
-            const segment *seg = &pp->segs[pp->cur_seg];
-            if (ref->ty != cur_ty) {
-                if (writer_begin_row(pp, seg, ref->ty, pp->err) != TW_OK) goto fail;
-                cur_ty = ref->ty;
-            }
-            if (ref->kept >= 0) {
-                const float *pr = s->probs + (size_t)ref->kept * C;
-                tw_stitch_add(pp->stitch, ref->tx, ref->ty, pr);
-                pp->res->tiles_classified++;
-                int c0, c1;
-                tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ref->ty, &c0, &c1);
-                /* A tile belongs to the chunk of its first row: recorded once,
-                 * whatever the shards or reruns. */
-                if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end &&
-                    tw_parts_chunk_tiles(pp->parts, 1, &s->orow[ref->kept], &s->ocol[ref->kept], pr,
-                                         F ? s->emb + (size_t)ref->kept * F : NULL,
-                                         pp->err) != TW_OK)
-                    goto fail;
-            } else if (ref->read_error) {
-                pp->res->tiles_read_errors++;
-            } else {
-                pp->res->tiles_nodata++;
-            }
-        }
-        pp->tiles_done += s->n_refs;
-        if (!pp->steady && tw_stitch_rows_done(pp->stitch) > 0) {
-            pp->steady = true;
-            pp->allocs_mark = tw_mem_alloc_count();
-        }
-        if (pp->hooks && pp->hooks->progress) {
-            double f = pp->n_tiles > 0 ? (double)pp->tiles_done / (double)pp->n_tiles : 1.0;
-            if (pp->hooks->tiles)
-                pp->hooks->tiles(pp->tiles_done, pp->n_tiles, pp->path, pp->hooks->progress_user);
-            if (!pp->hooks->progress(f > 1.0 ? 1.0 : f, pp->path, pp->hooks->progress_user) &&
-                !stop_requested(pp)) {
-                atomic_store(&pp->cancelled, 1);
-                pipe_abort(pp);
-                break;
-            }
-        }
-        if (!tw_queue_push(pp->q_free, s, &stats->wait_s)) break;
-    }
-    if (!atomic_load(&pp->abort) && pp->cur_seg >= 0) {
-        int stop_row = atomic_load(&pp->stop_row);
-        tw_status st = stop_row >= 0 ? tw_stitch_flush_until(pp->stitch, stop_row, pp->err)
-                                     : tw_stitch_finish(pp->stitch, pp->err);
-        if (st != TW_OK) goto fail;
-    }
-    stats->busy_s = now_s() - t_start - stats->wait_s;
-    return NULL;
-fail:
-    pipe_abort(pp);
-    stats->busy_s = now_s() - t_start - stats->wait_s;
-    return NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -870,7 +397,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     res->grid_h = plan.grid_h;
     bool want_table = keeps_tiles(p->output.products);
 
-    run_pipe pp;
+    tw_pipe pp;
     memset(&pp, 0, sizeof pp);
     pp.p = p;
     pp.m = &c->m;
@@ -888,7 +415,6 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     pp.err = err;
     pp.res = res;
     pp.chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(&plan);
-    atomic_store(&pp.stop_row, -1);
 
     char fp[8192];
     fingerprint(c, info, res->path, &plan, fp, sizeof fp);
@@ -926,8 +452,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
 
     /* Segments: the shard's rows that no earlier run has committed. */
     if (st == TW_OK) {
-        pp.segs =
-            tw_calloc(TW_MEM_OTHER, (size_t)(plan.row_end - plan.row_begin) + 1, sizeof(segment));
+        pp.segs = tw_calloc(TW_MEM_OTHER, (size_t)(plan.row_end - plan.row_begin) + 1,
+                            sizeof(tw_segment));
         if (!pp.segs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     for (int r = plan.row_begin; st == TW_OK && r < plan.row_end;) {
@@ -937,9 +463,10 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         }
         int r1 = r;
         while (r1 < plan.row_end && !tw_parts_row_done(pp.parts, r1)) r1++;
-        segment *sg = &pp.segs[pp.n_segs++];
+        tw_segment *sg = &pp.segs[pp.n_segs++];
         sg->plan = plan;
         tw_plan_restrict(&sg->plan, r, r1);
+        sg->first = pp.n_tiles;
         pp.n_tiles += sg->plan.n_tiles;
         r = r1;
     }
@@ -955,45 +482,18 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
             if (c->hooks->tiles) c->hooks->tiles(0, pp.n_tiles, res->path, c->hooks->progress_user);
             (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
         }
-        st = slots_alloc(&pp, plan.tile, err);
-        if (st == TW_OK && backend_runs_int8(&c->be)) st = calibrate_backend(&pp, info, err);
+        st = tw_pipe_slots_alloc(&pp, plan.tile, err);
+        if (st == TW_OK) st = tw_pipe_calibrate(&pp, info, err);
         if (st == TW_OK)
-            st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, parts_sink, &pp, &pp.stitch,
-                                  err);
-        if (st == TW_OK) {
-            pp.q_free = tw_queue_create(pp.n_slots);
-            pp.q_norm = tw_queue_create(pp.n_slots);
-            pp.q_infer = tw_queue_create(pp.n_slots);
-            pp.q_write = tw_queue_create(pp.n_slots);
-            if (!pp.q_free || !pp.q_norm || !pp.q_infer || !pp.q_write)
-                st = tw_error_set(err, TW_ERR_NOMEM, "cannot allocate the stage queues");
-        }
-        if (st == TW_OK) {
-            for (int i = 0; i < pp.n_slots; i++) tw_queue_push(pp.q_free, &pp.slots[i], NULL);
-            pthread_t th[TW_STAGE_COUNT];
-            void *(*fn[TW_STAGE_COUNT])(void *) = {reader_main, normalize_main, infer_main,
-                                                   writer_main};
-            int started = 0;
-            for (; started < TW_STAGE_COUNT; started++) {
-                if (pthread_create(&th[started], NULL, fn[started], &pp) != 0) {
-                    st = tw_error_set(err, TW_ERR_NOMEM, "cannot start a stage thread");
-                    pipe_abort(&pp);
-                    break;
-                }
-            }
-            for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-            if (st == TW_OK) {
-                if (atomic_load(&pp.cancelled) || atomic_load(&pp.stop_row) >= 0)
-                    st = tw_error_set(err, TW_CANCELLED,
-                                      "%s: interrupted after committing %d of %d output rows; "
-                                      "run the same command again to finish",
-                                      res->path, tw_parts_rows_done(pp.parts), plan.grid_h);
-                else if (atomic_load(&pp.abort))
-                    st = err->status != TW_OK
-                             ? err->status
-                             : tw_error_set(err, TW_ERR_INTERNAL, "pipeline stopped");
-            }
-        }
+            st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, tw_pipe_parts_sink, &pp,
+                                  &pp.stitch, err);
+        bool interrupted = false;
+        if (st == TW_OK) st = tw_pipe_run(&pp, &interrupted);
+        if (st == TW_OK && interrupted)
+            st = tw_error_set(err, TW_CANCELLED,
+                              "%s: interrupted after committing %d of %d output rows; "
+                              "run the same command again to finish",
+                              res->path, tw_parts_rows_done(pp.parts), plan.grid_h);
         if (st == TW_OK && pp.steady)
             res->steady_state_allocs = tw_mem_alloc_count() - pp.allocs_mark;
         if (pp.stitch) {
@@ -1004,11 +504,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         }
     }
     tw_stitch_destroy(pp.stitch);
-    tw_queue_destroy(pp.q_free);
-    tw_queue_destroy(pp.q_norm);
-    tw_queue_destroy(pp.q_infer);
-    tw_queue_destroy(pp.q_write);
-    slots_free(&pp);
+    tw_pipe_slots_free(&pp);
     tw_free(pp.segs);
 
     /* Whole grid committed (one run, or the last of the shards): assemble. */
@@ -1017,6 +513,19 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     tw_parts_close(pp.parts);
     res->seconds = now_s() - t0;
     return st;
+}
+
+int tw_run_readers(const tw_run_params *p, const tw_backend *be)
+{
+    if (p->runtime.readers > 0) return p->runtime.readers;
+    /* The CPU backend's inference owns every core: one reader keeps it fed
+     * (bench/RESULTS.md, "Reader workers"). A backend that normalizes on
+     * its device leaves the host's cores to the readers, less the infer
+     * and write threads. */
+    if (!be->i->wants_raw(be->ctx)) return 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long n = cores - 2;
+    return n < 1 ? 1 : (n > 8 ? 8 : (int)n);
 }
 
 static void ctx_release(run_ctx *c)
@@ -1090,7 +599,9 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .block_h = wi->block_h,
         .strip = strip,
         .vrt = strcmp(wi->driver, "VRT") == 0,
+        .readers = tw_run_readers(p, &c->be),
     };
+    for (int i = 0; i < p->input.n_paths; i++) bin.mask = bin.mask || c->infos[i].mask;
     return tw_budget_plan(&bin, &c->bud, err);
 }
 

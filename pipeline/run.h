@@ -75,6 +75,8 @@ typedef struct tw_input_result {
     uint64_t steady_state_allocs;       /* tw_alloc calls after the first rows were written */
     int rows_resumed;                   /* output rows committed by an earlier, interrupted run */
     char reader[16];                    /* who decoded the pixels: "libtiff" or "gdal" */
+    int read_workers;                   /* reader workers (runtime.readers) */
+    int64_t read_bytes;                 /* raw pixel bytes the readers read (windows) */
     char outputs[6][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
 } tw_input_result;
@@ -115,6 +117,11 @@ tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err);
 tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err);
 
 void tw_run_result_destroy(tw_run_result *r);
+
+/* Reader workers a run uses: runtime.readers, or for auto: 1 with a backend
+ * that normalizes on the host (the CPU: inference owns the cores), else the
+ * cores less two (infer, write), 1..8. */
+int tw_run_readers(const tw_run_params *p, const tw_backend *be);
 
 /* Write run.json for params p and result r to path (atomically: temp + rename). */
 tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run_result *r,

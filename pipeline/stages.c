@@ -1,0 +1,724 @@
+/* stages.c - see stages.h */
+#include "pipeline/stages.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "pipeline/alloc.h"
+#include "pipeline/normalize.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void pipe_abort(tw_pipe *pp)
+{
+    atomic_store(&pp->abort, 1);
+    tw_queue_close(pp->q_free);
+    tw_queue_close(pp->q_norm);
+    tw_queue_close(pp->q_infer);
+    tw_queue_close(pp->q_write);
+}
+
+static bool aborted(tw_pipe *pp)
+{
+    return atomic_load(&pp->abort) != 0;
+}
+
+static bool stop_requested(const tw_pipe *pp)
+{
+    return pp->hooks && pp->hooks->stop && *pp->hooks->stop;
+}
+
+/* The chunk of output rows holding `row`, inside segment seg: chunks lie on
+ * a global grid of chunk_rows, cut by the segment's ends. */
+static void chunk_of(const tw_pipe *pp, const tw_segment *seg, int row, int *r0, int *r1)
+{
+    int g0 = row / pp->chunk_rows * pp->chunk_rows;
+    *r0 = g0 > seg->plan.row_begin ? g0 : seg->plan.row_begin;
+    *r1 = g0 + pp->chunk_rows < seg->plan.row_end ? g0 + pp->chunk_rows : seg->plan.row_end;
+}
+
+/* Open the input with the nodata value the workflow asks for. */
+static tw_status open_input(const tw_pipe *pp, tw_raster **r, tw_error *err)
+{
+    tw_status st = tw_raster_open(pp->path, pp->m->bands, pp->m->n_bands, r, err);
+    if (st != TW_OK) return st;
+    const tw_raster_info *info = tw_raster_get_info(*r);
+    tw_raster_set_nodata(*r, !pp->p->input.nodata_auto || info->has_nodata,
+                         pp->p->input.nodata_auto ? info->nodata : pp->p->input.nodata);
+    return TW_OK;
+}
+
+/* Is a tile with n_nodata of its n_inside pixels (those inside the raster)
+ * classified, or nodata in every output? */
+static bool tile_classified(const tw_pipe *pp, int64_t n_nodata, int64_t n_inside)
+{
+    return n_inside > 0 && n_nodata < n_inside &&
+           (double)n_nodata / (double)n_inside <= pp->p->tiling.max_nodata_fraction;
+}
+
+static size_t raw_tile_bytes(const tw_pipe *pp, int tile)
+{
+    return (size_t)pp->norm.bands * (size_t)tile * (size_t)tile * tw_dtype_size(pp->dtype);
+}
+
+/* The one tw_infer_batch for slot s (n tiles). */
+static tw_infer_batch slot_batch(const tw_pipe *pp, tw_slot *s, int n, int tile)
+{
+    return (tw_infer_batch){
+        .n = n,
+        .tile = tile,
+        .x = s->x,
+        .raw = s->raw,
+        .raw_type = pp->dtype,
+        .valid = s->valid,
+        .norm = &pp->norm,
+        .probs = s->probs,
+        .emb = s->emb,
+    };
+}
+
+/* ---- the slot pool ------------------------------------------------------- */
+
+void tw_pipe_slots_free(tw_pipe *pp)
+{
+    if (!pp->slots) return;
+    for (int i = 0; i < pp->n_slots; i++) {
+        tw_slot *s = &pp->slots[i];
+        if (s->raw_backend && pp->be->i->host_free)
+            pp->be->i->host_free(pp->be->ctx, s->raw);
+        else
+            tw_free(s->raw);
+        tw_free(s->refs);
+        tw_free(s->valid);
+        tw_free(s->x);
+        tw_free(s->probs);
+        tw_free(s->emb);
+        tw_free(s->orow);
+        tw_free(s->ocol);
+    }
+    tw_free(pp->slots);
+    pp->slots = NULL;
+}
+
+tw_status tw_pipe_slots_alloc(tw_pipe *pp, int tile, tw_error *err)
+{
+    const tw_budget *b = pp->bud;
+    size_t px = (size_t)tile * (size_t)tile;
+    size_t nb = (size_t)b->batch;
+    size_t raw_bytes = nb * raw_tile_bytes(pp, tile);
+    pp->n_slots = b->n_slots;
+    pp->slots = tw_calloc(TW_MEM_SLOTS, (size_t)pp->n_slots, sizeof(tw_slot));
+    if (!pp->slots) goto nomem;
+    for (int i = 0; i < pp->n_slots; i++) {
+        tw_slot *s = &pp->slots[i];
+        /* Readers cut tiles straight into the backend's (pinned) memory:
+         * no host copy between the read and the device transfer. */
+        if (pp->be->i->host_alloc) {
+            s->raw = pp->be->i->host_alloc(pp->be->ctx, raw_bytes);
+            s->raw_backend = s->raw != NULL;
+        }
+        if (!s->raw) s->raw = tw_alloc(TW_MEM_SLOTS, raw_bytes);
+        s->refs = tw_calloc(TW_MEM_SLOTS, nb, sizeof(tw_tile_ref));
+        s->valid = tw_alloc(TW_MEM_SLOTS, nb * px);
+        if (!pp->wants_raw)
+            s->x = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->norm.bands * px * sizeof(float));
+        s->probs = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->n_classes * sizeof(float));
+        if (pp->want_emb)
+            s->emb = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->feat_dim * sizeof(float));
+        s->orow = tw_alloc(TW_MEM_SLOTS, nb * sizeof(int32_t));
+        s->ocol = tw_alloc(TW_MEM_SLOTS, nb * sizeof(int32_t));
+        if (!s->raw || !s->refs || !s->valid || (!pp->wants_raw && !s->x) || !s->probs ||
+            (pp->want_emb && !s->emb) || !s->orow || !s->ocol)
+            goto nomem;
+    }
+    return TW_OK;
+nomem:
+    return tw_error_set(err, TW_ERR_NOMEM, "cannot allocate %d batch slots of %zu bytes",
+                        b->n_slots, b->slot_bytes);
+}
+
+/* ---- int8 calibration ------------------------------------------------------ */
+
+/* Does the reserved backend compute in int8? (Not when runtime.precision
+ * int8 fell back to fp32: no sample tiles are read then.) */
+static bool backend_runs_int8(const tw_backend *be)
+{
+    if (!be->i->calibrate || !be->i->get_stats) return false;
+    tw_backend_stats st;
+    be->i->get_stats(be->ctx, &st);
+    return st.precision == TW_PREC_INT8;
+}
+
+/* One batch of tiles spread evenly over the whole raster - not the shard's
+ * rows, nor what a resumed run has left - so that every shard and every
+ * rerun of a raster computes with the same ranges, and the ranges see the
+ * whole scene rather than its first rows. Tiles that cannot be read or are
+ * mostly nodata are left out; with none left the backend calibrates on its
+ * first batch instead. */
+tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *err)
+{
+    if (!backend_runs_int8(pp->be)) return TW_OK;
+    const tw_run_params *p = pp->p;
+    tw_plan full;
+    tw_status st = tw_plan_make(info->width, info->height, pp->m->tile, pp->m->stride,
+                                p->tiling.edge, 0, 1, &full, err);
+    if (st != TW_OK) return st;
+    const int T = full.tile;
+    const size_t px = (size_t)T * T;
+    const size_t raw_tile = raw_tile_bytes(pp, T);
+    int64_t n_pos = (int64_t)full.x.n_pos * full.y.n_pos;
+    int want = n_pos < pp->bud->batch ? (int)n_pos : pp->bud->batch;
+    tw_raster *r = NULL;
+    if ((st = open_input(pp, &r, err)) != TW_OK) return st;
+    tw_slot *s = &pp->slots[0];
+    int n = 0;
+    for (int i = 0; i < want; i++) {
+        int64_t idx = (2 * (int64_t)i + 1) * n_pos / (2 * (int64_t)want); /* cell centres */
+        int x0 = tw_axis_pos(&full.x, T, full.stride, (int)(idx % full.x.n_pos));
+        int y0 = tw_axis_pos(&full.y, T, full.stride, (int)(idx / full.x.n_pos));
+        int64_t n_nodata = 0, n_inside = 0;
+        tw_error rerr;
+        tw_error_init(&rerr);
+        if (tw_raster_read(r, x0, y0, T, T, (char *)s->raw + (size_t)n * raw_tile,
+                           s->valid + (size_t)n * px, &n_nodata, &n_inside, &rerr) == TW_OK &&
+            tile_classified(pp, n_nodata, n_inside))
+            n++;
+    }
+    tw_raster_close(r);
+    if (n == 0) return TW_OK;
+    if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, s->x);
+    tw_infer_batch b = slot_batch(pp, s, n, T);
+    return pp->be->i->calibrate(pp->be->ctx, &b, pp->path, err);
+}
+
+/* ---- claiming batches ------------------------------------------------------- */
+
+/* Segment holding tile number t (segments are in order of `first`). */
+static int seg_of(const tw_pipe *pp, int64_t t)
+{
+    int lo = 0, hi = pp->n_segs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (pp->segs[mid].first <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Where tile number t is: its segment, tile row and column. */
+static void locate(const tw_pipe *pp, int64_t t, int *si, int *ty, int *tx)
+{
+    *si = seg_of(pp, t);
+    const tw_plan *pl = &pp->segs[*si].plan;
+    int64_t off = t - pp->segs[*si].first;
+    *ty = pl->ty_begin + (int)(off / pl->x.n_pos);
+    *tx = (int)(off % pl->x.n_pos);
+}
+
+typedef struct batch_claim {
+    int64_t seq, first;
+    int n;
+} batch_claim;
+
+/* The next batch: up to `batch` tiles from next_tile on. A stop request
+ * (SIGTERM, ...) is honoured here, at a tile row: the chunk under way is
+ * finished (its rows' tiles are still claimed), nothing after it. false:
+ * no more batches. */
+static bool claim_batch(tw_pipe *pp, batch_claim *c)
+{
+    pthread_mutex_lock(&pp->mu);
+    const int B = pp->bud->batch;
+    int64_t t = pp->next_tile;
+    int n = 0;
+    while (!pp->claims_done && n < B && t + n < pp->n_tiles) {
+        int si, ty, tx;
+        locate(pp, t + n, &si, &ty, &tx);
+        const tw_segment *seg = &pp->segs[si];
+        const tw_plan *pl = &seg->plan;
+        int c0, c1;
+        tw_axis_cells(&pl->y, pl->tile, pl->stride, ty, &c0, &c1);
+        int stop_row = atomic_load(&pp->stop_row);
+        if (stop_row < 0 && stop_requested(pp)) {
+            int r0, r1;
+            chunk_of(pp, seg, c0 > pl->row_begin ? c0 : pl->row_begin, &r0, &r1);
+            stop_row = r1;
+            atomic_store(&pp->stop_row, stop_row);
+        }
+        if (stop_row >= 0 && c0 >= stop_row) {
+            pp->claims_done = true;
+            break;
+        }
+        int left = pl->x.n_pos - tx; /* tiles left in this tile row */
+        int take = B - n < left ? B - n : left;
+        if (t + n + take > pp->n_tiles) take = (int)(pp->n_tiles - t - n);
+        n += take;
+    }
+    bool ok = n > 0;
+    if (ok) {
+        c->seq = pp->next_seq++;
+        c->first = t;
+        c->n = n;
+        pp->next_tile = t + n;
+    } else {
+        pp->claims_done = true;
+    }
+    pthread_mutex_unlock(&pp->mu);
+    return ok;
+}
+
+/* ---- the stages ------------------------------------------------------------- */
+
+typedef enum work_result {
+    W_PASS, /* pass the slot on */
+    W_END,  /* this worker is done: the slot goes back to the free queue */
+    W_FAIL, /* the pipe was aborted (error or cancel) */
+} work_result;
+
+typedef struct worker {
+    tw_pipe *pp;
+    int index;
+    double wait_s, t_start;
+    /* read stage */
+    tw_raster *r;
+    int *xs;
+    int64_t *nod, *ins;
+    int64_t bytes_read;
+} worker;
+
+typedef struct stage_def {
+    int id; /* TW_STAGE_* */
+    tw_status (*start)(worker *w);
+    work_result (*work)(worker *w, tw_slot *s);
+    tw_status (*stop)(worker *w); /* after the last work, also after an abort */
+} stage_def;
+
+/* -- read: claim a batch, read its tile rows as strips, cut the tiles -- */
+
+static tw_status read_start(worker *w)
+{
+    tw_pipe *pp = w->pp;
+    const int B = pp->bud->batch, T = pp->segs[0].plan.tile;
+    /* Each worker opens its own dataset: GDAL handles are not thread-safe. */
+    tw_status st = open_input(pp, &w->r, pp->err);
+    if (st == TW_OK) st = tw_raster_reserve_strip(w->r, pp->bud->read_strip_w, T, pp->err);
+    if (st != TW_OK) return st;
+    w->xs = tw_calloc(TW_MEM_READ, (size_t)B, sizeof(int));
+    w->nod = tw_calloc(TW_MEM_READ, (size_t)B, sizeof(int64_t));
+    w->ins = tw_calloc(TW_MEM_READ, (size_t)B, sizeof(int64_t));
+    if (!w->xs || !w->nod || !w->ins)
+        return tw_error_set(pp->err, TW_ERR_NOMEM, "out of memory for a reader");
+    if (w->index == 0)
+        snprintf(pp->res->reader, sizeof pp->res->reader, "%s", tw_raster_reader(w->r, NULL));
+    return TW_OK;
+}
+
+static tw_status read_stop(worker *w)
+{
+    tw_raster_close(w->r);
+    tw_free(w->xs);
+    tw_free(w->nod);
+    tw_free(w->ins);
+    return TW_OK;
+}
+
+static tw_tile_ref *add_ref(tw_slot *s, int si, int ty, int tx)
+{
+    tw_tile_ref *ref = &s->refs[s->n_refs++];
+    *ref = (tw_tile_ref){.tx = tx, .ty = ty, .seg = si, .kept = -1, .read_error = 0};
+    return ref;
+}
+
+/* The tile at kept position k is classified: record it. */
+static void keep(tw_slot *s, tw_tile_ref *ref, int x0, int y0)
+{
+    int k = s->n_kept++;
+    ref->kept = k;
+    s->orow[k] = y0;
+    s->ocol[k] = x0;
+}
+
+/* A strip that could not be read: read its tiles one by one, so that the
+ * message (and, with on_error: skip, the nodata) names the tile that fails,
+ * exactly as a tile-by-tile reader would. */
+static work_result read_tiles_one_by_one(worker *w, tw_slot *s, int si, int ty, int tx0, int n,
+                                         int y0)
+{
+    tw_pipe *pp = w->pp;
+    const int T = pp->segs[si].plan.tile;
+    const size_t px = (size_t)T * T, raw_tile = raw_tile_bytes(pp, T);
+    for (int i = 0; i < n; i++) {
+        tw_tile_ref *ref = add_ref(s, si, ty, tx0 + i);
+        int k = s->n_kept, x0 = w->xs[i];
+        int64_t n_nodata = 0, n_inside = 0;
+        tw_error rerr;
+        tw_error_init(&rerr);
+        tw_status st = tw_raster_read(w->r, x0, y0, T, T, (char *)s->raw + (size_t)k * raw_tile,
+                                      s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
+        w->bytes_read += (int64_t)raw_tile;
+        if (st != TW_OK) {
+            if (pp->p->input.on_error != TW_ON_ERROR_SKIP) {
+                tw_error_set(pp->err, st, "%s", rerr.msg);
+                pipe_abort(pp);
+                return W_FAIL;
+            }
+            fprintf(stderr,
+                    "tilewise: warning: %s: tile at pixel x=%d y=%d (tile row %d, col %d) "
+                    "is unreadable and written as nodata: %s\n",
+                    pp->path, x0, y0, ty, tx0 + i, rerr.msg);
+            ref->read_error = 1;
+        } else if (tile_classified(pp, n_nodata, n_inside)) {
+            keep(s, ref, x0, y0);
+        }
+    }
+    return W_PASS;
+}
+
+/* Tiles tx0..tx0+n-1 of tile row ty (w->xs holds their x positions): one
+ * window read, cut into the slot after its kept tiles; tiles that are not
+ * classified are overwritten by the next one. */
+static work_result read_run(worker *w, tw_slot *s, int si, int ty, int tx0, int n, int y0)
+{
+    tw_pipe *pp = w->pp;
+    const int T = pp->segs[si].plan.tile;
+    const size_t px = (size_t)T * T, raw_tile = raw_tile_bytes(pp, T);
+    const int k0 = s->n_kept;
+    tw_error rerr;
+    tw_error_init(&rerr);
+    if (tw_raster_read_tiles(w->r, y0, w->xs, n, T, (char *)s->raw + (size_t)k0 * raw_tile,
+                             s->valid + (size_t)k0 * px, w->nod, w->ins, &rerr) != TW_OK)
+        return read_tiles_one_by_one(w, s, si, ty, tx0, n, y0);
+    w->bytes_read += (int64_t)(w->xs[n - 1] - w->xs[0] + T) * T * (int64_t)pp->norm.bands *
+                     (int64_t)tw_dtype_size(pp->dtype);
+    for (int i = 0; i < n; i++) {
+        tw_tile_ref *ref = add_ref(s, si, ty, tx0 + i);
+        if (!tile_classified(pp, w->nod[i], w->ins[i])) continue;
+        int k = s->n_kept;
+        if (k != k0 + i) {
+            memcpy((char *)s->raw + (size_t)k * raw_tile,
+                   (const char *)s->raw + (size_t)(k0 + i) * raw_tile, raw_tile);
+            memcpy(s->valid + (size_t)k * px, s->valid + (size_t)(k0 + i) * px, px);
+        }
+        keep(s, ref, w->xs[i], y0);
+    }
+    return W_PASS;
+}
+
+static work_result read_work(worker *w, tw_slot *s)
+{
+    tw_pipe *pp = w->pp;
+    batch_claim c;
+    if (!claim_batch(pp, &c)) return W_END;
+    s->seq = c.seq;
+    s->n_refs = s->n_kept = 0;
+    const int strip_w = pp->bud->read_strip_w;
+    for (int64_t t = c.first, end = c.first + c.n; t < end && !aborted(pp);) {
+        int si, ty, tx;
+        locate(pp, t, &si, &ty, &tx);
+        const tw_plan *pl = &pp->segs[si].plan;
+        const int T = pl->tile;
+        int run = pl->x.n_pos - tx;
+        if (run > end - t) run = (int)(end - t);
+        int y0 = tw_axis_pos(&pl->y, T, pl->stride, ty);
+        /* The row's tiles in windows no wider than the read strip. */
+        for (int i = 0; i < run;) {
+            int n = 0;
+            while (i + n < run) {
+                int x = tw_axis_pos(&pl->x, T, pl->stride, tx + i + n);
+                if (n > 0 && x + T - w->xs[0] > strip_w) break;
+                w->xs[n++] = x;
+            }
+            if (read_run(w, s, si, ty, tx + i, n, y0) != W_PASS) return W_FAIL;
+            i += n;
+        }
+        t += run;
+    }
+    return aborted(pp) ? W_FAIL : W_PASS;
+}
+
+/* -- normalize: raw pixels to the model's input (CPU backends) -- */
+
+static work_result normalize_work(worker *w, tw_slot *s)
+{
+    tw_pipe *pp = w->pp;
+    const int T = pp->segs[0].plan.tile;
+    if (!pp->wants_raw && s->n_kept > 0)
+        tw_normalize(s->raw, pp->dtype, s->valid, s->n_kept, T, T, &pp->norm, s->x);
+    return W_PASS;
+}
+
+/* -- infer -- */
+
+static work_result infer_work(worker *w, tw_slot *s)
+{
+    tw_pipe *pp = w->pp;
+    if (s->n_kept > 0) {
+        tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
+        if (pp->be->i->infer(pp->be->ctx, &b, pp->err) != TW_OK) {
+            pipe_abort(pp);
+            return W_FAIL;
+        }
+    }
+    return W_PASS;
+}
+
+/* -- write: stitch in raster order, commit chunks, report progress -- */
+
+/* Rows finished by the stitcher go into the committed chunks. */
+tw_status tw_pipe_parts_sink(void *user, int row0, int n, const float *probs, const uint8_t *has,
+                             tw_error *err)
+{
+    tw_pipe *pp = user;
+    const tw_segment *seg = &pp->segs[pp->cur_seg];
+    const size_t W = (size_t)seg->plan.grid_w, C = (size_t)pp->m->n_classes;
+    int row = seg->plan.row_begin + row0;
+    while (n > 0) {
+        if (tw_parts_chunk_end(pp->parts) < 0) {
+            int r0, r1;
+            chunk_of(pp, seg, row, &r0, &r1);
+            tw_status st = tw_parts_chunk_begin(pp->parts, row, r1, err);
+            if (st != TW_OK) return st;
+        }
+        int end = tw_parts_chunk_end(pp->parts);
+        int m = end - row < n ? end - row : n;
+        tw_status st = tw_parts_chunk_rows(pp->parts, row, m, probs, has, err);
+        if (st == TW_OK && row + m == end) st = tw_parts_chunk_commit(pp->parts, err);
+        if (st != TW_OK) return st;
+        row += m;
+        n -= m;
+        probs += (size_t)m * W * C;
+        has += (size_t)m * W;
+    }
+    return TW_OK;
+}
+
+/* Before tiles of tile row ty are added: finish the rows above it and make
+ * sure the chunk holding its first row is open, so its tiles land there. */
+static tw_status writer_begin_row(tw_pipe *pp, const tw_segment *seg, int ty, tw_error *err)
+{
+    tw_status st = tw_stitch_begin_row(pp->stitch, ty, err);
+    if (st != TW_OK) return st;
+    int c0, c1;
+    tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ty, &c0, &c1);
+    if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end && tw_parts_chunk_end(pp->parts) < 0) {
+        int r0, r1;
+        chunk_of(pp, seg, c0, &r0, &r1);
+        st = tw_parts_chunk_begin(pp->parts, r0, r1, err);
+    }
+    return st;
+}
+
+static tw_status write_start(worker *w)
+{
+    w->pp->cur_seg = -1;
+    w->pp->cur_ty = -1;
+    return TW_OK;
+}
+
+static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
+{
+    int *cur_ty = &pp->cur_ty;
+    const int C = pp->m->n_classes;
+    const int F = pp->want_emb ? pp->m->feat_dim : 0;
+    for (int i = 0; i < s->n_refs; i++) {
+        const tw_tile_ref *ref = &s->refs[i];
+        if (ref->seg != pp->cur_seg) {
+            if (pp->cur_seg >= 0 && tw_stitch_finish(pp->stitch, pp->err) != TW_OK)
+                return pp->err->status;
+            pp->cur_seg = ref->seg;
+            tw_stitch_reset(pp->stitch, &pp->segs[ref->seg].plan);
+            *cur_ty = -1;
+        }
+        const tw_segment *seg = &pp->segs[pp->cur_seg];
+        if (ref->ty != *cur_ty) {
+            if (writer_begin_row(pp, seg, ref->ty, pp->err) != TW_OK) return pp->err->status;
+            *cur_ty = ref->ty;
+        }
+        if (ref->kept >= 0) {
+            const float *pr = s->probs + (size_t)ref->kept * C;
+            tw_stitch_add(pp->stitch, ref->tx, ref->ty, pr);
+            pp->res->tiles_classified++;
+            int c0, c1;
+            tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ref->ty, &c0, &c1);
+            /* A tile belongs to the chunk of its first row: recorded once,
+             * whatever the shards or reruns. */
+            if (c0 >= seg->plan.row_begin && c0 < seg->plan.row_end &&
+                tw_parts_chunk_tiles(pp->parts, 1, &s->orow[ref->kept], &s->ocol[ref->kept], pr,
+                                     F ? s->emb + (size_t)ref->kept * F : NULL, pp->err) != TW_OK)
+                return pp->err->status;
+        } else if (ref->read_error) {
+            pp->res->tiles_read_errors++;
+        } else {
+            pp->res->tiles_nodata++;
+        }
+    }
+    return TW_OK;
+}
+
+static work_result write_work(worker *w, tw_slot *s)
+{
+    tw_pipe *pp = w->pp;
+    if (write_tiles(pp, s) != TW_OK) {
+        pipe_abort(pp);
+        return W_FAIL;
+    }
+    pp->tiles_done += s->n_refs;
+    if (!pp->steady && tw_stitch_rows_done(pp->stitch) > 0) {
+        pp->steady = true;
+        pp->allocs_mark = tw_mem_alloc_count();
+    }
+    if (pp->hooks && pp->hooks->progress) {
+        double f = pp->n_tiles > 0 ? (double)pp->tiles_done / (double)pp->n_tiles : 1.0;
+        if (pp->hooks->tiles)
+            pp->hooks->tiles(pp->tiles_done, pp->n_tiles, pp->path, pp->hooks->progress_user);
+        if (!pp->hooks->progress(f > 1.0 ? 1.0 : f, pp->path, pp->hooks->progress_user) &&
+            !stop_requested(pp)) {
+            atomic_store(&pp->cancelled, 1);
+            pipe_abort(pp);
+            return W_FAIL;
+        }
+    }
+    return W_PASS;
+}
+
+static tw_status write_stop(worker *w)
+{
+    tw_pipe *pp = w->pp;
+    if (aborted(pp) || pp->cur_seg < 0) return TW_OK;
+    int stop_row = atomic_load(&pp->stop_row);
+    tw_status st = stop_row >= 0 ? tw_stitch_flush_until(pp->stitch, stop_row, pp->err)
+                                 : tw_stitch_finish(pp->stitch, pp->err);
+    if (st != TW_OK) pipe_abort(pp);
+    return st;
+}
+
+/* ---- the driver ---------------------------------------------------------------- */
+
+static const stage_def k_stages[TW_STAGE_COUNT] = {
+    [TW_STAGE_READ] = {TW_STAGE_READ, read_start, read_work, read_stop},
+    [TW_STAGE_NORMALIZE] = {TW_STAGE_NORMALIZE, NULL, normalize_work, NULL},
+    [TW_STAGE_INFER] = {TW_STAGE_INFER, NULL, infer_work, NULL},
+    [TW_STAGE_WRITE] = {TW_STAGE_WRITE, write_start, write_work, write_stop},
+};
+
+typedef struct thread_arg {
+    worker w;
+    const stage_def *def;
+    tw_queue *in, *out;
+    bool out_ordered;
+    atomic_int *left; /* workers of this stage still running */
+} thread_arg;
+
+static void *worker_main(void *arg)
+{
+    thread_arg *a = arg;
+    worker *w = &a->w;
+    tw_pipe *pp = w->pp;
+    w->t_start = now_s();
+    tw_status st = a->def->start ? a->def->start(w) : TW_OK;
+    if (st != TW_OK) pipe_abort(pp);
+    tw_slot *s;
+    while (st == TW_OK && (s = tw_queue_pop(a->in, &w->wait_s)) != NULL) {
+        if (aborted(pp)) break;
+        work_result r = a->def->work(w, s);
+        if (r == W_END) {
+            tw_queue_push(pp->q_free, s, NULL); /* never full: it holds every slot */
+            break;
+        }
+        if (r == W_FAIL) break;
+        bool ok = a->out_ordered ? tw_queue_push_seq(a->out, s, s->seq, &w->wait_s)
+                                 : tw_queue_push(a->out, s, &w->wait_s);
+        if (!ok) break;
+    }
+    /* the last worker of a stage closes its output: the next stage drains it */
+    bool last = atomic_fetch_sub(a->left, 1) == 1;
+    if (last && a->out != pp->q_free) tw_queue_close(a->out);
+    if (a->def->stop) (void)a->def->stop(w);
+    double busy = now_s() - w->t_start - w->wait_s;
+    pthread_mutex_lock(&pp->mu);
+    tw_stage_stats *ss = &pp->res->stage[a->def->id];
+    ss->busy_s += busy;
+    ss->wait_s += w->wait_s;
+    if (a->def->id == TW_STAGE_READ) pp->res->read_bytes += w->bytes_read;
+    pthread_mutex_unlock(&pp->mu);
+    return NULL;
+}
+
+tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
+{
+    *interrupted = false;
+    tw_error *err = pp->err;
+    atomic_store(&pp->abort, 0);
+    atomic_store(&pp->cancelled, 0);
+    atomic_store(&pp->stop_row, -1);
+    pp->next_tile = pp->next_seq = 0;
+    pp->claims_done = false;
+    pp->tiles_done = 0;
+    pp->cur_seg = -1;
+    const int readers = pp->bud->readers > 0 ? pp->bud->readers : 1;
+    pp->res->read_workers = readers;
+
+    tw_status st = TW_OK;
+    pp->q_free = tw_queue_create(pp->n_slots);
+    pp->q_norm = tw_queue_create(pp->n_slots);
+    pp->q_infer = tw_queue_create(pp->n_slots);
+    pp->q_write = tw_queue_create_ordered(pp->n_slots);
+    const int n_threads = readers + TW_STAGE_COUNT - 1;
+    thread_arg *args = tw_calloc(TW_MEM_OTHER, (size_t)n_threads, sizeof *args);
+    pthread_t *th = tw_calloc(TW_MEM_OTHER, (size_t)n_threads, sizeof *th);
+    if (!pp->q_free || !pp->q_norm || !pp->q_infer || !pp->q_write || !args || !th)
+        st = tw_error_set(err, TW_ERR_NOMEM, "cannot allocate the stage queues");
+    if (st == TW_OK && pthread_mutex_init(&pp->mu, NULL) != 0)
+        st = tw_error_set(err, TW_ERR_NOMEM, "cannot create a mutex");
+    if (st != TW_OK) goto out;
+
+    for (int i = 0; i < pp->n_slots; i++) tw_queue_push(pp->q_free, &pp->slots[i], NULL);
+    atomic_int left[TW_STAGE_COUNT];
+    tw_queue *in[TW_STAGE_COUNT] = {pp->q_free, pp->q_norm, pp->q_infer, pp->q_write};
+    tw_queue *out[TW_STAGE_COUNT] = {pp->q_norm, pp->q_infer, pp->q_write, pp->q_free};
+    int t = 0;
+    for (int sid = 0; sid < TW_STAGE_COUNT; sid++) {
+        int n = sid == TW_STAGE_READ ? readers : 1;
+        atomic_init(&left[sid], n);
+        for (int k = 0; k < n; k++, t++)
+            args[t] = (thread_arg){.w = {.pp = pp, .index = k},
+                                   .def = &k_stages[sid],
+                                   .in = in[sid],
+                                   .out = out[sid],
+                                   .out_ordered = out[sid] == pp->q_write,
+                                   .left = &left[sid]};
+    }
+    int started = 0;
+    for (; started < n_threads; started++) {
+        if (pthread_create(&th[started], NULL, worker_main, &args[started]) != 0) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "cannot start a stage thread");
+            pipe_abort(pp);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&pp->mu);
+    if (st == TW_OK) {
+        if (atomic_load(&pp->cancelled) || atomic_load(&pp->stop_row) >= 0)
+            *interrupted = true;
+        else if (atomic_load(&pp->abort))
+            st = err->status != TW_OK ? err->status
+                                      : tw_error_set(err, TW_ERR_INTERNAL, "pipeline stopped");
+    }
+out:
+    tw_free(args);
+    tw_free(th);
+    tw_queue_destroy(pp->q_free);
+    tw_queue_destroy(pp->q_norm);
+    tw_queue_destroy(pp->q_infer);
+    tw_queue_destroy(pp->q_write);
+    pp->q_free = pp->q_norm = pp->q_infer = pp->q_write = NULL;
+    return st;
+}

@@ -1,0 +1,127 @@
+/* stages.h - one input's pipeline: stage workers joined by queues of batch slots.
+ *
+ *   read (N workers) -> normalize -> infer -> write (stitch, commit chunks)
+ *
+ * A stage is a set of workers, each with start/work/stop (STYLE.md rule 10):
+ * start takes what the worker owns (a reader: its own dataset and read
+ * strip), work moves one batch slot along and takes no lock beyond its
+ * queues, stop releases. tw_pipe_run starts every worker on its own thread,
+ * closes a stage's output queue when its last worker has stopped, and joins
+ * them all. An error or a cancel closes every queue: each worker then stops.
+ *
+ * Batches. The tiles still to run (the segments, in raster order) are
+ * numbered 0..n_tiles-1 and cut into batches of `batch` consecutive tiles;
+ * batch k has sequence number k. A reader claims the next batch, reads its
+ * tile rows as strips (one read per row of tiles, tw_raster_read_tiles) into
+ * the slot, and passes it on; readers finish in any order. The write stage
+ * pops through an ordered queue (queue.h), so the stitcher sees tiles in
+ * raster order. The reorder window is the slot pool itself: every batch in
+ * flight holds a slot, so it is bounded and counted by the budget.
+ *
+ * Internal to pipeline/: run.c fills a tw_pipe and drives it.
+ */
+#ifndef TW_STAGES_H
+#define TW_STAGES_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "io/raster.h"
+#include "model/backend.h"
+#include "pipeline/budget.h"
+#include "pipeline/parts.h"
+#include "pipeline/plan.h"
+#include "pipeline/queue.h"
+#include "pipeline/run.h"
+#include "pipeline/stitch.h"
+
+typedef struct tw_tile_ref {
+    int32_t tx, ty;
+    int32_t seg;  /* index of the row segment the tile was read for */
+    int32_t kept; /* index into the slot's kept tiles, -1: not classified */
+    uint8_t read_error;
+} tw_tile_ref;
+
+/* One batch slot: everything a batch needs from its read to its write. */
+typedef struct tw_slot {
+    int64_t seq; /* the batch's sequence number */
+    int n_refs, n_kept;
+    tw_tile_ref *refs;    /* [batch]: every tile of the batch, in raster order */
+    void *raw;            /* [batch][bands][T][T] raw type: kept tiles only */
+    bool raw_backend;     /* raw came from the backend's host_alloc (pinned) */
+    uint8_t *valid;       /* [batch][T][T] */
+    float *x;             /* [batch][bands][T][T], NULL when the backend normalizes */
+    float *probs;         /* [batch][classes] */
+    float *emb;           /* [batch][feat] or NULL */
+    int32_t *orow, *ocol; /* [batch] tile origins, for the tile table */
+} tw_slot;
+
+/* A band of output rows still to do (rows not committed by an earlier run):
+ * the readers run the tile rows touching it, the stitcher averages them. */
+typedef struct tw_segment {
+    tw_plan plan;  /* restricted to the segment's rows */
+    int64_t first; /* number of its first tile among all segments' tiles */
+} tw_segment;
+
+typedef struct tw_pipe {
+    /* Set by the driver before tw_pipe_slots_alloc / tw_pipe_run. */
+    const tw_run_params *p;
+    const tw_resolved *m;
+    const tw_budget *bud; /* batch, slots, readers, read strip width */
+    tw_backend *be;
+    const tw_run_hooks *hooks;
+    const char *path;
+    tw_dtype dtype;
+    tw_norm norm;
+    bool wants_raw;
+    bool want_emb;
+    tw_segment *segs; /* in raster order, `first` filled */
+    int n_segs;
+    int chunk_rows;
+    int64_t n_tiles; /* over all segments */
+    tw_stitch *stitch;
+    tw_parts *parts;
+    tw_input_result *res; /* stage seconds, tile counts, reader, bytes read */
+    tw_error *err;
+
+    /* Private to stages.c. */
+    tw_slot *slots;
+    int n_slots;
+    tw_queue *q_free, *q_norm, *q_infer, *q_write;
+    atomic_int abort; /* an error or a cancel: every stage stops */
+    atomic_int cancelled;
+    atomic_int stop_row; /* on a stop request: rows up to here are finished */
+    pthread_mutex_t mu;  /* claims and the stage totals */
+    int64_t next_tile;   /* first tile of the next batch to claim */
+    int64_t next_seq;
+    bool claims_done;
+    int cur_seg, cur_ty; /* the write stage's (one worker) */
+    int64_t tiles_done;
+    uint64_t allocs_mark;
+    bool steady;
+} tw_pipe;
+
+/* The slot pool: bud->n_slots slots of bud->batch tiles, raw pixels in the
+ * backend's host memory (pinned on CUDA) where it has some. Free with
+ * tw_pipe_slots_free (accepts a pipe whose alloc failed half way). */
+tw_status tw_pipe_slots_alloc(tw_pipe *pp, int tile, tw_error *err);
+void tw_pipe_slots_free(tw_pipe *pp);
+
+/* runtime.precision int8: hand the backend one batch of tiles spread evenly
+ * over the whole raster (info) to measure its activation ranges on. Uses
+ * slot 0; call before tw_pipe_run. */
+tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *err);
+
+/* The stitcher's sink (tw_rows_fn, user = the pipe): finished rows into
+ * the committed chunks of pp->parts. */
+tw_status tw_pipe_parts_sink(void *user, int row0, int n, const float *probs, const uint8_t *has,
+                             tw_error *err);
+
+/* Run every stage to the end. TW_OK also when stopped early: *interrupted
+ * then says so (a stop request after committing the chunk under way, or
+ * the progress hook returned 0). Errors: the first stage error (in pp->err). */
+tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted);
+
+#endif
