@@ -250,10 +250,13 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         jint(&j, "batch", r->budget.batch);
         jint(&j, "slots", r->budget.n_slots);
         jint(&j, "slot_bytes", (long long)r->budget.slot_bytes);
+        jint(&j, "readers", r->budget.readers);
+        jint(&j, "read_strip_width", r->budget.read_strip_w);
         jopen(&j, "items", '{');
         jint(&j, "base", (long long)r->budget.base);
         jint(&j, "weights", (long long)r->budget.weights);
         jint(&j, "slots", (long long)r->budget.slots);
+        jint(&j, "read", (long long)r->budget.read);
         jint(&j, "workspace", (long long)r->budget.workspace);
         jint(&j, "strip", (long long)r->budget.strip);
         jint(&j, "gdal_cache", (long long)r->budget.gdal_cache);
@@ -299,6 +302,11 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
                 jopen(&j, stage_names[s], '{');
                 jnum(&j, "busy_s", in->stage[s].busy_s);
                 jnum(&j, "wait_s", in->stage[s].wait_s);
+                if (s == TW_STAGE_READ) {
+                    /* busy_s and wait_s are sums over the reader workers */
+                    jint(&j, "workers", in->read_workers);
+                    jint(&j, "bytes", in->read_bytes);
+                }
                 jclose(&j, '}');
             }
             jclose(&j, '}');

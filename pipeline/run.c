@@ -706,15 +706,18 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
         if (st == TW_OK) {
             fprintf(out, "batch     %d tiles, %d slots of %s\n", b->batch, b->n_slots,
                     tw_format_bytes(b->slot_bytes, b1, sizeof b1));
-            char b8[32];
+            char b8[32], b9[32];
+            fprintf(out, "readers   %d, each with a read strip of %d x %d pixels (%s in all)\n",
+                    b->readers, b->read_strip_w, c->m.tile,
+                    tw_format_bytes(b->read, b9, sizeof b9));
             fprintf(out,
-                    "memory    estimate %s of %s: base %s, weights %s, slots %s, workspace %s, "
-                    "strip %s, GDAL cache %s\n",
+                    "memory    estimate %s of %s: base %s, weights %s, slots %s, readers %s, "
+                    "workspace %s, strip %s, GDAL cache %s\n",
                     tw_format_bytes(b->estimate, b2, sizeof b2),
                     tw_format_bytes(p->runtime.memory, b3, sizeof b3),
                     tw_format_bytes(b->base, b4, sizeof b4),
                     tw_format_bytes(b->weights, b5, sizeof b5),
-                    tw_format_bytes(b->slots, b6, sizeof b6),
+                    tw_format_bytes(b->slots, b6, sizeof b6), b9,
                     tw_format_bytes(b->workspace, b7, sizeof b7),
                     tw_format_bytes(b->strip, b1, sizeof b1),
                     tw_format_bytes(b->gdal_cache_expected, b8, sizeof b8));

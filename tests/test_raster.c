@@ -1001,6 +1001,103 @@ static void test_dtype_helpers(void **state)
     assert_string_equal(tw_dtype_name(TW_DT_FLOAT64), "Float64");
 }
 
+/* tw_raster_read_tiles (one window read per row of tiles, cut in memory)
+ * gives every tile's pixels, validity and counts exactly as one
+ * tw_raster_read per tile: every dtype and layout, nodata, a mask band,
+ * the libtiff path, tiles overlapping (stride < tile), rows and columns
+ * past the right and bottom edges, strips narrower than the row. */
+static void check_read_tiles(const char *path, const int *bands, int nb, int T, int S, int strip_w)
+{
+    tw_error err;
+    tw_error_init(&err);
+    tw_raster *a = NULL, *b = NULL;
+    if (tw_raster_open(path, bands, nb, &a, &err) != TW_OK ||
+        tw_raster_open(path, bands, nb, &b, &err) != TW_OK)
+        fail_msg("%s: %s", path, err.msg);
+    const tw_raster_info *info = tw_raster_get_info(a);
+    const int n_b = tw_raster_selected_bands(a);
+    const size_t esz = tw_dtype_size(info->dtype), px = (size_t)T * T;
+    const size_t tile_raw = (size_t)n_b * px * esz;
+    assert_int_equal(tw_raster_reserve_strip(b, strip_w, T, &err), TW_OK);
+    assert_int_equal(tw_raster_strip_width(b), strip_w);
+    int n_x = (info->width + S - 1) / S; /* pad: the last tiles read past the edge */
+    int *xs = calloc((size_t)n_x, sizeof *xs);
+    int64_t *nod = calloc((size_t)n_x, sizeof *nod), *ins = calloc((size_t)n_x, sizeof *ins);
+    uint8_t *raw = malloc((size_t)n_x * tile_raw), *valid = malloc((size_t)n_x * px);
+    uint8_t *one = malloc(tile_raw), *one_v = malloc(px);
+    assert_true(xs && nod && ins && raw && valid && one && one_v);
+    for (int y0 = 0; y0 < info->height + S; y0 += S) {
+        for (int i0 = 0; i0 < n_x;) {
+            int n = 0; /* as many tiles as the strip holds */
+            while (i0 + n < n_x && (n == 0 || (i0 + n) * S + T - i0 * S <= strip_w)) {
+                xs[n] = (i0 + n) * S;
+                n++;
+            }
+            memset(raw, 0xEE, (size_t)n * tile_raw);
+            memset(valid, 0xEE, (size_t)n * px);
+            if (tw_raster_read_tiles(b, y0, xs, n, T, raw, valid, nod, ins, &err) != TW_OK)
+                fail_msg("%s: read_tiles y=%d: %s", path, y0, err.msg);
+            for (int i = 0; i < n; i++) {
+                int64_t n1 = -1, i1 = -1;
+                assert_int_equal(tw_raster_read(a, xs[i], y0, T, T, one, one_v, &n1, &i1, &err),
+                                 TW_OK);
+                if (memcmp(one, raw + (size_t)i * tile_raw, tile_raw) != 0 ||
+                    memcmp(one_v, valid + (size_t)i * px, px) != 0)
+                    fail_msg("%s: tile x=%d y=%d (T %d, S %d, strip %d) differs from a tile read",
+                             path, xs[i], y0, T, S, strip_w);
+                assert_int_equal(nod[i], n1);
+                assert_int_equal(ins[i], i1);
+            }
+            i0 += n;
+        }
+    }
+    /* a window wider than the strip is refused, not overrun */
+    int wide[2] = {0, strip_w};
+    assert_int_equal(tw_raster_read_tiles(b, 0, wide, 2, T, raw, valid, nod, ins, &err),
+                     TW_ERR_INTERNAL);
+    free(xs);
+    free(nod);
+    free(ins);
+    free(raw);
+    free(valid);
+    free(one);
+    free(one_v);
+    tw_raster_close(a);
+    tw_raster_close(b);
+}
+
+static void test_read_tiles(void **state)
+{
+    (void)state;
+    if (!tw_test_fixtures()) skip();
+    static const int sel[] = {3, 1};
+    int checked = 0;
+    for (int di = 0; di < N_DTYPES; di++) {
+        for (int nd = 0; nd < 2; nd++) {
+            char name[128];
+            snprintf(name, sizeof name, "rast_%s_tiled%s.tif", k_dtypes[di].name,
+                     nd ? "_nodata" : "");
+            const char *path = fixture(name);
+            if (!path) fail_msg("fixture %s missing", name);
+            check_read_tiles(path, NULL, 0, 32, 32, 200);
+            check_read_tiles(path, sel, 2, 24, 8, 64);
+            checked++;
+        }
+    }
+    static const char *others[] = {
+        "rast_byte_striped_nodata.tif",    "rast_byte_tiled_mask.tif",
+        "rast_byte_striped_alpha.tif",     "rast_direct_uint16_deflate_pred2.tif",
+        "rast_direct_int16_band_zstd.tif", "rast_direct_uint16_sparse_nodata.tif"};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        const char *path = fixture(others[i]);
+        if (!path) fail_msg("fixture %s missing", others[i]);
+        check_read_tiles(path, NULL, 0, 16, 16, 40);
+        check_read_tiles(path, NULL, 0, 32, 16, 132);
+        checked++;
+    }
+    assert_int_equal(checked, 2 * N_DTYPES + 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1018,6 +1115,7 @@ int main(void)
         cmocka_unit_test(test_direct_matches_gdal),
         cmocka_unit_test(test_direct_sparse),
         cmocka_unit_test(test_direct_cache),
+        cmocka_unit_test(test_read_tiles),
         cmocka_unit_test(test_shared_rasters),
         cmocka_unit_test(test_shared_warning_quiet),
     };

@@ -57,6 +57,7 @@ enum wf_key {
     K_RUNTIME_PRECISION,
     K_RUNTIME_MEMORY,
     K_RUNTIME_THREADS,
+    K_RUNTIME_READERS,
     K_OUTPUT_DIR,
     K_OUTPUT_PRODUCTS,
     K_OUTPUT_PROB_TYPE,
@@ -610,6 +611,11 @@ static tw_status set_runtime_threads(wf_ctx *c, const yaml_node_t *v, tw_run_par
     return get_auto_int(c, v, 1, 1024, &p->runtime.threads);
 }
 
+static tw_status set_runtime_readers(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_auto_int(c, v, 1, 64, &p->runtime.readers);
+}
+
 static tw_status set_output_dir(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     return get_string(c, v, "a directory path", p->output.dir, TW_PATH_MAX);
@@ -699,6 +705,7 @@ static const wf_key_def k_keys[K_COUNT] = {
     [K_RUNTIME_PRECISION] = {"runtime.precision", set_runtime_precision},
     [K_RUNTIME_MEMORY] = {"runtime.memory", set_runtime_memory},
     [K_RUNTIME_THREADS] = {"runtime.threads", set_runtime_threads},
+    [K_RUNTIME_READERS] = {"runtime.readers", set_runtime_readers},
     [K_OUTPUT_DIR] = {"output.dir", set_output_dir},
     [K_OUTPUT_PRODUCTS] = {"output.products", set_output_products},
     [K_OUTPUT_PROB_TYPE] = {"output.prob_type", set_output_prob_type},
