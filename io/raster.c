@@ -437,8 +437,18 @@ static void mark_band(tw_dtype t, const void *plane, int w, int xr, int yr, bool
 
 /* ---- read ------------------------------------------------------------------------ */
 
-tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
-                         int64_t *n_nodata, int64_t *n_inside, tw_error *err)
+/* Every pixel inside the raster is valid: no mask, no nodata rule, no
+ * float type (whose NaN and infinities are always invalid). */
+static bool validity_trivial(const tw_raster *r)
+{
+    return !r->mask && !r->use_nodata && r->info.dtype != TW_DT_FLOAT32 &&
+           r->info.dtype != TW_DT_FLOAT64;
+}
+
+/* tw_raster_read; valid may be NULL when validity_trivial(r): then no
+ * validity is computed (*n_nodata = 0). */
+static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
+                             int64_t *n_nodata, int64_t *n_inside, tw_error *err)
 {
     *n_nodata = 0;
     *n_inside = 0;
@@ -462,7 +472,7 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
                 memset(pl + ((size_t)y * w + xr) * esz, 0, (size_t)(w - xr) * esz);
         memset(pl + (size_t)yr * w * esz, 0, (size_t)(h - yr) * w * esz);
     }
-    memset(valid, 0, plane);
+    if (valid) memset(valid, 0, plane);
     if (xr == 0 || yr == 0) return TW_OK;
 
     gdal_msgs msgs;
@@ -508,6 +518,10 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
     }
     capture_end();
     if (st != TW_OK) return st;
+    if (!valid) {
+        *n_inside = (int64_t)xr * yr;
+        return TW_OK;
+    }
 
     for (int y = 0; y < yr; y++) {
         uint8_t *vrow = valid + (size_t)y * w;
@@ -530,6 +544,12 @@ tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, 
     *n_inside = inside;
     *n_nodata = inside - good;
     return TW_OK;
+}
+
+tw_status tw_raster_read(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
+                         int64_t *n_nodata, int64_t *n_inside, tw_error *err)
+{
+    return read_window(r, x0, y0, w, h, raw, valid, n_nodata, n_inside, err);
 }
 
 /* ---- strips of tiles --------------------------------------------------------- */
@@ -580,10 +600,9 @@ int tw_raster_strip_width(const tw_raster *r)
     return r->strip_w;
 }
 
-/* Copy one T x T tile at column ox of a [bands][T][w] window into
- * [bands][T][T], with its validity; returns the valid pixels. */
-static int64_t cut_tile(const uint8_t *win, const uint8_t *wvalid, int w, int T, int ox, int bands,
-                        size_t esz, uint8_t *raw, uint8_t *valid)
+/* Copy the T x T tile at column ox of a [bands][T][w] window into
+ * [bands][T][T]. */
+static void cut_tile(const uint8_t *win, int w, int T, int ox, int bands, size_t esz, uint8_t *raw)
 {
     const size_t wplane = (size_t)w * (size_t)T * esz, tplane = (size_t)T * (size_t)T * esz;
     const size_t row = (size_t)T * esz;
@@ -592,6 +611,12 @@ static int64_t cut_tile(const uint8_t *win, const uint8_t *wvalid, int w, int T,
         uint8_t *dst = raw + (size_t)b * tplane;
         for (int y = 0; y < T; y++) memcpy(dst + (size_t)y * row, src + (size_t)y * w * esz, row);
     }
+}
+
+/* The validity of the tile at column ox of a window's [T][w] validity;
+ * returns its valid pixels. */
+static int64_t cut_valid(const uint8_t *wvalid, int w, int T, int ox, uint8_t *valid)
+{
     int64_t good = 0;
     for (int y = 0; y < T; y++) {
         const uint8_t *v = wvalid + (size_t)y * w + ox;
@@ -600,6 +625,17 @@ static int64_t cut_tile(const uint8_t *win, const uint8_t *wvalid, int w, int T,
         for (int x = 0; x < T; x++) good += d[x];
     }
     return good;
+}
+
+/* Trivial validity: 1 inside the raster (cols_in x rows_in), 0 outside. */
+static void fill_valid(int T, int64_t cols_in, int64_t rows_in, uint8_t *valid)
+{
+    for (int y = 0; y < T; y++) {
+        uint8_t *d = valid + (size_t)y * T;
+        int64_t in = y < rows_in ? cols_in : 0;
+        memset(d, 1, (size_t)in);
+        memset(d + in, 0, (size_t)(T - in));
+    }
 }
 
 tw_status tw_raster_read_tiles(tw_raster *r, int y0, const int *xs, int n, int T, void *raw,
@@ -612,21 +648,27 @@ tw_status tw_raster_read_tiles(tw_raster *r, int y0, const int *xs, int n, int T
                             "%s: a window of %d x %d pixels does not fit the read strip (%d x %d)",
                             r->path, w, T, r->strip_w, r->strip_h);
     const size_t esz = tw_dtype_size(r->info.dtype);
+    const bool trivial = validity_trivial(r);
     uint8_t *win = r->strip, *wvalid = r->strip + (size_t)r->n_bands * (size_t)w * T * esz;
     int64_t nod = 0, ins = 0;
-    tw_status st = tw_raster_read(r, x0, y0, w, T, win, wvalid, &nod, &ins, err);
+    tw_status st = read_window(r, x0, y0, w, T, win, trivial ? NULL : wvalid, &nod, &ins, err);
     if (st != TW_OK) return st;
     const size_t tile_raw = (size_t)r->n_bands * (size_t)T * T * esz, tile_px = (size_t)T * T;
     const int64_t rows_in =
         y0 < r->info.height ? (y0 + T > r->info.height ? r->info.height - y0 : T) : 0;
     for (int i = 0; i < n; i++) {
-        int64_t good = cut_tile(win, wvalid, w, T, xs[i] - x0, r->n_bands, esz,
-                                (uint8_t *)raw + (size_t)i * tile_raw, valid + (size_t)i * tile_px);
+        cut_tile(win, w, T, xs[i] - x0, r->n_bands, esz, (uint8_t *)raw + (size_t)i * tile_raw);
         int64_t cols_in =
             xs[i] < r->info.width ? (xs[i] + T > r->info.width ? r->info.width - xs[i] : T) : 0;
-        /* outside pixels are invalid, so good counts inside pixels only */
         n_inside[i] = cols_in * rows_in;
-        n_nodata[i] = n_inside[i] - good;
+        uint8_t *v = valid + (size_t)i * tile_px;
+        if (trivial) {
+            fill_valid(T, cols_in, rows_in, v);
+            n_nodata[i] = 0;
+        } else {
+            /* outside pixels are invalid, so the valid ones are all inside */
+            n_nodata[i] = n_inside[i] - cut_valid(wvalid, w, T, xs[i] - x0, v);
+        }
     }
     return TW_OK;
 }

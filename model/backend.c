@@ -20,10 +20,33 @@ static tw_status parse_cuda_index(const char *device, int *index, tw_error *err)
     return TW_OK;
 }
 
+#define MAX_REGISTERED 4
+
+static struct {
+    char device[16];
+    tw_backend_create_fn create;
+} g_registered[MAX_REGISTERED];
+static int g_n_registered;
+
+tw_status tw_backend_register(const char *device, tw_backend_create_fn create, tw_error *err)
+{
+    if (!device || !*device || strlen(device) >= sizeof g_registered[0].device || !create)
+        return tw_error_set(err, TW_ERR_INTERNAL, "backend registration: bad device name");
+    if (g_n_registered == MAX_REGISTERED)
+        return tw_error_set(err, TW_ERR_INTERNAL, "backend registration: at most %d backends",
+                            MAX_REGISTERED);
+    snprintf(g_registered[g_n_registered].device, sizeof g_registered[0].device, "%s", device);
+    g_registered[g_n_registered++].create = create;
+    return TW_OK;
+}
+
 tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_backend *out,
                             tw_error *err)
 {
     memset(out, 0, sizeof *out);
+    for (int i = 0; i < g_n_registered; i++)
+        if (strcmp(device, g_registered[i].device) == 0)
+            return g_registered[i].create(threads, out, err);
     if (strcmp(device, "cpu") == 0) return tw_cpu_backend_create(threads, out, err);
     if (strcmp(device, "auto") == 0) {
 #ifdef TW_WITH_CUDA

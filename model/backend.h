@@ -108,6 +108,13 @@ tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_back
                             tw_error *err);
 void tw_backend_destroy(tw_backend *b);
 
+/* A backend from outside the library (a benchmark's or a test's), created
+ * by tw_backend_create when runtime.device equals `device` (at most 15
+ * characters; at most 4 registrations). Not thread-safe: register at start-up,
+ * before any run. */
+typedef tw_status (*tw_backend_create_fn)(int threads, tw_backend *out, tw_error *err);
+tw_status tw_backend_register(const char *device, tw_backend_create_fn create, tw_error *err);
+
 /* Constructors of the individual backends (used by tw_backend_create). */
 tw_status tw_cpu_backend_create(int threads, tw_backend *out, tw_error *err);
 #ifdef TW_WITH_CUDA
