@@ -30,6 +30,13 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* ---- a backend that does not compute ---- */
 
 typedef struct null_ctx {
@@ -124,7 +131,7 @@ static int run_gdal(const char *path, int tile)
     size_t esz = (size_t)GDALGetDataTypeSizeBytes(t);
     size_t bytes = (size_t)w * tile * nb * esz;
     void *buf = malloc(bytes);
-    double t0 = now_s();
+    double t0 = now_s(), c0 = thread_cpu_s();
     long long total = 0;
     for (int y = 0; y < h; y += tile) {
         int rows = y + tile <= h ? tile : h - y;
@@ -135,8 +142,8 @@ static int run_gdal(const char *path, int tile)
         }
         total += (long long)w * rows * nb * (long long)esz;
     }
-    double wall = now_s() - t0;
-    printf("{\"bytes\": %lld, \"wall_s\": %.6f}\n", total, wall);
+    double wall = now_s() - t0, cpu = thread_cpu_s() - c0;
+    printf("{\"bytes\": %lld, \"wall_s\": %.6f, \"cpu_s\": %.6f}\n", total, wall, cpu);
     free(buf);
     GDALClose(ds);
     return 0;
@@ -178,11 +185,13 @@ static int run_pipe(const char *path, int tile, int readers, const char *model, 
     GDALClose(ds);
     long long tile_bytes = (long long)in->tiles_total * tile * tile * nb * (long long)esz;
     printf("{\"bytes\": %lld, \"wall_s\": %.6f, \"read_busy_s\": %.6f, \"read_wait_s\": %.6f, "
-           "\"read_bytes\": %lld, \"readers\": %d, \"batch\": %d, \"reader\": \"%s\", "
+           "\"read_cpu_s\": %.6f, \"read_bytes\": %lld, \"readers\": %d, \"batch\": %d, "
+           "\"reader\": \"%s\", "
            "\"write_busy_s\": %.6f}\n",
            tile_bytes, in->seconds, in->stage[TW_STAGE_READ].busy_s,
-           in->stage[TW_STAGE_READ].wait_s, (long long)in->read_bytes, in->read_workers,
-           r->budget.batch, in->reader, in->stage[TW_STAGE_WRITE].busy_s);
+           in->stage[TW_STAGE_READ].wait_s, in->stage[TW_STAGE_READ].cpu_s,
+           (long long)in->read_bytes, in->read_workers, r->budget.batch, in->reader,
+           in->stage[TW_STAGE_WRITE].busy_s);
     tw_run_result_destroy(r);
     return 0;
 }

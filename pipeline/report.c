@@ -302,6 +302,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
                 jopen(&j, stage_names[s], '{');
                 jnum(&j, "busy_s", in->stage[s].busy_s);
                 jnum(&j, "wait_s", in->stage[s].wait_s);
+                jnum(&j, "cpu_s", in->stage[s].cpu_s);
                 if (s == TW_STAGE_READ) {
                     /* busy_s and wait_s are sums over the reader workers */
                     jint(&j, "workers", in->read_workers);

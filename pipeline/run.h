@@ -40,8 +40,10 @@ typedef struct tw_run_hooks {
 enum { TW_STAGE_READ = 0, TW_STAGE_NORMALIZE, TW_STAGE_INFER, TW_STAGE_WRITE, TW_STAGE_COUNT };
 
 typedef struct tw_stage_stats {
-    double busy_s; /* working */
+    double busy_s; /* working (wall seconds, summed over the stage's workers) */
     double wait_s; /* blocked on its queues */
+    double cpu_s;  /* CPU time of the stage's threads (not of the threads
+                      its library calls start, such as OpenMP's) */
 } tw_stage_stats;
 
 /* What the model and the bundle resolve to, after config overrides. */

@@ -15,6 +15,13 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void pipe_abort(tw_pipe *pp)
 {
     atomic_store(&pp->abort, 1);
@@ -622,6 +629,7 @@ static void *worker_main(void *arg)
     worker *w = &a->w;
     tw_pipe *pp = w->pp;
     w->t_start = now_s();
+    double cpu0 = thread_cpu_s();
     tw_status st = a->def->start ? a->def->start(w) : TW_OK;
     if (st != TW_OK) pipe_abort(pp);
     tw_slot *s;
@@ -641,10 +649,11 @@ static void *worker_main(void *arg)
     bool last = atomic_fetch_sub(a->left, 1) == 1;
     if (last && a->out != pp->q_free) tw_queue_close(a->out);
     if (a->def->stop) (void)a->def->stop(w);
-    double busy = now_s() - w->t_start - w->wait_s;
+    double busy = now_s() - w->t_start - w->wait_s, cpu = thread_cpu_s() - cpu0;
     pthread_mutex_lock(&pp->mu);
     tw_stage_stats *ss = &pp->res->stage[a->def->id];
     ss->busy_s += busy;
+    ss->cpu_s += cpu;
     ss->wait_s += w->wait_s;
     if (a->def->id == TW_STAGE_READ) pp->res->read_bytes += w->bytes_read;
     pthread_mutex_unlock(&pp->mu);
