@@ -48,6 +48,12 @@ enum {
     /* Chunks per batch = device raw slots: two is enough for the copy of one
      * chunk to hide behind the compute of the other. */
     CHUNKS = 2,
+    /* Batches in flight across infer_begin/infer_end: the copy of one hides
+     * behind the compute of the other. Each has its own host output buffers. */
+    LANES = 2,
+    /* Timing event sets kept: the two batches in flight and the one ended
+     * before them, whose compute a later batch's copy may overlap. */
+    EVSETS = 3,
     /* Below this batch, halves would be too small to keep the GPU busy. */
     SPLIT_MIN_BATCH = 8,
     /* Raw slots are sized for the widest pixel type (float64), so any raster
@@ -83,6 +89,12 @@ typedef struct cuda_layer {
     void *w, *b;
 } cuda_layer;
 
+/* The timing events of one batch. */
+typedef struct batch_events {
+    cudaEvent_t base, h2d_start[CHUNKS], h2d_end[CHUNKS];
+    cudaEvent_t comp_start[CHUNKS], comp_end[CHUNKS], d2h_start, d2h_end;
+} batch_events;
+
 typedef struct cuda_ctx {
     int device;
     char device_name[256];
@@ -94,8 +106,10 @@ typedef struct cuda_ctx {
     cudnnActivationDescriptor_t act_relu, act_id;
     cudnnPoolingDescriptor_t pool_desc;
     cudnnTensorDescriptor_t pool_in_desc, pool_out_desc;
-    cudaEvent_t ev_base, ev_h2d_start[CHUNKS], ev_h2d_end[CHUNKS];
-    cudaEvent_t ev_comp_start[CHUNKS], ev_comp_end[CHUNKS], ev_d2h_start, ev_d2h_end;
+    batch_events ev[EVSETS];
+    /* raw_dev[j] has been read by normalize: the next batch's copy into it
+     * may start (it waits on this, not on the whole previous batch). */
+    cudaEvent_t ev_norm_done[CHUNKS];
 
     /* Set by reserve. */
     const tw_resnet *net;
@@ -117,7 +131,12 @@ typedef struct cuda_ctx {
     uint8_t *valid_dev[CHUNKS];
     float *fc_w, *fc_b, *emb_dev, *probs_dev;
     size_t ws_bytes;
-    float *probs_host, *emb_host; /* pinned when possible */
+    float *probs_host[LANES], *emb_host[LANES]; /* pinned when possible */
+    /* Batches begun and not ended, per lane: their event set and chunks. */
+    bool lane_busy[LANES];
+    int lane_set[LANES], lane_chunks[LANES];
+    long long n_begun;
+    int prev_set, prev_chunks; /* the batch ended last (-1: none) */
     bool out_pinned;
     bool probing; /* reserve's trial run: unfused fallback allowed */
     int n_unfused;
@@ -659,21 +678,28 @@ static tw_status try_reserve(cuda_ctx *ctx, int max_batch, bool *no_fit, tw_erro
 
     size_t probs_bytes = (size_t)max_batch * net->n_classes * sizeof(float);
     size_t emb_bytes = (size_t)max_batch * net->feat_dim * sizeof(float);
-    ctx->out_pinned =
-        cudaHostAlloc((void **)&ctx->probs_host, probs_bytes, cudaHostAllocDefault) ==
-            cudaSuccess &&
-        cudaHostAlloc((void **)&ctx->emb_host, emb_bytes, cudaHostAllocDefault) == cudaSuccess;
+    ctx->out_pinned = true;
+    for (int l = 0; l < LANES; l++)
+        ctx->out_pinned = ctx->out_pinned &&
+                          cudaHostAlloc((void **)&ctx->probs_host[l], probs_bytes,
+                                        cudaHostAllocDefault) == cudaSuccess &&
+                          cudaHostAlloc((void **)&ctx->emb_host[l], emb_bytes,
+                                        cudaHostAllocDefault) == cudaSuccess;
     if (!ctx->out_pinned) {
         (void)cudaGetLastError();
-        if (ctx->probs_host) cudaFreeHost(ctx->probs_host);
-        if (ctx->emb_host) cudaFreeHost(ctx->emb_host);
-        ctx->probs_host = tw_alloc(TW_MEM_WORKSPACE, probs_bytes);
-        ctx->emb_host = tw_alloc(TW_MEM_WORKSPACE, emb_bytes);
-        if (!ctx->probs_host || !ctx->emb_host)
-            return tw_error_set(err, TW_ERR_NOMEM,
-                                "cuda backend: no host memory for %zu bytes of outputs",
-                                probs_bytes + emb_bytes);
+        for (int l = 0; l < LANES; l++) {
+            if (ctx->probs_host[l]) cudaFreeHost(ctx->probs_host[l]);
+            if (ctx->emb_host[l]) cudaFreeHost(ctx->emb_host[l]);
+            ctx->probs_host[l] = tw_alloc(TW_MEM_WORKSPACE, probs_bytes);
+            ctx->emb_host[l] = tw_alloc(TW_MEM_WORKSPACE, emb_bytes);
+            if (!ctx->probs_host[l] || !ctx->emb_host[l])
+                return tw_error_set(err, TW_ERR_NOMEM,
+                                    "cuda backend: no host memory for %zu bytes of outputs",
+                                    LANES * (probs_bytes + emb_bytes));
+        }
     }
+    for (int l = 0; l < LANES; l++) ctx->lane_busy[l] = false;
+    ctx->prev_set = -1;
 
     /* Trial run on the zeroed input: finds layers cuDNN cannot fuse, loads
      * cuDNN's kernels now rather than in the first timed batch, and turns
@@ -694,19 +720,17 @@ static void free_attempt(cuda_ctx *ctx)
     if (ctx->arena) cudaFree(ctx->arena);
     ctx->arena = NULL;
     ctx->arena_bytes = 0;
-    if (ctx->probs_host) {
-        if (ctx->out_pinned)
-            cudaFreeHost(ctx->probs_host);
-        else
-            tw_free(ctx->probs_host);
+    for (int l = 0; l < LANES; l++) {
+        float *bufs[2] = {ctx->probs_host[l], ctx->emb_host[l]};
+        for (int i = 0; i < 2; i++) {
+            if (!bufs[i]) continue;
+            if (ctx->out_pinned)
+                cudaFreeHost(bufs[i]);
+            else
+                tw_free(bufs[i]);
+        }
+        ctx->probs_host[l] = ctx->emb_host[l] = NULL;
     }
-    if (ctx->emb_host) {
-        if (ctx->out_pinned)
-            cudaFreeHost(ctx->emb_host);
-        else
-            tw_free(ctx->emb_host);
-    }
-    ctx->probs_host = ctx->emb_host = NULL;
 }
 
 static tw_status precision_setup(cuda_ctx *ctx, tw_precision prec, tw_error *err)
@@ -872,7 +896,11 @@ static double elapsed_s(cudaEvent_t a, cudaEvent_t b)
     return ms / 1000.0;
 }
 
-static tw_status cuda_infer(void *vctx, const tw_infer_batch *b, tw_error *err)
+/* Queue batch b in `lane`: per chunk, the copy of its raw pixels (copy
+ * stream; it waits only until the previous user of that device buffer has
+ * normalized it), then normalize, network and head (compute stream); then
+ * the results' copy to the lane's host buffers. Returns without waiting. */
+static tw_status cuda_infer_begin(void *vctx, const tw_infer_batch *b, int lane, tw_error *err)
 {
     cuda_ctx *ctx = vctx;
     if (!ctx->reserved)
@@ -881,6 +909,8 @@ static tw_status cuda_infer(void *vctx, const tw_infer_batch *b, tw_error *err)
         return tw_error_set(err, TW_ERR_INTERNAL,
                             "cuda backend: batch of %d %dx%d tiles, reserved for %d of %dx%d", b->n,
                             b->tile, b->tile, ctx->max_batch, ctx->tile, ctx->tile);
+    if (lane < 0 || lane >= LANES || ctx->lane_busy[lane])
+        return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: lane %d is not free", lane);
     const tw_resnet *net = ctx->net;
     const int bands = net->in_bands;
     const size_t hw = (size_t)ctx->tile * ctx->tile;
@@ -914,61 +944,103 @@ static tw_status cuda_infer(void *vctx, const tw_infer_batch *b, tw_error *err)
     TW_CUDA_CHECK(cudaSetDevice(ctx->device));
     const int n_chunks = (b->n + ctx->chunk - 1) / ctx->chunk;
     TW_ASSERT(n_chunks <= CHUNKS);
-    TW_CUDA_CHECK(cudaEventRecord(ctx->ev_base, ctx->copy_stream));
+    const int set = (int)(ctx->n_begun++ % EVSETS);
+    batch_events *ev = &ctx->ev[set];
+    TW_CUDA_CHECK(cudaEventRecord(ev->base, ctx->copy_stream));
     for (int j = 0; j < n_chunks; j++) {
         const int row = j * ctx->chunk;
         const int nj = b->n - row < ctx->chunk ? b->n - row : ctx->chunk;
-        /* Copy of chunk j: its own slot, so it never waits for chunk j-1's
-         * compute and overlaps it. Issued before chunk j's compute so that a
-         * pageable (blocking) copy still lets chunk j-1 compute meanwhile. */
-        TW_CUDA_CHECK(cudaEventRecord(ctx->ev_h2d_start[j], ctx->copy_stream));
+        /* Copy of chunk j into device buffer j once the batch before has
+         * normalized what it held: that copy overlaps the rest of the
+         * batch before (its network), and chunk j-1's compute here. */
+        TW_CUDA_CHECK(cudaStreamWaitEvent(ctx->copy_stream, ctx->ev_norm_done[j], 0));
+        TW_CUDA_CHECK(cudaEventRecord(ev->h2d_start[j], ctx->copy_stream));
         TW_CUDA_CHECK(cudaMemcpyAsync(ctx->raw_dev[j], (const uint8_t *)raw + row * tile_raw,
                                       nj * tile_raw, cudaMemcpyHostToDevice, ctx->copy_stream));
         if (valid)
             TW_CUDA_CHECK(cudaMemcpyAsync(ctx->valid_dev[j], valid + row * hw, nj * hw,
                                           cudaMemcpyHostToDevice, ctx->copy_stream));
-        TW_CUDA_CHECK(cudaEventRecord(ctx->ev_h2d_end[j], ctx->copy_stream));
+        TW_CUDA_CHECK(cudaEventRecord(ev->h2d_end[j], ctx->copy_stream));
 
-        TW_CUDA_CHECK(cudaStreamWaitEvent(ctx->compute_stream, ctx->ev_h2d_end[j], 0));
-        TW_CUDA_CHECK(cudaEventRecord(ctx->ev_comp_start[j], ctx->compute_stream));
+        TW_CUDA_CHECK(cudaStreamWaitEvent(ctx->compute_stream, ev->h2d_end[j], 0));
+        TW_CUDA_CHECK(cudaEventRecord(ev->comp_start[j], ctx->compute_stream));
         TW_CUDA_CHECK(tw_cuda_launch_normalize(
             ctx->raw_dev[j], (int)raw_type, valid ? ctx->valid_dev[j] : NULL, nj, ctx->chunk, bands,
             (int)hw, ctx->cin_pad, &aff, ctx->x_dev, ctx->dtype, ctx->compute_stream));
+        TW_CUDA_CHECK(cudaEventRecord(ctx->ev_norm_done[j], ctx->compute_stream));
         if ((st = run_chunk(ctx, nj, row, err)) != TW_OK) return st;
-        TW_CUDA_CHECK(cudaEventRecord(ctx->ev_comp_end[j], ctx->compute_stream));
+        TW_CUDA_CHECK(cudaEventRecord(ev->comp_end[j], ctx->compute_stream));
     }
-    TW_CUDA_CHECK(cudaEventRecord(ctx->ev_d2h_start, ctx->compute_stream));
+    TW_CUDA_CHECK(cudaEventRecord(ev->d2h_start, ctx->compute_stream));
     size_t probs_bytes = (size_t)b->n * net->n_classes * sizeof(float);
     size_t emb_bytes = (size_t)b->n * net->feat_dim * sizeof(float);
-    TW_CUDA_CHECK(cudaMemcpyAsync(ctx->probs_host, ctx->probs_dev, probs_bytes,
+    TW_CUDA_CHECK(cudaMemcpyAsync(ctx->probs_host[lane], ctx->probs_dev, probs_bytes,
                                   cudaMemcpyDeviceToHost, ctx->compute_stream));
     if (b->emb)
-        TW_CUDA_CHECK(cudaMemcpyAsync(ctx->emb_host, ctx->emb_dev, emb_bytes,
+        TW_CUDA_CHECK(cudaMemcpyAsync(ctx->emb_host[lane], ctx->emb_dev, emb_bytes,
                                       cudaMemcpyDeviceToHost, ctx->compute_stream));
-    TW_CUDA_CHECK(cudaEventRecord(ctx->ev_d2h_end, ctx->compute_stream));
-    /* The only host wait: this batch's results (kernel faults surface here). */
-    TW_CUDA_CHECK(cudaEventSynchronize(ctx->ev_d2h_end));
-    memcpy(b->probs, ctx->probs_host, probs_bytes);
-    if (b->emb) memcpy(b->emb, ctx->emb_host, emb_bytes);
+    TW_CUDA_CHECK(cudaEventRecord(ev->d2h_end, ctx->compute_stream));
+    ctx->lane_busy[lane] = true;
+    ctx->lane_set[lane] = set;
+    ctx->lane_chunks[lane] = n_chunks;
+    return TW_OK;
+}
 
-    /* Times relative to ev_base; hidden copy = copy time inside an earlier
-     * chunk's compute interval. */
-    double cs[CHUNKS], ce[CHUNKS], ks[CHUNKS], ke[CHUNKS];
+/* Wait for the batch begun in `lane` and hand its results to b. Timings:
+ * every copy's seconds inside a compute interval - of this batch's earlier
+ * chunks, or of the batch ended before it - count as hidden. */
+static tw_status cuda_infer_end(void *vctx, const tw_infer_batch *b, int lane, tw_error *err)
+{
+    cuda_ctx *ctx = vctx;
+    if (lane < 0 || lane >= LANES || !ctx->lane_busy[lane])
+        return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: no batch in lane %d", lane);
+    ctx->lane_busy[lane] = false;
+    const tw_resnet *net = ctx->net;
+    const int set = ctx->lane_set[lane], n_chunks = ctx->lane_chunks[lane];
+    batch_events *ev = &ctx->ev[set];
+    TW_CUDA_CHECK(cudaSetDevice(ctx->device));
+    /* The only host wait: this batch's results (kernel faults surface here). */
+    TW_CUDA_CHECK(cudaEventSynchronize(ev->d2h_end));
+    size_t probs_bytes = (size_t)b->n * net->n_classes * sizeof(float);
+    size_t emb_bytes = (size_t)b->n * net->feat_dim * sizeof(float);
+    memcpy(b->probs, ctx->probs_host[lane], probs_bytes);
+    if (b->emb) memcpy(b->emb, ctx->emb_host[lane], emb_bytes);
+
+    /* Times relative to the earlier batch's base, so both batches' intervals
+     * are on one clock (its events are intact: EVSETS > LANES). */
+    const batch_events *pe = ctx->prev_set >= 0 ? &ctx->ev[ctx->prev_set] : NULL;
+    cudaEvent_t ref = pe ? pe->base : ev->base;
+    double cs[CHUNKS], ce[CHUNKS], ks[2 * CHUNKS], ke[2 * CHUNKS];
+    int n_k = 0;
+    for (int i = 0; pe && i < ctx->prev_chunks; i++, n_k++) {
+        ks[n_k] = elapsed_s(ref, pe->comp_start[i]);
+        ke[n_k] = elapsed_s(ref, pe->comp_end[i]);
+    }
+    const int own = n_k; /* this batch's compute intervals start here */
     for (int j = 0; j < n_chunks; j++) {
-        cs[j] = elapsed_s(ctx->ev_base, ctx->ev_h2d_start[j]);
-        ce[j] = elapsed_s(ctx->ev_base, ctx->ev_h2d_end[j]);
-        ks[j] = elapsed_s(ctx->ev_base, ctx->ev_comp_start[j]);
-        ke[j] = elapsed_s(ctx->ev_base, ctx->ev_comp_end[j]);
+        cs[j] = elapsed_s(ref, ev->h2d_start[j]);
+        ce[j] = elapsed_s(ref, ev->h2d_end[j]);
+        ks[own + j] = elapsed_s(ref, ev->comp_start[j]);
+        ke[own + j] = elapsed_s(ref, ev->comp_end[j]);
         ctx->stats.copy_in_s += ce[j] - cs[j];
-        ctx->stats.compute_s += ke[j] - ks[j];
-        for (int i = 0; i < j; i++) {
+        ctx->stats.compute_s += ke[own + j] - ks[own + j];
+    }
+    for (int j = 0; j < n_chunks; j++)
+        for (int i = 0; i < own + j; i++) {
             double lo = cs[j] > ks[i] ? cs[j] : ks[i];
             double hi = ce[j] < ke[i] ? ce[j] : ke[i];
             if (hi > lo) ctx->stats.copy_hidden_s += hi - lo;
         }
-    }
-    ctx->stats.copy_out_s += elapsed_s(ctx->ev_d2h_start, ctx->ev_d2h_end);
+    ctx->stats.copy_out_s += elapsed_s(ev->d2h_start, ev->d2h_end);
+    ctx->prev_set = set;
+    ctx->prev_chunks = n_chunks;
     return TW_OK;
+}
+
+static tw_status cuda_infer(void *vctx, const tw_infer_batch *b, tw_error *err)
+{
+    tw_status st = cuda_infer_begin(vctx, b, 0, err);
+    return st != TW_OK ? st : cuda_infer_end(vctx, b, 0, err);
 }
 
 /* ---- host memory, stats, lifetime ---- */
@@ -1060,15 +1132,20 @@ static void cuda_destroy(void *vctx)
     if (ctx->act_relu) cudnnDestroyActivationDescriptor(ctx->act_relu);
     if (ctx->act_id) cudnnDestroyActivationDescriptor(ctx->act_id);
     if (ctx->cudnn) cudnnDestroy(ctx->cudnn);
-    cudaEvent_t *evs[] = {&ctx->ev_base, &ctx->ev_d2h_start, &ctx->ev_d2h_end};
-    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
-        if (*evs[i]) cudaEventDestroy(*evs[i]);
-    for (int j = 0; j < CHUNKS; j++) {
-        if (ctx->ev_h2d_start[j]) cudaEventDestroy(ctx->ev_h2d_start[j]);
-        if (ctx->ev_h2d_end[j]) cudaEventDestroy(ctx->ev_h2d_end[j]);
-        if (ctx->ev_comp_start[j]) cudaEventDestroy(ctx->ev_comp_start[j]);
-        if (ctx->ev_comp_end[j]) cudaEventDestroy(ctx->ev_comp_end[j]);
+    for (int k = 0; k < EVSETS; k++) {
+        batch_events *e = &ctx->ev[k];
+        cudaEvent_t *evs[] = {&e->base, &e->d2h_start, &e->d2h_end};
+        for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+            if (*evs[i]) cudaEventDestroy(*evs[i]);
+        for (int j = 0; j < CHUNKS; j++) {
+            if (e->h2d_start[j]) cudaEventDestroy(e->h2d_start[j]);
+            if (e->h2d_end[j]) cudaEventDestroy(e->h2d_end[j]);
+            if (e->comp_start[j]) cudaEventDestroy(e->comp_start[j]);
+            if (e->comp_end[j]) cudaEventDestroy(e->comp_end[j]);
+        }
     }
+    for (int j = 0; j < CHUNKS; j++)
+        if (ctx->ev_norm_done[j]) cudaEventDestroy(ctx->ev_norm_done[j]);
     if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
     if (ctx->compute_stream) cudaStreamDestroy(ctx->compute_stream);
     (void)cudaGetLastError();
@@ -1080,6 +1157,8 @@ static const struct tw_backend_i cuda_iface = {
     .workspace_bytes = cuda_workspace_bytes,
     .reserve = cuda_reserve,
     .infer = cuda_infer,
+    .infer_begin = cuda_infer_begin,
+    .infer_end = cuda_infer_end,
     .auto_batch = cuda_auto_batch,
     .consumes_weights = cuda_consumes_weights,
     .wants_raw = cuda_wants_raw,
@@ -1112,15 +1191,22 @@ static tw_status ctx_init(cuda_ctx *ctx, tw_error *err)
                                                CUDNN_NOT_PROPAGATE_NAN, 3, 3, 1, 1, 2, 2));
     TW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ctx->pool_in_desc));
     TW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ctx->pool_out_desc));
-    TW_CUDA_CHECK(cudaEventCreate(&ctx->ev_base));
-    TW_CUDA_CHECK(cudaEventCreate(&ctx->ev_d2h_start));
-    TW_CUDA_CHECK(cudaEventCreate(&ctx->ev_d2h_end));
-    for (int j = 0; j < CHUNKS; j++) {
-        TW_CUDA_CHECK(cudaEventCreate(&ctx->ev_h2d_start[j]));
-        TW_CUDA_CHECK(cudaEventCreate(&ctx->ev_h2d_end[j]));
-        TW_CUDA_CHECK(cudaEventCreate(&ctx->ev_comp_start[j]));
-        TW_CUDA_CHECK(cudaEventCreate(&ctx->ev_comp_end[j]));
+    for (int k = 0; k < EVSETS; k++) {
+        batch_events *e = &ctx->ev[k];
+        TW_CUDA_CHECK(cudaEventCreate(&e->base));
+        TW_CUDA_CHECK(cudaEventCreate(&e->d2h_start));
+        TW_CUDA_CHECK(cudaEventCreate(&e->d2h_end));
+        for (int j = 0; j < CHUNKS; j++) {
+            TW_CUDA_CHECK(cudaEventCreate(&e->h2d_start[j]));
+            TW_CUDA_CHECK(cudaEventCreate(&e->h2d_end[j]));
+            TW_CUDA_CHECK(cudaEventCreate(&e->comp_start[j]));
+            TW_CUDA_CHECK(cudaEventCreate(&e->comp_end[j]));
+        }
     }
+    /* only ordering, never timed */
+    for (int j = 0; j < CHUNKS; j++)
+        TW_CUDA_CHECK(cudaEventCreateWithFlags(&ctx->ev_norm_done[j], cudaEventDisableTiming));
+    ctx->prev_set = -1;
     return TW_OK;
 }
 

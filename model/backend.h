@@ -83,6 +83,14 @@ struct tw_backend_i {
     tw_status (*calibrate)(void *ctx, const tw_infer_batch *b, const char *path, tw_error *err);
     /* Run one batch (b->n <= max_batch). Allocates nothing. */
     tw_status (*infer)(void *ctx, const tw_infer_batch *b, tw_error *err);
+    /* Optional (NULL: infer only), for a device that runs beside the host:
+     * infer_begin queues batch b in lane 0 or 1 and returns at once;
+     * infer_end waits for it and writes its outputs. begin(b) then end(b)
+     * is infer(b). Two batches may be begun and not ended, in different
+     * lanes: the copy of the second overlaps the compute of the first. They
+     * end in the order begun; b's buffers stay untouched until its end. */
+    tw_status (*infer_begin)(void *ctx, const tw_infer_batch *b, int lane, tw_error *err);
+    tw_status (*infer_end)(void *ctx, const tw_infer_batch *b, int lane, tw_error *err);
     /* true: infer reads b->raw/valid/norm and normalizes itself (x may be NULL);
      * false: infer reads b->x. */
     bool (*wants_raw)(void *ctx);

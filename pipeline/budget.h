@@ -46,7 +46,8 @@ typedef struct tw_budget_in {
 
 typedef struct tw_budget {
     int batch;   /* tiles per batch slot */
-    int n_slots; /* one per reader, one each for normalize, infer and write */
+    int n_slots; /* one per reader, one each for normalize, infer (two when the
+                    backend overlaps batches) and write */
     int readers;
     int read_strip_w;  /* widest window one read takes (pixels; T rows) */
     size_t read;       /* the readers' strips, all of them */

@@ -293,6 +293,9 @@ typedef struct worker {
     tw_pipe *pp;
     int index;
     double wait_s, t_start;
+    /* infer stage, with a backend that has infer_begin/infer_end */
+    tw_slot *held; /* begun, not ended */
+    int held_lane, lane;
     /* read stage */
     tw_raster *r;
     int *xs;
@@ -303,7 +306,12 @@ typedef struct worker {
 typedef struct stage_def {
     int id; /* TW_STAGE_* */
     tw_status (*start)(worker *w);
-    work_result (*work)(worker *w, tw_slot *s);
+    /* One slot in; *out: the slot to pass on, or NULL (none now: the stage
+     * holds s for later). */
+    work_result (*work)(worker *w, tw_slot *s, tw_slot **out);
+    /* The input is drained (not after an abort): a slot still held, to pass
+     * on, or NULL. NULL when the stage holds none. */
+    tw_slot *(*drain)(worker *w);
     tw_status (*stop)(worker *w); /* after the last work, also after an abort */
 } stage_def;
 
@@ -418,8 +426,9 @@ static work_result read_run(worker *w, tw_slot *s, int si, int ty, int tx0, int 
     return W_PASS;
 }
 
-static work_result read_work(worker *w, tw_slot *s)
+static work_result read_work(worker *w, tw_slot *s, tw_slot **out)
 {
+    *out = s;
     tw_pipe *pp = w->pp;
     batch_claim c;
     if (!claim_batch(pp, &c)) return W_END;
@@ -452,8 +461,9 @@ static work_result read_work(worker *w, tw_slot *s)
 
 /* -- normalize: raw pixels to the model's input (CPU backends) -- */
 
-static work_result normalize_work(worker *w, tw_slot *s)
+static work_result normalize_work(worker *w, tw_slot *s, tw_slot **out)
 {
+    *out = s;
     tw_pipe *pp = w->pp;
     const int T = pp->segs[0].plan.tile;
     if (!pp->wants_raw && s->n_kept > 0)
@@ -463,17 +473,70 @@ static work_result normalize_work(worker *w, tw_slot *s)
 
 /* -- infer -- */
 
-static work_result infer_work(worker *w, tw_slot *s)
+/* With a backend that has infer_begin/infer_end (a GPU), two batches are in
+ * flight: batch k+1 is begun (its copy starts) before batch k is ended, so
+ * the copy hides behind k's compute; the stage then holds k+1 until the
+ * next batch arrives or its input is drained. Slots leave it out of order
+ * (an empty batch passes at once): the write stage reorders them. */
+static work_result infer_work(worker *w, tw_slot *s, tw_slot **out)
 {
     tw_pipe *pp = w->pp;
-    if (s->n_kept > 0) {
-        tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
-        if (pp->be->i->infer(pp->be->ctx, &b, pp->err) != TW_OK) {
+    const struct tw_backend_i *be = pp->be->i;
+    *out = s;
+    if (s->n_kept == 0) return W_PASS;
+    tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
+    if (!be->infer_begin) {
+        if (be->infer(pp->be->ctx, &b, pp->err) == TW_OK) return W_PASS;
+        pipe_abort(pp);
+        return W_FAIL;
+    }
+    if (be->infer_begin(pp->be->ctx, &b, w->lane, pp->err) != TW_OK) {
+        pipe_abort(pp);
+        return W_FAIL;
+    }
+    tw_slot *prev = w->held;
+    int prev_lane = w->held_lane;
+    w->held = s;
+    w->held_lane = w->lane;
+    w->lane ^= 1;
+    *out = prev;
+    if (prev) {
+        tw_infer_batch pb = slot_batch(pp, prev, prev->n_kept, pp->segs[0].plan.tile);
+        if (be->infer_end(pp->be->ctx, &pb, prev_lane, pp->err) != TW_OK) {
             pipe_abort(pp);
             return W_FAIL;
         }
     }
     return W_PASS;
+}
+
+static tw_slot *infer_drain(worker *w)
+{
+    tw_pipe *pp = w->pp;
+    tw_slot *s = w->held;
+    if (!s) return NULL;
+    w->held = NULL;
+    tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
+    if (pp->be->i->infer_end(pp->be->ctx, &b, w->held_lane, pp->err) != TW_OK) {
+        pipe_abort(pp);
+        return NULL;
+    }
+    return s;
+}
+
+static tw_status infer_stop(worker *w)
+{
+    /* After an abort: the batch still on the device must finish before its
+     * slot's (pinned) memory can be freed; its outputs are not wanted. */
+    if (w->held) {
+        tw_pipe *pp = w->pp;
+        tw_error ignored;
+        tw_error_init(&ignored);
+        tw_infer_batch b = slot_batch(pp, w->held, w->held->n_kept, pp->segs[0].plan.tile);
+        (void)pp->be->i->infer_end(pp->be->ctx, &b, w->held_lane, &ignored);
+        w->held = NULL;
+    }
+    return TW_OK;
 }
 
 /* -- write: stitch in raster order, commit chunks, report progress -- */
@@ -569,8 +632,9 @@ static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
     return TW_OK;
 }
 
-static work_result write_work(worker *w, tw_slot *s)
+static work_result write_work(worker *w, tw_slot *s, tw_slot **out)
 {
+    *out = s;
     tw_pipe *pp = w->pp;
     if (write_tiles(pp, s) != TW_OK) {
         pipe_abort(pp);
@@ -609,10 +673,10 @@ static tw_status write_stop(worker *w)
 /* ---- the driver ---------------------------------------------------------------- */
 
 static const stage_def k_stages[TW_STAGE_COUNT] = {
-    [TW_STAGE_READ] = {TW_STAGE_READ, read_start, read_work, read_stop},
-    [TW_STAGE_NORMALIZE] = {TW_STAGE_NORMALIZE, NULL, normalize_work, NULL},
-    [TW_STAGE_INFER] = {TW_STAGE_INFER, NULL, infer_work, NULL},
-    [TW_STAGE_WRITE] = {TW_STAGE_WRITE, write_start, write_work, write_stop},
+    [TW_STAGE_READ] = {TW_STAGE_READ, read_start, read_work, NULL, read_stop},
+    [TW_STAGE_NORMALIZE] = {TW_STAGE_NORMALIZE, NULL, normalize_work, NULL, NULL},
+    [TW_STAGE_INFER] = {TW_STAGE_INFER, NULL, infer_work, infer_drain, infer_stop},
+    [TW_STAGE_WRITE] = {TW_STAGE_WRITE, write_start, write_work, NULL, write_stop},
 };
 
 typedef struct thread_arg {
@@ -622,6 +686,12 @@ typedef struct thread_arg {
     bool out_ordered;
     atomic_int *left; /* workers of this stage still running */
 } thread_arg;
+
+static bool pass_on(thread_arg *a, tw_slot *s)
+{
+    return a->out_ordered ? tw_queue_push_seq(a->out, s, s->seq, &a->w.wait_s)
+                          : tw_queue_push(a->out, s, &a->w.wait_s);
+}
 
 static void *worker_main(void *arg)
 {
@@ -633,17 +703,23 @@ static void *worker_main(void *arg)
     tw_status st = a->def->start ? a->def->start(w) : TW_OK;
     if (st != TW_OK) pipe_abort(pp);
     tw_slot *s;
+    bool drained = st == TW_OK;
     while (st == TW_OK && (s = tw_queue_pop(a->in, &w->wait_s)) != NULL) {
-        if (aborted(pp)) break;
-        work_result r = a->def->work(w, s);
+        tw_slot *out = NULL;
+        work_result r = aborted(pp) ? W_FAIL : a->def->work(w, s, &out);
         if (r == W_END) {
             tw_queue_push(pp->q_free, s, NULL); /* never full: it holds every slot */
+            drained = false;
             break;
         }
-        if (r == W_FAIL) break;
-        bool ok = a->out_ordered ? tw_queue_push_seq(a->out, s, s->seq, &w->wait_s)
-                                 : tw_queue_push(a->out, s, &w->wait_s);
-        if (!ok) break;
+        if (r == W_FAIL || (out && !pass_on(a, out))) {
+            drained = false;
+            break;
+        }
+    }
+    if (drained && !aborted(pp) && a->def->drain) {
+        tw_slot *out = a->def->drain(w);
+        if (out) (void)pass_on(a, out);
     }
     /* the last worker of a stage closes its output: the next stage drains it */
     bool last = atomic_fetch_sub(a->left, 1) == 1;

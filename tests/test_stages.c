@@ -1,0 +1,259 @@
+/* test_stages.c - the stage workers (pipeline/stages.c) through tw_run.
+ *
+ * A backend with infer_begin/infer_end (as the CUDA backend has) makes the
+ * infer stage keep two batches in flight, in alternating lanes, and pass
+ * them on out of order. Here a CPU backend wrapped in such an interface
+ * computes each batch at its begin into the lane's own buffers and hands
+ * them over at its end, so a batch ended in the wrong lane, ended twice or
+ * never, or a slot passed on before its end, gives wrong outputs or a
+ * protocol error. Its outputs must equal the plain CPU backend's, value for
+ * value, with several readers and a batch size that leaves a short last
+ * batch.
+ */
+#include <gdal.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/backend.h"
+#include "pipeline/run.h"
+#include "tests/testutil.h"
+
+enum { LANES = 2 };
+
+typedef struct async_ctx {
+    tw_backend inner;
+    float *probs[LANES], *emb[LANES]; /* each lane's results, until its end */
+    size_t cap_probs, cap_emb;
+    int n_classes, feat_dim;
+    bool busy[LANES];
+    long long begun[LANES], order; /* begin order of the batch in each lane */
+    long long next_end;            /* batches must end in the order begun */
+    int in_flight, max_in_flight;
+    long long n_begin, n_end;
+    bool protocol_error;
+} async_ctx;
+
+static async_ctx *g_last; /* the context of the last backend made, for the asserts */
+
+static size_t a_workspace(void *ctx, const tw_resnet *net, int tile, int max_batch,
+                          tw_precision prec)
+{
+    async_ctx *a = ctx;
+    return a->inner.i->workspace_bytes(a->inner.ctx, net, tile, max_batch, prec);
+}
+static int a_auto_batch(void *ctx, int tile)
+{
+    async_ctx *a = ctx;
+    return a->inner.i->auto_batch(a->inner.ctx, tile);
+}
+static tw_status a_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
+                           bool consume, tw_error *err)
+{
+    async_ctx *a = ctx;
+    tw_status st = a->inner.i->reserve(a->inner.ctx, net, tile, max_batch, prec, consume, err);
+    if (st != TW_OK) return st;
+    a->n_classes = net->n_classes;
+    a->feat_dim = net->feat_dim;
+    a->cap_probs = (size_t)*max_batch * (size_t)net->n_classes;
+    a->cap_emb = (size_t)*max_batch * (size_t)net->feat_dim;
+    for (int l = 0; l < LANES; l++) {
+        a->probs[l] = calloc(a->cap_probs, sizeof(float));
+        a->emb[l] = calloc(a->cap_emb, sizeof(float));
+        if (!a->probs[l] || !a->emb[l]) return tw_error_set(err, TW_ERR_NOMEM, "test: no memory");
+    }
+    return TW_OK;
+}
+static bool a_consumes(void *ctx, tw_precision prec)
+{
+    async_ctx *a = ctx;
+    return a->inner.i->consumes_weights(a->inner.ctx, prec);
+}
+static tw_status a_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
+{
+    async_ctx *a = ctx;
+    return a->inner.i->infer(a->inner.ctx, b, err);
+}
+static tw_status a_begin(void *ctx, const tw_infer_batch *b, int lane, tw_error *err)
+{
+    async_ctx *a = ctx;
+    if (lane < 0 || lane >= LANES || a->busy[lane]) {
+        a->protocol_error = true;
+        return tw_error_set(err, TW_ERR_INTERNAL, "test: begin in a busy lane %d", lane);
+    }
+    /* compute now, into the lane's buffers: b's own outputs stay untouched */
+    tw_infer_batch own = *b;
+    own.probs = a->probs[lane];
+    own.emb = b->emb ? a->emb[lane] : NULL;
+    tw_status st = a->inner.i->infer(a->inner.ctx, &own, err);
+    if (st != TW_OK) return st;
+    a->busy[lane] = true;
+    a->begun[lane] = a->order++;
+    a->n_begin++;
+    if (++a->in_flight > a->max_in_flight) a->max_in_flight = a->in_flight;
+    return TW_OK;
+}
+static tw_status a_end(void *ctx, const tw_infer_batch *b, int lane, tw_error *err)
+{
+    async_ctx *a = ctx;
+    if (lane < 0 || lane >= LANES || !a->busy[lane] || a->begun[lane] != a->next_end) {
+        a->protocol_error = true;
+        return tw_error_set(err, TW_ERR_INTERNAL, "test: end of lane %d out of order", lane);
+    }
+    memcpy(b->probs, a->probs[lane], (size_t)b->n * (size_t)a->n_classes * sizeof(float));
+    if (b->emb) memcpy(b->emb, a->emb[lane], (size_t)b->n * (size_t)a->feat_dim * sizeof(float));
+    a->busy[lane] = false;
+    a->next_end++;
+    a->n_end++;
+    a->in_flight--;
+    return TW_OK;
+}
+static bool a_wants_raw(void *ctx)
+{
+    async_ctx *a = ctx;
+    return a->inner.i->wants_raw(a->inner.ctx);
+}
+static void a_stats(void *ctx, tw_backend_stats *out)
+{
+    async_ctx *a = ctx;
+    a->inner.i->get_stats(a->inner.ctx, out);
+}
+static void a_destroy(void *ctx)
+{
+    async_ctx *a = ctx;
+    tw_backend_destroy(&a->inner);
+    for (int l = 0; l < LANES; l++) {
+        free(a->probs[l]);
+        free(a->emb[l]);
+        a->probs[l] = a->emb[l] = NULL;
+    }
+    /* kept (not freed) for the asserts: g_last */
+}
+
+static const struct tw_backend_i async_iface = {
+    .name = "cpu-async",
+    .workspace_bytes = a_workspace,
+    .auto_batch = a_auto_batch,
+    .reserve = a_reserve,
+    .consumes_weights = a_consumes,
+    .infer = a_infer,
+    .infer_begin = a_begin,
+    .infer_end = a_end,
+    .wants_raw = a_wants_raw,
+    .get_stats = a_stats,
+    .destroy = a_destroy,
+};
+
+static tw_status async_create(int threads, tw_backend *out, tw_error *err)
+{
+    async_ctx *a = calloc(1, sizeof *a);
+    if (!a) return tw_error_set(err, TW_ERR_NOMEM, "test: no memory");
+    tw_status st = tw_cpu_backend_create(threads, &a->inner, err);
+    if (st != TW_OK) {
+        free(a);
+        return st;
+    }
+    free(g_last);
+    g_last = a;
+    out->i = &async_iface;
+    out->ctx = a;
+    return TW_OK;
+}
+
+/* Every band of a raster, as doubles. */
+static double *read_raster(const char *path, int *n)
+{
+    GDALDatasetH ds = GDALOpen(path, GA_ReadOnly);
+    if (!ds) fail_msg("cannot open %s", path);
+    int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds), c = GDALGetRasterCount(ds);
+    *n = w * h * c;
+    double *v = malloc(sizeof(double) * (size_t)*n);
+    assert_non_null(v);
+    assert_int_equal(
+        GDALDatasetRasterIO(ds, GF_Read, 0, 0, w, h, v, w, h, GDT_Float64, c, NULL, 0, 0, 0),
+        CE_None);
+    GDALClose(ds);
+    return v;
+}
+
+static void run_into(const char *device, int readers, int batch, const char *dir)
+{
+    const char *src = getenv("TW_SOURCE_DIR");
+    tw_run_params p = tw_run_default_params();
+    snprintf(p.input.paths[0], sizeof p.input.paths[0], "%s/sample_data/L7_ETMs.tif", src);
+    p.input.n_paths = 1;
+    snprintf(p.model.weights, sizeof p.model.weights, "%s/sample_data/demo_resnet18.h5", src);
+    p.tiling.tile = 64;
+    p.tiling.stride = 32;
+    p.tiling.batch = batch;
+    snprintf(p.runtime.device, sizeof p.runtime.device, "%s", device);
+    p.runtime.readers = readers;
+    p.runtime.threads = 1;
+    snprintf(p.output.dir, sizeof p.output.dir, "%s", dir);
+    p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB;
+    p.quiet = true;
+    tw_error err;
+    tw_error_init(&err);
+    tw_run_result *r = NULL;
+    if (tw_run(&p, NULL, &r, &err) != TW_OK) fail_msg("%s: %s", device, err.msg);
+    if (strcmp(device, "cpu-async") == 0)
+        assert_int_equal(r->budget.n_slots, readers + 4); /* the held batch has a slot */
+    else
+        assert_int_equal(r->budget.n_slots, readers + 3);
+    tw_run_result_destroy(r);
+}
+
+static void test_async_backend_same_outputs(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src) skip();
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_backend_register("cpu-async", async_create, &err), TW_OK);
+    GDALAllRegister();
+    const char *dir = tw_test_tmpdir();
+    char a_dir[512], b_dir[512];
+    snprintf(a_dir, sizeof a_dir, "%s/plain", dir);
+    snprintf(b_dir, sizeof b_dir, "%s/async", dir);
+    /* 100 tiles in batches of 7: a short last batch */
+    run_into("cpu", 1, 7, a_dir);
+    for (int readers = 1; readers <= 3; readers += 2) {
+        run_into("cpu-async", readers, 7, b_dir);
+        assert_non_null(g_last);
+        assert_false(g_last->protocol_error);
+        assert_int_equal(g_last->n_begin, 15); /* ceil(100 / 7) */
+        assert_int_equal(g_last->n_end, g_last->n_begin);
+        assert_int_equal(g_last->max_in_flight, 2); /* the copy of k+1 beside k */
+        static const char *prods[] = {"class", "prob"};
+        for (int i = 0; i < 2; i++) {
+            char pa[600], pb[600];
+            snprintf(pa, sizeof pa, "%s/L7_ETMs.%s.tif", a_dir, prods[i]);
+            snprintf(pb, sizeof pb, "%s/L7_ETMs.%s.tif", b_dir, prods[i]);
+            int na, nb;
+            double *va = read_raster(pa, &na), *vb = read_raster(pb, &nb);
+            assert_int_equal(na, nb);
+            for (int k = 0; k < na; k++)
+                if (va[k] != vb[k])
+                    fail_msg("%s: value %d differs (%g vs %g), readers %d", prods[i], k, va[k],
+                             vb[k], readers);
+            free(va);
+            free(vb);
+        }
+    }
+    free(g_last);
+    g_last = NULL;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_async_backend_same_outputs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
