@@ -55,10 +55,17 @@ static int null_auto_batch(void *ctx, int tile)
     (void)ctx;
     return tile >= 128 ? 256 : 1024; /* the CUDA backend's batches in the GPU benchmarks */
 }
-static tw_status null_reserve(void *vctx, tw_resnet *net, int tile, int *max_batch,
-                              tw_precision prec, bool consume, tw_error *err)
+static bool null_supports(void *ctx, const tw_resnet *net, int tile, tw_precision want,
+                          tw_precision *runs_as, char *why, size_t why_size)
 {
-    (void)tile, (void)max_batch, (void)prec, (void)consume, (void)err;
+    (void)ctx, (void)net, (void)tile, (void)why, (void)why_size;
+    *runs_as = want;
+    return true;
+}
+static tw_status null_reserve(void *vctx, tw_resnet *net, int tile, int batch, tw_precision prec,
+                              bool consume, tw_error *err)
+{
+    (void)tile, (void)batch, (void)prec, (void)consume, (void)err;
     ((null_ctx *)vctx)->n_classes = net->n_classes;
     return TW_OK;
 }
@@ -95,6 +102,7 @@ static const struct tw_backend_i null_iface = {
     .name = "null",
     .workspace_bytes = null_workspace,
     .auto_batch = null_auto_batch,
+    .supports = null_supports,
     .reserve = null_reserve,
     .consumes_weights = null_consumes,
     .calibrate = NULL,
@@ -106,9 +114,9 @@ static const struct tw_backend_i null_iface = {
     .destroy = null_destroy,
 };
 
-static tw_status null_create(int threads, tw_backend *out, tw_error *err)
+static tw_status null_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
 {
-    (void)threads;
+    (void)params;
     null_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     out->i = &null_iface;

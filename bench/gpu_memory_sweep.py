@@ -17,7 +17,7 @@ failure, on a GPU (issue 4).
    TW_CUDA_FAIL_ALLOC_ABOVE=P-1 (reserve treats any arena above it as
    cudaErrorMemoryAllocation, see cuda/README.md) and with P/4.
    Check: backend_stats.batch_halvings >= 1 (>= 2 for P/4), the arena under the
-   limit, the "does not fit in device memory" line on stderr, and outputs equal
+   limit, the "batch lowered" notice on stderr, and outputs equal
    to the unforced run's: the class raster byte for byte, the probabilities
    within 1e-5 (a smaller batch may make cuDNN pick other algorithms, so bitwise
    equality of floats is reported but not required).
@@ -187,7 +187,7 @@ def forced(a, raster, weights, precision):
         st = rep["backend_stats"]
         row.update(batch=rep["memory"]["batch"], batch_halvings=st["batch_halvings"],
                    device_peak_bytes=st["device_peak_bytes"],
-                   stderr_says=[ln for ln in err.splitlines() if "device memory" in ln],
+                   stderr_says=[ln for ln in err.splitlines() if "batch lowered" in ln],
                    outputs=compare_outputs(out_ref, out, stem))
         cmp_ = row["outputs"]
         good = (st["batch_halvings"] >= want and 0 < st["device_peak_bytes"] <= limit

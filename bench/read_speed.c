@@ -32,15 +32,12 @@ static double now_s(void)
 static double pass(const char *path, int tile, bool gdal_only, long long *windows, double *bytes,
                    const char **reader)
 {
-    if (gdal_only)
-        setenv("TILEWISE_TIFF_DIRECT", "0", 1);
-    else
-        unsetenv("TILEWISE_TIFF_DIRECT");
+    tw_raster_open_params op = {.tiff_direct = !gdal_only};
     tw_error err;
     tw_error_init(&err);
     tw_raster *r = NULL;
     double t0 = now_s();
-    if (tw_raster_open(path, NULL, 0, &r, &err) != TW_OK) {
+    if (tw_raster_open_ex(path, NULL, 0, &op, &r, &err) != TW_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }

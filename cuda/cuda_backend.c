@@ -99,7 +99,6 @@ typedef struct cuda_ctx {
     int device;
     char device_name[256];
     size_t fail_above; /* test hook TW_CUDA_FAIL_ALLOC_ABOVE; 0 = off */
-    atomic_int pinned_fallback_told;
 
     cudaStream_t copy_stream, compute_stream;
     cudnnHandle_t cudnn;
@@ -767,17 +766,26 @@ static tw_status precision_setup(cuda_ctx *ctx, tw_precision prec, tw_error *err
     return TW_OK;
 }
 
+static bool cuda_supports(void *vctx, const tw_resnet *net, int tile, tw_precision want,
+                          tw_precision *runs_as, char *why, size_t why_size)
+{
+    (void)vctx, (void)net, (void)tile;
+    *runs_as = want;
+    if (want == TW_PREC_INT8) {
+        snprintf(why, why_size, "supports fp32, tf32, fp16 and bf16, not int8");
+        return false;
+    }
+    return true;
+}
+
 /* consume is not used: the weights are uploaded after the arena is
- * allocated, and the host copy stays for a reserve that halves the batch. */
-static tw_status cuda_reserve(void *vctx, tw_resnet *net, int tile, int *max_batch,
-                              tw_precision prec, bool consume, tw_error *err)
+ * allocated, and the host copy stays for a reserve with a smaller batch. */
+static tw_status cuda_reserve(void *vctx, tw_resnet *net, int tile, int batch, tw_precision prec,
+                              bool consume, tw_error *err)
 {
     (void)consume;
     cuda_ctx *ctx = vctx;
     release_reservation(ctx);
-    if (tile < 1 || *max_batch < 1)
-        return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: reserve with tile %d, batch %d",
-                            tile, *max_batch);
     if (net->in_bands < 1 || net->in_bands > TW_MAX_BANDS || net->n_classes < 1 ||
         net->n_classes > TW_MAX_CLASSES)
         return tw_error_set(err, TW_ERR_MODEL,
@@ -812,40 +820,26 @@ static tw_status cuda_reserve(void *vctx, tw_resnet *net, int tile, int *max_bat
         return st;
     }
 
-    int mb = *max_batch;
-    for (;;) {
-        bool no_fit;
-        st = try_reserve(ctx, mb, &no_fit, err);
-        if (st == TW_OK) break;
+    bool no_fit;
+    st = try_reserve(ctx, batch, &no_fit, err);
+    if (st != TW_OK) {
         free_attempt(ctx);
         if (!no_fit) {
             release_reservation(ctx);
             return st;
         }
-        if (mb == 1) {
-            size_t free_b = 0, total_b = 0;
-            if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
-            release_reservation(ctx);
-            return tw_error_set(err, TW_ERR_NOMEM,
-                                "cuda:%d (%s): not even one %dx%d tile fits in device memory "
-                                "(%zu bytes needed, %zu free)",
-                                ctx->device, ctx->device_name, tile, tile,
-                                plan_arena(net, tile, 1, 1, ctx->esize, ctx->ws_bytes).total,
-                                free_b);
-        }
-        mb /= 2;
-        ctx->stats.batch_halvings++;
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+        release_reservation(ctx);
+        return tw_error_set(
+            err, TW_ERR_NOMEM,
+            "cuda:%d (%s): %d tiles of %dx%d do not fit in device memory (%zu "
+            "bytes needed, %zu free)",
+            ctx->device, ctx->device_name, batch, tile, tile,
+            plan_arena(net, tile, batch, chunk_for(batch), ctx->esize, ctx->ws_bytes).total,
+            free_b);
     }
-    if (mb != *max_batch)
-        fprintf(stderr,
-                "tilewise: cuda:%d (%s): batch %d does not fit in device memory; using batch %d\n",
-                ctx->device, ctx->device_name, *max_batch, mb);
-    if (ctx->n_unfused > 0)
-        fprintf(stderr,
-                "tilewise: cuda:%d: cuDNN has no fused kernel for %d of %d convolutions; they run "
-                "unfused\n",
-                ctx->device, ctx->n_unfused, ctx->n_layers);
-    *max_batch = mb;
+    ctx->stats.unfused_convs = ctx->n_unfused;
     if (ctx->arena_bytes > ctx->stats.device_peak_bytes)
         ctx->stats.device_peak_bytes = ctx->arena_bytes;
     ctx->reserved = true;
@@ -902,13 +896,7 @@ static double elapsed_s(cudaEvent_t a, cudaEvent_t b)
  * the results' copy to the lane's host buffers. Returns without waiting. */
 static tw_status cuda_infer_begin(void *vctx, const tw_infer_batch *b, int lane, tw_error *err)
 {
-    cuda_ctx *ctx = vctx;
-    if (!ctx->reserved)
-        return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: infer called before reserve");
-    if (b->n < 1 || b->n > ctx->max_batch || b->tile != ctx->tile)
-        return tw_error_set(err, TW_ERR_INTERNAL,
-                            "cuda backend: batch of %d %dx%d tiles, reserved for %d of %dx%d", b->n,
-                            b->tile, b->tile, ctx->max_batch, ctx->tile, ctx->tile);
+    cuda_ctx *ctx = vctx; /* tw_backend_infer_begin checked b against the reservation */
     if (lane < 0 || lane >= LANES || ctx->lane_busy[lane])
         return tw_error_set(err, TW_ERR_INTERNAL, "cuda backend: lane %d is not free", lane);
     const tw_resnet *net = ctx->net;
@@ -1065,11 +1053,8 @@ static void *cuda_host_alloc(void *vctx, size_t bytes)
         h->pinned = 1;
     } else {
         (void)cudaGetLastError();
-        if (atomic_exchange(&ctx->pinned_fallback_told, 1) == 0)
-            fprintf(stderr,
-                    "tilewise: cuda:%d: no pinned host memory (%s); batch slots use ordinary "
-                    "memory, host-to-device copies will be slower\n",
-                    ctx->device, cudaGetErrorString(e));
+        /* the pipeline says so once (backend_stats.pinned_fallback) */
+        ctx->stats.pinned_fallback = true;
         h = tw_alloc(TW_MEM_SLOTS, sizeof *h + bytes);
         if (!h) return NULL;
         h->pinned = 0;
@@ -1155,6 +1140,7 @@ static void cuda_destroy(void *vctx)
 static const struct tw_backend_i cuda_iface = {
     .name = "cuda",
     .workspace_bytes = cuda_workspace_bytes,
+    .supports = cuda_supports,
     .reserve = cuda_reserve,
     .infer = cuda_infer,
     .infer_begin = cuda_infer_begin,
@@ -1220,7 +1206,8 @@ int tw_cuda_device_count(void)
     return n;
 }
 
-tw_status tw_cuda_backend_create(int device_index, tw_backend *out, tw_error *err)
+tw_status tw_cuda_backend_create(int device_index, const tw_backend_params *params, tw_backend *out,
+                                 tw_error *err)
 {
     memset(out, 0, sizeof *out);
     int count = tw_cuda_device_count();
@@ -1231,10 +1218,8 @@ tw_status tw_cuda_backend_create(int device_index, tw_backend *out, tw_error *er
     if (!ctx) return tw_error_set(err, TW_ERR_NOMEM, "cuda backend: no memory for its context");
     ctx->device = device_index;
     /* Test hook (documented in cuda/README.md): pretend totals above this
-     * many bytes fail to allocate, to exercise the batch halving. Read once,
-     * here, so the library never consults the environment mid-run. */
-    const char *hook = getenv("TW_CUDA_FAIL_ALLOC_ABOVE");
-    if (hook && *hook) ctx->fail_above = (size_t)strtoull(hook, NULL, 10);
+     * many bytes fail to allocate, to exercise the batch halving. */
+    ctx->fail_above = params->cuda_fail_above;
     tw_status st = ctx_init(ctx, err);
     if (st != TW_OK) {
         cuda_destroy(ctx);

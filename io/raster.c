@@ -35,6 +35,7 @@ struct tw_raster {
     size_t mask_cap;
     tw_tiff *tiff; /* plain tiled GeoTIFF: pixels through libtiff (tiff_direct.h) */
     char why_gdal[160];
+    bool allow_direct;  /* tw_raster_open_params.tiff_direct */
     uint8_t *strip;     /* tw_raster_read_tiles' window: raw then valid, strip_bytes */
     size_t strip_bytes; /* 0 until tw_raster_reserve_strip */
     int strip_w, strip_h;
@@ -189,9 +190,8 @@ static void find_mask(tw_raster *r)
  * from runtime.memory). TILEWISE_TIFF_DIRECT=0 keeps every file on GDAL. */
 static void open_direct(tw_raster *r)
 {
-    const char *env = getenv("TILEWISE_TIFF_DIRECT");
-    if (env && strcmp(env, "0") == 0) {
-        snprintf(r->why_gdal, sizeof r->why_gdal, "TILEWISE_TIFF_DIRECT=0");
+    if (!r->allow_direct) {
+        snprintf(r->why_gdal, sizeof r->why_gdal, "the libtiff reader is turned off");
     } else if (strcmp(r->info.driver, "GTiff") != 0) {
         snprintf(r->why_gdal, sizeof r->why_gdal, "driver %s", r->info.driver);
     } else if (r->mask) {
@@ -288,8 +288,20 @@ static tw_status open_checked(tw_raster *r, const char *path, const int *bands, 
     return TW_OK;
 }
 
+tw_raster_open_params tw_raster_default_open_params(void)
+{
+    return (tw_raster_open_params){.tiff_direct = true};
+}
+
 tw_status tw_raster_open(const char *path, const int *bands, int n_bands, tw_raster **out,
                          tw_error *err)
+{
+    tw_raster_open_params op = tw_raster_default_open_params();
+    return tw_raster_open_ex(path, bands, n_bands, &op, out, err);
+}
+
+tw_status tw_raster_open_ex(const char *path, const int *bands, int n_bands,
+                            const tw_raster_open_params *op, tw_raster **out, tw_error *err)
 {
     *out = NULL;
     if (!path || !*path) return tw_error_set(err, TW_ERR_INPUT, "raster path is empty");
@@ -299,6 +311,7 @@ tw_status tw_raster_open(const char *path, const int *bands, int n_bands, tw_ras
 
     tw_raster *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
     if (!r) return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
+    r->allow_direct = op->tiff_direct;
     r->path = strdup(path);
     if (!r->path) {
         tw_free(r);

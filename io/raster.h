@@ -65,6 +65,15 @@ typedef struct tw_raster tw_raster;
  * are TW_ERR_INPUT. */
 tw_status tw_raster_open(const char *path, const int *bands, int n_bands, tw_raster **out,
                          tw_error *err);
+
+/* Knobs of a reader (the CLI fills them; the library reads no environment). */
+typedef struct tw_raster_open_params {
+    bool tiff_direct; /* plain tiled GeoTIFFs through libtiff directly (default true) */
+} tw_raster_open_params;
+tw_raster_open_params tw_raster_default_open_params(void);
+/* tw_raster_open with params (tw_raster_open uses the defaults). */
+tw_status tw_raster_open_ex(const char *path, const int *bands, int n_bands,
+                            const tw_raster_open_params *op, tw_raster **out, tw_error *err);
 void tw_raster_close(tw_raster *r);
 
 /* Borrowed; valid until close. */

@@ -40,23 +40,38 @@ tw_status tw_backend_register(const char *device, tw_backend_create_fn create, t
     return TW_OK;
 }
 
+tw_backend_params tw_backend_default_params(void)
+{
+    return (tw_backend_params){
+        .threads = 0, .cpu_winograd = true, .cuda_fail_above = 0, .log = NULL};
+}
+
 tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_backend *out,
                             tw_error *err)
+{
+    (void)quiet; /* no log: nothing is said either way */
+    tw_backend_params p = tw_backend_default_params();
+    p.threads = threads;
+    return tw_backend_create_ex(device, &p, out, err);
+}
+
+tw_status tw_backend_create_ex(const char *device, const tw_backend_params *params, tw_backend *out,
+                               tw_error *err)
 {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < g_n_registered; i++)
         if (strcmp(device, g_registered[i].device) == 0)
-            return g_registered[i].create(threads, out, err);
-    if (strcmp(device, "cpu") == 0) return tw_cpu_backend_create(threads, out, err);
+            return g_registered[i].create(params, out, err);
+    if (strcmp(device, "cpu") == 0) return tw_cpu_backend_create(params, out, err);
     if (strcmp(device, "auto") == 0) {
 #ifdef TW_WITH_CUDA
-        if (tw_cuda_device_count() > 0) return tw_cuda_backend_create(0, out, err);
-        if (!quiet) fprintf(stderr, "tilewise: no CUDA device found; running on the CPU\n");
+        if (tw_cuda_device_count() > 0) return tw_cuda_backend_create(0, params, out, err);
+        tw_log_printf(params->log, TW_LOG_NOTICE, "no CUDA device found; running on the CPU");
 #else
-        if (!quiet)
-            fprintf(stderr, "tilewise: built without the CUDA backend; running on the CPU\n");
+        tw_log_printf(params->log, TW_LOG_NOTICE,
+                      "built without the CUDA backend; running on the CPU");
 #endif
-        return tw_cpu_backend_create(threads, out, err);
+        return tw_cpu_backend_create(params, out, err);
     }
     if (strcmp(device, "cuda") == 0 || strncmp(device, "cuda:", 5) == 0) {
         int index;
@@ -73,7 +88,7 @@ tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_back
             return tw_error_set(err, TW_ERR_DEVICE,
                                 "runtime.device %s: this machine has %d CUDA device%s (cuda:0..%d)",
                                 device, count, count == 1 ? "" : "s", count - 1);
-        return tw_cuda_backend_create(index, out, err);
+        return tw_cuda_backend_create(index, params, out, err);
 #else
         return tw_error_set(err, TW_ERR_DEVICE,
                             "runtime.device %s: this tilewise was built without the CUDA backend",
@@ -82,6 +97,100 @@ tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_back
     }
     return tw_error_set(err, TW_ERR_CONFIG, "runtime.device: '%s' is not auto, cpu, cuda or cuda:N",
                         device);
+}
+
+static const char *prec_name(tw_precision p)
+{
+    static const char *names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
+    return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
+}
+
+tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_batch,
+                             tw_precision prec, bool consume, const tw_log *log, tw_error *err)
+{
+    b->reserved = false;
+    if (tile < 1 || *max_batch < 1)
+        return tw_error_set(err, TW_ERR_INTERNAL, "%s backend: reserve for %d tiles of %d px",
+                            b->i->name, *max_batch, tile);
+    char why[512] = "";
+    tw_precision runs = prec;
+    if (!b->i->supports(b->ctx, net, tile, prec, &runs, why, sizeof why))
+        return tw_error_set(err, TW_ERR_CONFIG, "runtime.precision %s: the %s backend %s",
+                            prec_name(prec), b->i->name, why);
+    if (runs != prec)
+        tw_log_printf(log, TW_LOG_NOTICE, "runtime.precision %s: %s; computing in %s",
+                      prec_name(prec), why, prec_name(runs));
+    int batch = *max_batch;
+    for (;;) {
+        tw_error local;
+        tw_error_init(&local);
+        tw_status st = b->i->reserve(b->ctx, net, tile, batch, runs, consume, &local);
+        if (st == TW_OK) break;
+        if (st != TW_ERR_NOMEM || batch == 1) {
+            /* only now record what went wrong (the halvings stay silent) */
+            return tw_error_set(err, local.set ? local.status : st, "%s",
+                                local.set ? local.msg : "reserve failed");
+        }
+        batch /= 2;
+        b->batch_halvings++;
+    }
+    if (batch != *max_batch)
+        tw_log_printf(log, TW_LOG_NOTICE,
+                      "%s backend: batch lowered from %d to %d tiles (they did not fit in memory)",
+                      b->i->name, *max_batch, batch);
+    *max_batch = batch;
+    b->reserved = true;
+    b->tile = tile;
+    b->max_batch = batch;
+    b->precision = runs;
+    return TW_OK;
+}
+
+static tw_status check_batch(const tw_backend *b, const tw_infer_batch *x, tw_error *err)
+{
+    if (!b->reserved)
+        return tw_error_set(err, TW_ERR_INTERNAL, "%s backend: infer before reserve", b->i->name);
+    bool has_input = b->i->wants_raw(b->ctx) ? (x->raw || x->x) : x->x != NULL;
+    if (x->n < 1 || x->n > b->max_batch || x->tile != b->tile || !has_input || !x->probs)
+        return tw_error_set(err, TW_ERR_INTERNAL,
+                            "%s backend: a batch of %d tiles of %d px%s does not fit the reserved "
+                            "%d tiles of %d px",
+                            b->i->name, x->n, x->tile,
+                            !has_input || !x->probs ? " without its buffers" : "", b->max_batch,
+                            b->tile);
+    return TW_OK;
+}
+
+tw_status tw_backend_infer(tw_backend *b, const tw_infer_batch *batch, tw_error *err)
+{
+    tw_status st = check_batch(b, batch, err);
+    return st != TW_OK ? st : b->i->infer(b->ctx, batch, err);
+}
+
+void tw_backend_get_stats(const tw_backend *b, tw_backend_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (b->i->get_stats) b->i->get_stats(b->ctx, out);
+    out->batch_halvings = b->batch_halvings;
+}
+
+bool tw_backend_overlaps(const tw_backend *b)
+{
+    return b->i->infer_begin && b->i->infer_end;
+}
+
+tw_status tw_backend_infer_begin(tw_backend *b, const tw_infer_batch *batch, int lane,
+                                 tw_error *err)
+{
+    tw_status st = check_batch(b, batch, err);
+    if (st != TW_OK) return st;
+    return tw_backend_overlaps(b) ? b->i->infer_begin(b->ctx, batch, lane, err)
+                                  : b->i->infer(b->ctx, batch, err);
+}
+
+tw_status tw_backend_infer_end(tw_backend *b, const tw_infer_batch *batch, int lane, tw_error *err)
+{
+    return tw_backend_overlaps(b) ? b->i->infer_end(b->ctx, batch, lane, err) : TW_OK;
 }
 
 void tw_backend_destroy(tw_backend *b)

@@ -7,6 +7,13 @@
  *
  * Lifetime: create -> reserve (once, worst case: max batch) -> infer... -> destroy.
  * After reserve, infer allocates nothing.
+ *
+ * Policy lives above the seam, in backend.c, once for every backend: which
+ * precision runs when the one asked for is not available (supports), the
+ * halving of the batch when it does not fit (tw_backend_reserve), the checks
+ * of every batch (tw_backend_infer), and the notices about all of them
+ * (through the caller's tw_log). A backend answers questions, tries exactly
+ * what it is asked, returns a status, and prints nothing.
  */
 #ifndef TW_BACKEND_H
 #define TW_BACKEND_H
@@ -47,6 +54,8 @@ typedef struct tw_backend_stats {
     double copy_hidden_s;     /* copy time overlapped with compute */
     size_t device_peak_bytes; /* device memory high-water mark (0 on CPU) */
     int batch_halvings;       /* times the batch was halved after an allocation failure */
+    int unfused_convs;        /* convolutions the device runs without fused bias/ReLU (CUDA) */
+    bool pinned_fallback;     /* host_alloc gave ordinary memory: no pinned memory left */
     tw_precision precision;   /* what the backend really computes in (it may fall back) */
     int winograd_convs;       /* convolutions run as Winograd F(4,3) (CPU, fp32; 0 elsewhere) */
 } tw_backend_stats;
@@ -62,14 +71,21 @@ struct tw_backend_i {
      * beyond which this backend gets no faster, only bigger (the budget
      * may lower it further). */
     int (*auto_batch)(void *ctx, int tile);
-    /* Allocate everything for batches up to max_batch. May lower *max_batch
-     * (and say so once on stderr) when the device cannot hold it; fails with
-     * TW_ERR_NOMEM when not even batch 1 fits. consume: the caller will not
-     * use the net's convolution weights again, so a backend that keeps its
-     * own copy may free each conv's w and b (tw_resnet_release_conv) as soon
-     * as it is copied: the weights are then never in memory twice. A net
+    /* What this backend computes in when runtime.precision is `want`, for
+     * this net and tile: true with *runs_as (== want, or the precision it
+     * falls back to, with the reason in why), or false when it refuses want
+     * (why says why). May build a trial plan; allocates nothing lasting. */
+    bool (*supports)(void *ctx, const tw_resnet *net, int tile, tw_precision want,
+                     tw_precision *runs_as, char *why, size_t why_size);
+    /* Allocate everything for batches of up to `batch` tiles in prec (a
+     * precision supports() answered with). Exactly that batch: TW_ERR_NOMEM
+     * (with a message) when it does not fit, and nothing is left allocated:
+     * tw_backend_reserve then halves it. consume: the caller will not use
+     * the net's convolution weights again, so a backend that keeps its own
+     * copy may free each conv's w and b (tw_resnet_release_conv) as soon as
+     * it is copied: the weights are then never in memory twice. A net
      * consumed by one reserve cannot be reserved again. */
-    tw_status (*reserve)(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
+    tw_status (*reserve)(void *ctx, tw_resnet *net, int tile, int batch, tw_precision prec,
                          bool consume, tw_error *err);
     /* Whether reserve(..., consume = true) frees the net's weights in prec:
      * then the budget counts them at the model load only, not in the run. */
@@ -81,7 +97,8 @@ struct tw_backend_i {
      * comes calibrates on that batch. May rebuild what reserve built (the
      * same memory), so it may allocate. Writes nothing into b. */
     tw_status (*calibrate)(void *ctx, const tw_infer_batch *b, const char *path, tw_error *err);
-    /* Run one batch (b->n <= max_batch). Allocates nothing. */
+    /* Run one batch (b->n <= the reserved batch; tw_backend_infer checks).
+     * Allocates nothing. */
     tw_status (*infer)(void *ctx, const tw_infer_batch *b, tw_error *err);
     /* Optional (NULL: infer only), for a device that runs beside the host:
      * infer_begin queues batch b in lane 0 or 1 and returns at once;
@@ -105,13 +122,54 @@ struct tw_backend_i {
 typedef struct tw_backend {
     const struct tw_backend_i *i;
     void *ctx;
+    /* set by tw_backend_reserve */
+    bool reserved;
+    int tile, max_batch;
+    tw_precision precision; /* what it computes in */
+    int batch_halvings;     /* by tw_backend_reserve, over the backend's life */
 } tw_backend;
+
+/* Knobs of a backend, filled by the caller (the CLI from its command line
+ * and environment); the library reads no environment variable. */
+typedef struct tw_backend_params {
+    int threads;            /* CPU threads; 0 = all cores */
+    bool cpu_winograd;      /* fp32 3x3 convolutions as Winograd where oneDNN has it */
+    size_t cuda_fail_above; /* test hook: device arenas above this many bytes fail (0: off) */
+    const tw_log *log;      /* where create's notices go (may be NULL) */
+} tw_backend_params;
+
+tw_backend_params tw_backend_default_params(void);
+
+/* Reserve b for batches of up to *max_batch tiles of tile x tile pixels
+ * in precision prec: asks supports() what runs (a fallback is a notice on
+ * log; a refusal is TW_ERR_CONFIG naming the backend and the reason), then
+ * reserve() with *max_batch, halving it after each TW_ERR_NOMEM down to 1
+ * (a lowered batch is a notice; batch 1 failing is the backend's error).
+ * *max_batch receives the batch reserved. consume: see reserve(). */
+tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_batch,
+                             tw_precision prec, bool consume, const tw_log *log, tw_error *err);
+/* Run one batch after checking it against the reservation (size, tile,
+ * buffers): a mismatch is TW_ERR_INTERNAL naming both. */
+tw_status tw_backend_infer(tw_backend *b, const tw_infer_batch *batch, tw_error *err);
+/* infer_begin / infer_end with the same checks; a backend without them
+ * runs the whole batch in begin (end then only returns). */
+tw_status tw_backend_infer_begin(tw_backend *b, const tw_infer_batch *batch, int lane,
+                                 tw_error *err);
+tw_status tw_backend_infer_end(tw_backend *b, const tw_infer_batch *batch, int lane, tw_error *err);
+/* The backend's statistics, with the seam's own (batch_halvings). */
+void tw_backend_get_stats(const tw_backend *b, tw_backend_stats *out);
+/* Whether infer_begin/infer_end overlap two batches (the pipeline then
+ * keeps one more slot in the infer stage). */
+bool tw_backend_overlaps(const tw_backend *b);
 
 /* Create a backend for runtime.device ("auto", "cpu", "cuda", "cuda:N").
  * "auto" picks CUDA when compiled in and a device is present, else the CPU
- * with one notice on stderr (unless quiet). "cuda"/"cuda:N" without a usable
- * device is TW_ERR_DEVICE. threads: CPU threads (0 = all cores).
- * On success *out must be released with tw_backend_destroy. */
+ * with one notice on params->log. "cuda"/"cuda:N" without a usable device
+ * is TW_ERR_DEVICE. On success *out must be released with
+ * tw_backend_destroy. */
+tw_status tw_backend_create_ex(const char *device, const tw_backend_params *params, tw_backend *out,
+                               tw_error *err);
+/* tw_backend_create_ex with default params but threads, and no log. */
 tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_backend *out,
                             tw_error *err);
 void tw_backend_destroy(tw_backend *b);
@@ -120,13 +178,15 @@ void tw_backend_destroy(tw_backend *b);
  * by tw_backend_create when runtime.device equals `device` (at most 15
  * characters; at most 4 registrations). Not thread-safe: register at start-up,
  * before any run. */
-typedef tw_status (*tw_backend_create_fn)(int threads, tw_backend *out, tw_error *err);
+typedef tw_status (*tw_backend_create_fn)(const tw_backend_params *params, tw_backend *out,
+                                          tw_error *err);
 tw_status tw_backend_register(const char *device, tw_backend_create_fn create, tw_error *err);
 
 /* Constructors of the individual backends (used by tw_backend_create). */
-tw_status tw_cpu_backend_create(int threads, tw_backend *out, tw_error *err);
+tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out, tw_error *err);
 #ifdef TW_WITH_CUDA
-tw_status tw_cuda_backend_create(int device_index, tw_backend *out, tw_error *err);
+tw_status tw_cuda_backend_create(int device_index, const tw_backend_params *params, tw_backend *out,
+                                 tw_error *err);
 int tw_cuda_device_count(void);
 #endif
 

@@ -480,13 +480,12 @@ static int free_buf(unsigned busy)
 
 /* Whether fp32 plans use Winograd: oneDNN 2.6 has it for AVX-512 CPUs
  * only, where it runs ResNet's 3x3 convolutions 1.4-2.6x faster than its
- * direct kernels (bench/RESULTS.md); TILEWISE_CPU_WINOGRAD=0 turns it off
- * (exactly PyTorch's arithmetic order is not kept either way; Winograd's
- * transforms add a rounding error of about 1e-6 relative). */
+ * direct kernels (bench/RESULTS.md); params.cpu_winograd false (the CLI's
+ * TILEWISE_CPU_WINOGRAD=0) turns it off (exactly PyTorch's arithmetic order
+ * is not kept either way; Winograd's transforms add a rounding error of
+ * about 1e-6 relative). */
 static bool use_winograd(dnnl_engine_t eng)
 {
-    const char *env = getenv("TILEWISE_CPU_WINOGRAD");
-    if (env && strcmp(env, "0") == 0) return false;
     dnnl_memory_desc_t x, w;
     dnnl_dims_t xd = {1, 16, 8, 8}, wd = {16, 16, 3, 3}, one = {1, 1};
     dnnl_convolution_desc_t cd;
@@ -840,35 +839,24 @@ static size_t cpu_workspace_bytes(void *ctx, const tw_resnet *net, int tile, int
     return mode_bytes(c, net, tile, max_batch, mode);
 }
 
-/* Plan and build the net in mode for batches of *batch tiles; when
- * may_lower, halve the batch on out-of-memory down to 1. consume: see
- * build(). */
+/* Plan and build the net in mode for batches of `batch` tiles. On failure
+ * nothing stays built. consume: see build(). */
 static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, int tile,
-                            int *batch, bool may_lower, num_mode mode, const float *amax,
-                            tw_error *err)
+                            int batch, num_mode mode, const float *amax, tw_error *err)
 {
-    for (;;) {
-        plan p;
-        tw_error local;
-        tw_error_init(&local);
-        tw_status st = plan_build(&p, c, net, tile, *batch, mode, amax, &local);
-        if (st == TW_OK) st = build(c, net, consume, &p, &local);
-        int n_conv = p.n_conv;
-        plan_free(&p);
-        if (st == TW_OK) {
-            c->mode = mode;
-            c->n_conv = n_conv;
-            c->reserved = true;
-            return TW_OK;
-        }
+    plan p;
+    tw_status st = plan_build(&p, c, net, tile, batch, mode, amax, err);
+    if (st == TW_OK) st = build(c, net, consume, &p, err);
+    int n_conv = p.n_conv;
+    plan_free(&p);
+    if (st != TW_OK) {
         release(c);
-        if (st != TW_ERR_NOMEM || !may_lower || *batch == 1) {
-            /* only now record what went wrong (the retries stay silent) */
-            if (local.set) tw_error_set(err, local.status, "%s", local.msg);
-            return st;
-        }
-        *batch /= 2;
+        return st;
     }
+    c->mode = mode;
+    c->n_conv = n_conv;
+    c->reserved = true;
+    return TW_OK;
 }
 
 static bool cpu_consumes_weights(void *ctx, tw_precision prec)
@@ -877,38 +865,44 @@ static bool cpu_consumes_weights(void *ctx, tw_precision prec)
     return wanted_mode(prec) != NUM_INT8; /* int8 quantizes them again per raster */
 }
 
-static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
+static bool cpu_supports(void *ctx, const tw_resnet *net, int tile, tw_precision want,
+                         tw_precision *runs_as, char *why, size_t why_size)
+{
+    cpu_ctx *c = ctx;
+    set_threads(c);
+    *runs_as = want;
+    if (want == TW_PREC_TF32) {
+        *runs_as = TW_PREC_FP32; /* fp32 is what tf32 rounds from: no notice */
+        return true;
+    }
+    if (want == TW_PREC_FP16) {
+        *runs_as = TW_PREC_FP32;
+        snprintf(why, why_size, "the CPU backend has no fp16 convolutions");
+        return true;
+    }
+    num_mode mode = wanted_mode(want);
+    if (!mode_supported(c, net, tile, mode)) {
+        *runs_as = TW_PREC_FP32;
+        snprintf(why, why_size, "%s convolutions are not available on this CPU (%s)",
+                 mode_name(mode), c->probes[mode].why.msg);
+    }
+    return true;
+}
+
+static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_precision prec,
                              bool consume, tw_error *err)
 {
     cpu_ctx *c = ctx;
-    if (*max_batch < 1)
-        return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: max_batch %d", *max_batch);
     release(c);
     c->int8 = c->calibrate = false;
     set_threads(c);
     num_mode mode = wanted_mode(prec);
-    if (prec == TW_PREC_FP16) {
-        fprintf(stderr, "tilewise: the CPU backend has no fp16 convolutions; computing in "
-                        "fp32\n");
-    } else if (!mode_supported(c, net, tile, mode)) {
-        fprintf(stderr,
-                "tilewise: %s convolutions are not available on this CPU (%s); "
-                "computing in fp32\n",
-                mode_name(mode), c->probes[mode].why.msg);
-        mode = NUM_F32;
-    }
-    int batch = *max_batch;
     /* int8 starts in fp32: calibrate() measures the activation ranges with
      * it, then quantizes the net's weights (for every raster): it keeps them */
     tw_resnet *consumed = consume && cpu_consumes_weights(c, prec) ? net : NULL;
-    tw_status st = build_mode(c, net, consumed, tile, &batch, true,
-                              mode == NUM_INT8 ? NUM_F32 : mode, NULL, err);
+    tw_status st =
+        build_mode(c, net, consumed, tile, batch, mode == NUM_INT8 ? NUM_F32 : mode, NULL, err);
     if (st != TW_OK) return st;
-    if (batch != *max_batch) {
-        fprintf(stderr, "tilewise: CPU backend: batch lowered from %d to %d (out of memory)\n",
-                *max_batch, batch);
-        *max_batch = batch;
-    }
     c->int8 = c->calibrate = mode == NUM_INT8;
     c->net = net;
     c->max_batch = batch;
@@ -1004,13 +998,13 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
  * int8 plan with them in place of the fp32 one (same batch size: the
  * caller's slots are sized for it). When an int8 plan is already built (an
  * earlier raster), an fp32 one is built for the measurement first. */
-static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, const char *what, tw_error *err)
+static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
 {
     int batch = c->max_batch;
     tw_status st = TW_OK;
     if (c->mode != NUM_F32) {
         release(c);
-        st = build_mode(c, c->net, NULL, c->tile, &batch, false, NUM_F32, NULL, err);
+        st = build_mode(c, c->net, NULL, c->tile, batch, NUM_F32, NULL, err);
         if (st != TW_OK) return st;
     }
     float *amax = tw_calloc(TW_MEM_OTHER, (size_t)c->n_conv + 1, sizeof *amax);
@@ -1019,12 +1013,11 @@ static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, const char *what
     st = run_ops(c, b, amax, err);
     if (st == TW_OK) {
         release(c);
-        st = build_mode(c, c->net, NULL, c->tile, &batch, false, NUM_INT8, amax, err);
+        st = build_mode(c, c->net, NULL, c->tile, batch, NUM_INT8, amax, err);
     }
     tw_free(amax);
     if (st != TW_OK) return st;
     c->calibrate = false;
-    fprintf(stderr, "tilewise: int8: activation ranges calibrated on %d tiles %s\n", b->n, what);
     return TW_OK;
 }
 
@@ -1035,25 +1028,17 @@ static tw_status cpu_calibrate(void *ctx, const tw_infer_batch *b, const char *p
     if (b->n < 1 || b->n > c->max_batch || b->tile != c->tile || !b->x)
         return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: calibration batch of %d tiles",
                             b->n);
+    (void)path;
     set_threads(c);
-    char what[512];
-    snprintf(what, sizeof what, "spread over %s", path);
-    return calibrate(c, b, what, err);
+    return calibrate(c, b, err);
 }
 
 static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
 {
-    cpu_ctx *c = ctx;
-    if (!c->reserved)
-        return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: infer before reserve");
-    if (b->n < 1 || b->n > c->max_batch || b->tile != c->tile || !b->x || !b->probs)
-        return tw_error_set(err, TW_ERR_INTERNAL,
-                            "CPU backend: batch of %d tiles of %d px does not fit the reserved "
-                            "%d x %d px",
-                            b->n, b->tile, c->max_batch, c->tile);
+    cpu_ctx *c = ctx; /* tw_backend_infer checked b against the reservation */
     double t0 = now_s();
     set_threads(c);
-    tw_status st = c->calibrate ? calibrate(c, b, "of the first batch", err) : TW_OK;
+    tw_status st = c->calibrate ? calibrate(c, b, err) : TW_OK;
     if (st == TW_OK) st = run_ops(c, b, NULL, err);
     if (st != TW_OK) return st;
 
@@ -1132,6 +1117,7 @@ static void cpu_destroy(void *ctx)
 static const struct tw_backend_i k_cpu_iface = {
     .name = "cpu",
     .workspace_bytes = cpu_workspace_bytes,
+    .supports = cpu_supports,
     .reserve = cpu_reserve,
     .calibrate = cpu_calibrate,
     .infer = cpu_infer,
@@ -1144,20 +1130,20 @@ static const struct tw_backend_i k_cpu_iface = {
     .destroy = cpu_destroy,
 };
 
-tw_status tw_cpu_backend_create(int threads, tw_backend *out, tw_error *err)
+tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
 {
     out->i = NULL;
     out->ctx = NULL;
     cpu_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
     if (!c) return tw_error_set(err, TW_ERR_NOMEM, "out of memory creating the CPU backend");
-    c->threads = threads > 0 ? threads : 0;
+    c->threads = params->threads > 0 ? params->threads : 0;
     dnnl_status_t s = dnnl_engine_create(&c->eng, dnnl_cpu, 0);
     if (s == dnnl_success) s = dnnl_stream_create(&c->stream, c->eng, dnnl_stream_default_flags);
     if (s != dnnl_success) {
         cpu_destroy(c);
         return dnnl_fail(err, s, "CPU engine/stream create");
     }
-    c->wino = use_winograd(c->eng);
+    c->wino = params->cpu_winograd && use_winograd(c->eng);
     out->i = &k_cpu_iface;
     out->ctx = c;
     return TW_OK;

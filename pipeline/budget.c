@@ -79,7 +79,7 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     b->readers = in->readers > 0 ? in->readers : 1;
     /* one per reader, normalize, infer (two with a backend that overlaps
      * batches: infer_begin/infer_end), write */
-    b->n_slots = b->readers + 3 + (in->backend->i->infer_begin ? 1 : 0);
+    b->n_slots = b->readers + 3 + (tw_backend_overlaps(in->backend) ? 1 : 0);
     b->ref_capacity = ref_capacity_for(batch);
     b->slot_bytes = tw_budget_slot_bytes(in, batch, b->ref_capacity);
     b->slots = b->slot_bytes * (size_t)b->n_slots;

@@ -70,3 +70,14 @@ _Noreturn void tw_assert_fail(const char *cond, const char *file, int line)
     fprintf(stderr, "tilewise: internal error: assertion '%s' failed at %s:%d\n", cond, file, line);
     abort();
 }
+
+void tw_log_printf(const tw_log *log, tw_log_level level, const char *fmt, ...)
+{
+    if (!log || !log->fn) return;
+    char msg[TW_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log->fn(level, msg, log->user);
+}

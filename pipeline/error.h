@@ -57,6 +57,22 @@ int tw_status_exit_code(tw_status st);
 /* Short name of a status ("config error", ...). Never NULL. */
 const char *tw_status_name(tw_status st);
 
+/* Messages for the user that are not errors. The library never prints:
+ * it hands notices (what it chose for the user: a fallback, a lowered
+ * batch) and warnings (something the user should look at: an unreadable
+ * tile skipped) to the caller's log, which decides where they go. */
+typedef enum tw_log_level { TW_LOG_NOTICE = 0, TW_LOG_WARNING } tw_log_level;
+typedef void (*tw_log_fn)(tw_log_level level, const char *msg, void *user);
+typedef struct tw_log {
+    tw_log_fn fn; /* NULL: messages are dropped */
+    void *user;
+} tw_log;
+
+/* Format one message (one line, no newline) and hand it to log; log may be
+ * NULL. Thread-safe when log->fn is. */
+void tw_log_printf(const tw_log *log, tw_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Programmer mistakes only: never for bad input or failed I/O. */
 #define TW_ASSERT(c)                                                                               \
     do {                                                                                           \

@@ -11,6 +11,8 @@ tw_run_params tw_run_default_params(void)
     p.input.scale = NAN;
     p.input.nodata_auto = true;
     p.input.on_error = TW_ON_ERROR_FAIL;
+    p.input.tiff_direct = true;
+    p.runtime.cpu_winograd = true;
     p.tiling.edge = TW_EDGE_PAD;
     p.tiling.max_nodata_fraction = 0.5;
     strcpy(p.runtime.device, "auto");

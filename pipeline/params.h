@@ -51,6 +51,7 @@ typedef struct tw_input_params {
     bool nodata_auto; /* true: the raster's own nodata (if any) */
     double nodata;    /* used when !nodata_auto */
     tw_on_error on_error;
+    bool tiff_direct; /* plain tiled GeoTIFFs through libtiff (CLI: TILEWISE_TIFF_DIRECT=0 off) */
 } tw_input_params;
 
 typedef struct tw_model_params {
@@ -77,7 +78,10 @@ typedef struct tw_runtime_params {
     tw_precision precision;
     size_t memory; /* bytes; default 2 GiB */
     int threads;   /* 0: auto (all cores) */
-    int readers;   /* reader workers; 0: auto (tw_run_readers_auto) */
+    int readers;   /* reader workers; 0: auto (tw_run_readers) */
+    /* knobs the CLI fills from its environment (tilewise.1 ENVIRONMENT) */
+    bool cpu_winograd;      /* TILEWISE_CPU_WINOGRAD=0: false */
+    size_t cuda_fail_above; /* TW_CUDA_FAIL_ALLOC_ABOVE: a test hook, 0 off */
 } tw_runtime_params;
 
 typedef struct tw_output_params {

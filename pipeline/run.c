@@ -130,7 +130,8 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, inpu
 {
     for (int i = 0; i < p->input.n_paths; i++) {
         tw_raster *r = NULL;
-        tw_status st = tw_raster_open(p->input.paths[i], m->bands, m->n_bands, &r, err);
+        tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
+        tw_status st = tw_raster_open_ex(p->input.paths[i], m->bands, m->n_bands, &op, &r, err);
         if (st != TW_OK) return st;
         infos[i].info = *tw_raster_get_info(r);
         infos[i].bands = tw_raster_selected_bands(r);
@@ -182,10 +183,18 @@ typedef struct run_ctx {
     tw_resnet *net;
     tw_backend be;
     bool have_be;
+    bool told_pinned; /* the pinned-memory fallback was said */
     tw_budget bud;
     input_info *infos;
     char config_json[16384];
 } run_ctx;
+
+/* Where the run's notices and warnings go: the hooks' log, or nowhere. */
+static const tw_log *run_log(const run_ctx *c)
+{
+    return c->hooks ? &c->hooks->log : NULL;
+}
+
 
 static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, double gt[6])
 {
@@ -414,6 +423,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     pp.want_emb = (p->output.products & TW_PRODUCT_EMB) != 0;
     pp.err = err;
     pp.res = res;
+    pp.log = run_log(c);
     pp.chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(&plan);
 
     char fp[8192];
@@ -483,6 +493,15 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
             (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
         }
         st = tw_pipe_slots_alloc(&pp, plan.tile, err);
+        tw_backend_stats bs;
+        tw_backend_get_stats(&c->be, &bs);
+        if (st == TW_OK && bs.pinned_fallback && !c->told_pinned) {
+            c->told_pinned = true;
+            tw_log_printf(run_log(c), TW_LOG_NOTICE,
+                          "%s backend: no pinned host memory left; batch slots use ordinary "
+                          "memory, host-to-device copies will be slower",
+                          c->be.i->name);
+        }
         if (st == TW_OK) st = tw_pipe_calibrate(&pp, info, err);
         if (st == TW_OK)
             st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, tw_pipe_parts_sink, &pp,
@@ -555,7 +574,12 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     st = check_inputs(p, &c->m, c->infos, err);
     if (st != TW_OK) return st;
 
-    st = tw_backend_create(p->runtime.device, p->runtime.threads, quiet, &c->be, err);
+    tw_backend_params bp = tw_backend_default_params();
+    bp.threads = p->runtime.threads;
+    bp.cpu_winograd = p->runtime.cpu_winograd;
+    bp.cuda_fail_above = p->runtime.cuda_fail_above;
+    bp.log = quiet ? NULL : run_log(c);
+    st = tw_backend_create_ex(p->runtime.device, &bp, &c->be, err);
     if (st != TW_OK) return st;
     c->have_be = true;
 
@@ -628,8 +652,14 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
          * machine has less free memory than runtime.memory): the backend
          * halves the batch itself, down to 1, and says so (backend.h). */
         int batch = c->bud.batch;
-        st =
-            c->be.i->reserve(c->be.ctx, c->net, c->m.tile, &batch, p->runtime.precision, true, err);
+        st = tw_backend_reserve(&c->be, c->net, c->m.tile, &batch, p->runtime.precision, true,
+                                run_log(c), err);
+        tw_backend_stats bs;
+        tw_backend_get_stats(&c->be, &bs);
+        if (st == TW_OK && bs.unfused_convs > 0)
+            tw_log_printf(run_log(c), TW_LOG_NOTICE,
+                          "%s backend: no fused kernel for %d convolutions; they run unfused",
+                          c->be.i->name, bs.unfused_convs);
         if (st == TW_OK && batch < c->bud.batch) {
             c->bud.batch = batch; /* the backend halved it: fewer tiles per slot */
             c->bud.ref_capacity = batch + 256;
@@ -647,7 +677,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         st = run_one(c, i, &r->inputs[i], err);
         r->tiles_classified += r->inputs[i].tiles_classified;
     }
-    if (c->have_be && c->be.i->get_stats) c->be.i->get_stats(c->be.ctx, &r->backend_stats);
+    if (c->have_be) tw_backend_get_stats(&c->be, &r->backend_stats);
     ctx_release(c);
     tw_free(c);
     r->seconds = now_s() - t0;

@@ -35,6 +35,7 @@ typedef struct tw_run_hooks {
     void *progress_user;         /* for progress and tiles */
     tw_tiles_fn tiles;           /* may be NULL */
     volatile sig_atomic_t *stop; /* may be NULL; non-zero: stop soon (signal) */
+    tw_log log;                  /* notices and warnings (log.fn NULL: dropped) */
 } tw_run_hooks;
 
 enum { TW_STAGE_READ = 0, TW_STAGE_NORMALIZE, TW_STAGE_INFER, TW_STAGE_WRITE, TW_STAGE_COUNT };

@@ -53,7 +53,8 @@ static void chunk_of(const tw_pipe *pp, const tw_segment *seg, int row, int *r0,
 /* Open the input with the nodata value the workflow asks for. */
 static tw_status open_input(const tw_pipe *pp, tw_raster **r, tw_error *err)
 {
-    tw_status st = tw_raster_open(pp->path, pp->m->bands, pp->m->n_bands, r, err);
+    tw_raster_open_params op = {.tiff_direct = pp->p->input.tiff_direct};
+    tw_status st = tw_raster_open_ex(pp->path, pp->m->bands, pp->m->n_bands, &op, r, err);
     if (st != TW_OK) return st;
     const tw_raster_info *info = tw_raster_get_info(*r);
     tw_raster_set_nodata(*r, !pp->p->input.nodata_auto || info->has_nodata,
@@ -198,10 +199,20 @@ tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *e
             n++;
     }
     tw_raster_close(r);
-    if (n == 0) return TW_OK;
+    if (n == 0) {
+        tw_log_printf(pp->log, TW_LOG_NOTICE,
+                      "int8: no tile of %s could be sampled; activation ranges are measured on "
+                      "the first batch",
+                      pp->path);
+        return TW_OK;
+    }
     if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, s->x);
     tw_infer_batch b = slot_batch(pp, s, n, T);
-    return pp->be->i->calibrate(pp->be->ctx, &b, pp->path, err);
+    st = pp->be->i->calibrate(pp->be->ctx, &b, pp->path, err);
+    if (st == TW_OK)
+        tw_log_printf(pp->log, TW_LOG_NOTICE,
+                      "int8: activation ranges calibrated on %d tiles spread over %s", n, pp->path);
+    return st;
 }
 
 /* ---- claiming batches ------------------------------------------------------- */
@@ -384,10 +395,10 @@ static work_result read_tiles_one_by_one(worker *w, tw_slot *s, int si, int ty, 
                 pipe_abort(pp);
                 return W_FAIL;
             }
-            fprintf(stderr,
-                    "tilewise: warning: %s: tile at pixel x=%d y=%d (tile row %d, col %d) "
-                    "is unreadable and written as nodata: %s\n",
-                    pp->path, x0, y0, ty, tx0 + i, rerr.msg);
+            tw_log_printf(pp->log, TW_LOG_WARNING,
+                          "%s: tile at pixel x=%d y=%d (tile row %d, col %d) is unreadable and "
+                          "written as nodata: %s",
+                          pp->path, x0, y0, ty, tx0 + i, rerr.msg);
             ref->read_error = 1;
         } else if (tile_classified(pp, n_nodata, n_inside)) {
             keep(s, ref, x0, y0);
@@ -481,16 +492,15 @@ static work_result normalize_work(worker *w, tw_slot *s, tw_slot **out)
 static work_result infer_work(worker *w, tw_slot *s, tw_slot **out)
 {
     tw_pipe *pp = w->pp;
-    const struct tw_backend_i *be = pp->be->i;
     *out = s;
     if (s->n_kept == 0) return W_PASS;
     tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
-    if (!be->infer_begin) {
-        if (be->infer(pp->be->ctx, &b, pp->err) == TW_OK) return W_PASS;
+    if (!tw_backend_overlaps(pp->be)) {
+        if (tw_backend_infer(pp->be, &b, pp->err) == TW_OK) return W_PASS;
         pipe_abort(pp);
         return W_FAIL;
     }
-    if (be->infer_begin(pp->be->ctx, &b, w->lane, pp->err) != TW_OK) {
+    if (tw_backend_infer_begin(pp->be, &b, w->lane, pp->err) != TW_OK) {
         pipe_abort(pp);
         return W_FAIL;
     }
@@ -502,7 +512,7 @@ static work_result infer_work(worker *w, tw_slot *s, tw_slot **out)
     *out = prev;
     if (prev) {
         tw_infer_batch pb = slot_batch(pp, prev, prev->n_kept, pp->segs[0].plan.tile);
-        if (be->infer_end(pp->be->ctx, &pb, prev_lane, pp->err) != TW_OK) {
+        if (tw_backend_infer_end(pp->be, &pb, prev_lane, pp->err) != TW_OK) {
             pipe_abort(pp);
             return W_FAIL;
         }
@@ -517,7 +527,7 @@ static tw_slot *infer_drain(worker *w)
     if (!s) return NULL;
     w->held = NULL;
     tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
-    if (pp->be->i->infer_end(pp->be->ctx, &b, w->held_lane, pp->err) != TW_OK) {
+    if (tw_backend_infer_end(pp->be, &b, w->held_lane, pp->err) != TW_OK) {
         pipe_abort(pp);
         return NULL;
     }
@@ -533,7 +543,7 @@ static tw_status infer_stop(worker *w)
         tw_error ignored;
         tw_error_init(&ignored);
         tw_infer_batch b = slot_batch(pp, w->held, w->held->n_kept, pp->segs[0].plan.tile);
-        (void)pp->be->i->infer_end(pp->be->ctx, &b, w->held_lane, &ignored);
+        (void)tw_backend_infer_end(pp->be, &b, w->held_lane, &ignored);
         w->held = NULL;
     }
     return TW_OK;

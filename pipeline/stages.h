@@ -85,6 +85,7 @@ typedef struct tw_pipe {
     tw_parts *parts;
     tw_input_result *res; /* stage seconds, tile counts, reader, bytes read */
     tw_error *err;
+    const tw_log *log; /* warnings (unreadable tiles) and notices; may be NULL */
 
     /* Private to stages.c. */
     tw_slot *slots;

@@ -32,11 +32,14 @@ static int argmax(const float *p, int k)
  * weights as tw_run does (the results are then computed without them);
  * check the estimate made before against the workspace bytes reserve
  * really took (within 15%), and that the net's copy is gone. */
-static void reserve_checked(tw_resnet *net, int tile, int max_batch, tw_backend *be)
+static void reserve_checked(tw_resnet *net, int tile, int max_batch, bool winograd, tw_backend *be)
 {
     tw_error err;
     tw_error_init(&err);
-    assert_int_equal(tw_cpu_backend_create(2, be, &err), TW_OK);
+    tw_backend_params bp = tw_backend_default_params();
+    bp.threads = 2;
+    bp.cpu_winograd = winograd;
+    assert_int_equal(tw_backend_create_ex("cpu", &bp, be, &err), TW_OK);
     assert_string_equal(be->i->name, "cpu");
     assert_false(be->i->wants_raw(be->ctx));
     assert_null(be->i->host_alloc(be->ctx, 64));
@@ -44,7 +47,7 @@ static void reserve_checked(tw_resnet *net, int tile, int max_batch, tw_backend 
     size_t before = tw_mem_current(TW_MEM_WORKSPACE);
     size_t weights = tw_mem_current(TW_MEM_WEIGHTS);
     int mb = max_batch;
-    if (be->i->reserve(be->ctx, net, tile, &mb, TW_PREC_FP32, true, &err) != TW_OK)
+    if (tw_backend_reserve(be, net, tile, &mb, TW_PREC_FP32, true, NULL, &err) != TW_OK)
         fail_msg("reserve: %s", err.msg);
     assert_int_equal(mb, max_batch);
     size_t got = tw_mem_current(TW_MEM_WORKSPACE) - before;
@@ -74,7 +77,7 @@ static void infer_chunks(tw_backend *be, const tw_resnet *net, const float *x, i
                             .x = x + off * tile_elems,
                             .probs = probs + (size_t)off * net->n_classes,
                             .emb = emb ? emb + (size_t)off * net->feat_dim : NULL};
-        if (be->i->infer(be->ctx, &b, &err) != TW_OK) fail_msg("infer: %s", err.msg);
+        if (tw_backend_infer(be, &b, &err) != TW_OK) fail_msg("infer: %s", err.msg);
         off += chunks[c];
     }
     assert_int_equal(tw_mem_alloc_count(), allocs);
@@ -130,7 +133,6 @@ static void check_vs_pytorch(const char *model, const char *tag)
     assert_true(np > 0);
 
     for (int direct = 0; direct < 2; direct++) {
-        if (direct) setenv("TILEWISE_CPU_WINOGRAD", "0", 1);
         tw_error err;
         tw_error_init(&err);
         tw_model_file *mf = NULL;
@@ -145,11 +147,11 @@ static void check_vs_pytorch(const char *model, const char *tag)
 
         size_t ws0 = tw_mem_current(TW_MEM_WORKSPACE);
         tw_backend be;
-        reserve_checked(net, 64, 8, &be);
+        reserve_checked(net, 64, 8, !direct, &be);
         tw_backend_stats stats;
         be.i->get_stats(be.ctx, &stats);
         print_message("%s, %s: %d convolutions on Winograd\n", model,
-                      direct ? "TILEWISE_CPU_WINOGRAD=0" : "default", stats.winograd_convs);
+                      direct ? "cpu_winograd false" : "default", stats.winograd_convs);
         if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA"))
             ; /* oneDNN told to use fewer ISA extensions than the CPU has */
         else if (direct || !cpu_has_avx512_core())
@@ -179,7 +181,6 @@ static void check_vs_pytorch(const char *model, const char *tag)
         free(e);
         tw_resnet_destroy(net);
     }
-    unsetenv("TILEWISE_CPU_WINOGRAD");
     free(x);
     free(ref_p);
     free(ref_e);
@@ -231,7 +232,7 @@ static void check_vs_reference(const int blocks[4], int bottleneck, int bands, i
     assert_int_equal(tw_resnet_forward_ref(net, x, n, tile, rp, re, &err), TW_OK);
 
     tw_backend be;
-    reserve_checked(net, tile, n, &be);
+    reserve_checked(net, tile, n, true, &be);
     infer_chunks(&be, net, x, tile, (const int[]){2, 1, 1}, 3, p, e);
     char what[96];
     snprintf(what, sizeof what, "resnet%d width %d bands %d tile %d vs reference", net->depth,
@@ -269,37 +270,37 @@ static void test_bad_calls(void **state)
     assert_int_equal(tw_resnet_create(&s.mf, "", &net, &err), TW_OK);
     synth_free(&s);
     tw_backend be;
-    assert_int_equal(tw_cpu_backend_create(1, &be, &err), TW_OK);
+    assert_int_equal(tw_backend_create("cpu", 1, true, &be, &err), TW_OK);
     float x[4 * 2 * 32 * 32] = {0}, p[4 * 3];
     tw_infer_batch b = {.n = 1, .tile = 32, .x = x, .probs = p};
-    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
+    assert_int_equal(tw_backend_infer(&be, &b, &err), TW_ERR_INTERNAL);
     assert_non_null(strstr(err.msg, "before reserve"));
 
     int mb = 2;
-    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, false, &err), TW_OK);
+    assert_int_equal(tw_backend_reserve(&be, net, 32, &mb, TW_PREC_FP32, false, NULL, &err), TW_OK);
     b.n = 3;
     tw_error_init(&err);
-    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
+    assert_int_equal(tw_backend_infer(&be, &b, &err), TW_ERR_INTERNAL);
     assert_non_null(strstr(err.msg, "3 tiles"));
     b.n = 1;
     b.tile = 16;
     tw_error_init(&err);
-    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_ERR_INTERNAL);
+    assert_int_equal(tw_backend_infer(&be, &b, &err), TW_ERR_INTERNAL);
     b.tile = 32;
-    assert_int_equal(be.i->infer(be.ctx, &b, &err), TW_OK);
+    assert_int_equal(tw_backend_infer(&be, &b, &err), TW_OK);
     assert_true(fabs(p[0] + p[1] + p[2] - 1.0) < 1e-5);
 
     /* reserving again (another tile size) replaces the first reservation */
     size_t ws = tw_mem_current(TW_MEM_WORKSPACE);
     mb = 2;
-    assert_int_equal(be.i->reserve(be.ctx, net, 64, &mb, TW_PREC_FP32, false, &err), TW_OK);
+    assert_int_equal(tw_backend_reserve(&be, net, 64, &mb, TW_PREC_FP32, false, NULL, &err), TW_OK);
     assert_true(tw_mem_current(TW_MEM_WORKSPACE) > ws);
 
     /* int8 quantizes the net's weights again for every raster: even a
      * consuming reserve keeps them (unless this CPU has no int8 and it
      * runs in fp32) */
     mb = 2;
-    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_INT8, true, &err), TW_OK);
+    assert_int_equal(tw_backend_reserve(&be, net, 32, &mb, TW_PREC_INT8, true, NULL, &err), TW_OK);
     tw_backend_stats stats;
     be.i->get_stats(be.ctx, &stats);
     if (stats.precision == TW_PREC_INT8) {
@@ -308,10 +309,11 @@ static void test_bad_calls(void **state)
     }
     /* a consuming fp32 reserve frees them; reserving that net again is a
      * clear error, not a crash */
-    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, true, &err), TW_OK);
+    assert_int_equal(tw_backend_reserve(&be, net, 32, &mb, TW_PREC_FP32, true, NULL, &err), TW_OK);
     assert_null(net->stem.w);
     tw_error_init(&err);
-    assert_int_equal(be.i->reserve(be.ctx, net, 32, &mb, TW_PREC_FP32, false, &err), TW_ERR_NOMEM);
+    assert_int_equal(tw_backend_reserve(&be, net, 32, &mb, TW_PREC_FP32, false, NULL, &err),
+                     TW_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "already released"));
     be.i->destroy(be.ctx);
     tw_resnet_destroy(net);
@@ -325,7 +327,7 @@ static void test_auto_batch(void **state)
     tw_backend be;
     tw_error err;
     tw_error_init(&err);
-    assert_int_equal(tw_cpu_backend_create(1, &be, &err), TW_OK);
+    assert_int_equal(tw_backend_create("cpu", 1, true, &be, &err), TW_OK);
     const int tiles[][2] = {{16, 64}, {32, 64}, {33, 32}, {64, 32}, {65, 16}, {128, 8},
                             {224, 4}, {256, 2}, {257, 2}, {352, 2}, {353, 1}, {2048, 1}};
     for (size_t i = 0; i < sizeof tiles / sizeof *tiles; i++)

@@ -179,7 +179,7 @@ static tw_status run_tiles(tw_backend *be, const fixture *fx, int first, int n, 
         .probs = probs,
         .emb = emb,
     };
-    return be->i->infer(be->ctx, &b, err);
+    return tw_backend_infer(be, &b, err);
 }
 
 static int argmax(const float *p, int k)
@@ -229,7 +229,7 @@ static void check_fp32_parity(const char *model, const char *probs, const char *
         skip();
     }
     int max_batch = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, TW_PREC_FP32, false, &err) != TW_OK)
+    if (tw_backend_reserve(&be, fx.net, TILE, &max_batch, TW_PREC_FP32, false, NULL, &err) != TW_OK)
         fail_msg("%s", err.msg);
     assert_int_equal(max_batch, N_TILES);
 
@@ -307,7 +307,7 @@ static void check_reduced(tw_precision prec, const char *name, double tol)
         skip();
     }
     int max_batch = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, prec, false, &err) != TW_OK)
+    if (tw_backend_reserve(&be, fx.net, TILE, &max_batch, prec, false, NULL, &err) != TW_OK)
         fail_msg("%s: %s", name, err.msg);
     float p[N_TILES * 8];
     if (run_tiles(&be, &fx, 0, N_TILES, p, NULL, &err) != TW_OK) fail_msg("%s", err.msg);
@@ -361,7 +361,7 @@ static void test_raw_uint16_with_nodata(void **state)
         skip();
     }
     int max_batch = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &max_batch, TW_PREC_FP32, false, &err) != TW_OK)
+    if (tw_backend_reserve(&be, fx.net, TILE, &max_batch, TW_PREC_FP32, false, NULL, &err) != TW_OK)
         fail_msg("%s", err.msg);
     const size_t hw = TILE * TILE, n_px = (size_t)N_TILES * BANDS * hw;
     uint16_t *raw = malloc(n_px * sizeof *raw);
@@ -393,7 +393,7 @@ static void test_raw_uint16_with_nodata(void **state)
                         .valid = valid,
                         .norm = &norm,
                         .probs = p_raw};
-    if (be.i->infer(be.ctx, &b, &err) != TW_OK) fail_msg("%s", err.msg);
+    if (tw_backend_infer(&be, &b, &err) != TW_OK) fail_msg("%s", err.msg);
     tw_infer_batch bx = {.n = N_TILES,
                          .tile = TILE,
                          .raw = x,
@@ -401,7 +401,7 @@ static void test_raw_uint16_with_nodata(void **state)
                          .valid = NULL,
                          .norm = NULL,
                          .probs = p_x};
-    if (be.i->infer(be.ctx, &bx, &err) != TW_OK) fail_msg("%s", err.msg);
+    if (tw_backend_infer(&be, &bx, &err) != TW_OK) fail_msg("%s", err.msg);
     double d = max_abs_diff(p_raw, p_x, (size_t)N_TILES * fx.classes);
     printf("uint16 + nodata on device vs host-normalized: max |dp| %.3g\n", d);
     assert_true(d <= 1e-4);
@@ -409,7 +409,7 @@ static void test_raw_uint16_with_nodata(void **state)
     memset(valid, 1, (size_t)N_TILES * hw);
     float p_all[N_TILES * 8];
     b.probs = p_all;
-    if (be.i->infer(be.ctx, &b, &err) != TW_OK) fail_msg("%s", err.msg);
+    if (tw_backend_infer(&be, &b, &err) != TW_OK) fail_msg("%s", err.msg);
     assert_true(max_abs_diff(p_all, p_x, (size_t)N_TILES * fx.classes) > 1e-4);
     free(raw);
     free(x);
@@ -418,8 +418,8 @@ static void test_raw_uint16_with_nodata(void **state)
     free_fixture(&fx);
 }
 
-/* TW_CUDA_FAIL_ALLOC_ABOVE set to what batch 4 needs: reserve(8) must halve
- * to 4, say so in the stats, and still give PyTorch's answers. */
+/* The cuda_fail_above hook (the CLI's TW_CUDA_FAIL_ALLOC_ABOVE) set to what batch 4 needs:
+ * reserve(8) must halve to 4, say so in the stats, and still give PyTorch's answers. */
 static void test_forced_alloc_failure_halves_batch(void **state)
 {
     (void)state;
@@ -433,24 +433,21 @@ static void test_forced_alloc_failure_halves_batch(void **state)
         skip();
     }
     int mb = 4;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err) != TW_OK)
+    if (tw_backend_reserve(&be, fx.net, TILE, &mb, TW_PREC_FP32, false, NULL, &err) != TW_OK)
         fail_msg("%s", err.msg);
     tw_backend_stats st;
     be.i->get_stats(be.ctx, &st);
     size_t need4 = st.device_peak_bytes;
     tw_backend_destroy(&be);
 
-    char limit[32];
-    snprintf(limit, sizeof limit, "%zu", need4);
-    setenv("TW_CUDA_FAIL_ALLOC_ABOVE", limit, 1);
-    bool ok = open_cuda(&be, &err);
-    unsetenv("TW_CUDA_FAIL_ALLOC_ABOVE");
-    assert_true(ok);
+    tw_backend_params bp = tw_backend_default_params();
+    bp.cuda_fail_above = need4;
+    assert_int_equal(tw_backend_create_ex("cuda:0", &bp, &be, &err), TW_OK);
     mb = N_TILES;
-    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err) != TW_OK)
+    if (tw_backend_reserve(&be, fx.net, TILE, &mb, TW_PREC_FP32, false, NULL, &err) != TW_OK)
         fail_msg("%s", err.msg);
     assert_int_equal(mb, 4);
-    be.i->get_stats(be.ctx, &st);
+    tw_backend_get_stats(&be, &st);
     assert_int_equal(st.batch_halvings, 1);
     assert_true(st.device_peak_bytes <= need4);
     float p[N_TILES * 8];
@@ -461,14 +458,13 @@ static void test_forced_alloc_failure_halves_batch(void **state)
 
     /* A budget below batch 1 is a clear TW_ERR_NOMEM, not a crash. */
     tw_backend_destroy(&be);
-    setenv("TW_CUDA_FAIL_ALLOC_ABOVE", "1024", 1);
-    ok = open_cuda(&be, &err);
-    unsetenv("TW_CUDA_FAIL_ALLOC_ABOVE");
-    assert_true(ok);
+    bp.cuda_fail_above = 1024;
+    assert_int_equal(tw_backend_create_ex("cuda:0", &bp, &be, &err), TW_OK);
     mb = N_TILES;
-    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err),
+    assert_int_equal(tw_backend_reserve(&be, fx.net, TILE, &mb, TW_PREC_FP32, false, NULL, &err),
                      TW_ERR_NOMEM);
-    assert_non_null(strstr(err.msg, "not even one"));
+    assert_non_null(strstr(err.msg, "1 tiles of"));
+    assert_non_null(strstr(err.msg, "do not fit in device memory"));
     tw_backend_destroy(&be);
     free_fixture(&fx);
 }
@@ -487,16 +483,16 @@ static void test_bad_calls_are_errors(void **state)
     }
     int mb = 4;
     tw_error_init(&err);
-    assert_int_equal(be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_INT8, false, &err),
+    assert_int_equal(tw_backend_reserve(&be, fx.net, TILE, &mb, TW_PREC_INT8, false, NULL, &err),
                      TW_ERR_CONFIG);
     assert_non_null(strstr(err.msg, "int8"));
     tw_error_init(&err);
-    if (be.i->reserve(be.ctx, fx.net, TILE, &mb, TW_PREC_FP32, false, &err) != TW_OK)
+    if (tw_backend_reserve(&be, fx.net, TILE, &mb, TW_PREC_FP32, false, NULL, &err) != TW_OK)
         fail_msg("%s", err.msg);
     float p[N_TILES * 8];
     tw_error_init(&err);
     assert_int_equal(run_tiles(&be, &fx, 0, N_TILES, p, NULL, &err), TW_ERR_INTERNAL);
-    assert_non_null(strstr(err.msg, "reserved for 4"));
+    assert_non_null(strstr(err.msg, "reserved 4 tiles"));
     assert_true(be.i->wants_raw(be.ctx));
     void *h = be.i->host_alloc(be.ctx, 1 << 20);
     assert_non_null(h);

@@ -52,16 +52,27 @@ static int a_auto_batch(void *ctx, int tile)
     async_ctx *a = ctx;
     return a->inner.i->auto_batch(a->inner.ctx, tile);
 }
-static tw_status a_reserve(void *ctx, tw_resnet *net, int tile, int *max_batch, tw_precision prec,
+static bool a_supports(void *ctx, const tw_resnet *net, int tile, tw_precision want,
+                       tw_precision *runs_as, char *why, size_t why_size)
+{
+    async_ctx *a = ctx;
+    return a->inner.i->supports(a->inner.ctx, net, tile, want, runs_as, why, why_size);
+}
+static tw_status a_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_precision prec,
                            bool consume, tw_error *err)
 {
     async_ctx *a = ctx;
-    tw_status st = a->inner.i->reserve(a->inner.ctx, net, tile, max_batch, prec, consume, err);
+    tw_status st = a->inner.i->reserve(a->inner.ctx, net, tile, batch, prec, consume, err);
     if (st != TW_OK) return st;
+    /* the inner backend is driven directly: record its reservation as
+     * tw_backend_reserve would */
+    a->inner.reserved = true;
+    a->inner.tile = tile;
+    a->inner.max_batch = batch;
     a->n_classes = net->n_classes;
     a->feat_dim = net->feat_dim;
-    a->cap_probs = (size_t)*max_batch * (size_t)net->n_classes;
-    a->cap_emb = (size_t)*max_batch * (size_t)net->feat_dim;
+    a->cap_probs = (size_t)batch * (size_t)net->n_classes;
+    a->cap_emb = (size_t)batch * (size_t)net->feat_dim;
     for (int l = 0; l < LANES; l++) {
         a->probs[l] = calloc(a->cap_probs, sizeof(float));
         a->emb[l] = calloc(a->cap_emb, sizeof(float));
@@ -139,6 +150,7 @@ static const struct tw_backend_i async_iface = {
     .name = "cpu-async",
     .workspace_bytes = a_workspace,
     .auto_batch = a_auto_batch,
+    .supports = a_supports,
     .reserve = a_reserve,
     .consumes_weights = a_consumes,
     .infer = a_infer,
@@ -149,11 +161,11 @@ static const struct tw_backend_i async_iface = {
     .destroy = a_destroy,
 };
 
-static tw_status async_create(int threads, tw_backend *out, tw_error *err)
+static tw_status async_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
 {
     async_ctx *a = calloc(1, sizeof *a);
     if (!a) return tw_error_set(err, TW_ERR_NOMEM, "test: no memory");
-    tw_status st = tw_cpu_backend_create(threads, &a->inner, err);
+    tw_status st = tw_cpu_backend_create(params, &a->inner, err);
     if (st != TW_OK) {
         free(a);
         return st;

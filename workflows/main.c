@@ -217,6 +217,7 @@ typedef struct progress_state {
     double t0;                 /* when the input started */
     double last_draw;          /* tty: last redraw */
     int64_t done, total;       /* tiles, from the tiles hook */
+    bool quiet;                /* -q: notices are not shown */
 } progress_state;
 
 static double mono_s(void)
@@ -451,9 +452,22 @@ static int slurm_shard(cli_opts *o)
     return 0;
 }
 
+/* The environment knobs of tilewise.1's ENVIRONMENT: the command line reads
+ * them, the library takes them as params. */
+static void env_knobs(tw_run_params *p)
+{
+    const char *v = getenv("TILEWISE_TIFF_DIRECT");
+    if (v && strcmp(v, "0") == 0) p->input.tiff_direct = false;
+    v = getenv("TILEWISE_CPU_WINOGRAD");
+    if (v && strcmp(v, "0") == 0) p->runtime.cpu_winograd = false;
+    v = getenv("TW_CUDA_FAIL_ALLOC_ABOVE"); /* test hook, cuda/README.md */
+    if (v && *v) p->runtime.cuda_fail_above = (size_t)strtoull(v, NULL, 10);
+}
+
 static int load_params(const cli_opts *o, tw_run_params *p, tw_error *err)
 {
     if (tw_workflow_load(o->workflow, o->sets, o->n_sets, p, err) != TW_OK) return fail(err);
+    env_knobs(p);
     p->shard_index = o->shard_index;
     p->shard_count = o->shard_count;
     p->quiet = o->quiet;
@@ -500,6 +514,26 @@ static void progress_json_done(const tw_run_result *r, tw_status st, const tw_er
     fflush(stderr);
 }
 
+/* The library's notices and warnings: one stderr line each ("tilewise: "
+ * or "tilewise: warning: "), or a JSON event with --progress=json; -q drops
+ * the notices. Called from any stage thread: one locked write per line. */
+static void log_cb(tw_log_level level, const char *msg, void *user)
+{
+    const progress_state *ps = user;
+    if (level == TW_LOG_NOTICE && ps->quiet) return;
+    flockfile(stderr);
+    if (ps->mode == PROGRESS_JSON) {
+        fputs("{\"event\":\"log\",\"level\":", stderr);
+        json_str(stderr, level == TW_LOG_WARNING ? "warning" : "notice");
+        fputs(",\"message\":", stderr);
+        json_str(stderr, msg);
+        fputs("}\n", stderr);
+    } else {
+        fprintf(stderr, "tilewise: %s%s\n", level == TW_LOG_WARNING ? "warning: " : "", msg);
+    }
+    funlockfile(stderr);
+}
+
 static int cmd_run(int argc, char **argv)
 {
     if (help_asked(argc, argv)) {
@@ -522,11 +556,13 @@ static int cmd_run(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
 
-    progress_state ps = {.mode = o.progress, .tty = isatty(2) != 0, .last_step = -1};
+    progress_state ps = {
+        .mode = o.progress, .tty = isatty(2) != 0, .last_step = -1, .quiet = p.quiet};
     tw_run_hooks hooks = {.progress = o.progress == PROGRESS_NONE ? NULL : progress_cb,
                           .progress_user = &ps,
                           .tiles = tiles_cb,
-                          .stop = &g_stop};
+                          .stop = &g_stop,
+                          .log = {.fn = log_cb, .user = &ps}};
     double t0 = mono_s();
     tw_run_result *r = NULL;
     tw_status st = tw_run(&p, &hooks, &r, &err);
@@ -763,7 +799,8 @@ static void validate_advice(const tw_run_params *p)
         check_values(p->input.paths[i], ds, &m);
         GDALClose(ds);
         tw_raster *r = NULL;
-        if (tw_raster_open(p->input.paths[i], m.bands, m.n_bands, &r, &err) == TW_OK) {
+        tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
+        if (tw_raster_open_ex(p->input.paths[i], m.bands, m.n_bands, &op, &r, &err) == TW_OK) {
             const char *why = "";
             tw_raster_reader(r, &why);
             if (why[0])
@@ -965,7 +1002,10 @@ static int info_raster(const char *path, bool json)
     tw_error err;
     tw_error_init(&err);
     tw_raster *tr = NULL;
-    bool usable = tw_raster_open(path, NULL, 0, &tr, &err) == TW_OK;
+    tw_run_params knobs = tw_run_default_params();
+    env_knobs(&knobs);
+    tw_raster_open_params op = {.tiff_direct = knobs.input.tiff_direct};
+    bool usable = tw_raster_open_ex(path, NULL, 0, &op, &tr, &err) == TW_OK;
     tw_raster_close(tr);
 
     int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds), nb = GDALGetRasterCount(ds);
