@@ -7,7 +7,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build demo test test-release test-asan fuzz clean format-check
+.PHONY: all setup build demo test test-release test-asan fuzz clean format-check layer-check
 
 all: build
 
@@ -25,6 +25,7 @@ demo: build
 
 test: build
 	$(MAKE) format-check
+	$(MAKE) layer-check
 	$(MAKE) test-release
 	$(MAKE) test-asan
 	$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
@@ -53,6 +54,10 @@ format-check: setup
 	bad=$$(for f in $$files; do clang-format --dry-run --Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
 	if [ -n "$$bad" ]; then echo "not clang-formatted (run: clang-format -i FILE):"; echo "$$bad"; exit 1; fi; \
 	echo "format-check: $$(echo $$files | wc -w) files clang-formatted"
+
+# DESIGN.md's layering: core/ <- io/, model/ (cuda/) <- pipeline/ <- workflows/.
+layer-check:
+	@bash scripts/check_layers.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) out

@@ -20,7 +20,7 @@
 #include <time.h>
 
 #include "model/backend.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 #include "pipeline/run.h"
 
 static double now_s(void)

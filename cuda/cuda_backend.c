@@ -35,7 +35,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/half.h"
 #include "cuda/kernels.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 /* The raw type numbers are shared with kernels.cu, which cannot include raster.h's enum users. */
 _Static_assert((int)TW_DT_BYTE == TW_CUDA_RAW_U8 && (int)TW_DT_UINT16 == TW_CUDA_RAW_U16 &&

@@ -16,7 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
-#include "pipeline/error.h"
+#include "core/error.h"
 
 /* Record a failed CUDA runtime call. Returns TW_ERR_DEVICE. */
 tw_status tw_cuda_fail(tw_error *err, const char *call, cudaError_t e, const char *file, int line);

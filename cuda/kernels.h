@@ -14,7 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "pipeline/params.h"
+#include "core/params.h"
 
 #ifdef __cplusplus
 extern "C" {

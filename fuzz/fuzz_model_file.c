@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "io/model_file.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

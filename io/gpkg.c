@@ -30,8 +30,8 @@
 #include <ogr_api.h>
 #include <ogr_srs_api.h>
 
-#include "pipeline/alloc.h"
-#include "pipeline/fileio.h"
+#include "core/alloc.h"
+#include "core/fileio.h"
 
 enum { TW_GPKG_TXN = 4096 };
 

@@ -14,8 +14,8 @@
 
 #include <stdint.h>
 
-#include "pipeline/error.h"
-#include "pipeline/params.h"
+#include "core/error.h"
+#include "core/params.h"
 
 typedef struct tw_gpkg tw_gpkg;
 

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 /* A safetensors header larger than this is not a model we could use anyway
  * (a ResNet-152 header is ~100 KiB); refusing early avoids huge allocations. */

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "io/tiff_direct.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 struct tw_raster {
     GDALDatasetH ds;
@@ -40,23 +40,6 @@ struct tw_raster {
     size_t strip_bytes; /* 0 until tw_raster_reserve_strip */
     int strip_w, strip_h;
 };
-
-/* ---- dtypes ---------------------------------------------------------------- */
-
-const char *tw_dtype_name(tw_dtype t)
-{
-    switch (t) {
-    case TW_DT_BYTE: return "Byte";
-    case TW_DT_INT8: return "Int8";
-    case TW_DT_UINT16: return "UInt16";
-    case TW_DT_INT16: return "Int16";
-    case TW_DT_UINT32: return "UInt32";
-    case TW_DT_INT32: return "Int32";
-    case TW_DT_FLOAT32: return "Float32";
-    case TW_DT_FLOAT64: return "Float64";
-    }
-    return "unknown";
-}
 
 /* The GDAL type we ask RasterIO for. Int8 is read as raw bytes under GDAL
  * < 3.7 (where it is Byte + PIXELTYPE=SIGNEDBYTE) and as GDT_Int8 above. */

@@ -13,37 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pipeline/error.h"
-
-typedef enum tw_dtype {
-    TW_DT_BYTE = 0,
-    TW_DT_UINT16,
-    TW_DT_INT16,
-    TW_DT_UINT32,
-    TW_DT_INT32,
-    TW_DT_FLOAT32,
-    TW_DT_FLOAT64,
-    TW_DT_INT8,
-} tw_dtype;
-
-/* Bytes per sample of a dtype (inline: the CUDA backend, a separate static
- * library, uses it too); its name ("Byte", "UInt16", ... as GDAL says). */
-static inline size_t tw_dtype_size(tw_dtype t)
-{
-    switch (t) {
-    case TW_DT_BYTE:
-    case TW_DT_INT8: return 1;
-    case TW_DT_UINT16:
-    case TW_DT_INT16: return 2;
-    case TW_DT_UINT32:
-    case TW_DT_INT32:
-    case TW_DT_FLOAT32: return 4;
-    case TW_DT_FLOAT64: return 8;
-    }
-    return 0;
-}
-
-const char *tw_dtype_name(tw_dtype t);
+#include "core/dtype.h"
+#include "core/error.h"
 
 typedef struct tw_raster_info {
     int width, height, band_count;

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <tiffio.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 typedef struct entry {
     uint32_t tile;

@@ -23,7 +23,7 @@
 #include <stddef.h>
 
 #include "io/raster.h"
-#include "pipeline/error.h"
+#include "core/error.h"
 
 typedef struct tw_tiff tw_tiff;
 

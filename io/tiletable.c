@@ -19,7 +19,7 @@
 
 #include <hdf5.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 /* Chunks of about this many bytes: big enough for deflate to work well,
  * small enough that HDF5's per-dataset chunk cache (1 MiB) holds one. */

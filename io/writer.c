@@ -26,7 +26,7 @@
 #include <gdal.h>
 #include <gdal_utils.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 enum { TW_WP_CLASS = 0, TW_WP_PROB, TW_WP_CONF, TW_WP_COUNT };
 

@@ -19,8 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "pipeline/error.h"
-#include "pipeline/params.h"
+#include "core/error.h"
+#include "core/params.h"
 
 typedef struct tw_writer_params {
     const char *dir;        /* existing directory */

@@ -99,12 +99,6 @@ tw_status tw_backend_create_ex(const char *device, const tw_backend_params *para
                         device);
 }
 
-static const char *prec_name(tw_precision p)
-{
-    static const char *names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
-    return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
-}
-
 tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_batch,
                              tw_precision prec, bool consume, const tw_log *log, tw_error *err)
 {
@@ -116,10 +110,10 @@ tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_b
     tw_precision runs = prec;
     if (!b->i->supports(b->ctx, net, tile, prec, &runs, why, sizeof why))
         return tw_error_set(err, TW_ERR_CONFIG, "runtime.precision %s: the %s backend %s",
-                            prec_name(prec), b->i->name, why);
+                            tw_precision_name(prec), b->i->name, why);
     if (runs != prec)
         tw_log_printf(log, TW_LOG_NOTICE, "runtime.precision %s: %s; computing in %s",
-                      prec_name(prec), why, prec_name(runs));
+                      tw_precision_name(prec), why, tw_precision_name(runs));
     int batch = *max_batch;
     for (;;) {
         tw_error local;

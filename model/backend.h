@@ -22,11 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "io/raster.h"
-#include "pipeline/normalize.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/params.h"
 #include "model/resnet.h"
-#include "pipeline/error.h"
-#include "pipeline/params.h"
 
 /* One batch as the backend sees it. All buffers belong to the batch slot.
  *   x      [n][bands][tile][tile] float32, already normalized (CPU path)

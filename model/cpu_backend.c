@@ -60,13 +60,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <dnnl.h>
 #include <dnnl_debug.h>
 
 #include "model/backend.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
+#include "core/clock.h"
 
 enum { N_ACT = 4 };
 /* storage ids: 0..N_ACT-1 are the activation buffers */
@@ -916,13 +916,6 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     return TW_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Point the first layer at this batch's input: in place for a full batch
  * (oneDNN never writes its source), else copied into the backend's own. */
 static tw_status set_input(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
@@ -1036,7 +1029,7 @@ static tw_status cpu_calibrate(void *ctx, const tw_infer_batch *b, const char *p
 static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
 {
     cpu_ctx *c = ctx; /* tw_backend_infer checked b against the reservation */
-    double t0 = now_s();
+    double t0 = tw_clock_now();
     set_threads(c);
     tw_status st = c->calibrate ? calibrate(c, b, err) : TW_OK;
     if (st == TW_OK) st = run_ops(c, b, NULL, err);
@@ -1058,7 +1051,7 @@ static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
         for (int j = 0; j < k; j++) sum += (logit[j] = exp(logit[j] - mx));
         for (int j = 0; j < k; j++) b->probs[(size_t)t * k + j] = (float)(logit[j] / sum);
     }
-    c->stats.compute_s += now_s() - t0;
+    c->stats.compute_s += tw_clock_now() - t0;
     return TW_OK;
 }
 

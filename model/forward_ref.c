@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "model/backend.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 /* out[cout][oh][ow] = b + sum w * in (zero padding); optional relu.
  * col is scratch of oh*ow*cin*k*k floats: each output pixel's receptive field

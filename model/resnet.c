@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 #define BN_EPS 1e-5
 

@@ -20,7 +20,7 @@
 #include <stdbool.h>
 
 #include "io/model_file.h"
-#include "pipeline/error.h"
+#include "core/error.h"
 
 typedef struct tw_conv {
     int cin, cout, k, stride, pad;

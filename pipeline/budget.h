@@ -18,7 +18,7 @@
 
 #include "io/raster.h"
 #include "model/backend.h"
-#include "pipeline/error.h"
+#include "core/error.h"
 #include "pipeline/plan.h"
 
 typedef struct tw_budget_in {

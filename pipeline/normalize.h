@@ -8,15 +8,8 @@
 
 #include <stdint.h>
 
-#include "io/raster.h"
-#include "pipeline/params.h"
-
-typedef struct tw_norm {
-    int bands;
-    double scale;
-    float mean[TW_MAX_BANDS];
-    float std[TW_MAX_BANDS];
-} tw_norm;
+#include "core/dtype.h"
+#include "core/params.h"
 
 /* Normalize n tiles: raw [n][bands][h][w] of type t, valid [n][h][w],
  * into x [n][bands][h][w]. Parallel over tiles and bands (OpenMP).

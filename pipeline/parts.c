@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pipeline/alloc.h"
-#include "pipeline/fileio.h"
+#include "core/alloc.h"
+#include "core/fileio.h"
 
 #define CHUNK_MAGIC "TWCHUNK1"
 #define TILES_MAGIC "TWTILES1"

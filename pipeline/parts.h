@@ -29,7 +29,7 @@
 #include "io/gpkg.h"
 #include "io/tiletable.h"
 #include "io/writer.h"
-#include "pipeline/error.h"
+#include "core/error.h"
 
 typedef struct tw_parts tw_parts;
 

@@ -2,9 +2,9 @@
 #include "pipeline/queue.h"
 
 #include <pthread.h>
-#include <time.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
+#include "core/clock.h"
 
 struct tw_queue {
     pthread_mutex_t mu;
@@ -15,13 +15,6 @@ struct tw_queue {
     bool ordered;     /* items[seq % capacity], popped in seq order */
     int64_t next_seq; /* ordered: the sequence number pop returns next */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 tw_queue *tw_queue_create(int capacity)
 {
@@ -60,10 +53,10 @@ bool tw_queue_push_seq(tw_queue *q, void *item, int64_t seq, double *wait_s)
 {
     pthread_mutex_lock(&q->mu);
     if (seq >= q->next_seq + q->capacity && !q->closed) {
-        double t0 = now_s();
+        double t0 = tw_clock_now();
         while (seq >= q->next_seq + q->capacity && !q->closed)
             pthread_cond_wait(&q->not_full, &q->mu);
-        if (wait_s) *wait_s += now_s() - t0;
+        if (wait_s) *wait_s += tw_clock_now() - t0;
     }
     bool ok = !q->closed && seq >= q->next_seq && !q->items[seq % q->capacity];
     if (ok) {
@@ -81,9 +74,9 @@ static void *pop_ordered(tw_queue *q, double *wait_s)
 {
     void **slot = &q->items[q->next_seq % q->capacity];
     if (!*slot && !q->closed) {
-        double t0 = now_s();
+        double t0 = tw_clock_now();
         while (!*slot && !q->closed) pthread_cond_wait(&q->not_empty, &q->mu);
-        if (wait_s) *wait_s += now_s() - t0;
+        if (wait_s) *wait_s += tw_clock_now() - t0;
     }
     void *item = *slot;
     if (item) {
@@ -99,9 +92,9 @@ bool tw_queue_push(tw_queue *q, void *item, double *wait_s)
 {
     pthread_mutex_lock(&q->mu);
     if (q->count == q->capacity && !q->closed) {
-        double t0 = now_s();
+        double t0 = tw_clock_now();
         while (q->count == q->capacity && !q->closed) pthread_cond_wait(&q->not_full, &q->mu);
-        if (wait_s) *wait_s += now_s() - t0;
+        if (wait_s) *wait_s += tw_clock_now() - t0;
     }
     bool ok = !q->closed;
     if (ok) {
@@ -122,9 +115,9 @@ void *tw_queue_pop(tw_queue *q, double *wait_s)
         return item;
     }
     if (q->count == 0 && !q->closed) {
-        double t0 = now_s();
+        double t0 = tw_clock_now();
         while (q->count == 0 && !q->closed) pthread_cond_wait(&q->not_empty, &q->mu);
-        if (wait_s) *wait_s += now_s() - t0;
+        if (wait_s) *wait_s += tw_clock_now() - t0;
     }
     void *item = NULL;
     if (q->count > 0) {

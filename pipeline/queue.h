@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "pipeline/error.h"
+#include "core/error.h"
 
 typedef struct tw_queue tw_queue;
 

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "io/tiff_direct.h"
-#include "pipeline/alloc.h"
-#include "pipeline/fileio.h"
+#include "core/alloc.h"
+#include "core/fileio.h"
 #include "pipeline/run.h"
 
 /* A tiny JSON emitter into a fixed buffer: no allocation, truncates safely. */
@@ -114,12 +114,6 @@ static const char *edge_name(tw_edge_mode e)
     return e == TW_EDGE_SHIFT ? "shift" : e == TW_EDGE_SKIP ? "skip" : "pad";
 }
 
-static const char *precision_name(tw_precision p)
-{
-    static const char *n[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
-    return (unsigned)p < 5 ? n[p] : "fp32";
-}
-
 static void config_object(jbuf *j, const tw_run_params *p, const tw_resolved *m)
 {
     jopen(j, "input", '{');
@@ -165,7 +159,7 @@ static void config_object(jbuf *j, const tw_run_params *p, const tw_resolved *m)
 
     jopen(j, "runtime", '{');
     jstr(j, "device", p->runtime.device);
-    jstr(j, "precision", precision_name(p->runtime.precision));
+    jstr(j, "precision", tw_precision_name(p->runtime.precision));
     jint(j, "memory", (long long)p->runtime.memory);
     jint(j, "threads", p->runtime.threads);
     jclose(j, '}');
@@ -275,7 +269,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         jnum(&j, "copy_hidden_s", r->backend_stats.copy_hidden_s);
         jint(&j, "device_peak_bytes", (long long)r->backend_stats.device_peak_bytes);
         jint(&j, "batch_halvings", r->backend_stats.batch_halvings);
-        jstr(&j, "precision", precision_name(r->backend_stats.precision));
+        jstr(&j, "precision", tw_precision_name(r->backend_stats.precision));
         jint(&j, "winograd_convs", r->backend_stats.winograd_convs);
         jclose(&j, '}');
 

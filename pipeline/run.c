@@ -10,26 +10,19 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "io/model_file.h"
 #include "io/raster.h"
 #include "io/tiletable.h"
 #include "io/writer.h"
-#include "pipeline/alloc.h"
-#include "pipeline/fileio.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/fileio.h"
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"
 #include "pipeline/stages.h"
 #include "pipeline/stitch.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Model and inputs: resolve config against the bundle, check before work.  */
@@ -194,7 +187,6 @@ static const tw_log *run_log(const run_ctx *c)
 {
     return c->hooks ? &c->hooks->log : NULL;
 }
-
 
 static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, double gt[6])
 {
@@ -392,7 +384,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
 {
     const tw_run_params *p = c->p;
     const tw_raster_info *info = &c->infos[idx].info;
-    double t0 = now_s();
+    double t0 = tw_clock_now();
     snprintf(res->path, sizeof res->path, "%s", p->input.paths[idx]);
     input_stem(res->path, res->stem, sizeof res->stem);
     res->width = info->width;
@@ -530,7 +522,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st == TW_OK && p->shard_count == 1)
         st = assemble(c->p, &c->m, info, c->config_json, pp.parts, res, err);
     tw_parts_close(pp.parts);
-    res->seconds = now_s() - t0;
+    res->seconds = tw_clock_now() - t0;
     return st;
 }
 
@@ -632,7 +624,7 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
 tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
                  tw_error *err)
 {
-    double t0 = now_s();
+    double t0 = tw_clock_now();
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
     tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
     if (result) *result = r;
@@ -680,7 +672,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
     if (c->have_be) tw_backend_get_stats(&c->be, &r->backend_stats);
     ctx_release(c);
     tw_free(c);
-    r->seconds = now_s() - t0;
+    r->seconds = tw_clock_now() - t0;
     r->peak_rss = tw_rss_peak();
     if (!result) tw_run_result_destroy(r);
     return st;
@@ -718,7 +710,7 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
                 p->model.weights, c->m.arch, c->m.in_bands, c->m.n_classes, c->m.feat_dim,
                 c->m.model_sha256);
         fprintf(out, "backend   %s, precision %s\n", c->be.i->name,
-                (const char *[]){"fp32", "tf32", "fp16", "bf16", "int8"}[p->runtime.precision]);
+                tw_precision_name(p->runtime.precision));
         for (int i = 0; i < p->input.n_paths; i++) {
             const tw_raster_info *info = &c->infos[i].info;
             tw_plan plan;
@@ -764,7 +756,7 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
 
 tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err)
 {
-    double t0 = now_s();
+    double t0 = tw_clock_now();
     tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
     char(*stems)[256] = tw_calloc(TW_MEM_OTHER, TW_MAX_INPUTS, 256);
     manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
@@ -828,7 +820,7 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
     tw_free(stems);
     tw_free(mf);
     if (r) {
-        r->seconds = now_s() - t0;
+        r->seconds = tw_clock_now() - t0;
         r->peak_rss = tw_rss_peak();
     }
     if (!result) tw_run_result_destroy(r);

@@ -20,8 +20,8 @@
 
 #include "model/backend.h"
 #include "pipeline/budget.h"
-#include "pipeline/error.h"
-#include "pipeline/params.h"
+#include "core/error.h"
+#include "core/params.h"
 
 /* GDAL-style progress: complete in [0, 1]; return 0 to cancel the run. */
 typedef int (*tw_progress_fn)(double complete, const char *message, void *user);

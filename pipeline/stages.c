@@ -3,24 +3,10 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
+#include "core/clock.h"
 #include "pipeline/normalize.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double thread_cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void pipe_abort(tw_pipe *pp)
 {
@@ -708,8 +694,8 @@ static void *worker_main(void *arg)
     thread_arg *a = arg;
     worker *w = &a->w;
     tw_pipe *pp = w->pp;
-    w->t_start = now_s();
-    double cpu0 = thread_cpu_s();
+    w->t_start = tw_clock_now();
+    double cpu0 = tw_clock_thread_cpu();
     tw_status st = a->def->start ? a->def->start(w) : TW_OK;
     if (st != TW_OK) pipe_abort(pp);
     tw_slot *s;
@@ -735,7 +721,7 @@ static void *worker_main(void *arg)
     bool last = atomic_fetch_sub(a->left, 1) == 1;
     if (last && a->out != pp->q_free) tw_queue_close(a->out);
     if (a->def->stop) (void)a->def->stop(w);
-    double busy = now_s() - w->t_start - w->wait_s, cpu = thread_cpu_s() - cpu0;
+    double busy = tw_clock_now() - w->t_start - w->wait_s, cpu = tw_clock_thread_cpu() - cpu0;
     pthread_mutex_lock(&pp->mu);
     tw_stage_stats *ss = &pp->res->stage[a->def->id];
     ss->busy_s += busy;

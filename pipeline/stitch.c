@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 struct tw_stitch {
     const tw_plan *plan;

@@ -24,7 +24,7 @@
 #include "io/model_file.h"
 #include "model/backend.h"
 #include "model/resnet.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 #include "tests/testutil.h"
 
 enum { N_TILES = 8, BANDS = 6, TILE = 64 };

@@ -19,7 +19,7 @@
 #include <cmocka.h>
 
 #include "io/model_file.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 #include "tests/testutil.h"
 #include "tests/tiff_roundtrip.h"
 #include "workflows/workflow.h"

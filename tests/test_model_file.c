@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "io/model_file.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 #include "testutil.h"
 
 static const char *fixture(const char *name)

@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 #include "pipeline/budget.h"
 #include "pipeline/plan.h"
 #include "pipeline/queue.h"

@@ -15,7 +15,7 @@
 #include "io/model_file.h"
 #include "model/backend.h"
 #include "model/resnet.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 #include "tests/synth_resnet.h"
 #include "tests/testutil.h"
 

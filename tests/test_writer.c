@@ -22,7 +22,7 @@
 #include <ogr_srs_api.h>
 
 #include "io/writer.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 #include "tests/testutil.h"
 
 #define K 3

@@ -25,7 +25,7 @@
 #include <tiffio.h>
 
 #include "io/tiff_direct.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 typedef struct rt_type {
     tw_dtype t;

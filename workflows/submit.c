@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "pipeline/fileio.h"
+#include "core/fileio.h"
 #include "workflows/workflow.h"
 
 #define MAX_SETS 128

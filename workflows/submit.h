@@ -33,8 +33,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "pipeline/error.h"
-#include "pipeline/params.h"
+#include "core/error.h"
+#include "core/params.h"
 
 #define TW_SUBMIT_MAX_ARRAY 10000
 

@@ -11,8 +11,8 @@
 
 #include <stddef.h>
 
-#include "pipeline/error.h"
-#include "pipeline/params.h"
+#include "core/error.h"
+#include "core/params.h"
 
 /* Parse path into *out (starting from tw_run_default_params()), then apply
  * the overrides sets[0..n_sets) of the form "key.path=value" (value in YAML

@@ -1,5 +1,5 @@
 /* params.c - defaults for tw_run_params (see params.h) */
-#include "pipeline/params.h"
+#include "core/params.h"
 
 #include <math.h>
 #include <string.h>
@@ -25,4 +25,10 @@ tw_run_params tw_run_default_params(void)
     p.shard_index = 0;
     p.shard_count = 1;
     return p;
+}
+
+const char *tw_precision_name(tw_precision p)
+{
+    static const char *names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
+    return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
 }

@@ -1,5 +1,5 @@
 /* error.c - see error.h */
-#include "pipeline/error.h"
+#include "core/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* fileio.c - see fileio.h */
-#include "pipeline/fileio.h"
+#include "core/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pipeline/params.h"
+#include "core/params.h"
 
 tw_status tw_write_file_atomic(const char *path, const void *data, size_t n, tw_error *err)
 {

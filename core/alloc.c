@@ -1,5 +1,5 @@
 /* alloc.c - see alloc.h */
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,0 +1,125 @@
+/* params.h - the resolved parameters of one run.
+ *
+ * workflows/workflow.c fills a tw_run_params from YAML and --set overrides;
+ * library code only ever reads these structs, never YAML or the environment.
+ * Fixed-size arrays keep the structs self-contained (no ownership questions);
+ * the limits below are checked by the parser with a clear message.
+ * "Unset" values (0, NaN, empty string) mean: take it from the model bundle,
+ * else the documented default.
+ */
+#ifndef TW_PARAMS_H
+#define TW_PARAMS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define TW_PATH_MAX 1024
+#define TW_MAX_INPUTS 64
+#define TW_MAX_BANDS 64
+#define TW_MAX_CLASSES 255 /* class map is Byte with 255 as nodata */
+#define TW_NAME_MAX 64
+#define TW_MAX_CREATION_OPTIONS 16
+
+typedef enum { TW_EDGE_PAD = 0, TW_EDGE_SHIFT, TW_EDGE_SKIP } tw_edge_mode;
+typedef enum { TW_ON_ERROR_FAIL = 0, TW_ON_ERROR_SKIP } tw_on_error;
+typedef enum {
+    TW_PREC_FP32 = 0,
+    TW_PREC_TF32,
+    TW_PREC_FP16,
+    TW_PREC_BF16,
+    TW_PREC_INT8,
+} tw_precision;
+typedef enum { TW_PROB_FLOAT32 = 0, TW_PROB_UINT8 } tw_prob_type;
+typedef enum { TW_FORMAT_GTIFF = 0, TW_FORMAT_COG } tw_format;
+
+/* output.products, as bits */
+enum {
+    TW_PRODUCT_CLASS = 1u << 0,
+    TW_PRODUCT_PROB = 1u << 1,
+    TW_PRODUCT_CONF = 1u << 2,
+    TW_PRODUCT_EMB = 1u << 3,        /* embeddings into the HDF5 tile table */
+    TW_PRODUCT_TILES = 1u << 4,      /* the HDF5 tile table (probabilities per tile) */
+    TW_PRODUCT_TILES_GPKG = 1u << 5, /* GeoPackage of tile polygons */
+};
+
+typedef struct tw_input_params {
+    char paths[TW_MAX_INPUTS][TW_PATH_MAX];
+    int n_paths;
+    int bands[TW_MAX_BANDS]; /* 1-based; n_bands == 0: bundle's, else all */
+    int n_bands;
+    double scale;     /* NaN: bundle's, else 1.0 */
+    bool nodata_auto; /* true: the raster's own nodata (if any) */
+    double nodata;    /* used when !nodata_auto */
+    tw_on_error on_error;
+    bool tiff_direct; /* plain tiled GeoTIFFs through libtiff (CLI: TILEWISE_TIFF_DIRECT=0 off) */
+} tw_input_params;
+
+typedef struct tw_model_params {
+    char weights[TW_PATH_MAX];
+    char arch[16]; /* "" : from the file / the tensor shapes */
+    float mean[TW_MAX_BANDS];
+    int n_mean; /* 0: bundle's, else 0.0 */
+    float std[TW_MAX_BANDS];
+    int n_std; /* 0: bundle's, else 1.0 */
+    char classes[TW_MAX_CLASSES][TW_NAME_MAX];
+    int n_classes; /* 0: bundle's, else class_0.. */
+} tw_model_params;
+
+typedef struct tw_tiling_params {
+    int tile;   /* 0: bundle's, else 64 */
+    int stride; /* 0: = tile. tile % stride must be 0 */
+    int batch;  /* 0: auto */
+    tw_edge_mode edge;
+    double max_nodata_fraction; /* default 0.5 */
+} tw_tiling_params;
+
+typedef struct tw_runtime_params {
+    char device[16]; /* auto | cpu | cuda | cuda:N */
+    tw_precision precision;
+    size_t memory; /* bytes; default 2 GiB */
+    int threads;   /* 0: auto (all cores) */
+    int readers;   /* reader workers; 0: auto (tw_run_readers) */
+    /* knobs the CLI fills from its environment (tilewise.1 ENVIRONMENT) */
+    bool cpu_winograd;      /* TILEWISE_CPU_WINOGRAD=0: false */
+    size_t cuda_fail_above; /* TW_CUDA_FAIL_ALLOC_ABOVE: a test hook, 0 off */
+} tw_runtime_params;
+
+typedef struct tw_output_params {
+    char dir[TW_PATH_MAX];
+    unsigned products; /* TW_PRODUCT_* bits; default class|prob */
+    tw_prob_type prob_type;
+    tw_format format;
+    char creation_options[TW_MAX_CREATION_OPTIONS][128];
+    int n_creation_options;
+} tw_output_params;
+
+/* The per-band map from raw pixels to the model's input: x = (v * scale -
+ * mean) / std (pipeline/normalize.h; the GPU does it on the device). */
+typedef struct tw_norm {
+    int bands;
+    double scale;
+    float mean[TW_MAX_BANDS];
+    float std[TW_MAX_BANDS];
+} tw_norm;
+
+typedef struct tw_run_params {
+    tw_input_params input;
+    tw_model_params model;
+    tw_tiling_params tiling;
+    tw_runtime_params runtime;
+    tw_output_params output;
+    int shard_index; /* 0-based; shard_count 1 = unsharded */
+    int shard_count;
+    int chunk_rows; /* output rows per committed chunk; 0: about 1024 tiles */
+    bool quiet;
+    char report_path[TW_PATH_MAX];   /* "" : <output.dir>/run.json only */
+    char workflow_path[TW_PATH_MAX]; /* for messages and the report */
+} tw_run_params;
+
+/* The documented defaults (see DESIGN.md). Cannot fail. */
+tw_run_params tw_run_default_params(void);
+
+/* "fp32", "tf32", "fp16", "bf16", "int8"; "?" outside the enum. */
+const char *tw_precision_name(tw_precision p);
+
+#endif

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# check_layers.sh [ROOT] - the layering of DESIGN.md, checked on every
+# #include "folder/file.h" of the C and CUDA sources under ROOT (default:
+# the repository):
+#   core/      includes core/ only
+#   io/        core/, io/
+#   model/     core/, io/, model/
+#   cuda/      core/, io/, model/, cuda/      (behind the backend seam)
+#   pipeline/  core/, io/, model/, pipeline/
+#   workflows/ core/, io/, model/, pipeline/, workflows/
+# (tests/, fuzz/, bench/ may include anything.) Prints one line per
+# violation - FILE:LINE: who may not include what - and exits 1 if any.
+set -euo pipefail
+root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+declare -A allowed=(
+  [core]="core"
+  [io]="core io"
+  [model]="core io model"
+  [cuda]="core io model cuda"
+  [pipeline]="core io model pipeline"
+  [workflows]="core io model pipeline workflows"
+)
+bad=0
+checked=0
+for layer in core io model cuda pipeline workflows; do
+  [ -d "$root/$layer" ] || continue
+  while IFS= read -r -d '' f; do
+    checked=$((checked + 1))
+    while IFS=: read -r line target; do
+      [ -n "$target" ] || continue
+      ok=0
+      for a in ${allowed[$layer]}; do [ "$target" = "$a" ] && ok=1; done
+      if [ $ok -eq 0 ]; then
+        echo "${f#"$root"/}:$line: $layer/ may not include $target/ ($layer/ builds on ${allowed[$layer]// /, } only)"
+        bad=$((bad + 1))
+      fi
+    done < <(grep -n -o '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[a-z_]*/' "$f" |
+             sed -E 's/^([0-9]+):.*"([a-z_]*)\/$/\1:\2/')
+  done < <(find "$root/$layer" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) -print0)
+done
+if [ $bad -gt 0 ]; then
+  echo "check_layers: $bad include(s) break the layering (DESIGN.md, Layout)"
+  exit 1
+fi
+echo "check_layers: $checked files, layering kept"
