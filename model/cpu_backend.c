@@ -1038,19 +1038,7 @@ static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
     const float *feat = c->buf[BUF_FEAT];
     int fd = c->feat_dim, k = c->n_classes;
     if (b->emb) memcpy(b->emb, feat, (size_t)b->n * fd * sizeof(float));
-    for (int t = 0; t < b->n; t++) {
-        const float *f = feat + (size_t)t * fd;
-        double logit[TW_MAX_CLASSES], mx = -INFINITY, sum = 0.0;
-        for (int j = 0; j < k; j++) {
-            const float *w = c->fc_w + (size_t)j * fd;
-            double acc = c->fc_b[j];
-            for (int i = 0; i < fd; i++) acc += (double)w[i] * f[i];
-            logit[j] = acc;
-            if (acc > mx) mx = acc;
-        }
-        for (int j = 0; j < k; j++) sum += (logit[j] = exp(logit[j] - mx));
-        for (int j = 0; j < k; j++) b->probs[(size_t)t * k + j] = (float)(logit[j] / sum);
-    }
+    tw_resnet_head(c->fc_w, c->fc_b, k, fd, feat, b->n, b->probs);
     c->stats.compute_s += tw_clock_now() - t0;
     return TW_OK;
 }

@@ -104,7 +104,7 @@ static size_t max_activation(const tw_resnet *net, int tile, size_t *max_col)
 /* One image: x [bands][tile][tile] -> probs [classes], emb [feat_dim] or NULL.
  * buf: four activation buffers of cap floats; col and feat as sized by the caller. */
 static void forward_one(const tw_resnet *net, const float *x, int tile, float *buf[4], float *col,
-                        double *feat, float *probs, float *emb)
+                        float *feat, float *probs, float *emb)
 {
     /* buffers: cur = block input, t1/t2 = inner results, sc = shortcut */
     float *cur = buf[0], *t1 = buf[1], *t2 = buf[2], *sc = buf[3];
@@ -151,26 +151,15 @@ static void forward_one(const tw_resnet *net, const float *x, int tile, float *b
         ch = last->cout;
     }
 
+    /* global average pool in double, then the head every backend shares */
     size_t hw = (size_t)h * h;
     for (int c = 0; c < ch; c++) {
         double acc = 0.0;
         for (size_t i = 0; i < hw; i++) acc += cur[(size_t)c * hw + i];
-        feat[c] = acc / (double)hw;
-        if (emb) emb[c] = (float)feat[c];
+        feat[c] = (float)(acc / (double)hw);
+        if (emb) emb[c] = feat[c];
     }
-    double logits[TW_MAX_CLASSES], mx = -INFINITY, sum = 0.0;
-    for (int k = 0; k < net->n_classes; k++) {
-        double acc = net->fc_b[k];
-        const float *w = net->fc_w + (size_t)k * ch;
-        for (int c = 0; c < ch; c++) acc += (double)w[c] * feat[c];
-        logits[k] = acc;
-        if (acc > mx) mx = acc;
-    }
-    for (int k = 0; k < net->n_classes; k++) {
-        logits[k] = exp(logits[k] - mx);
-        sum += logits[k];
-    }
-    for (int k = 0; k < net->n_classes; k++) probs[k] = (float)(logits[k] / sum);
+    tw_resnet_head(net->fc_w, net->fc_b, net->n_classes, ch, feat, 1, probs);
 }
 
 tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile, float *probs,
@@ -196,9 +185,9 @@ tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int
     size_t in_elems = (size_t)net->in_bands * tile * tile;
 #pragma omp parallel for num_threads(nt) schedule(dynamic)
     for (int img = 0; img < n; img++) {
-        /* feat (doubles) first keeps every part 8-byte aligned */
+        /* feat first (sized in doubles: keeps every part 8-byte aligned) */
         char *mine = scratch + (size_t)omp_get_thread_num() * per_thread;
-        double *feat = (double *)mine;
+        float *feat = (float *)mine;
         float *f = (float *)(mine + (size_t)net->feat_dim * sizeof(double));
         float *buf[4] = {f, f + cap, f + 2 * cap, f + 3 * cap};
         forward_one(net, x + (size_t)img * in_elems, tile, buf, f + 4 * cap, feat,

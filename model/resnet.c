@@ -350,3 +350,22 @@ fail:
     tw_resnet_destroy(net);
     return st;
 }
+
+void tw_resnet_head(const float *fc_w, const float *fc_b, int n_classes, int feat_dim,
+                    const float *feat, int n, float *probs)
+{
+    for (int t = 0; t < n; t++) {
+        const float *f = feat + (size_t)t * feat_dim;
+        double logit[TW_MAX_CLASSES], mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < n_classes; j++) {
+            const float *w = fc_w + (size_t)j * feat_dim;
+            double acc = fc_b[j];
+            for (int i = 0; i < feat_dim; i++) acc += (double)w[i] * f[i];
+            logit[j] = acc;
+            if (acc > mx) mx = acc;
+        }
+        for (int j = 0; j < n_classes; j++) sum += (logit[j] = exp(logit[j] - mx));
+        for (int j = 0; j < n_classes; j++)
+            probs[(size_t)t * n_classes + j] = (float)(logit[j] / sum);
+    }
+}

@@ -63,6 +63,14 @@ void tw_resnet_destroy(tw_resnet *net);
  * its own copy. weight_bytes keeps its value (what the net needed). */
 void tw_resnet_release_conv(tw_resnet *net, const tw_conv *conv);
 
+/* The classifier head, the same for every backend that computes it on the
+ * host and for the reference: logits = fc_w . feat + fc_b accumulated in
+ * double, softmax with the maximum subtracted. feat [n][feat_dim] pooled
+ * features, fc_w [n_classes][feat_dim], fc_b [n_classes] -> probs
+ * [n][n_classes]. Cannot fail; allocates nothing. */
+void tw_resnet_head(const float *fc_w, const float *fc_b, int n_classes, int feat_dim,
+                    const float *feat, int n, float *probs);
+
 /* Spatial size after the stem+maxpool and each stage, for an input of tile
  * pixels (used for workspace estimates). */
 int tw_resnet_out_size(int in, int k, int stride, int pad);
