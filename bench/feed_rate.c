@@ -195,11 +195,11 @@ static int run_pipe(const char *path, int tile, int readers, const char *model, 
     printf("{\"bytes\": %lld, \"wall_s\": %.6f, \"read_busy_s\": %.6f, \"read_wait_s\": %.6f, "
            "\"read_cpu_s\": %.6f, \"read_bytes\": %lld, \"readers\": %d, \"batch\": %d, "
            "\"reader\": \"%s\", "
-           "\"write_busy_s\": %.6f}\n",
+           "\"write_busy_s\": %.6f, \"tiff_tiles_decoded\": %lld}\n",
            tile_bytes, in->seconds, in->stage[TW_STAGE_READ].busy_s,
            in->stage[TW_STAGE_READ].wait_s, in->stage[TW_STAGE_READ].cpu_s,
            (long long)in->read_bytes, in->read_workers, r->budget.batch, in->reader,
-           in->stage[TW_STAGE_WRITE].busy_s);
+           in->stage[TW_STAGE_WRITE].busy_s, (long long)in->tiff_tiles_decoded);
     tw_run_result_destroy(r);
     return 0;
 }

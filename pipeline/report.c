@@ -301,6 +301,8 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
                     /* busy_s and wait_s are sums over the reader workers */
                     jint(&j, "workers", in->read_workers);
                     jint(&j, "bytes", in->read_bytes);
+                    /* a TIFF tile decoded by several readers counts once per reader */
+                    jint(&j, "tiff_tiles_decoded", in->tiff_tiles_decoded);
                 }
                 jclose(&j, '}');
             }

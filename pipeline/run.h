@@ -80,6 +80,8 @@ typedef struct tw_input_result {
     char reader[16];                    /* who decoded the pixels: "libtiff" or "gdal" */
     int read_workers;                   /* reader workers (runtime.readers) */
     int64_t read_bytes;                 /* raw pixel bytes the readers read (windows) */
+    int64_t tiff_tiles_decoded;         /* TIFF tiles the libtiff reader decoded, summed
+                                           over readers (-1: GDAL read the pixels) */
     char outputs[6][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
 } tw_input_result;

@@ -334,6 +334,12 @@ static tw_status read_start(worker *w)
 
 static tw_status read_stop(worker *w)
 {
+    long long n = w->r ? tw_raster_tiles_decoded(w->r) : -1;
+    pthread_mutex_lock(&w->pp->mu);
+    tw_input_result *res = w->pp->res;
+    if (n >= 0)
+        res->tiff_tiles_decoded = (res->tiff_tiles_decoded > 0 ? res->tiff_tiles_decoded : 0) + n;
+    pthread_mutex_unlock(&w->pp->mu);
     tw_raster_close(w->r);
     tw_free(w->xs);
     tw_free(w->nod);
@@ -745,6 +751,7 @@ tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
     pp->cur_seg = -1;
     const int readers = pp->bud->readers > 0 ? pp->bud->readers : 1;
     pp->res->read_workers = readers;
+    pp->res->tiff_tiles_decoded = -1;
 
     tw_status st = TW_OK;
     pp->q_free = tw_queue_create(pp->n_slots);
