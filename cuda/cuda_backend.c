@@ -778,6 +778,41 @@ static bool cuda_supports(void *vctx, const tw_resnet *net, int tile, tw_precisi
     return true;
 }
 
+static const char *algo_name(cudnnConvolutionFwdAlgo_t a)
+{
+    switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "implicit_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "implicit_precomp_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "direct";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "fft_tiling";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "winograd";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    default: return "other";
+    }
+}
+
+/* For run.json: the chosen algorithm of each kind of layer (kernel size),
+ * with counts, e.g. "7x7: implicit_precomp_gemm x1; 3x3: ... x16; ...". */
+static void describe_algorithms(cuda_ctx *ctx)
+{
+    char *out = ctx->stats.algorithms;
+    size_t size = sizeof ctx->stats.algorithms, len = 0;
+    out[0] = '\0';
+    static const int ks[] = {7, 3, 1};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; a++) {
+            int n = 0;
+            for (int i = 0; i < ctx->n_layers; i++)
+                n += ctx->layers[i].conv->k == ks[ki] && (int)ctx->layers[i].algo == a;
+            if (n == 0 || len >= size) continue;
+            int w = snprintf(out + len, size - len, "%s%dx%d: %s x%d", len ? "; " : "", ks[ki],
+                             ks[ki], algo_name((cudnnConvolutionFwdAlgo_t)a), n);
+            if (w > 0) len += (size_t)w;
+        }
+}
+
 /* consume is not used: the weights are uploaded after the arena is
  * allocated, and the host copy stays for a reserve with a smaller batch. */
 static tw_status cuda_reserve(void *vctx, tw_resnet *net, int tile, int batch, tw_precision prec,
@@ -840,6 +875,7 @@ static tw_status cuda_reserve(void *vctx, tw_resnet *net, int tile, int batch, t
             free_b);
     }
     ctx->stats.unfused_convs = ctx->n_unfused;
+    describe_algorithms(ctx);
     if (ctx->arena_bytes > ctx->stats.device_peak_bytes)
         ctx->stats.device_peak_bytes = ctx->arena_bytes;
     ctx->reserved = true;
@@ -1160,6 +1196,14 @@ static tw_status ctx_init(cuda_ctx *ctx, tw_error *err)
     struct cudaDeviceProp prop;
     TW_CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx->device));
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s", prop.name);
+    snprintf(ctx->stats.device, sizeof ctx->stats.device,
+             "%.80s (cuda:%d, compute capability %d.%d)", prop.name, ctx->device, prop.major,
+             prop.minor);
+    int rt = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess) (void)cudaGetLastError();
+    size_t dnn = cudnnGetVersion();
+    snprintf(ctx->stats.library, sizeof ctx->stats.library, "cuDNN %zu.%zu.%zu, CUDA runtime %d.%d",
+             dnn / 10000, dnn / 100 % 100, dnn % 100, rt / 1000, rt % 1000 / 10);
     /* Non-blocking: neither stream may serialize with the legacy default stream. */
     TW_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking));
     TW_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->compute_stream, cudaStreamNonBlocking));

@@ -55,6 +55,10 @@ typedef struct tw_backend_stats {
     int batch_halvings;       /* times the batch was halved after an allocation failure */
     int unfused_convs;        /* convolutions the device runs without fused bias/ReLU (CUDA) */
     bool pinned_fallback;     /* host_alloc gave ordinary memory: no pinned memory left */
+    char device[128];         /* what runs the net: "NVIDIA H100 80GB HBM3 (cuda:0)", or the
+                                 CPU's instruction set as oneDNN uses it */
+    char library[96];         /* "cuDNN 9.x.y, CUDA runtime 13.0", "oneDNN 2.7.3" */
+    char algorithms[256];     /* the convolution algorithms chosen, per kind of layer */
     tw_precision precision;   /* what the backend really computes in (it may fall back) */
     int winograd_convs;       /* convolutions run as Winograd F(4,3) (CPU, fp32; 0 elsewhere) */
 } tw_backend_stats;

@@ -910,6 +910,9 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     c->in_bands = net->in_bands;
     c->feat_dim = net->feat_dim;
     c->n_classes = net->n_classes;
+    snprintf(c->stats.algorithms, sizeof c->stats.algorithms,
+             "%d of %d convolutions Winograd F(4,3), the rest oneDNN's direct kernels",
+             c->stats.winograd_convs, c->n_conv);
     c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
                          : mode == NUM_INT8 ? TW_PREC_INT8
                                             : TW_PREC_FP32;
@@ -1111,6 +1114,21 @@ static const struct tw_backend_i k_cpu_iface = {
     .destroy = cpu_destroy,
 };
 
+static const char *isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
 tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
 {
     out->i = NULL;
@@ -1125,6 +1143,11 @@ tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out
         return dnnl_fail(err, s, "CPU engine/stream create");
     }
     c->wino = params->cpu_winograd && use_winograd(c->eng);
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(c->stats.library, sizeof c->stats.library, "oneDNN %d.%d.%d", v->major, v->minor,
+             v->patch);
+    snprintf(c->stats.device, sizeof c->stats.device, "CPU, oneDNN instruction set %s",
+             isa_name(dnnl_get_effective_cpu_isa()));
     out->i = &k_cpu_iface;
     out->ctx = c;
     return TW_OK;

@@ -271,6 +271,10 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         jint(&j, "batch_halvings", r->backend_stats.batch_halvings);
         jstr(&j, "precision", tw_precision_name(r->backend_stats.precision));
         jint(&j, "winograd_convs", r->backend_stats.winograd_convs);
+        jint(&j, "unfused_convs", r->backend_stats.unfused_convs);
+        jstr(&j, "device", r->backend_stats.device);
+        jstr(&j, "library", r->backend_stats.library);
+        jstr(&j, "algorithms", r->backend_stats.algorithms);
         jclose(&j, '}');
 
         jopen(&j, "inputs", '[');
