@@ -35,7 +35,8 @@ struct tw_raster {
     size_t mask_cap;
     tw_tiff *tiff; /* plain tiled GeoTIFF: pixels through libtiff (tiff_direct.h) */
     char why_gdal[160];
-    bool allow_direct;  /* tw_raster_open_params.tiff_direct */
+    bool allow_direct; /* tw_raster_open_params.tiff_direct */
+    tw_tiff_cache *shared_tiles;
     uint8_t *strip;     /* tw_raster_read_tiles' window: raw then valid, strip_bytes */
     size_t strip_bytes; /* 0 until tw_raster_reserve_strip */
     int strip_w, strip_h;
@@ -182,6 +183,7 @@ static void open_direct(tw_raster *r)
     } else {
         r->tiff = tw_tiff_open(r->path, &r->info, r->bands, r->n_bands, (size_t)GDALGetCacheMax64(),
                                r->why_gdal, sizeof r->why_gdal);
+        if (r->tiff && r->shared_tiles) tw_tiff_share(r->tiff, r->shared_tiles);
     }
 }
 
@@ -295,6 +297,7 @@ tw_status tw_raster_open_ex(const char *path, const int *bands, int n_bands,
     tw_raster *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
     if (!r) return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
     r->allow_direct = op->tiff_direct;
+    r->shared_tiles = op->shared_tiles;
     r->path = strdup(path);
     if (!r->path) {
         tw_free(r);

@@ -38,8 +38,14 @@ tw_status tw_raster_open(const char *path, const int *bands, int n_bands, tw_ras
                          tw_error *err);
 
 /* Knobs of a reader (the CLI fills them; the library reads no environment). */
+typedef struct tw_tiff_cache tw_tiff_cache; /* io/tiff_direct.h */
 typedef struct tw_raster_open_params {
     bool tiff_direct; /* plain tiled GeoTIFFs through libtiff directly (default true) */
+    /* NULL, or a cache of decoded tiles that every reader of this raster
+     * shares (tw_tiff_cache_create): a file read through libtiff then
+     * decodes each tile once whatever the number of readers. Borrowed: it
+     * must outlive the raster. */
+    tw_tiff_cache *shared_tiles;
 } tw_raster_open_params;
 tw_raster_open_params tw_raster_default_open_params(void);
 /* tw_raster_open with params (tw_raster_open uses the defaults). */

@@ -13,6 +13,7 @@
 #include "io/tiff_direct.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -24,10 +25,24 @@
 
 typedef struct entry {
     uint32_t tile;
-    bool used;
+    bool used;      /* holds `tile`, decoded (shared cache: ready) */
+    bool decoding;  /* shared cache: a reader is decoding `tile` into it */
+    int pins;       /* shared cache: readers copying out of it */
     uint64_t stamp; /* last use, for LRU */
     uint8_t *data;
 } entry;
+
+struct tw_tiff_cache {
+    pthread_mutex_t mu;
+    pthread_cond_t done; /* a decode finished (or failed) */
+    size_t bytes;
+    int users;
+    size_t entry_bytes; /* 0 until the first read lays it out */
+    entry *entries;
+    int n_entries;
+    uint8_t *slab;
+    uint64_t clock;
+};
 
 struct tw_tiff {
     TIFF *tif;
@@ -47,6 +62,8 @@ struct tw_tiff {
     long long decoded;
     uint8_t fill[8]; /* a sparse tile's sample value, in the raster's type */
     bool fill_zero;
+    tw_tiff_cache *shared; /* NULL: the handle's own cache */
+    uint8_t *own;          /* shared: one tile, when every shared entry is busy */
 };
 
 static int on_error(TIFF *tif, void *user, const char *module, const char *fmt, va_list ap)
@@ -227,6 +244,7 @@ void tw_tiff_close(tw_tiff *t)
 {
     if (!t) return;
     if (t->tif) TIFFClose(t->tif);
+    tw_free(t->own);
     tw_free(t->slab);
     tw_free(t->entries);
     tw_free(t->sample);
@@ -295,6 +313,137 @@ static tw_status cache_init(tw_tiff *t, int h, tw_error *err)
     return TW_OK;
 }
 
+/* ---- the cache shared by the readers of one file ---- */
+
+tw_tiff_cache *tw_tiff_cache_create(size_t bytes, int users)
+{
+    tw_tiff_cache *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
+    if (!c) return NULL;
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        tw_free(c);
+        return NULL;
+    }
+    if (pthread_cond_init(&c->done, NULL) != 0) {
+        pthread_mutex_destroy(&c->mu);
+        tw_free(c);
+        return NULL;
+    }
+    c->bytes = bytes;
+    c->users = users > 0 ? users : 1;
+    return c;
+}
+
+void tw_tiff_cache_destroy(tw_tiff_cache *c)
+{
+    if (!c) return;
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->done);
+    tw_free(c->entries);
+    tw_free(c->slab);
+    tw_free(c);
+}
+
+void tw_tiff_share(tw_tiff *t, tw_tiff_cache *c)
+{
+    t->shared = c;
+}
+
+/* Lay the shared cache out for t's tiles (the first read of any handle;
+ * c->mu held), and give t its own one-tile buffer. */
+static tw_status shared_init(tw_tiff *t, int h, tw_error *err)
+{
+    tw_tiff_cache *c = t->shared;
+    if (!t->own && !(t->own = tw_alloc(TW_MEM_OTHER, t->entry_bytes)))
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory for a decoded TIFF tile");
+    if (c->entry_bytes) {
+        if (c->entry_bytes != t->entry_bytes)
+            return tw_error_set(err, TW_ERR_INTERNAL,
+                                "a shared TIFF tile cache met tiles of %zu and %zu bytes",
+                                c->entry_bytes, t->entry_bytes);
+        return TW_OK;
+    }
+    size_t across = (t->width + t->tw - 1) / t->tw;
+    size_t rows = (size_t)(h + (int)t->th - 2) / t->th + 1; /* a window straddles this many */
+    size_t want = across * rows * (t->separate ? (size_t)t->n_bands : 1) * (size_t)c->users;
+    size_t fit = c->bytes / t->entry_bytes;
+    size_t n = want < fit ? want : fit;
+    if (n < 1) n = 1;
+    c->entries = tw_calloc(TW_MEM_OTHER, n, sizeof *c->entries);
+    c->slab = tw_alloc(TW_MEM_OTHER, n * t->entry_bytes);
+    if (!c->entries || !c->slab) {
+        tw_free(c->entries);
+        tw_free(c->slab);
+        c->entries = NULL;
+        c->slab = NULL;
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory for %zu decoded TIFF tiles", n);
+    }
+    for (size_t i = 0; i < n; i++) c->entries[i].data = c->slab + i * t->entry_bytes;
+    c->n_entries = (int)n;
+    c->entry_bytes = t->entry_bytes;
+    return TW_OK;
+}
+
+/* The decoded tile from the shared cache, pinned (*pinned: unpin it with
+ * shared_unpin after copying), or decoded into t->own when every entry is
+ * busy (*pinned NULL). A tile another reader is decoding is waited for. */
+static const uint8_t *shared_get(tw_tiff *t, uint32_t tile, entry **pinned, tw_error *err)
+{
+    tw_tiff_cache *c = t->shared;
+    *pinned = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        entry *hit = NULL, *victim = NULL;
+        for (int i = 0; i < c->n_entries; i++) {
+            entry *e = &c->entries[i];
+            if ((e->used || e->decoding) && e->tile == tile) {
+                hit = e;
+                break;
+            }
+            if (e->decoding || e->pins > 0) continue;
+            if (!victim || !e->used || (victim->used && e->stamp < victim->stamp)) victim = e;
+        }
+        if (hit && hit->decoding) {
+            pthread_cond_wait(&c->done, &c->mu);
+            continue; /* decoded, or failed: look again */
+        }
+        if (hit) {
+            hit->pins++;
+            hit->stamp = ++c->clock;
+            pthread_mutex_unlock(&c->mu);
+            *pinned = hit;
+            return hit->data;
+        }
+        if (!victim) {
+            pthread_mutex_unlock(&c->mu);
+            return decode(t, tile, t->own, err) == TW_OK ? t->own : NULL;
+        }
+        victim->used = false;
+        victim->decoding = true;
+        victim->tile = tile;
+        victim->pins = 1;
+        pthread_mutex_unlock(&c->mu);
+        tw_status st = decode(t, tile, victim->data, err);
+        pthread_mutex_lock(&c->mu);
+        victim->decoding = false;
+        victim->used = st == TW_OK;
+        victim->stamp = ++c->clock;
+        if (st != TW_OK) victim->pins = 0;
+        pthread_cond_broadcast(&c->done);
+        pthread_mutex_unlock(&c->mu);
+        if (st != TW_OK) return NULL;
+        *pinned = victim;
+        return victim->data;
+    }
+}
+
+static void shared_unpin(tw_tiff *t, entry *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&t->shared->mu);
+    e->pins--;
+    pthread_mutex_unlock(&t->shared->mu);
+}
+
 /* The decoded tile, from the cache or decoded into its least recently used
  * entry; NULL on a decoding error. */
 static const uint8_t *get_tile(tw_tiff *t, uint32_t tile, tw_error *err)
@@ -355,7 +504,12 @@ tw_status tw_tiff_read(tw_tiff *t, int x0, int y0, int xr, int yr, void *raw, in
         }
         return TW_OK;
     }
-    if (!t->entries) {
+    if (t->shared) {
+        pthread_mutex_lock(&t->shared->mu);
+        tw_status st = shared_init(t, h, err);
+        pthread_mutex_unlock(&t->shared->mu);
+        if (st != TW_OK) return st;
+    } else if (!t->entries) {
         tw_status st = cache_init(t, h, err);
         if (st != TW_OK) return st;
     }
@@ -372,7 +526,9 @@ tw_status tw_tiff_read(tw_tiff *t, int x0, int y0, int xr, int yr, void *raw, in
             for (int pi = 0; pi < planes; pi++) {
                 uint32_t tile = TIFFComputeTile(t->tif, tx * t->tw, ty * t->th, 0,
                                                 (uint16_t)(t->separate ? t->sample[pi] : 0));
-                const uint8_t *d = get_tile(t, tile, err);
+                entry *pin = NULL;
+                const uint8_t *d =
+                    t->shared ? shared_get(t, tile, &pin, err) : get_tile(t, tile, err);
                 if (!d) return err->status;
                 for (int y = ya; y < yb; y++) {
                     size_t trow =
@@ -388,6 +544,7 @@ tw_status tw_tiff_read(tw_tiff *t, int x0, int y0, int xr, int yr, void *raw, in
                                d + (trow * t->spp + (size_t)t->sample[b]) * t->esz, n, t->spp,
                                t->esz);
                 }
+                if (pin) shared_unpin(t, pin);
             }
         }
     }

@@ -45,6 +45,22 @@ void tw_tiff_close(tw_tiff *t);
 tw_status tw_tiff_read(tw_tiff *t, int x0, int y0, int xr, int yr, void *raw, int w, int h,
                        tw_error *err);
 
+/* A cache of decoded tiles shared by several handles of one file (the
+ * pipeline's reader workers, one handle each), so that a tile two readers'
+ * windows touch is decoded once: by the first reader that needs it, while
+ * the other waits for it rather than decoding it too. Its tiles are pinned
+ * while a reader copies out of them; when every entry is pinned or being
+ * decoded, a reader decodes into a tile buffer of its own instead of
+ * waiting. bytes bounds it (at least one tile); it is laid out at the first
+ * read, for `users` handles each straddling two rows of tiles. Thread-safe.
+ * NULL on allocation failure. */
+typedef struct tw_tiff_cache tw_tiff_cache;
+tw_tiff_cache *tw_tiff_cache_create(size_t bytes, int users);
+void tw_tiff_cache_destroy(tw_tiff_cache *c);
+/* Read t's tiles through c (before t's first read; c must outlive t, and
+ * every handle sharing c must read the same file with the same bands). */
+void tw_tiff_share(tw_tiff *t, tw_tiff_cache *c);
+
 /* libtiff's version number ("4.5.0") into buf; returns buf. */
 const char *tw_tiff_version(char *buf, size_t size);
 

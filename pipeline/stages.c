@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "io/tiff_direct.h"
 #include "core/clock.h"
 #include "pipeline/normalize.h"
 
@@ -39,7 +40,7 @@ static void chunk_of(const tw_pipe *pp, const tw_segment *seg, int row, int *r0,
 /* Open the input with the nodata value the workflow asks for. */
 static tw_status open_input(const tw_pipe *pp, tw_raster **r, tw_error *err)
 {
-    tw_raster_open_params op = {.tiff_direct = pp->p->input.tiff_direct};
+    tw_raster_open_params op = {.tiff_direct = pp->p->input.tiff_direct, .shared_tiles = pp->tiles};
     tw_status st = tw_raster_open_ex(pp->path, pp->m->bands, pp->m->n_bands, &op, r, err);
     if (st != TW_OK) return st;
     const tw_raster_info *info = tw_raster_get_info(*r);
@@ -758,10 +759,14 @@ tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
     pp->q_norm = tw_queue_create(pp->n_slots);
     pp->q_infer = tw_queue_create(pp->n_slots);
     pp->q_write = tw_queue_create_ordered(pp->n_slots);
+    /* one cache of decoded tiles for all readers (a file read through
+     * libtiff), in place of one each: GDAL's block cache share, which
+     * the budget already counts per reader */
+    pp->tiles = tw_tiff_cache_create(pp->bud->gdal_cache, readers);
     const int n_threads = readers + TW_STAGE_COUNT - 1;
     thread_arg *args = tw_calloc(TW_MEM_OTHER, (size_t)n_threads, sizeof *args);
     pthread_t *th = tw_calloc(TW_MEM_OTHER, (size_t)n_threads, sizeof *th);
-    if (!pp->q_free || !pp->q_norm || !pp->q_infer || !pp->q_write || !args || !th)
+    if (!pp->q_free || !pp->q_norm || !pp->q_infer || !pp->q_write || !pp->tiles || !args || !th)
         st = tw_error_set(err, TW_ERR_NOMEM, "cannot allocate the stage queues");
     if (st == TW_OK && pthread_mutex_init(&pp->mu, NULL) != 0)
         st = tw_error_set(err, TW_ERR_NOMEM, "cannot create a mutex");
@@ -808,5 +813,7 @@ out:
     tw_queue_destroy(pp->q_infer);
     tw_queue_destroy(pp->q_write);
     pp->q_free = pp->q_norm = pp->q_infer = pp->q_write = NULL;
+    tw_tiff_cache_destroy(pp->tiles);
+    pp->tiles = NULL;
     return st;
 }

@@ -91,7 +91,8 @@ typedef struct tw_pipe {
     tw_slot *slots;
     int n_slots;
     tw_queue *q_free, *q_norm, *q_infer, *q_write;
-    atomic_int abort; /* an error or a cancel: every stage stops */
+    tw_tiff_cache *tiles; /* decoded TIFF tiles, shared by the readers */
+    atomic_int abort;     /* an error or a cancel: every stage stops */
     atomic_int cancelled;
     atomic_int stop_row; /* on a stop request: rows up to here are finished */
     pthread_mutex_t mu;  /* claims and the stage totals */

@@ -19,6 +19,7 @@
 #include <gdal.h>
 
 #include "io/raster.h"
+#include "io/tiff_direct.h"
 #include "tests/testutil.h"
 
 #define FW 100 /* fixture width, height, bands */
@@ -1098,6 +1099,82 @@ static void test_read_tiles(void **state)
     assert_int_equal(checked, 2 * N_DTYPES + 6);
 }
 
+/* Readers sharing one cache of decoded tiles (tw_tiff_cache, as the
+ * pipeline's reader workers do): four threads, each with its own handle,
+ * read every 12 x 12 window of a tiled DEFLATE file; each thread's pixels
+ * equal GDAL's, and the 35 TIFF tiles are decoded 35 times in all (not 4 x
+ * 35). With a cache of one tile (every entry busy now and then) they still
+ * read GDAL's pixels. */
+typedef struct shared_arg {
+    const char *path;
+    tw_tiff_cache *cache;
+    tw_raster *gdal;
+    long long decoded;
+    int bad;
+} shared_arg;
+
+static void *shared_reader(void *varg)
+{
+    shared_arg *a = varg;
+    tw_raster_open_params op = {.tiff_direct = true, .shared_tiles = a->cache};
+    tw_raster_open_params gop = {.tiff_direct = false};
+    tw_error err;
+    tw_error_init(&err);
+    tw_raster *r = NULL, *g = NULL;
+    if (tw_raster_open_ex(a->path, NULL, 0, &op, &r, &err) != TW_OK ||
+        tw_raster_open_ex(a->path, NULL, 0, &gop, &g, &err) != TW_OK) {
+        a->bad = 1;
+        tw_raster_close(r);
+        return NULL;
+    }
+    uint16_t raw[3 * 12 * 12], ref[3 * 12 * 12];
+    uint8_t valid[12 * 12], ref_v[12 * 12];
+    for (int y = 0; y < FH && !a->bad; y += 12)
+        for (int x = 0; x < FW && !a->bad; x += 12) {
+            int64_t nn, ni, rn, ri;
+            if (tw_raster_read(r, x, y, 12, 12, raw, valid, &nn, &ni, &err) != TW_OK ||
+                tw_raster_read(g, x, y, 12, 12, ref, ref_v, &rn, &ri, &err) != TW_OK)
+                a->bad = 2;
+            else if (memcmp(raw, ref, sizeof raw) != 0 || memcmp(valid, ref_v, sizeof valid) != 0 ||
+                     nn != rn || ni != ri)
+                a->bad = 3;
+        }
+    a->decoded = tw_raster_tiles_decoded(r);
+    tw_raster_close(r);
+    tw_raster_close(g);
+    return NULL;
+}
+
+static void test_shared_tile_cache(void **state)
+{
+    (void)state;
+    const char *path = fixture("rast_direct_uint16_deflate_pred2.tif");
+    if (!path) skip();
+    for (int tiny = 0; tiny < 2; tiny++) {
+        tw_tiff_cache *c = tw_tiff_cache_create(tiny ? 1 : (size_t)64 << 20, 4);
+        assert_non_null(c);
+        shared_arg args[4];
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) {
+            args[i] = (shared_arg){.path = path, .cache = c};
+            assert_int_equal(pthread_create(&th[i], NULL, shared_reader, &args[i]), 0);
+        }
+        long long decoded = 0;
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+            assert_int_equal(args[i].bad, 0);
+            decoded += args[i].decoded;
+        }
+        print_message("shared cache %s: %lld tiles decoded by 4 readers\n",
+                      tiny ? "of one tile" : "default", decoded);
+        if (tiny)
+            assert_true(decoded >= 35);
+        else
+            assert_int_equal(decoded, 35);
+        tw_tiff_cache_destroy(c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1116,6 +1193,7 @@ int main(void)
         cmocka_unit_test(test_direct_sparse),
         cmocka_unit_test(test_direct_cache),
         cmocka_unit_test(test_read_tiles),
+        cmocka_unit_test(test_shared_tile_cache),
         cmocka_unit_test(test_shared_rasters),
         cmocka_unit_test(test_shared_warning_quiet),
     };
