@@ -291,26 +291,34 @@ static tw_status decode(tw_tiff *t, uint32_t tile, uint8_t *dst, tw_error *err)
     return TW_OK;
 }
 
-static tw_status cache_init(tw_tiff *t, int h, tw_error *err)
+/* Entries for the tiles that `users` windows of h rows straddle across the
+ * file's width (at least one, within bytes): *entries and one *slab. */
+static tw_status entries_alloc(const tw_tiff *t, int h, int users, size_t bytes, entry **entries,
+                               uint8_t **slab, int *n_entries, tw_error *err)
 {
     size_t across = (t->width + t->tw - 1) / t->tw;
     size_t rows = (size_t)(h + (int)t->th - 2) / t->th + 1; /* a window straddles this many */
-    size_t want = across * rows * (t->separate ? (size_t)t->n_bands : 1);
-    size_t fit = t->cache_bytes / t->entry_bytes;
+    size_t want = across * rows * (t->separate ? (size_t)t->n_bands : 1) * (size_t)users;
+    size_t fit = bytes / t->entry_bytes;
     size_t n = want < fit ? want : fit;
     if (n < 1) n = 1;
-    t->entries = tw_calloc(TW_MEM_OTHER, n, sizeof *t->entries);
-    t->slab = tw_alloc(TW_MEM_OTHER, n * t->entry_bytes);
-    if (!t->entries || !t->slab) {
-        tw_free(t->entries);
-        tw_free(t->slab);
-        t->entries = NULL;
-        t->slab = NULL;
+    *entries = tw_calloc(TW_MEM_OTHER, n, sizeof **entries);
+    *slab = tw_alloc(TW_MEM_OTHER, n * t->entry_bytes);
+    if (!*entries || !*slab) {
+        tw_free(*entries);
+        tw_free(*slab);
+        *entries = NULL;
+        *slab = NULL;
         return tw_error_set(err, TW_ERR_NOMEM, "out of memory for %zu decoded TIFF tiles", n);
     }
-    for (size_t i = 0; i < n; i++) t->entries[i].data = t->slab + i * t->entry_bytes;
-    t->n_entries = (int)n;
+    for (size_t i = 0; i < n; i++) (*entries)[i].data = *slab + i * t->entry_bytes;
+    *n_entries = (int)n;
     return TW_OK;
+}
+
+static tw_status cache_init(tw_tiff *t, int h, tw_error *err)
+{
+    return entries_alloc(t, h, 1, t->cache_bytes, &t->entries, &t->slab, &t->n_entries, err);
 }
 
 /* ---- the cache shared by the readers of one file ---- */
@@ -362,23 +370,9 @@ static tw_status shared_init(tw_tiff *t, int h, tw_error *err)
                                 c->entry_bytes, t->entry_bytes);
         return TW_OK;
     }
-    size_t across = (t->width + t->tw - 1) / t->tw;
-    size_t rows = (size_t)(h + (int)t->th - 2) / t->th + 1; /* a window straddles this many */
-    size_t want = across * rows * (t->separate ? (size_t)t->n_bands : 1) * (size_t)c->users;
-    size_t fit = c->bytes / t->entry_bytes;
-    size_t n = want < fit ? want : fit;
-    if (n < 1) n = 1;
-    c->entries = tw_calloc(TW_MEM_OTHER, n, sizeof *c->entries);
-    c->slab = tw_alloc(TW_MEM_OTHER, n * t->entry_bytes);
-    if (!c->entries || !c->slab) {
-        tw_free(c->entries);
-        tw_free(c->slab);
-        c->entries = NULL;
-        c->slab = NULL;
-        return tw_error_set(err, TW_ERR_NOMEM, "out of memory for %zu decoded TIFF tiles", n);
-    }
-    for (size_t i = 0; i < n; i++) c->entries[i].data = c->slab + i * t->entry_bytes;
-    c->n_entries = (int)n;
+    tw_status st =
+        entries_alloc(t, h, c->users, c->bytes, &c->entries, &c->slab, &c->n_entries, err);
+    if (st != TW_OK) return st;
     c->entry_bytes = t->entry_bytes;
     return TW_OK;
 }
