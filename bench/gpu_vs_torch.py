@@ -302,6 +302,10 @@ def tilewise_figures(rep):
         "device_peak_bytes": st["device_peak_bytes"],
         "batch_halvings": st["batch_halvings"],
         "stages": {k: v["busy_s"] for k, v in inp.get("stages", {}).items()},
+        "readers": inp.get("stages", {}).get("read", {}).get("workers"),
+        "device": st.get("device"),
+        "library": st.get("library"),
+        "algorithms": st.get("algorithms"),
     }
 
 
@@ -625,6 +629,20 @@ def print_table(report):
                   f"compute {best['compute_s']:.2f} s, copy_hidden {best['copy_hidden_s']:.2f} s, "
                   f"device peak {best['device_peak_bytes'] / 2**30:.2f} GiB, "
                   f"wall {best['seconds']:.2f} s for {best['tiles']} tiles")
+        if best:
+            print(f"{'':<22} readers {best.get('readers')}, stages busy "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in best["stages"].items())
+                  + f"; {best.get('device')}; {best.get('library')}")
+            # issue 14: the device never waits on the host
+            cr = best["compute_tiles_per_s"]
+            if cr:
+                ok = tw / cr >= 0.9
+                verdicts.append(f"{name}: tilewise e2e / device compute only = {tw / cr:.2f} "
+                                f"(goal >= 0.90): {'MET' if ok else 'NOT MET'}")
+            if best["copy_in_s"] > 0:
+                hid = best["copy_hidden_s"] / best["copy_in_s"]
+                verdicts.append(f"{name}: copy_hidden_s / copy_in_s = {hid:.2f} (goal >= 0.90 when "
+                                f"the device is the bottleneck): {'MET' if hid >= 0.9 else 'NOT MET'}")
         if "argmax_agreement" in e:
             print(f"{'':<22} argmax agreement tilewise vs torch eager: "
                   f"{100 * e['argmax_agreement']:.2f} % of {e['argmax_compared']} tiles")
