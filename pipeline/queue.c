@@ -138,3 +138,11 @@ void tw_queue_close(tw_queue *q)
     pthread_cond_broadcast(&q->not_full);
     pthread_mutex_unlock(&q->mu);
 }
+
+int tw_queue_count(tw_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    int n = q->count;
+    pthread_mutex_unlock(&q->mu);
+    return n;
+}

@@ -35,5 +35,8 @@ bool tw_queue_push_seq(tw_queue *q, void *item, int64_t seq, double *wait_s);
 /* Blocks while empty. NULL once closed and drained. */
 void *tw_queue_pop(tw_queue *q, double *wait_s);
 void tw_queue_close(tw_queue *q);
+/* Items in the queue now. For the queue's only consumer, a count > 0 means
+ * its next pop returns at once. */
+int tw_queue_count(tw_queue *q);
 
 #endif

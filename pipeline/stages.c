@@ -294,6 +294,7 @@ typedef struct worker {
     /* infer stage, with a backend that has infer_begin/infer_end */
     tw_slot *held; /* begun, not ended */
     int held_lane, lane;
+    tw_queue *in; /* the stage's input queue */
     /* read stage */
     tw_raster *r;
     int *xs;
@@ -304,8 +305,9 @@ typedef struct worker {
 typedef struct stage_def {
     int id; /* TW_STAGE_* */
     tw_status (*start)(worker *w);
-    /* One slot in; *out: the slot to pass on, or NULL (none now: the stage
-     * holds s for later). */
+    /* One slot in; out[0], out[1]: the slots to pass on, in that order (NULL:
+     * none; out[0] is s on entry, out[1] NULL). A stage may hold s for later
+     * and pass on one it held before. */
     work_result (*work)(worker *w, tw_slot *s, tw_slot **out);
     /* The input is drained (not after an abort): a slot still held, to pass
      * on, or NULL. NULL when the stage holds none. */
@@ -478,39 +480,50 @@ static work_result normalize_work(worker *w, tw_slot *s, tw_slot **out)
 /* -- infer -- */
 
 /* With a backend that has infer_begin/infer_end (a GPU), two batches are in
- * flight: batch k+1 is begun (its copy starts) before batch k is ended, so
- * the copy hides behind k's compute; the stage then holds k+1 until the
- * next batch arrives or its input is drained. Slots leave it out of order
- * (an empty batch passes at once): the write stage reorders them. */
+ * flight when the device is what limits the run: batch k+1 is begun (its
+ * copy starts) before batch k is ended, so the copy hides behind k's
+ * compute. The stage holds the batch it began only while the next one is
+ * already queued: ending it then waits for no input. (A held batch may be
+ * the one the write stage waits for, with every other slot parked behind it
+ * in the ordered write queue: waiting for input then would never end.) When
+ * nothing is queued the device is not the bottleneck, and the batch is
+ * ended at once. Slots leave in the order they came; the write stage
+ * reorders them. */
 static work_result infer_work(worker *w, tw_slot *s, tw_slot **out)
 {
     tw_pipe *pp = w->pp;
-    *out = s;
-    if (s->n_kept == 0) return W_PASS;
-    tw_infer_batch b = slot_batch(pp, s, s->n_kept, pp->segs[0].plan.tile);
+    out[0] = s;
+    const int T = pp->segs[0].plan.tile;
+    tw_infer_batch b = slot_batch(pp, s, s->n_kept, T);
     if (!tw_backend_overlaps(pp->be)) {
-        if (tw_backend_infer(pp->be, &b, pp->err) == TW_OK) return W_PASS;
+        if (s->n_kept == 0 || tw_backend_infer(pp->be, &b, pp->err) == TW_OK) return W_PASS;
         pipe_abort(pp);
         return W_FAIL;
     }
-    if (tw_backend_infer_begin(pp->be, &b, w->lane, pp->err) != TW_OK) {
-        pipe_abort(pp);
-        return W_FAIL;
+    int lane = w->lane;
+    if (s->n_kept > 0) {
+        if (tw_backend_infer_begin(pp->be, &b, lane, pp->err) != TW_OK) goto fail;
+        w->lane ^= 1;
     }
-    tw_slot *prev = w->held;
-    int prev_lane = w->held_lane;
-    w->held = s;
-    w->held_lane = w->lane;
-    w->lane ^= 1;
-    *out = prev;
-    if (prev) {
-        tw_infer_batch pb = slot_batch(pp, prev, prev->n_kept, pp->segs[0].plan.tile);
-        if (tw_backend_infer_end(pp->be, &pb, prev_lane, pp->err) != TW_OK) {
-            pipe_abort(pp);
-            return W_FAIL;
-        }
+    int n = 0;
+    if (w->held) {
+        tw_infer_batch hb = slot_batch(pp, w->held, w->held->n_kept, T);
+        if (tw_backend_infer_end(pp->be, &hb, w->held_lane, pp->err) != TW_OK) goto fail;
+        out[n++] = w->held;
+        w->held = NULL;
     }
+    if (s->n_kept > 0 && tw_queue_count(w->in) > 0) {
+        w->held = s;
+        w->held_lane = lane;
+    } else {
+        if (s->n_kept > 0 && tw_backend_infer_end(pp->be, &b, lane, pp->err) != TW_OK) goto fail;
+        out[n++] = s;
+    }
+    if (n < 2) out[n] = NULL;
     return W_PASS;
+fail:
+    pipe_abort(pp);
+    return W_FAIL;
 }
 
 static tw_slot *infer_drain(worker *w)
@@ -707,15 +720,16 @@ static void *worker_main(void *arg)
     if (st != TW_OK) pipe_abort(pp);
     tw_slot *s;
     bool drained = st == TW_OK;
+    w->in = a->in;
     while (st == TW_OK && (s = tw_queue_pop(a->in, &w->wait_s)) != NULL) {
-        tw_slot *out = NULL;
-        work_result r = aborted(pp) ? W_FAIL : a->def->work(w, s, &out);
+        tw_slot *out[2] = {s, NULL};
+        work_result r = aborted(pp) ? W_FAIL : a->def->work(w, s, out);
         if (r == W_END) {
             tw_queue_push(pp->q_free, s, NULL); /* never full: it holds every slot */
             drained = false;
             break;
         }
-        if (r == W_FAIL || (out && !pass_on(a, out))) {
+        if (r == W_FAIL || (out[0] && !pass_on(a, out[0])) || (out[1] && !pass_on(a, out[1]))) {
             drained = false;
             break;
         }

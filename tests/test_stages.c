@@ -225,10 +225,6 @@ static void test_async_backend_same_outputs(void **state)
     (void)state;
     const char *src = getenv("TW_SOURCE_DIR");
     if (!src) skip();
-    tw_error err;
-    tw_error_init(&err);
-    assert_int_equal(tw_backend_register("cpu-async", async_create, &err), TW_OK);
-    GDALAllRegister();
     const char *dir = tw_test_tmpdir();
     char a_dir[512], b_dir[512];
     snprintf(a_dir, sizeof a_dir, "%s/plain", dir);
@@ -241,7 +237,10 @@ static void test_async_backend_same_outputs(void **state)
         assert_false(g_last->protocol_error);
         assert_int_equal(g_last->n_begin, 15); /* ceil(100 / 7) */
         assert_int_equal(g_last->n_end, g_last->n_begin);
-        assert_int_equal(g_last->max_in_flight, 2); /* the copy of k+1 beside k */
+        /* two in flight when the next batch was already queued (usual here:
+         * the readers outrun the CPU), never more */
+        print_message("readers %d: at most %d batches in flight\n", readers, g_last->max_in_flight);
+        assert_true(g_last->max_in_flight >= 1 && g_last->max_in_flight <= 2);
         static const char *prods[] = {"class", "prob"};
         for (int i = 0; i < 2; i++) {
             char pa[600], pb[600];
@@ -262,10 +261,42 @@ static void test_async_backend_same_outputs(void **state)
     g_last = NULL;
 }
 
+/* Readers finishing out of order while the infer stage holds a begun
+ * batch: once, the batch the write stage waited for could be the held one,
+ * with every other slot parked behind it in the ordered write queue and the
+ * infer stage waiting for input that no reader could read (a hang). Many
+ * small batches, several readers, a few runs: every run must finish, with
+ * every batch ended. */
+static void test_async_no_stall(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src) skip();
+    const char *dir = tw_test_tmpdir();
+    char out[512];
+    snprintf(out, sizeof out, "%s/stall", dir);
+    for (int round = 0; round < 6; round++) {
+        run_into("cpu-async", 2 + round % 4, 3, out);
+        assert_false(g_last->protocol_error);
+        assert_int_equal(g_last->n_begin, 34); /* ceil(100 / 3) */
+        assert_int_equal(g_last->n_end, g_last->n_begin);
+    }
+    free(g_last);
+    g_last = NULL;
+}
+
 int main(void)
 {
+    tw_error err;
+    tw_error_init(&err);
+    if (tw_backend_register("cpu-async", async_create, &err) != TW_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    GDALAllRegister();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_backend_same_outputs),
+        cmocka_unit_test(test_async_no_stall),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
