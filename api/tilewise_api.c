@@ -216,6 +216,73 @@ static void log_summary(const tw_run_result *r, tilewise_log_fn log, void *user)
     }
 }
 
+/* The run.* overrides are the command line's options, not workflow keys:
+ * run.shard=I/N (1-based), run.chunk_rows=N, run.report=PATH, run.quiet=BOOL.
+ * They are taken out of sets (into kept[0..*n_kept)) and applied to *p
+ * after the workflow is parsed. */
+typedef struct run_opts {
+    int shard_index, shard_count, chunk_rows;
+    bool quiet;
+    const char *report;
+} run_opts;
+
+static tw_status split_sets(const char *const *sets, int n_sets, const char **kept, int *n_kept,
+                            run_opts *o, tw_error *err)
+{
+    memset(o, 0, sizeof *o);
+    o->shard_count = 1;
+    *n_kept = 0;
+    for (int i = 0; i < n_sets; i++) {
+        const char *s = sets[i];
+        if (!s) return tw_error_set(err, TW_ERR_USAGE, "override %d is NULL", i);
+        if (strncmp(s, "run.", 4) != 0) {
+            if (*n_kept == MAX_SETS) return tw_error_set(err, TW_ERR_USAGE, "too many overrides");
+            kept[(*n_kept)++] = s;
+            continue;
+        }
+        const char *v = strchr(s, '=');
+        char extra;
+        int a, b;
+        if (!v) return tw_error_set(err, TW_ERR_USAGE, "%s: expected key=value", s);
+        v++;
+        if (strncmp(s, "run.shard=", 10) == 0) {
+            if (sscanf(v, "%d/%d%c", &a, &b, &extra) != 2 || b < 1 || a < 1 || a > b)
+                return tw_error_set(err, TW_ERR_USAGE,
+                                    "run.shard expects I/N with 1 <= I <= N, got '%s'", v);
+            o->shard_index = a - 1;
+            o->shard_count = b;
+        } else if (strncmp(s, "run.chunk_rows=", 15) == 0) {
+            if (sscanf(v, "%d%c", &a, &extra) != 1 || a < 1 || a > 1000000)
+                return tw_error_set(err, TW_ERR_USAGE,
+                                    "run.chunk_rows expects a positive number of rows, got '%s'",
+                                    v);
+            o->chunk_rows = a;
+        } else if (strncmp(s, "run.report=", 11) == 0) {
+            o->report = v;
+        } else if (strncmp(s, "run.quiet=", 10) == 0) {
+            if (strcmp(v, "true") && strcmp(v, "false"))
+                return tw_error_set(err, TW_ERR_USAGE, "run.quiet expects true or false, got '%s'",
+                                    v);
+            o->quiet = strcmp(v, "true") == 0;
+        } else {
+            return tw_error_set(err, TW_ERR_USAGE,
+                                "unknown key '%.*s' (run.shard, run.chunk_rows, run.report, "
+                                "run.quiet)",
+                                (int)(v - 1 - s), s);
+        }
+    }
+    return TW_OK;
+}
+
+static void apply_opts(tw_run_params *p, const run_opts *o)
+{
+    p->shard_index = o->shard_index;
+    p->shard_count = o->shard_count;
+    p->chunk_rows = o->chunk_rows;
+    p->quiet = o->quiet;
+    if (o->report) snprintf(p->report_path, sizeof p->report_path, "%s", o->report);
+}
+
 /* Run parsed params; write run.json as the CLI does (in the output folder
  * when it exists, else to a temporary file only to return it). */
 static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progress,
@@ -233,7 +300,10 @@ static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progres
     struct stat sb;
     bool in_dir = stat(p->output.dir, &sb) == 0 && S_ISDIR(sb.st_mode);
     int tmp_fd = -1;
-    if (in_dir) {
+    if (in_dir && p->shard_count > 1) {
+        snprintf(path, sizeof path, "%s/run.shard%04d-of-%04d.json", p->output.dir,
+                 p->shard_index + 1, p->shard_count);
+    } else if (in_dir) {
         snprintf(path, sizeof path, "%s/run.json", p->output.dir);
     } else {
         const char *tmp = P_tmpdir;
@@ -251,6 +321,13 @@ static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progres
             if (in_dir) snprintf(rep->path, sizeof rep->path, "%s", path);
         }
         if (!in_dir) unlink(path);
+    }
+    if (p->report_path[0]) {
+        tw_error rerr;
+        tw_error_init(&rerr);
+        tw_status rs =
+            tw_report_write(p->report_path, p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
+        if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
     }
     if (st == TW_OK && r) log_summary(r, log, user);
     if (st == TW_CANCELLED) logf_(log, user, TILEWISE_LOG_WARNING, "%s", err.msg);
@@ -273,7 +350,12 @@ tilewise_status tilewise_run_file(const char *path, const char *const *sets, int
     if (!p) return give_new(out, TW_ERR_NOMEM, "out of memory");
     tw_error err;
     tw_error_init(&err);
-    tw_status st = tw_workflow_load(path, (const char *const *)sets, n_sets, p, &err);
+    const char *kept[MAX_SETS];
+    int n_kept = 0;
+    run_opts o;
+    tw_status st = split_sets(sets, n_sets, kept, &n_kept, &o, &err);
+    if (st == TW_OK) st = tw_workflow_load(path, kept, n_kept, p, &err);
+    if (st == TW_OK) apply_opts(p, &o);
     tilewise_status ret =
         st == TW_OK ? run_params(p, progress, log, user, report, out) : give(out, st, &err);
     free(p);
@@ -292,7 +374,13 @@ tilewise_status tilewise_run_yaml(const char *name, const char *yaml, size_t len
     if (!p) return give_new(out, TW_ERR_NOMEM, "out of memory");
     tw_error err;
     tw_error_init(&err);
-    tw_status st = tw_workflow_parse(name ? name : "<memory>", yaml, len, sets, n_sets, p, &err);
+    const char *kept[MAX_SETS];
+    int n_kept = 0;
+    run_opts o;
+    tw_status st = split_sets(sets, n_sets, kept, &n_kept, &o, &err);
+    if (st == TW_OK)
+        st = tw_workflow_parse(name ? name : "<memory>", yaml, len, kept, n_kept, p, &err);
+    if (st == TW_OK) apply_opts(p, &o);
     tilewise_status ret =
         st == TW_OK ? run_params(p, progress, log, user, report, out) : give(out, st, &err);
     free(p);

@@ -90,12 +90,16 @@ typedef struct tilewise_report tilewise_report;
 /* Run the workflow file `path` (YAML, as `tilewise run` reads it) with the
  * overrides sets[0..n_sets) of the form "key.path=value" (YAML values:
  * "tiling.stride=32", "output.products=[class]"). Relative paths in the file
- * are taken relative to the current directory, as the CLI does.
+ * are taken relative to the current directory, as the CLI does. Besides the
+ * workflow keys, the overrides take the command line's run options:
+ * "run.shard=I/N" (1-based, as --shard), "run.chunk_rows=N" (--chunk-rows),
+ * "run.report=PATH" (--report), "run.quiet=true" (no notices on stderr).
  * progress and log may be NULL; user is passed to both.
  * *report (when report is not NULL) receives the run report, also on failure
  * as far as the run got (NULL when the workflow could not be read); free it
  * with tilewise_report_free. The report is also written to
- * OUTPUT_DIR/run.json, as the CLI writes it. Returns TILEWISE_OK,
+ * OUTPUT_DIR/run.json (run.shardIIII-of-NNNN.json for a shard), as the CLI
+ * writes it. Returns TILEWISE_OK,
  * TILEWISE_CANCELLED (progress returned 0; resumable) or an error. */
 tilewise_status tilewise_run_file(const char *path, const char *const *sets, int n_sets,
                                   tilewise_progress_fn progress, tilewise_log_fn log, void *user,
