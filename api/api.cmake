@@ -15,6 +15,8 @@ if(NOT TILEWISE_SANITIZE)
 endif()
 target_include_directories(tilewise_shared INTERFACE ${PROJECT_SOURCE_DIR}/include)
 
+file(RELATIVE_PATH TW_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" TW_PC_TO_PREFIX "${TW_PC_TO_PREFIX}")
 configure_file(${PROJECT_SOURCE_DIR}/api/tilewise.pc.in ${CMAKE_BINARY_DIR}/tilewise.pc @ONLY)
 
 # Where things land (README "Installing"): PREFIX/bin/tilewise,

@@ -8,7 +8,8 @@ packages=(
   libgdal-dev gdal-bin libhdf5-dev libtiff-dev libcmocka-dev libyaml-dev
   libdnnl-dev libopenblas-dev
   python3 python3-numpy python3-torch python3-torchvision python3-rasterio python3-h5py
-  python3-yaml python3-gdal
+  python3-yaml python3-gdal python3-pytest
+  qgis python3-qgis xvfb
 )
 
 missing=()

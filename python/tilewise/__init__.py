@@ -207,7 +207,15 @@ def run(workflow, overrides=None, progress=None, log=None):
     rep = ctypes.c_void_p()
     out = {}
 
+    done = threading.Event()
+
     def call():
+        try:
+            call_library()
+        finally:
+            done.set()
+
+    def call_library():
         if isinstance(workflow, dict):
             text = json.dumps(workflow).encode()
             out["rc"] = lib.tilewise_run_yaml(b"<dict>", text, len(text), sets, n_sets, cb_p,
@@ -227,10 +235,14 @@ def run(workflow, overrides=None, progress=None, log=None):
     t = threading.Thread(target=call, name="tilewise-run", daemon=True)
     t.start()
     interrupted = False
-    while t.is_alive():
+    # An Event, not Thread.join: a KeyboardInterrupt inside join() can leave
+    # Python 3.11 believing the thread has ended while it still runs.
+    while True:
         try:
-            t.join(0.1)
+            if done.wait(0.1):
+                break
         except KeyboardInterrupt:
+            # Keep waiting: the run stops at its next commit point.
             interrupted = True
             cancel.set()
     report = None
