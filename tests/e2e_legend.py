@@ -22,6 +22,23 @@ from e2eutil import check, gdal_or_skip, SRC, BIN
 NAMES = ["water", "dense_vegetation", "sparse_vegetation", "bare_or_built"]
 
 
+def categories(path):
+    """The category names gdalinfo prints (the Python bindings of GDAL 3.6
+    return None from GetCategoryNames() for a GTiff band whose names are in
+    its .aux.xml, while gdalinfo and the C API see them)."""
+    text = subprocess.run(["gdalinfo", path], capture_output=True, text=True, check=True).stdout
+    if "Categories:" not in text:
+        return []
+    lines = text.split("Categories:", 1)[1].splitlines()[1:]
+    names = []
+    for line in lines:
+        k, sep, v = line.strip().partition(": ")
+        if not sep or not k.isdigit():
+            break
+        names.append(v)
+    return names
+
+
 def main():
     gdal = gdal_or_skip()
     if gdal is None:
@@ -33,9 +50,7 @@ def main():
                             "--set", "runtime.device=cpu", "--set", f"output.format={fmt}"],
                            check=True, cwd=SRC)
             cls = os.path.join(out, "L7_ETMs.class.tif")
-            ds = gdal.Open(cls)
-            check(ds.GetRasterBand(1).GetCategoryNames()[:4] == NAMES, f"{fmt}: categories with the sidecar")
-            del ds
+            check(categories(cls) == NAMES, f"{fmt}: gdalinfo shows the categories with the sidecar")
             info = subprocess.run([BIN, "info", cls], capture_output=True, text=True).stdout
             check("keep it next to the .tif" in info, f"{fmt}: info says to keep the .aux.xml ({info[-300:]})",
                   say_ok=True)
@@ -46,7 +61,7 @@ def main():
             cls = os.path.join(alone, "L7_ETMs.class.tif")
             ds = gdal.Open(cls)
             b = ds.GetRasterBand(1)
-            check(not b.GetCategoryNames(), f"{fmt}: no category names without the sidecar (GDAL 3.6)",
+            check(categories(cls) == [], f"{fmt}: gdalinfo shows no categories without the sidecar",
                   say_ok=True)
             ct = b.GetColorTable()
             check(ct is not None and ct.GetColorEntry(0)[:3] == (0, 114, 189),
