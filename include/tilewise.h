@@ -15,8 +15,11 @@
  *   - Fallible calls return a tilewise_status (0 ok, TILEWISE_CANCELLED when a
  *     callback asked to stop, negative on error) and, when err is not NULL,
  *     fill *err with the status, its exit-code class and a one-line message.
- *     Nothing is printed and no environment variable is read by the library
- *     (GDAL and OpenMP read their own).
+ *     No environment variable is read by the library (GDAL and OpenMP read
+ *     their own). Messages go to the log callback; a run still writes the
+ *     command's few notices (no CUDA device, an earlier run's parts
+ *     discarded, an unreadable tile skipped) on stderr unless "run.quiet=true"
+ *     is among its overrides; model calls print nothing.
  *   - Strings returned as `const char *` are borrowed: they stay valid until
  *     the handle they came from is closed or freed.
  *   - A handle may be used by one thread at a time; distinct handles may be
