@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "io/model_file.h"
+#include "io/raster.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "tests/testutil.h"
@@ -32,15 +33,22 @@
 #define T 64
 #define BANDS 6
 
+/* n tiles of the sample raster (Byte, 6 bands) at spread positions. */
 static void fill_tiles(uint8_t *pix, int n)
 {
-    /* Deterministic, band-dependent texture within the sample's value range. */
-    for (int i = 0; i < n; i++)
-        for (int b = 0; b < BANDS; b++)
-            for (int y = 0; y < T; y++)
-                for (int x = 0; x < T; x++)
-                    pix[(((size_t)i * BANDS + b) * T + y) * T + x] =
-                        (uint8_t)(40 + (x * 3 + y * 5 + b * 17 + i * 29) % 160);
+    static const int pos[][2] = {{0, 0}, {64, 64}, {128, 0}, {200, 96}, {256, 256}, {32, 160}};
+    tw_raster *r = NULL;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_raster_open(SRC "/sample_data/L7_ETMs.tif", NULL, 0, &r, &err), TW_OK);
+    uint8_t valid[T * T];
+    for (int i = 0; i < n; i++) {
+        int64_t nd, in;
+        assert_int_equal(tw_raster_read(r, pos[i % 6][0], pos[i % 6][1], T, T,
+                                        pix + (size_t)i * BANDS * T * T, valid, &nd, &in, &err),
+                         TW_OK);
+    }
+    tw_raster_close(r);
 }
 
 static void test_classify_matches_reference(void **state)
@@ -115,6 +123,25 @@ static void test_classify_matches_reference(void **state)
     }
     printf("classify vs forward_ref: max abs diff %.2e\n", worst);
     assert_true(worst <= 1e-4);
+
+    /* The comparison has power: band 1's mean moved by a tenth of its std
+     * moves the probabilities by far more than the bound. */
+    char mean_set[256];
+    snprintf(mean_set, sizeof mean_set, "model.mean=[%g,%g,%g,%g,%g,%g]",
+             mf->mean[0] + 0.1 * mf->std[0], mf->mean[1], mf->mean[2], mf->mean[3], mf->mean[4],
+             mf->mean[5]);
+    const char *moved_sets[] = {"runtime.device=cpu", mean_set};
+    tilewise_model *moved = NULL;
+    assert_int_equal(tilewise_model_open(MODEL, moved_sets, 2, &moved, &e), TILEWISE_OK);
+    tiles.pixels = pix;
+    tiles.dtype = TILEWISE_DT_BYTE;
+    assert_int_equal(tilewise_model_classify(moved, &tiles, probs16, NULL, &e), TILEWISE_OK);
+    double moved_by = 0;
+    for (int i = 0; i < N * K; i++)
+        if (!isnan(probs[i])) moved_by = fmax(moved_by, fabs(probs16[i] - probs[i]));
+    printf("a mean moved by std/10 moves the probabilities by %.2e\n", moved_by);
+    assert_true(moved_by > 1e-3);
+    tilewise_model_close(moved);
 
     /* Another tile size: a new reservation, same API. */
     tiles.size = 32;
