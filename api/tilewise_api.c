@@ -283,6 +283,27 @@ static void apply_opts(tw_run_params *p, const run_opts *o)
     if (o->report) snprintf(p->report_path, sizeof p->report_path, "%s", o->report);
 }
 
+/* The run's notices and warnings (tw_log) to the caller's log callback. */
+typedef struct log_adapter {
+    tilewise_log_fn log;
+    void *user;
+} log_adapter;
+
+static void run_log_cb(tw_log_level level, const char *msg, void *user)
+{
+    const log_adapter *la = user;
+    la->log(level == TW_LOG_WARNING ? TILEWISE_LOG_WARNING : TILEWISE_LOG_INFO, msg, la->user);
+}
+
+/* The backend a run of p would create (the same knobs as pipeline/run.c). */
+static tw_status backend_for(const tw_run_params *p, tw_backend *be, tw_error *err)
+{
+    tw_backend_params bp = tw_backend_default_params();
+    bp.threads = p->runtime.threads;
+    bp.cpu_winograd = p->runtime.cpu_winograd;
+    return tw_backend_create_ex(p->runtime.device, &bp, be, err);
+}
+
 /* Run parsed params; write run.json as the CLI does (in the output folder
  * when it exists, else to a temporary file only to return it). */
 static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progress,
@@ -291,7 +312,10 @@ static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progres
 {
     tw_error err;
     tw_error_init(&err);
-    tw_run_hooks hooks = {.progress = progress, .progress_user = user};
+    log_adapter la = {.log = log, .user = user};
+    tw_run_hooks hooks = {.progress = progress,
+                          .progress_user = user,
+                          .log = {.fn = log ? run_log_cb : NULL, .user = &la}};
     tw_run_result *r = NULL;
     tw_status st = tw_run(p, &hooks, &r, &err);
 
@@ -484,8 +508,7 @@ tilewise_status tilewise_model_open(const char *path, const char *const *sets, i
     if (st == TW_OK) st = tw_resnet_create(mf, mo->p.model.arch, &mo->net, &err);
     if (st == TW_OK) st = tw_resolve_loaded(&mo->p, mf, mo->net, &mo->m, &err);
     tw_model_file_destroy(mf);
-    if (st == TW_OK)
-        st = tw_backend_create(mo->p.runtime.device, mo->p.runtime.threads, true, &mo->be, &err);
+    if (st == TW_OK) st = backend_for(&mo->p, &mo->be, &err);
     if (st == TW_OK) {
         mo->have_be = true;
         mo->norm.bands = mo->m.in_bands;
@@ -567,8 +590,7 @@ static tw_status reserve(tilewise_model *mo, int T, tw_error *err)
     if (mo->tile) {
         tw_backend_destroy(&mo->be);
         mo->have_be = false;
-        tw_status st =
-            tw_backend_create(mo->p.runtime.device, mo->p.runtime.threads, true, &mo->be, err);
+        tw_status st = backend_for(&mo->p, &mo->be, err);
         if (st != TW_OK) return st;
         mo->have_be = true;
         mo->tile = 0;
@@ -591,7 +613,7 @@ static tw_status reserve(tilewise_model *mo, int T, tw_error *err)
                                 total, T, T, mo->m.arch, need);
         batch /= 2;
     }
-    tw_status st = be->i->reserve(be->ctx, mo->net, T, &batch, prec, false, err);
+    tw_status st = tw_backend_reserve(&mo->be, mo->net, T, &batch, prec, false, NULL, err);
     if (st != TW_OK) return st;
     size_t px = (size_t)T * (size_t)T, nb = (size_t)batch;
     size_t band_px = px * (size_t)mo->m.in_bands;
@@ -738,7 +760,7 @@ tilewise_status tilewise_model_classify(tilewise_model *mo, const tilewise_tiles
                             .norm = &mo->norm,
                             .probs = mo->probs,
                             .emb = emb ? mo->emb : NULL};
-        st = mo->be.i->infer(mo->be.ctx, &b, &err);
+        st = tw_backend_infer(&mo->be, &b, &err);
         if (st != TW_OK) return give(oerr, st, &err);
         for (int j = 0; j < k; j++) {
             memcpy(probs + (size_t)idx[j] * K, mo->probs + (size_t)j * K, sizeof(float) * K);

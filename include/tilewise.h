@@ -16,10 +16,10 @@
  *     callback asked to stop, negative on error) and, when err is not NULL,
  *     fill *err with the status, its exit-code class and a one-line message.
  *     No environment variable is read by the library (GDAL and OpenMP read
- *     their own). Messages go to the log callback; a run still writes the
- *     command's few notices (no CUDA device, an earlier run's parts
- *     discarded, an unreadable tile skipped) on stderr unless "run.quiet=true"
- *     is among its overrides; model calls print nothing.
+ *     their own). A run's notices and warnings (a CPU fallback, a lowered
+ *     batch, an unreadable tile skipped) go to its log callback, and are
+ *     dropped without one or with "run.quiet=true"; the one message still
+ *     written on stderr is an earlier run's parts being discarded (parts.c).
  *   - Strings returned as `const char *` are borrowed: they stay valid until
  *     the handle they came from is closed or freed.
  *   - A handle may be used by one thread at a time; distinct handles may be
@@ -82,8 +82,11 @@ const char *tilewise_version(void);
 typedef int (*tilewise_progress_fn)(double complete, const char *message, void *user);
 
 enum { TILEWISE_LOG_INFO = 0, TILEWISE_LOG_WARNING = 1 };
-/* Messages of a run (one line, no newline): per-input summaries (INFO),
- * notices about the run (WARNING). Called from the calling thread. */
+/* Messages of a run (one line, no newline): notices (what was chosen for
+ * the user: a fallback, a lowered batch) and the per-input summary at the
+ * end as INFO; warnings (something to look at: an unreadable tile skipped,
+ * the run interrupted) as WARNING. May be called from the run's worker
+ * threads, possibly from two at once: make it thread-safe. */
 typedef void (*tilewise_log_fn)(int level, const char *message, void *user);
 
 /* ---- running workflows ---- */
