@@ -697,6 +697,12 @@ tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err)
     return st;
 }
 
+tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, const tw_resnet *net,
+                            tw_resolved *m, tw_error *err)
+{
+    return resolve_model(p, mf, net, m, err);
+}
+
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
 {
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);

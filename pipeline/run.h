@@ -114,6 +114,10 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err);
  * *m, with the same checks and messages as tw_run; nothing else is opened.
  * For the CLI's extra validation. */
 tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err);
+/* The same resolution for a model file the caller has loaded and built (the
+ * public API keeps the net to classify tiles in memory). Borrows mf and net. */
+tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, const tw_resnet *net,
+                            tw_resolved *m, tw_error *err);
 
 /* `tilewise merge`: after sharded runs into out_dir, check that every
  * output row of every input is committed, then write the final products

@@ -29,6 +29,7 @@
 #include <gdal.h>
 #include <ogr_srs_api.h>
 
+#include "io/legend.h"
 #include "io/model_file.h"
 #include "io/raster.h"
 #include "model/resnet.h"
@@ -1158,8 +1159,19 @@ static int info_raster(const char *path, bool json)
             printf("\n");
         }
     }
-    if (json) printf("]}\n");
     GDALClose(ds);
+    char legend[1536];
+    bool has_legend = tw_legend_note(path, legend, sizeof legend);
+    if (json) {
+        printf("]");
+        if (has_legend) {
+            printf(",\"legend\":");
+            json_str(stdout, legend);
+        }
+        printf("}\n");
+    } else if (has_legend) {
+        printf("legend:     %s\n", legend);
+    }
     CPLPopErrorHandler();
     return TW_EXIT_OK;
 }

@@ -1,0 +1,302 @@
+"""tilewise:classify and tilewise:run_workflow, over the tilewise Python package.
+
+Both run what `tilewise run` runs (the same library, the same bytes): progress
+goes to the Processing dialog, Cancel stops the run at its next commit point
+(run the algorithm again with the same parameters to resume), the warnings of
+`tilewise validate` are shown before the run starts, and the class raster is
+loaded with its colours and class names, the probability raster with its band
+names.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from qgis.core import (
+    QgsProcessingAlgorithm,
+    QgsProcessingContext,
+    QgsProcessingException,
+    QgsProcessingLayerPostProcessorInterface,
+    QgsProcessingOutputFile,
+    QgsProcessingOutputFolder,
+    QgsProcessingOutputRasterLayer,
+    QgsProcessingParameterEnum,
+    QgsProcessingParameterFile,
+    QgsProcessingParameterFolderDestination,
+    QgsProcessingParameterNumber,
+    QgsProcessingParameterRasterLayer,
+    QgsProcessingParameterString,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Installed: PREFIX/share/tilewise/qgis/tilewise_provider; in the sources: qgis/tilewise_provider.
+PREFIX = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
+SOURCES = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+DEVICES = ["auto", "cpu", "cuda"]
+PRECISIONS = ["fp32", "tf32", "fp16", "bf16", "int8"]
+PRODUCTS = ["class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg"]
+
+
+def tilewise_module():
+    """The tilewise Python package: importable as is, else the one installed
+    in this plugin's prefix, else the one in the source tree."""
+    try:
+        import tilewise
+
+        return tilewise
+    except ImportError:
+        pass
+    for cand in (os.path.join(PREFIX, "lib", "python3", "dist-packages"),
+                 os.path.join(SOURCES, "python")):
+        if os.path.exists(os.path.join(cand, "tilewise", "__init__.py")):
+            sys.path.insert(0, cand)
+            import tilewise
+
+            return tilewise
+    raise QgsProcessingException("the tilewise Python package is not installed (cmake --install)")
+
+
+def tilewise_cli():
+    """The tilewise command (for validate): TILEWISE_BIN, this prefix's bin,
+    the source tree's build folder, PATH."""
+    for cand in (os.environ.get("TILEWISE_BIN"), os.path.join(PREFIX, "bin", "tilewise"),
+                 os.path.join(SOURCES, "build", "tilewise"), shutil.which("tilewise")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def push_validate_warnings(workflow_path, sets, feedback):
+    """`tilewise validate`'s warning lines as Processing warnings."""
+    exe = tilewise_cli()
+    if not exe:
+        feedback.pushInfo("tilewise command not found: validate's advice skipped")
+        return
+    args = [exe, "validate", workflow_path]
+    for s in sets:
+        if not s.startswith("run."):
+            args += ["--set", s]
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        feedback.pushInfo(f"tilewise validate did not run: {e}")
+        return
+    for line in (r.stdout + r.stderr).splitlines():
+        if line.startswith("warning") or ": warning:" in line:
+            feedback.pushWarning(line)
+
+
+def legend_of(path, report=None):
+    """Class names of a class raster: from the run report, else from the
+    TILEWISE_RUN metadata item the raster carries inside the file."""
+    if report:
+        names = report.get("config", {}).get("model", {}).get("classes")
+        if names:
+            return names
+    try:
+        from osgeo import gdal
+
+        ds = gdal.Open(path)
+        meta = json.loads(ds.GetMetadataItem("TILEWISE_RUN") or "{}")
+        return meta.get("model", {}).get("classes", [])
+    except Exception:  # noqa: BLE001 - no legend is not an error
+        return []
+
+
+_KEEP = []  # post-processors must outlive the algorithm run
+
+
+class ClassStyle(QgsProcessingLayerPostProcessorInterface):
+    """A paletted renderer with exactly the model's classes: the file's colour
+    table colours, the class names as labels (QGIS would otherwise list all
+    256 colour table entries)."""
+
+    def __init__(self, names):
+        super().__init__()
+        self.names = list(names)
+
+    def postProcessLayer(self, layer, context, feedback):  # noqa: N802
+        apply_class_style(layer, self.names)
+
+
+def apply_class_style(layer, names):
+    from qgis.PyQt.QtGui import QColor
+    from qgis.core import QgsPalettedRasterRenderer
+
+    colors = {int(i.value): i.color for i in layer.dataProvider().colorTable(1)}
+    classes = [QgsPalettedRasterRenderer.Class(k, colors.get(k, QColor("black")), name)
+               for k, name in enumerate(names)]
+    layer.setRenderer(QgsPalettedRasterRenderer(layer.dataProvider(), 1, classes))
+    layer.triggerRepaint()
+
+
+def run_tilewise(workflow, sets, feedback):
+    """tilewise.run with the dialog's progress and Cancel."""
+    tw = tilewise_module()
+
+    def progress(fraction, message):
+        feedback.setProgress(100.0 * fraction)
+        return not feedback.isCanceled()
+
+    def log(level, message):
+        if level == 0:
+            feedback.pushInfo(message)
+        else:
+            feedback.pushWarning(message)
+
+    try:
+        return tw.run(workflow, overrides=sets, progress=progress, log=log)
+    except tw.Error as e:
+        if e.exit_class == "interrupted":
+            raise QgsProcessingException(
+                f"cancelled at a commit point ({e.message}); run the algorithm again with the "
+                "same parameters to resume") from None
+        raise QgsProcessingException(f"tilewise {e.status}: {e.message}") from None
+
+
+def load_outputs(report, context, results):
+    """Load each input's class and probability rasters into the project."""
+    names = legend_of(None, report)
+    for res in report.get("inputs", []):
+        for path in res.get("outputs", []):
+            base = os.path.basename(path)
+            if base.endswith(".class.tif"):
+                key, style = "CLASS", ClassStyle(names)
+            elif base.endswith(".prob.tif"):
+                key, style = "PROB", None
+            elif base.endswith(".conf.tif"):
+                key, style = "CONFIDENCE", None
+            else:
+                continue
+            results.setdefault(key, path)
+            if context.project() is None:
+                continue
+            details = QgsProcessingContext.LayerDetails(base[:-4], context.project(), key)
+            if style is not None:
+                _KEEP.append(style)
+                details.setPostProcessor(style)
+            context.addLayerToLoadOnCompletion(path, details)
+
+
+class _Base(QgsProcessingAlgorithm):
+    def group(self):
+        return ""
+
+    def groupId(self):  # noqa: N802
+        return ""
+
+    def createInstance(self):  # noqa: N802
+        return type(self)()
+
+    def _outputs(self):
+        self.addOutput(QgsProcessingOutputRasterLayer("CLASS", "Class map"))
+        self.addOutput(QgsProcessingOutputRasterLayer("PROB", "Probabilities"))
+        self.addOutput(QgsProcessingOutputRasterLayer("CONFIDENCE", "Confidence"))
+        self.addOutput(QgsProcessingOutputFile("REPORT", "Run report (run.json)"))
+
+
+class ClassifyAlgorithm(_Base):
+    def name(self):
+        return "classify"
+
+    def displayName(self):  # noqa: N802
+        return "Classify a raster with a ResNet"
+
+    def shortHelpString(self):  # noqa: N802
+        return ("Classifies INPUT tile by tile with the model file (HDF5 bundle or safetensors) "
+                "in bounded memory and writes a class map (colours and class names), "
+                "probabilities (one band per class) and what PRODUCTS asks into OUTPUT_FOLDER. "
+                "TILE 0 takes the model's tile size, STRIDE 0 the tile. Cancel stops at a commit "
+                "point: run again with the same parameters to resume.")
+
+    def initAlgorithm(self, config=None):  # noqa: N802
+        self.addParameter(QgsProcessingParameterRasterLayer("INPUT", "Input raster"))
+        self.addParameter(QgsProcessingParameterFile(
+            "MODEL", "Model file", fileFilter="Models (*.h5 *.hdf5 *.safetensors);;All files (*)"))
+        self.addParameter(QgsProcessingParameterNumber(
+            "TILE", "Tile size (pixels; 0 = the model's)", QgsProcessingParameterNumber.Integer,
+            0, minValue=0))
+        self.addParameter(QgsProcessingParameterNumber(
+            "STRIDE", "Stride (pixels; 0 = the tile; must divide it)",
+            QgsProcessingParameterNumber.Integer, 0, minValue=0))
+        self.addParameter(QgsProcessingParameterEnum("DEVICE", "Device", DEVICES, defaultValue=0))
+        self.addParameter(QgsProcessingParameterEnum("PRECISION", "Precision", PRECISIONS,
+                                                     defaultValue=0))
+        self.addParameter(QgsProcessingParameterEnum("PRODUCTS", "Products", PRODUCTS,
+                                                     allowMultiple=True, defaultValue=[0, 1]))
+        self.addParameter(QgsProcessingParameterFolderDestination("OUTPUT_FOLDER",
+                                                                  "Output folder"))
+        self._outputs()
+
+    def processAlgorithm(self, parameters, context, feedback):  # noqa: N802
+        layer = self.parameterAsRasterLayer(parameters, "INPUT", context)
+        if layer is None:
+            raise QgsProcessingException("INPUT is not a raster layer")
+        if layer.providerType() != "gdal":
+            raise QgsProcessingException(f"INPUT must be a GDAL raster (is {layer.providerType()})")
+        model = self.parameterAsFile(parameters, "MODEL", context)
+        tile = self.parameterAsInt(parameters, "TILE", context)
+        stride = self.parameterAsInt(parameters, "STRIDE", context)
+        device = DEVICES[self.parameterAsEnum(parameters, "DEVICE", context)]
+        precision = PRECISIONS[self.parameterAsEnum(parameters, "PRECISION", context)]
+        products = [PRODUCTS[i] for i in self.parameterAsEnums(parameters, "PRODUCTS", context)]
+        folder = self.parameterAsString(parameters, "OUTPUT_FOLDER", context)
+        workflow = {"input": {"path": [layer.source()]},
+                    "model": {"weights": os.path.abspath(model)},
+                    "tiling": {},
+                    "runtime": {"device": device, "precision": precision},
+                    "output": {"dir": os.path.abspath(folder), "products": products or ["class"]}}
+        if tile:
+            workflow["tiling"]["tile"] = tile
+        if stride:
+            workflow["tiling"]["stride"] = stride
+        if not workflow["tiling"]:
+            del workflow["tiling"]
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            json.dump(workflow, f)  # JSON is YAML
+            wf_path = f.name
+        try:
+            push_validate_warnings(wf_path, [], feedback)
+        finally:
+            os.unlink(wf_path)
+        report = run_tilewise(workflow, [], feedback)
+        results = {"OUTPUT_FOLDER": folder,
+                   "REPORT": os.path.join(workflow["output"]["dir"], "run.json")}
+        load_outputs(report, context, results)
+        return results
+
+
+class RunWorkflowAlgorithm(_Base):
+    def name(self):
+        return "run_workflow"
+
+    def displayName(self):  # noqa: N802
+        return "Run a tilewise workflow"
+
+    def shortHelpString(self):  # noqa: N802
+        return ("Runs a workflow YAML file as `tilewise run` does. OVERRIDES: key.path=value, "
+                "one per line (or separated by ';'), as --set (e.g. tiling.stride=32); "
+                "run.chunk_rows=N and run.shard=I/N as the command's options. Cancel stops at a "
+                "commit point: run again to resume.")
+
+    def initAlgorithm(self, config=None):  # noqa: N802
+        self.addParameter(QgsProcessingParameterFile(
+            "WORKFLOW", "Workflow file", fileFilter="Workflows (*.yaml *.yml);;All files (*)"))
+        self.addParameter(QgsProcessingParameterString("OVERRIDES", "Overrides (key.path=value)",
+                                                       multiLine=True, optional=True))
+        self.addOutput(QgsProcessingOutputFolder("OUTPUT_FOLDER", "Output folder"))
+        self._outputs()
+
+    def processAlgorithm(self, parameters, context, feedback):  # noqa: N802
+        wf = self.parameterAsFile(parameters, "WORKFLOW", context)
+        text = self.parameterAsString(parameters, "OVERRIDES", context) or ""
+        sets = [s.strip() for line in text.splitlines() for s in line.split(";") if s.strip()]
+        push_validate_warnings(wf, sets, feedback)
+        report = run_tilewise(wf, sets, feedback)
+        out_dir = report.get("config", {}).get("output", {}).get("dir", "")
+        results = {"OUTPUT_FOLDER": out_dir, "REPORT": os.path.join(out_dir, "run.json")}
+        load_outputs(report, context, results)
+        return results

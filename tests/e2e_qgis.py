@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+"""The QGIS Processing provider, headless, as installed by `cmake --install`
+(QT_QPA_PLATFORM=offscreen, QGIS_PLUGINPATH = the installed plugin's parent
+folder, a throw-away HOME whose QGIS profile enables the plugin):
+
+* `qgis_process list` shows tilewise:classify and tilewise:run_workflow;
+* `qgis_process run tilewise:classify` on the sample writes the bytes of the
+  class (and probability) raster `tilewise run` writes for the same workflow;
+* from PyQGIS (tests/qgis/drive_provider.py; qgis_process cannot cancel): a
+  run cancelled through its QgsProcessingFeedback stops at a commit point
+  ("interrupted" in run.json), the same run again resumes (rows_resumed > 0)
+  and gives the uninterrupted run's bytes; the class layer loads with exactly
+  the model's classes, names and colours; the probability layer's bands are
+  named after the classes; validate's warnings arrive as Processing warnings.
+
+Debian 12's /usr/bin/qgis_process wrapper passes --noversioncheck, which QGIS
+3.22's qgis_process rejects ("Command --noversioncheck not known!"): the test
+runs /usr/bin/qgis_process.bin when the wrapper fails.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from e2eutil import check
+
+SRC = os.environ.get("TW_SOURCE_DIR")
+BIN = os.environ.get("TW_BIN")
+
+
+def main():
+    if not (SRC and BIN):
+        print("TW_SOURCE_DIR/TW_BIN not set: skipped")
+        return 77
+    if os.environ.get("TW_SANITIZED"):
+        print("sanitized build: QGIS cannot load an ASan library; skipped")
+        return 77
+    qp = shutil.which("qgis_process")
+    if not qp:
+        print("qgis_process not installed (Debian: qgis, python3-qgis; scripts/setup.sh): skipped")
+        return 77
+    build = os.path.dirname(BIN)
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "prefix")
+        subprocess.run(["cmake", "--install", build, "--prefix", prefix], check=True,
+                       capture_output=True)
+        plugins = os.path.join(prefix, "share", "tilewise", "qgis")
+        home = os.path.join(tmp, "home")
+        ini = os.path.join(home, ".local/share/QGIS/QGIS3/profiles/default/QGIS/QGIS3.ini")
+        os.makedirs(os.path.dirname(ini))
+        with open(ini, "w") as f:
+            f.write("[PythonPlugins]\ntilewise_provider=true\n")
+        env = dict(os.environ, HOME=home, QT_QPA_PLATFORM="offscreen", QGIS_PLUGINPATH=plugins,
+                   XDG_RUNTIME_DIR=os.path.join(tmp, "xdg"), PYTHONDONTWRITEBYTECODE="1")
+        os.makedirs(env["XDG_RUNTIME_DIR"], mode=0o700)
+        env.pop("TILEWISE_LIBRARY", None)  # the installed package finds its own library
+
+        def qgis_process(*args):
+            r = subprocess.run([qp, *args], capture_output=True, text=True, env=env, cwd=tmp)
+            if "--noversioncheck not known" in r.stdout + r.stderr and os.path.exists(qp + ".bin"):
+                r = subprocess.run([qp + ".bin", *args], capture_output=True, text=True, env=env,
+                                   cwd=tmp)
+            return r
+
+        r = qgis_process("list")
+        check("tilewise:classify" in r.stdout and "tilewise:run_workflow" in r.stdout,
+              f"qgis_process list shows the provider ({r.stdout[-300:]} {r.stderr[-500:]})",
+              say_ok=True)
+
+        # The CLI on the workflow tilewise:classify builds, then qgis_process.
+        # A copy: QGIS writes statistics next to a raster layer it opens.
+        sample = os.path.join(tmp, "L7_ETMs.tif")
+        shutil.copy(os.path.join(SRC, "sample_data", "L7_ETMs.tif"), sample)
+        model = os.path.join(SRC, "sample_data", "demo_resnet18.h5")
+        out = os.path.join(tmp, "out")
+        wf = os.path.join(tmp, "classify.yaml")
+        with open(wf, "w") as f:
+            json.dump({"input": {"path": [sample]}, "model": {"weights": model},
+                       "tiling": {"stride": 32}, "runtime": {"device": "cpu", "precision": "fp32"},
+                       "output": {"dir": out, "products": ["class", "prob"]}}, f)
+        subprocess.run([BIN, "run", wf, "-q"], check=True, cwd=tmp)
+        want = {n: open(os.path.join(out, n), "rb").read()
+                for n in ("L7_ETMs.class.tif", "L7_ETMs.prob.tif")}
+        shutil.rmtree(out)
+        r = qgis_process("run", "tilewise:classify", "--", f"INPUT={sample}", f"MODEL={model}",
+                         "STRIDE=32", "DEVICE=1", "PRECISION=0", "PRODUCTS=0,1",
+                         f"OUTPUT_FOLDER={out}")
+        check(r.returncode == 0, f"qgis_process run tilewise:classify ({r.stdout[-800:]} {r.stderr[-800:]})")
+        check(f"CLASS:\t{out}/L7_ETMs.class.tif" in r.stdout, "CLASS output reported")
+        for name, data in want.items():
+            got = open(os.path.join(out, name), "rb").read()
+            check(got == data, f"qgis_process wrote the CLI's {name} ({len(data)} bytes)", say_ok=True)
+
+        # Cancel and resume, layers, warnings: PyQGIS.
+        out2 = os.path.join(tmp, "out2")
+        subprocess.run([BIN, "run", "workflows/sample.yaml", "-q", "--chunk-rows", "1",
+                        "--set", f"output.dir={out2}", "--set", "tiling.batch=4",
+                        "--set", "runtime.device=cpu"], check=True, cwd=SRC)
+        want2 = open(os.path.join(out2, "L7_ETMs.class.tif"), "rb").read()
+        shutil.rmtree(out2)
+        r = subprocess.run([sys.executable, os.path.join(SRC, "tests/qgis/drive_provider.py"),
+                            "workflows/sample.yaml", out2, os.path.join(tmp, "out3")],
+                           capture_output=True, text=True, env=env, cwd=SRC)
+        check(r.returncode == 0, f"drive_provider.py ({r.stderr[-1500:]})")
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        print(json.dumps(res, indent=1)[:3000])
+        check(res["cancelled"] and "commit point" in res["cancelled"], "Cancel raised at a commit point",
+              say_ok=True)
+        check(res["first_status"] == "interrupted", "the cancelled run's report says interrupted")
+        check(res["second_status"] == "ok" and res["rows_resumed"] > 0,
+              f"the rerun resumed {res['rows_resumed']} rows", say_ok=True)
+        got = open(os.path.join(out2, "L7_ETMs.class.tif"), "rb").read()
+        check(got == want2, "the resumed class raster has the uninterrupted CLI run's bytes", say_ok=True)
+        cls = res["layers"].get("L7_ETMs.class.tif", {})
+        check(cls.get("classes") == [[0.0, "water", "#0072bd"], [1.0, "dense_vegetation", "#228b22"],
+                                     [2.0, "sparse_vegetation", "#e69f00"],
+                                     [3.0, "bare_or_built", "#cc2529"]],
+              f"class layer: the four classes with names and colours ({cls})", say_ok=True)
+        prob = res["layers"].get("L7_ETMs.prob.tif", {})
+        check(prob.get("bands", [""])[0].endswith("water") and len(prob["bands"]) == 4,
+              f"prob layer band names ({prob})", say_ok=True)
+        check(any("is input.scale 1 meant" in w for w in res["scale_warnings"]),
+              f"validate's warnings pushed ({res['scale_warnings'][:2]})", say_ok=True)
+    print("e2e_qgis: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

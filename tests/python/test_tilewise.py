@@ -1,0 +1,234 @@
+"""pytest tests of the Python package (python/tilewise) over libtilewise.so.
+
+ctest runs them (py_tilewise) with TILEWISE_LIBRARY = the build's library,
+PYTHONPATH = python/, and the fixtures of tests/fixtures. What they show:
+* tilewise.run writes the bytes `tilewise run` writes (file, YAML text, dict);
+* Model.classify on numpy tiles equals the CLI's probabilities (tile table,
+  <= 1e-6) and PyTorch's (<= 1e-4), for several pixel types, and an image
+  classified whole equals the CLI's prob.tif at stride < tile;
+* bad input raises tilewise.Error with the message and the exit class;
+* KeyboardInterrupt mid-run stops at a commit point; run again resumes and
+  gives the bytes of an uninterrupted run.
+"""
+import _thread
+import glob
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+SRC = os.environ.get("TW_SOURCE_DIR", "")
+BIN = os.environ.get("TW_BIN", "")
+FIX = os.environ.get("TW_FIXTURES", "")
+MEAN = [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
+STD = [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
+
+pytestmark = [
+    pytest.mark.skipif(not (SRC and BIN and FIX), reason="run by ctest (TW_* variables)"),
+    pytest.mark.skipif(bool(os.environ.get("TW_SANITIZED")),
+                       reason="an ASan library cannot be loaded into an uninstrumented python3"),
+]
+
+tilewise = pytest.importorskip("tilewise")
+SAMPLE = os.path.join(SRC, "sample_data", "L7_ETMs.tif")
+
+
+def cli(*args, cwd=None):
+    r = subprocess.run([BIN, *args], capture_output=True, text=True, cwd=cwd or SRC)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def tifs(d):
+    return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(d + "/*.tif"))}
+
+
+def fixture_workflow(out, tile=64, stride=64, products="[prob, tiles]"):
+    return f"""input:
+  path: {SAMPLE}
+model:
+  weights: {FIX}/resnet18_6b_7c.safetensors
+  mean: {MEAN}
+  std: {STD}
+tiling:
+  tile: {tile}
+  stride: {stride}
+runtime:
+  device: cpu
+  memory: 1GiB
+output:
+  dir: {out}
+  products: {products}
+"""
+
+
+def test_run_gives_the_cli_bytes(tmp_path):
+    out = str(tmp_path / "out")
+    sets = {"output.dir": out, "runtime.device": "cpu"}
+    cli("run", "workflows/sample.yaml", "-q", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")])
+    want = tifs(out)
+    assert len(want) == 3
+    shutil.rmtree(out)
+    os.chdir(SRC)  # the workflow's paths are relative, as for the CLI
+    seen = []
+    rep = tilewise.run("workflows/sample.yaml", overrides=sets,
+                       progress=lambda f, m: seen.append(f))
+    assert tifs(out) == want
+    assert rep["status"] == "ok" and rep["inputs"][0]["tiles_classified"] == 100
+    assert seen and seen[-1] == 1.0
+    # The same workflow as YAML text and as a dict: the same rasters.
+    text = open("workflows/sample.yaml").read()
+    for wf in (text, {"input": {"path": "sample_data/L7_ETMs.tif", "bands": [1, 2, 3, 4, 5, 6]},
+                      "model": {"weights": "sample_data/demo_resnet18.h5"},
+                      "tiling": {"tile": 64, "stride": 32, "batch": "auto", "edge": "pad"},
+                      "runtime": {"device": "auto", "memory": "512MiB"},
+                      "output": {"dir": "out/sample", "products": ["class", "prob", "confidence"]}}):
+        shutil.rmtree(out)
+        tilewise.run(wf, overrides=sets)
+        assert tifs(out) == want
+
+
+def torch_probs(tiles):
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18(num_classes=7)
+    model.conv1 = torch.nn.Conv2d(6, 64, 7, 2, 3, bias=False)
+    model.load_state_dict(torch.load(os.path.join(FIX, "resnet18_6b_7c.pth")))
+    model = model.double().eval()
+    with torch.no_grad():
+        return torch.softmax(model(torch.from_numpy(tiles).double()), dim=1).numpy()
+
+
+def sample_image():
+    from osgeo import gdal
+    return gdal.Open(SAMPLE).ReadAsArray()  # (6, 352, 349) uint8
+
+
+def test_classify_equals_cli_and_pytorch(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    out = str(tmp_path / "out")
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(fixture_workflow(out))
+    cli("run", str(wf), "-q")
+    with h5py.File(os.path.join(out, "L7_ETMs.tiles.h5"), "r") as h:
+        origin, table = h["origin"][:], h["probabilities"][:]
+    img = sample_image()
+    H, W = img.shape[1:]
+    T = 64
+    # The tiles the run read: pad mode, outside pixels marked 2 (padding).
+    pad = np.zeros((6, H + T, W + T), img.dtype)
+    pad[:, :H, :W] = img
+    inside = np.full((H + T, W + T), 2, np.uint8)
+    inside[:H, :W] = 1
+    tiles = np.stack([pad[:, r:r + T, c:c + T] for r, c in origin])
+    valid = np.stack([inside[r:r + T, c:c + T] for r, c in origin])
+    m = tilewise.Model(os.path.join(FIX, "resnet18_6b_7c.safetensors"),
+                       {"model.mean": MEAN, "model.std": STD, "runtime.device": "cpu"})
+    info = m.info
+    assert info["n_classes"] == 7 and info["in_bands"] == 6 and info["tile"] == 64
+    probs, emb = m.classify(tiles, valid=valid, embeddings=True)
+    assert probs.shape == (len(origin), 7) and emb.shape == (len(origin), info["feature_dim"])
+    d_cli = np.abs(probs - table).max()
+    assert d_cli <= 1e-6, d_cli
+    # PyTorch: padding is 0 after normalization.
+    norm = (tiles.astype(np.float64) - np.array(MEAN)[:, None, None]) / np.array(STD)[:, None, None]
+    norm *= valid[:, None] == 1
+    d_torch = np.abs(probs - torch_probs(norm)).max()
+    assert d_torch <= 1e-4, d_torch
+    print(f"classify vs CLI {d_cli:.1e}, vs PyTorch {d_torch:.1e}")
+    # Any GDAL pixel type: the same numbers from the same values.
+    for dt in (np.uint16, np.int16, np.int32, np.uint32, np.float32, np.float64, np.int8):
+        t = tiles.astype(dt) if dt != np.int8 else (tiles // 2).astype(np.int8)
+        ref = probs if dt != np.int8 else m.classify(tiles // 2, valid=valid)
+        got = m.classify(t, valid=valid)
+        assert np.abs(got - ref).max() <= 1e-6, dt
+
+
+def test_classify_image_equals_prob_tif(tmp_path):
+    out = str(tmp_path / "out")
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(fixture_workflow(out, stride=32, products="[prob]"))
+    cli("run", str(wf), "-q")
+    from osgeo import gdal
+    want = gdal.Open(os.path.join(out, "L7_ETMs.prob.tif")).ReadAsArray()
+    m = tilewise.Model(os.path.join(FIX, "resnet18_6b_7c.safetensors"),
+                       {"model.mean": MEAN, "model.std": STD, "runtime.device": "cpu",
+                        "runtime.memory": "256MiB"})
+    got = m.classify(sample_image(), stride=32)
+    assert got.shape == want.shape == (7, 11, 11)
+    assert np.abs(got - want).max() <= 1e-6
+
+
+def test_nodata_tiles_are_nan():
+    m = tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"),
+                       {"runtime.device": "cpu"})
+    tiles = np.full((3, 6, 64, 64), 80, np.uint8)
+    tiles[1] = 0                 # all nodata
+    tiles[2, :, :40, :] = 0      # 62 % nodata > max_nodata_fraction 0.5
+    p = m.classify(tiles, nodata=0)
+    assert np.isfinite(p[0]).all() and abs(p[0].sum() - 1) < 1e-5
+    assert np.isnan(p[1]).all() and np.isnan(p[2]).all()
+
+
+def test_bad_input_raises_with_the_message(tmp_path):
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.Model(str(tmp_path / "missing.h5"))
+    assert e.value.exit_class == "input" and e.value.exit_code == 3
+    assert "missing.h5" in e.value.message
+    m = tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"), {"runtime.device": "cpu"})
+    with pytest.raises(tilewise.Error) as e:
+        m.classify(np.zeros((1, 3, 64, 64), np.uint8))
+    assert "expects 6 input bands but the tiles have 3" in e.value.message
+    assert e.value.exit_class == "usage"
+    with pytest.raises(tilewise.Error) as e:
+        m.classify(np.zeros((1, 6, 64, 64), np.complex64))
+    assert "not supported" in e.value.message
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"), {"tiling.tiles": 3})
+    assert "tiling.tiles" in e.value.message and e.value.exit_code == 2
+    os.chdir(SRC)
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.run("workflows/sample.yaml", {"tiling.stride": 33, "output.dir": str(tmp_path)})
+    assert e.value.exit_class == "usage" and "tiling.stride" in e.value.message
+    assert "does not divide tile 64" in str(e.value)
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.run(str(tmp_path / "nope.yaml"))
+    assert "nope.yaml" in e.value.message
+
+
+def test_info():
+    d = tilewise.info(os.path.join(SRC, "sample_data", "demo_resnet18.h5"))
+    assert d["kind"] == "model" and d["classes"][0] == "water" and d["arch"] == "resnet18"
+    r = tilewise.info(SAMPLE)
+    assert r["kind"] == "raster" and r["size"] == [349, 352]
+
+
+def test_keyboard_interrupt_then_rerun_completes(tmp_path):
+    os.chdir(SRC)
+    out = str(tmp_path / "out")
+    sets = {"output.dir": out, "runtime.device": "cpu", "runtime.memory": "4GiB", "tiling.batch": 4,
+            "run.chunk_rows": 1}
+    cli("run", "workflows/sample.yaml", "-q", "--chunk-rows", "1",
+        *[a for k, v in sets.items() if not k.startswith("run.") for a in ("--set", f"{k}={v}")])
+    want = tifs(out)
+    shutil.rmtree(out)
+    fired = []
+
+    def progress(fraction, message):
+        if fraction > 0.3 and not fired:
+            fired.append(fraction)
+            _thread.interrupt_main()  # what Ctrl-C does
+            time.sleep(0.5)           # the main thread sees it before this batch returns
+
+    with pytest.raises(KeyboardInterrupt):
+        tilewise.run("workflows/sample.yaml", sets, progress=progress)
+    rep = json.load(open(os.path.join(out, "run.json")))
+    assert rep["status"] == "interrupted" and rep["exit_code"] == 75
+    assert not glob.glob(out + "/*.tif"), "nothing under a final name"
+    rep = tilewise.run("workflows/sample.yaml", sets)
+    assert rep["inputs"][0]["rows_resumed"] > 0
+    assert tifs(out) == want
