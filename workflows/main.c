@@ -535,6 +535,9 @@ static void log_cb(tw_log_level level, const char *msg, void *user)
 {
     const progress_state *ps = user;
     if (level == TW_LOG_NOTICE && ps->quiet) return;
+    char shown[TW_ERROR_MSG_MAX * 2]; /* a warning may name a presigned URL (io/url.h) */
+    tw_url_redact(msg, shown, sizeof shown);
+    msg = shown;
     flockfile(stderr);
     if (ps->mode == PROGRESS_JSON) {
         fputs("{\"event\":\"log\",\"level\":", stderr);
