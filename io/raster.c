@@ -624,8 +624,10 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
         /* GDAL 3.6 retries 429 and 5xx answers itself (GDAL_HTTP_MAX_RETRY),
          * but not a dropped connection or a truncated body, and a dataset
          * that saw one can keep failing. Retry those on a fresh dataset,
-         * with backoff, within the span GDAL's own retries would wait. */
+         * with backoff, within the span GDAL's own retries would wait; not
+         * a decoding error (a damaged block stays damaged). */
         while (!ok && r->remote && attempt < r->net.retries &&
+               (tw_url_transient(msgs.failure) || tw_url_transient(msgs.warning)) &&
                tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay)) {
             attempt++;
             sleep_s(tw_url_retry_delay(&r->net, attempt));

@@ -283,6 +283,8 @@ bool tw_url_transient(const char *msg)
         "InternalError",
         "Partial file",
         "partial file",
+        /* libtiff on a short read: the connection dropped mid-body */
+        "Read error at",
     };
     for (size_t i = 0; i < sizeof needles / sizeof needles[0]; i++)
         if (strstr(msg, needles[i])) return true;

@@ -62,8 +62,10 @@ void tw_url_stem(const char *path, char *out, size_t size);
  * TW_ERR_REMOTE when the object cannot be reached. */
 tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *err);
 
-/* Is a GDAL failure message one of a network outage (5xx, 429, a refused,
- * reset or timed-out connection) rather than of a bad or missing object? */
+/* Is a GDAL failure message one of a network outage or a dropped
+ * connection (5xx, 429, a refused, reset or timed-out connection, libtiff's
+ * "Read error at ...; got 0 bytes" of a short read) rather than of a bad or
+ * missing object (403, 404, a decoding error)? */
 bool tw_url_transient(const char *gdal_msg);
 
 /* GDAL's HTTP settings for a run. */

@@ -5,9 +5,10 @@
   429 bursts, connection resets, truncated bodies and 50 ms latency.
 * A long outage mid-run: exit 4, one line naming the URL (redacted); the
   same command afterwards resumes from the committed rows, same bytes.
-* A presigned URL: its signature/token appear in no output (stdout, stderr,
-  run.json, the products and their TILEWISE_RUN metadata), also when it
-  fails; the output stem has no query string.
+* A presigned URL: its signature/token appear in no output (stdout, stderr
+  with text or JSON progress, run.json, --report, the products and their
+  TILEWISE_RUN metadata), also when it fails and in the on_error: skip
+  warning of a damaged block; the output stem has no query string.
 * s3:// through /vsis3/ (AWS_S3_ENDPOINT, AWS_HTTPS=NO,
   AWS_VIRTUAL_HOSTING=FALSE) on the same server as a minimal S3 responder
   (GET/HEAD, SigV4 not checked but required to be present): same bytes; the
@@ -224,6 +225,19 @@ def body(gdal, tmp):
             rep = f.read()
         check(rp.returncode == 0, f"presigned, progress {mode}: exit 0 ({rp.stderr[-300:]})")
         no_secret(out, [rp.stdout, rp.stderr, rep], f"presigned, progress {mode}")
+    # A damaged block under on_error: skip: the warning names the URL, redacted.
+    sys.path.insert(0, os.path.join(SRC, "tests", "bad_inputs"))
+    import damage
+    damage.make_tiled(os.path.join(SRC, "sample_data", "L7_ETMs.tif"),
+                      os.path.join(root, "bucket", "damaged.tif"))
+    damage.garble_block(os.path.join(root, "bucket", "damaged.tif"), 2, 2)
+    out = os.path.join(tmp, "signed_skip")
+    r = run(workflow(os.path.join(tmp, "signed_skip.yaml"), signed.replace("scene", "damaged"),
+                     out, extra="  on_error: skip\n"))
+    check(r.returncode == 0 and "warning" in r.stderr and "REDACTED" in r.stderr,
+          f"presigned, damaged block, on_error: skip: a warning naming the redacted URL "
+          f"({r.stderr.strip()[:200]})")
+    no_secret(out, [r.stdout, r.stderr], "presigned, on_error: skip")
     bad = signed.replace("scene.tif", "missing.tif")
     out = os.path.join(tmp, "signed_bad")
     r = run(workflow(os.path.join(tmp, "signed_bad.yaml"), bad, out))

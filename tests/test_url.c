@@ -114,6 +114,9 @@ static void test_transient(void **state)
     assert_true(tw_url_transient("Connection reset by peer"));
     assert_true(tw_url_transient("Couldn't connect to server"));
     assert_true(tw_url_transient("transfer closed with 100 bytes remaining to read"));
+    assert_true(tw_url_transient("TIFFFillStrip:Read error at scanline 4294967295; got 0 bytes, "
+                                 "expected 5085"));
+    assert_false(tw_url_transient("ZIPDecode:Decoding error at scanline 0"));
     assert_false(tw_url_transient("HTTP response code: 404"));
     assert_false(tw_url_transient("HTTP response code: 403"));
     assert_false(tw_url_transient("not recognized as a supported file format"));
