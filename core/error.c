@@ -42,7 +42,8 @@ int tw_status_exit_code(tw_status st)
     case TW_ERR_MODEL: return TW_EXIT_INPUT;
     case TW_ERR_OUTPUT:
     case TW_ERR_NOMEM:
-    case TW_ERR_DEVICE: return TW_EXIT_RESOURCE;
+    case TW_ERR_DEVICE:
+    case TW_ERR_REMOTE: return TW_EXIT_RESOURCE;
     case TW_ERR_INTERNAL: break;
     }
     return TW_EXIT_INTERNAL;
@@ -61,6 +62,7 @@ const char *tw_status_name(tw_status st)
     case TW_ERR_NOMEM: return "out of memory";
     case TW_ERR_DEVICE: return "device error";
     case TW_ERR_INTERNAL: return "internal error";
+    case TW_ERR_REMOTE: return "network error";
     }
     return "unknown error";
 }

@@ -22,6 +22,7 @@ typedef enum tw_status {
     TW_ERR_NOMEM = -6,    /* memory budget too small, allocation failed */
     TW_ERR_DEVICE = -7,   /* GPU missing or failing */
     TW_ERR_INTERNAL = -8, /* a bug: please report */
+    TW_ERR_REMOTE = -9,   /* a remote input unreachable after its retries (outage) */
 } tw_status;
 
 /* Process exit codes (documented in README.md). Only main() uses them. */
@@ -30,7 +31,7 @@ enum {
     TW_EXIT_INTERNAL = 1,
     TW_EXIT_USAGE = 2,        /* command line or workflow file */
     TW_EXIT_INPUT = 3,        /* bad raster or model */
-    TW_EXIT_RESOURCE = 4,     /* memory, disk, device, output not writable */
+    TW_EXIT_RESOURCE = 4,     /* memory, disk, device, output not writable, network outage */
     TW_EXIT_INTERRUPTED = 75, /* interrupted, resumable: run the same command again */
 };
 

@@ -13,6 +13,10 @@ tw_run_params tw_run_default_params(void)
     p.input.on_error = TW_ON_ERROR_FAIL;
     p.input.tiff_direct = true;
     p.runtime.cpu_winograd = true;
+    /* GDAL waits 0.5 s, then 2-2.5x longer after each retry: 8 retries span
+     * 2-8 minutes of outage before a tile gives up. */
+    p.input.retries = 8;
+    p.input.retry_delay = 0.5;
     p.tiling.edge = TW_EDGE_PAD;
     p.tiling.max_nodata_fraction = 0.5;
     strcpy(p.runtime.device, "auto");

@@ -52,6 +52,12 @@ typedef struct tw_input_params {
     double nodata;    /* used when !nodata_auto */
     tw_on_error on_error;
     bool tiff_direct; /* plain tiled GeoTIFFs through libtiff (CLI: TILEWISE_TIFF_DIRECT=0 off) */
+    /* STAC items (url.h, stac.h): the assets that become the bands, in order;
+     * n_assets == 0: the paths are rasters. */
+    char assets[TW_MAX_BANDS][TW_NAME_MAX];
+    int n_assets;
+    int retries;        /* remote inputs: GDAL's HTTP retries and tile-level retries; default 8 */
+    double retry_delay; /* seconds before the first retry, doubled after each; default 0.5 */
 } tw_input_params;
 
 typedef struct tw_model_params {

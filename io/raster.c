@@ -11,6 +11,7 @@
 
 #include <cpl_conv.h>
 #include <cpl_error.h>
+#include <cpl_vsi.h>
 #include <gdal.h>
 #include <math.h>
 #include <ogr_srs_api.h>
@@ -18,14 +19,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "io/tiff_direct.h"
 #include "core/alloc.h"
+#include "io/url.h"
+#include "core/clock.h"
 
 struct tw_raster {
     GDALDatasetH ds;
-    char *path;
-    int *bands; /* 1-based, n_bands entries (int, not const: GDAL 3.6 API) */
+    char *path;  /* for messages: the user's path, credentials redacted (url.h) */
+    char *gpath; /* what GDAL opens (url.h: https:// -> /vsicurl/, s3:// -> /vsis3/) */
+    bool remote;
+    tw_url_settings net; /* retries of a remote input's reads */
+    int *bands;          /* 1-based, n_bands entries (int, not const: GDAL 3.6 API) */
     int n_bands;
     tw_raster_info info;
     bool use_nodata;
@@ -97,10 +104,12 @@ static void CPL_STDCALL capture_handler(CPLErr cls, CPLErrorNum num, const char 
     (void)num;
     gdal_msgs *m = CPLGetErrorHandlerUserData();
     if (!m || !msg) return;
+    /* GDAL names URLs in its messages (a presigned one with its signature):
+     * only a redacted copy is kept (url.h). */
     if (cls == CE_Failure || cls == CE_Fatal) {
-        if (!m->failure[0]) snprintf(m->failure, sizeof m->failure, "%s", msg);
+        if (!m->failure[0]) tw_url_redact(msg, m->failure, sizeof m->failure);
     } else if (cls == CE_Warning) {
-        snprintf(m->warning, sizeof m->warning, "%s", msg);
+        tw_url_redact(msg, m->warning, sizeof m->warning);
     }
 }
 
@@ -176,29 +185,74 @@ static void open_direct(tw_raster *r)
 {
     if (!r->allow_direct) {
         snprintf(r->why_gdal, sizeof r->why_gdal, "the libtiff reader is turned off");
+    } else if (r->remote) {
+        snprintf(r->why_gdal, sizeof r->why_gdal, "a remote input (GDAL's range requests)");
     } else if (strcmp(r->info.driver, "GTiff") != 0) {
         snprintf(r->why_gdal, sizeof r->why_gdal, "driver %s", r->info.driver);
     } else if (r->mask) {
         snprintf(r->why_gdal, sizeof r->why_gdal, "a mask or alpha band");
     } else {
-        r->tiff = tw_tiff_open(r->path, &r->info, r->bands, r->n_bands, (size_t)GDALGetCacheMax64(),
-                               r->why_gdal, sizeof r->why_gdal);
+        r->tiff = tw_tiff_open(r->gpath, &r->info, r->bands, r->n_bands,
+                               (size_t)GDALGetCacheMax64(), r->why_gdal, sizeof r->why_gdal);
         if (r->tiff && r->shared_tiles) tw_tiff_share(r->tiff, r->shared_tiles);
     }
 }
 
-static tw_status open_checked(tw_raster *r, const char *path, const int *bands, int n_bands,
-                              tw_error *err, gdal_msgs *msgs)
+static void sleep_s(double s)
 {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* (Re)open the dataset; false on failure (message in msgs). */
+static bool open_ds(tw_raster *r, gdal_msgs *msgs)
+{
+    (void)msgs;
     /* VERBOSE_ERROR: without it GDAL says nothing about an unrecognized file. */
-    r->ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, NULL, NULL,
-                       NULL);
-    if (!r->ds) {
+    r->ds = GDALOpenEx(r->gpath, GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, NULL,
+                       NULL, NULL);
+    return r->ds != NULL;
+}
+
+static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_error *err,
+                              gdal_msgs *msgs)
+{
+    const char *path = r->path;
+    bool ok = open_ds(r, msgs);
+    /* A remote open can fail on a dropped connection or a truncated header
+     * read (GDAL 3.6 retries only 429/5xx answers, and then says "not
+     * recognized as a supported file format"): retry on a fresh connection,
+     * with backoff, within the span of GDAL's own retries - but not a
+     * definite answer (403, 404: the object is not there for us). */
+    double t0 = tw_clock_now();
+    for (int attempt = 1;
+         !ok && r->remote && attempt <= r->net.retries &&
+         !strstr(capture_text(msgs), "HTTP response code: 4") &&
+         tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay);
+         attempt++) {
+        sleep_s(tw_url_retry_delay(&r->net, attempt));
+        msgs->failure[0] = msgs->warning[0] = '\0';
+        VSICurlPartialClearCache(r->gpath);
+        ok = open_ds(r, msgs);
+    }
+    if (!ok) {
         /* GDAL often starts with the path itself; don't say it twice. */
         const char *why = capture_text(msgs);
-        size_t n = strlen(path);
-        if (strncmp(why, path, n) == 0 && why[n] == ':') why += n + 1 + (why[n + 1] == ' ');
-        return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open as a raster: %s", path, why);
+        char gshown[TW_URL_SHOWN_MAX];
+        tw_url_redact(r->gpath, gshown, sizeof gshown);
+        const char *names[2] = {path, gshown};
+        for (int k = 0; k < 2; k++) {
+            size_t n = strlen(names[k]);
+            if (strncmp(why, names[k], n) == 0 && why[n] == ':') why += n + 1 + (why[n + 1] == ' ');
+        }
+        /* A remote object that GDAL could not reach after its retries is
+         * an outage (exit 4, resumable), not a bad input. */
+        tw_status st = r->remote && (tw_url_transient(why) || tw_url_transient(msgs->warning))
+                           ? TW_ERR_REMOTE
+                           : TW_ERR_INPUT;
+        return tw_error_set(err, st, "%s: cannot open as a raster%s: %s", path,
+                            st == TW_ERR_REMOTE ? " (network)" : "", why);
     }
     msgs->failure[0] = '\0';
 
@@ -298,14 +352,27 @@ tw_status tw_raster_open_ex(const char *path, const int *bands, int n_bands,
     if (!r) return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
     r->allow_direct = op->tiff_direct;
     r->shared_tiles = op->shared_tiles;
-    r->path = strdup(path);
-    if (!r->path) {
-        tw_free(r);
-        return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
+    char shown[TW_URL_SHOWN_MAX], gpath[8192];
+    tw_url_redact(path, shown, sizeof shown);
+    r->path = strdup(shown);
+    r->remote = tw_url_is_remote(path);
+    /* Tile-level retries follow GDAL's HTTP retry settings, which a run sets
+     * from input.retries / input.retry_delay (url.h); set_retries overrides. */
+    r->net = tw_url_default_settings(atoi(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", "0")),
+                                     CPLAtof(CPLGetConfigOption("GDAL_HTTP_RETRY_DELAY", "0.5")));
+    tw_status st = r->path ? tw_url_to_gdal(path, gpath, sizeof gpath, err)
+                           : tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", shown);
+    if (st == TW_OK) {
+        r->gpath = strdup(gpath);
+        if (!r->gpath) st = tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", shown);
+    }
+    if (st != TW_OK) {
+        tw_raster_close(r);
+        return st;
     }
     gdal_msgs msgs;
     capture_begin(&msgs);
-    tw_status st = open_checked(r, path, bands, n_bands, err, &msgs);
+    st = open_checked(r, bands, n_bands, err, &msgs);
     capture_end();
     if (st != TW_OK) {
         tw_raster_close(r);
@@ -329,6 +396,7 @@ void tw_raster_close(tw_raster *r)
     tw_free(r->mask_buf);
     tw_free(r->bands);
     free(r->path);
+    free(r->gpath);
     tw_free(r);
 }
 
@@ -351,6 +419,16 @@ const char *tw_raster_reader(const tw_raster *r, const char **why)
 {
     if (why) *why = r->tiff ? "" : r->why_gdal;
     return r->tiff ? "libtiff" : "gdal";
+}
+
+void tw_raster_set_retries(tw_raster *r, int retries, double retry_delay)
+{
+    r->net = tw_url_default_settings(retries, retry_delay);
+}
+
+bool tw_raster_is_remote(const tw_raster *r)
+{
+    return r->remote;
 }
 
 void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value)
@@ -444,6 +522,48 @@ static bool validity_trivial(const tw_raster *r)
            r->info.dtype != TW_DT_FLOAT64;
 }
 
+/* GDAL's read of the clipped window, then of its mask: false on failure
+ * (the message is in the pushed handler's record; *what says which). */
+static bool gdal_read(tw_raster *r, int x0, int y0, int xr, int yr, void *raw, int w, size_t plane,
+                      const char **what)
+{
+    const size_t esz = tw_dtype_size(r->info.dtype);
+    GDALRasterIOExtraArg extra;
+    INIT_RASTERIO_EXTRA_ARG(extra);
+    *what = "read";
+    if (!r->ds || (r->mask && !r->mask_buf)) return false; /* a failed reopen */
+    if (GDALDatasetRasterIOEx(r->ds, GF_Read, x0, y0, xr, yr, raw, xr, yr,
+                              gdal_type_of(r->info.dtype), r->n_bands, r->bands, (GSpacing)esz,
+                              (GSpacing)(esz * (size_t)w), (GSpacing)(esz * plane),
+                              &extra) != CE_None)
+        return false;
+    *what = "mask read";
+    return !r->mask || GDALRasterIO(r->mask, GF_Read, x0, y0, xr, yr, r->mask_buf, xr, yr, GDT_Byte,
+                                    0, 0) == CE_None;
+}
+
+/* A fresh dataset on a remote input after a failed read: GDAL's cached
+ * ranges and file state of the object are dropped first. */
+static bool reopen(tw_raster *r, gdal_msgs *msgs)
+{
+    if (r->ds) GDALClose(r->ds);
+    r->ds = NULL;
+    r->mask = NULL;
+    VSICurlPartialClearCache(r->gpath);
+    if (!open_ds(r, msgs)) return false;
+    find_mask(r);
+    return true;
+}
+
+/* Can the object still be reached (a fresh HEAD)? Tells an outage from a
+ * tile that cannot be read. */
+static bool reachable(tw_raster *r)
+{
+    VSIStatBufL sb;
+    VSICurlPartialClearCache(r->gpath);
+    return VSIStatExL(r->gpath, &sb, VSI_STAT_EXISTS_FLAG) == 0;
+}
+
 /* tw_raster_read; valid may be NULL when validity_trivial(r): then no
  * validity is computed (*n_nodata = 0). */
 static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
@@ -477,7 +597,19 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
     gdal_msgs msgs;
     capture_begin(&msgs);
     tw_status st = TW_OK;
-    if (r->tiff) {
+    size_t need = (size_t)xr * (size_t)yr;
+    if (r->mask && need > r->mask_cap) {
+        tw_free(r->mask_buf);
+        r->mask_buf = tw_alloc(TW_MEM_OTHER, need);
+        r->mask_cap = r->mask_buf ? need : 0;
+        if (!r->mask_buf)
+            st = tw_error_set(err, TW_ERR_NOMEM,
+                              "%s: out of memory for the mask of window x=%d y=%d %dx%d", r->path,
+                              x0, y0, w, h);
+    }
+    if (st != TW_OK) {
+        /* reported above */
+    } else if (r->tiff) {
         tw_error terr;
         tw_error_init(&terr);
         st = tw_tiff_read(r->tiff, x0, y0, xr, yr, raw, w, h, &terr);
@@ -485,34 +617,33 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
             tw_error_set(err, st, "%s: read failed at window x=%d y=%d %dx%d: %s", r->path, x0, y0,
                          w, h, terr.msg);
     } else {
-        GDALRasterIOExtraArg extra;
-        INIT_RASTERIO_EXTRA_ARG(extra);
-        CPLErr e = GDALDatasetRasterIOEx(
-            r->ds, GF_Read, x0, y0, xr, yr, raw, xr, yr, gdal_type_of(r->info.dtype), r->n_bands,
-            r->bands, (GSpacing)esz, (GSpacing)(esz * (size_t)w), (GSpacing)(esz * plane), &extra);
-        if (e != CE_None)
-            st = tw_error_set(err, TW_ERR_INPUT, "%s: read failed at window x=%d y=%d %dx%d: %s",
-                              r->path, x0, y0, w, h, capture_text(&msgs));
-    }
-    if (st != TW_OK) {
-        /* reported above */
-    } else if (r->mask) {
-        size_t need = (size_t)xr * (size_t)yr;
-        if (need > r->mask_cap) {
-            tw_free(r->mask_buf);
-            r->mask_buf = tw_alloc(TW_MEM_OTHER, need);
-            r->mask_cap = r->mask_buf ? need : 0;
+        const char *what = NULL;
+        double t0 = tw_clock_now();
+        bool ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
+        int attempt = 0;
+        /* GDAL 3.6 retries 429 and 5xx answers itself (GDAL_HTTP_MAX_RETRY),
+         * but not a dropped connection or a truncated body, and a dataset
+         * that saw one can keep failing. Retry those on a fresh dataset,
+         * with backoff, within the span GDAL's own retries would wait; not
+         * a decoding error (a damaged block stays damaged). */
+        while (!ok && r->remote && attempt < r->net.retries &&
+               (tw_url_transient(msgs.failure) || tw_url_transient(msgs.warning)) &&
+               tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay)) {
+            attempt++;
+            sleep_s(tw_url_retry_delay(&r->net, attempt));
+            msgs.failure[0] = msgs.warning[0] = '\0';
+            if (!reopen(r, &msgs)) continue;
+            ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
         }
-        if (!r->mask_buf) {
-            st = tw_error_set(err, TW_ERR_NOMEM,
-                              "%s: out of memory for the mask of window "
-                              "x=%d y=%d %dx%d",
-                              r->path, x0, y0, w, h);
-        } else if (GDALRasterIO(r->mask, GF_Read, x0, y0, xr, yr, r->mask_buf, xr, yr, GDT_Byte, 0,
-                                0) != CE_None) {
-            st = tw_error_set(err, TW_ERR_INPUT,
-                              "%s: mask read failed at window x=%d y=%d %dx%d: %s", r->path, x0, y0,
-                              w, h, capture_text(&msgs));
+        if (!ok) {
+            bool outage = r->remote && !reachable(r);
+            st = tw_error_set(err, outage ? TW_ERR_REMOTE : TW_ERR_INPUT,
+                              "%s: %s failed at window x=%d y=%d %dx%d%s: %s", r->path, what, x0,
+                              y0, w, h,
+                              outage ? " and the object is unreachable (network outage; run the "
+                                       "same command again to resume)"
+                                     : "",
+                              capture_text(&msgs));
         }
     }
     capture_end();

@@ -30,8 +30,9 @@ typedef struct tw_raster_info {
 
 typedef struct tw_raster tw_raster;
 
-/* Open path read-only. bands: 1-based band list in model order (n_bands == 0:
- * all bands). Every listed band must exist and all must share one data type
+/* Open path read-only: a file, a GDAL path, https://... or s3://bucket/key
+ * (url.h). Messages name the path with credentials redacted. bands: 1-based band list in model
+ * order (n_bands == 0: all bands). Every listed band must exist and all must share one data type
  * (else TW_ERR_INPUT naming the file and band). Unsupported types (complex)
  * are TW_ERR_INPUT. */
 tw_status tw_raster_open(const char *path, const int *bands, int n_bands, tw_raster **out,
@@ -66,6 +67,17 @@ const char *tw_raster_reader(const tw_raster *r, const char **why);
 /* TIFF tiles the libtiff reader has decoded so far (-1 when GDAL reads):
  * shows that its cache decodes each tile once on a row-major walk. */
 long long tw_raster_tiles_decoded(const tw_raster *r);
+
+/* Remote inputs (url.h): a read that fails after GDAL's own HTTP retries
+ * is retried up to `retries` times on a fresh dataset, waiting retry_delay
+ * seconds doubled after each, within the span GDAL's retries would wait.
+ * Still failing: TW_ERR_REMOTE when the object is then unreachable (an
+ * outage: the run stops, resumable), else TW_ERR_INPUT (the tile follows
+ * input.on_error). Default, at open: GDAL's GDAL_HTTP_MAX_RETRY and
+ * GDAL_HTTP_RETRY_DELAY (a run sets them from input.retries and
+ * input.retry_delay, url.h). Local inputs: no effect. */
+void tw_raster_set_retries(tw_raster *r, int retries, double retry_delay);
+bool tw_raster_is_remote(const tw_raster *r);
 
 /* Nodata rule for reads: use_nodata false = no nodata value; else pixels
  * equal to nodata_value (after conversion to the raster's type; NaN matches

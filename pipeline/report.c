@@ -10,6 +10,7 @@
 #include "io/tiff_direct.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "io/url.h"
 #include "pipeline/run.h"
 
 /* A tiny JSON emitter into a fixed buffer: no allocation, truncates safely. */
@@ -118,8 +119,19 @@ static void config_object(jbuf *j, const tw_run_params *p, const tw_resolved *m)
 {
     jopen(j, "input", '{');
     jopen(j, "path", '[');
-    for (int i = 0; i < p->input.n_paths; i++) jstr(j, NULL, p->input.paths[i]);
+    for (int i = 0; i < p->input.n_paths; i++) {
+        char shown[TW_URL_SHOWN_MAX]; /* no credentials in run.json or TILEWISE_RUN */
+        tw_url_redact(p->input.paths[i], shown, sizeof shown);
+        jstr(j, NULL, shown);
+    }
     jclose(j, ']');
+    if (p->input.n_assets > 0) {
+        jopen(j, "assets", '[');
+        for (int i = 0; i < p->input.n_assets; i++) jstr(j, NULL, p->input.assets[i]);
+        jclose(j, ']');
+    }
+    jint(j, "retries", p->input.retries);
+    jnum(j, "retry_delay", p->input.retry_delay);
     jopen(j, "bands", '[');
     for (int i = 0; i < m->n_bands; i++) jint(j, NULL, m->bands[i]);
     jclose(j, ']');

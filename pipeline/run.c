@@ -14,6 +14,8 @@
 
 #include "io/model_file.h"
 #include "io/raster.h"
+#include "io/stac.h"
+#include "io/url.h"
 #include "io/tiletable.h"
 #include "io/writer.h"
 #include "core/alloc.h"
@@ -102,14 +104,11 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
     return TW_OK;
 }
 
-/* Output file stem of an input: its file name without the extension. */
+/* Output file stem of an input: its file name without the extension (nor
+ * a URL's query string: url.h). */
 static void input_stem(const char *path, char *out, size_t size)
 {
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    if (snprintf(out, size, "%s", base) >= (int)size) out[size - 1] = '\0';
-    char *dot = strrchr(out, '.');
-    if (dot && dot != out) *dot = '\0';
+    tw_url_stem(path, out, size);
 }
 
 typedef struct input_info {
@@ -118,13 +117,15 @@ typedef struct input_info {
     bool mask; /* reads also read a mask band */
 } input_info;
 
-static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, input_info *infos,
-                              tw_error *err)
+static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
+                              const char *const *sources, input_info *infos, tw_error *err)
 {
     for (int i = 0; i < p->input.n_paths; i++) {
         tw_raster *r = NULL;
+        char shown[TW_URL_SHOWN_MAX], shown_j[TW_URL_SHOWN_MAX];
+        tw_url_redact(p->input.paths[i], shown, sizeof shown);
         tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
-        tw_status st = tw_raster_open_ex(p->input.paths[i], m->bands, m->n_bands, &op, &r, err);
+        tw_status st = tw_raster_open_ex(sources[i], m->bands, m->n_bands, &op, &r, err);
         if (st != TW_OK) return st;
         infos[i].info = *tw_raster_get_info(r);
         infos[i].bands = tw_raster_selected_bands(r);
@@ -134,7 +135,7 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, inpu
             return tw_error_set(err, TW_ERR_INPUT,
                                 "%s: %d bands selected but the model %s expects %d (set "
                                 "input.bands)",
-                                p->input.paths[i], infos[i].bands, p->model.weights, m->in_bands);
+                                shown, infos[i].bands, p->model.weights, m->in_bands);
         /* The plan's own message (e.g. smaller than a tile with edge: skip)
          * cannot name the raster: check each input here, where the path is known. */
         tw_plan plan;
@@ -142,15 +143,17 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m, inpu
         tw_error_init(&perr);
         if (tw_plan_make(infos[i].info.width, infos[i].info.height, m->tile, m->stride,
                          p->tiling.edge, 0, 1, &plan, &perr) != TW_OK)
-            return tw_error_set(err, perr.status, "%s: %s", p->input.paths[i], perr.msg);
+            return tw_error_set(err, perr.status, "%s: %s", shown, perr.msg);
         char si[256], sj[256];
         input_stem(p->input.paths[i], si, sizeof si);
         for (int j = 0; j < i; j++) {
             input_stem(p->input.paths[j], sj, sizeof sj);
-            if (strcmp(si, sj) == 0)
+            if (strcmp(si, sj) == 0) {
+                tw_url_redact(p->input.paths[j], shown_j, sizeof shown_j);
                 return tw_error_set(err, TW_ERR_CONFIG,
                                     "input.path: %s and %s would write the same outputs (%s.*)",
-                                    p->input.paths[j], p->input.paths[i], si);
+                                    shown_j, shown, si);
+            }
         }
     }
     return TW_OK;
@@ -179,6 +182,9 @@ typedef struct run_ctx {
     bool told_pinned; /* the pinned-memory fallback was said */
     tw_budget bud;
     input_info *infos;
+    tw_stac **stacs;      /* [n_paths]: STAC items as VRTs (input.assets), else NULL */
+    const char **sources; /* [n_paths]: what tw_raster_open opens */
+    tw_url_saved *net_saved;
     char config_json[16384];
 } run_ctx;
 
@@ -210,7 +216,7 @@ static bool keeps_tiles(unsigned products)
 /* What the outputs of an input depend on: if any of it changes between an
  * interrupted run and its rerun, the committed chunks are not reused. */
 static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char *path,
-                        const tw_plan *plan, char *buf, size_t size)
+                        const tw_plan *plan, const char *identity, char *buf, size_t size)
 {
     const tw_run_params *p = c->p;
     const tw_resolved *m = &c->m;
@@ -227,7 +233,9 @@ static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char
         n += snprintf(buf + n, size - (size_t)n, " %d", m->bands[i]);
     for (int i = 0; i < m->n_norm && n > 0 && (size_t)n < size; i++)
         n += snprintf(buf + n, size - (size_t)n, "\nnorm %.9g %.9g", m->mean[i], m->std[i]);
-    if (n > 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, "\n");
+    if (n > 0 && (size_t)n < size) n += snprintf(buf + n, size - (size_t)n, "\n");
+    /* A remote object's version (url.h): chunks of another version refused. */
+    if (n > 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, "%s", identity);
 }
 
 /* Rows per committed chunk: about 1024 tiles, at least one tile row's cells,
@@ -385,8 +393,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     const tw_run_params *p = c->p;
     const tw_raster_info *info = &c->infos[idx].info;
     double t0 = tw_clock_now();
-    snprintf(res->path, sizeof res->path, "%s", p->input.paths[idx]);
-    input_stem(res->path, res->stem, sizeof res->stem);
+    tw_url_redact(p->input.paths[idx], res->path, sizeof res->path);
+    input_stem(p->input.paths[idx], res->stem, sizeof res->stem);
     res->width = info->width;
     res->height = info->height;
 
@@ -405,7 +413,10 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     pp.bud = &c->bud;
     pp.be = &c->be;
     pp.hooks = c->hooks;
-    pp.path = res->path;
+    /* What the readers open (stages.c opens pp.path): the user's path (raster.c
+     * maps https:// and s3:// and redacts its own messages) or a STAC item's
+     * VRT. Messages of this file name res->path, redacted. */
+    pp.path = c->sources[idx];
     pp.dtype = info->dtype;
     pp.norm.bands = c->m.in_bands;
     pp.norm.scale = c->m.scale;
@@ -418,8 +429,11 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     pp.log = run_log(c);
     pp.chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(&plan);
 
-    char fp[8192];
-    fingerprint(c, info, res->path, &plan, fp, sizeof fp);
+    char fp[8192], ident[4096];
+    st = c->stacs[idx] ? tw_stac_identity(c->stacs[idx], ident, sizeof ident, err)
+                       : tw_url_identity(p->input.paths[idx], ident, sizeof ident, err);
+    if (st != TW_OK) return st;
+    fingerprint(c, info, res->path, &plan, ident, fp, sizeof fp);
     tw_parts_params parts_p = {
         .out_dir = p->output.dir,
         .stem = res->stem,
@@ -443,6 +457,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
             mf->size_resolved = sizeof(tw_resolved);
             mf->size_info = sizeof(tw_raster_info);
             mf->p = *p;
+            for (int k = 0; k < p->input.n_paths; k++) /* no credentials on disk */
+                tw_url_redact(p->input.paths[k], mf->p.input.paths[k], TW_PATH_MAX);
             mf->m = c->m;
             mf->info = *info;
             snprintf(mf->config_json, sizeof mf->config_json, "%s", c->config_json);
@@ -541,6 +557,11 @@ int tw_run_readers(const tw_run_params *p, const tw_backend *be)
 
 static void ctx_release(run_ctx *c)
 {
+    for (int i = 0; c->stacs && i < c->p->input.n_paths; i++) tw_stac_destroy(c->stacs[i]);
+    tw_free(c->stacs);
+    tw_free(c->sources);
+    tw_url_settings_restore(c->net_saved);
+    c->net_saved = NULL;
     if (c->have_be) tw_backend_destroy(&c->be);
     tw_resnet_destroy(c->net);
     tw_free(c->infos);
@@ -562,8 +583,24 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     if (st != TW_OK) return st;
 
     c->infos = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(input_info));
-    if (!c->infos) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    st = check_inputs(p, &c->m, c->infos, err);
+    c->stacs = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(tw_stac *));
+    c->sources = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(const char *));
+    if (!c->infos || !c->stacs || !c->sources)
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    /* GDAL's HTTP retries and read-ahead for this run (url.h); restored by
+     * ctx_release. */
+    tw_url_settings net = tw_url_default_settings(p->input.retries, p->input.retry_delay);
+    tw_url_settings_apply(&net, &c->net_saved);
+    for (int i = 0; i < p->input.n_paths; i++) {
+        c->sources[i] = p->input.paths[i];
+        if (p->input.n_assets > 0) {
+            st = tw_stac_open(p->input.paths[i], (const char(*)[TW_NAME_MAX])p->input.assets,
+                              p->input.n_assets, &c->stacs[i], err);
+            if (st != TW_OK) return st;
+            c->sources[i] = tw_stac_path(c->stacs[i]);
+        }
+    }
+    st = check_inputs(p, &c->m, c->sources, c->infos, err);
     if (st != TW_OK) return st;
 
     tw_backend_params bp = tw_backend_default_params();
@@ -703,6 +740,41 @@ tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, con
     return resolve_model(p, mf, net, m, err);
 }
 
+/* validate's line on what reading a remote input costs for the plan: the
+ * bytes of the blocks its tile rows touch and about how many range
+ * requests (url.h), per object for a STAC item's VRT. */
+static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
+{
+    int T = plan->tile, S = plan->stride;
+    int y0 = tw_axis_pos(&plan->y, T, S, plan->ty_begin);
+    int y1 = plan->ty_end > plan->ty_begin ? tw_axis_pos(&plan->y, T, S, plan->ty_end - 1) + T : y0;
+    int64_t bytes = 0, reqs = 0;
+    int n_obj = c->stacs[i] ? c->p->input.n_assets : 1;
+    for (int k = 0; k < n_obj; k++) {
+        char gpath[TW_PATH_MAX + 16];
+        const char *src = c->stacs[i] ? tw_stac_asset(c->stacs[i], k) : c->p->input.paths[i];
+        int64_t b = -1, r = -1;
+        tw_error e;
+        tw_error_init(&e);
+        if (tw_url_to_gdal(src, gpath, sizeof gpath, &e) != TW_OK ||
+            tw_url_read_cost(gpath, y0, y1, 0, &b, &r, &e) != TW_OK || b < 0) {
+            bytes = -1;
+            break;
+        }
+        bytes += b;
+        reqs += r + 2; /* and the HEAD and header read of each object */
+    }
+    char b1[32];
+    if (bytes < 0)
+        fprintf(out, "reading   remote; its cost is unknown (not a tiled GeoTIFF/COG)\n");
+    else
+        fprintf(out,
+                "reading   remote: at least %lld range requests, %s (the blocks of rows %d-%d, "
+                "read once; input.retries %d)\n",
+                (long long)reqs, tw_format_bytes((size_t)bytes, b1, sizeof b1), y0,
+                y1 < c->infos[i].info.height ? y1 : c->infos[i].info.height, c->p->input.retries);
+}
+
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
 {
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
@@ -723,13 +795,18 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
             st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
                               p->shard_index, p->shard_count, &plan, err);
             if (st != TW_OK) break;
+            char shown[TW_URL_SHOWN_MAX];
+            tw_url_redact(p->input.paths[i], shown, sizeof shown);
             fprintf(out,
                     "input     %s: %d x %d, %d bands %s; tiles %d x %d = %lld (tile %d, stride "
                     "%d); output grid %d x %d\n",
-                    p->input.paths[i], info->width, info->height, c->infos[i].bands,
-                    tw_dtype_name(info->dtype), plan.x.n_pos, plan.ty_end - plan.ty_begin,
-                    (long long)plan.n_tiles, plan.tile, plan.stride, plan.grid_w,
-                    plan.row_end - plan.row_begin);
+                    shown, info->width, info->height, c->infos[i].bands, tw_dtype_name(info->dtype),
+                    plan.x.n_pos, plan.ty_end - plan.ty_begin, (long long)plan.n_tiles, plan.tile,
+                    plan.stride, plan.grid_w, plan.row_end - plan.row_begin);
+            bool remote = tw_url_is_remote(p->input.paths[i]);
+            for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
+                remote = remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
+            if (remote) remote_cost(c, i, &plan, out);
         }
         if (st == TW_OK) {
             fprintf(out, "batch     %d tiles, %d slots of %s\n", b->batch, b->n_slots,

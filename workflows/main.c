@@ -32,6 +32,7 @@
 #include "io/legend.h"
 #include "io/model_file.h"
 #include "io/raster.h"
+#include "io/url.h"
 #include "model/resnet.h"
 #include "pipeline/run.h"
 #include "workflows/submit.h"
@@ -91,10 +92,14 @@ static const char *run_help =
     "                         time left when stderr is a terminal; json: one JSON object\n"
     "                         per line on stderr (events start, progress, done); none\n"
     "  -q, --quiet            no progress, no notices (errors are still printed)\n"
+    "  --config KEY VALUE     a GDAL configuration option, as GDAL's tools take it (any\n"
+    "                         command): AWS_PROFILE, GDAL_HTTP_TIMEOUT, ... Credentials are\n"
+    "                         never printed or stored\n"
     "  -h, --help             this text\n"
     "\n"
     "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
-    "model, 4 resource failure, 75 interrupted (resumable: run the same command again)\n";
+    "model, 4 resource failure or network outage, 75 interrupted (resumable: run the same\n"
+    "command again)\n";
 
 static const char *validate_help =
     "usage: tilewise validate WORKFLOW.yaml [--set key.path=value]...\n"
@@ -153,7 +158,11 @@ static int usage_error(const char *fmt, const char *arg)
 
 static int fail(const tw_error *err)
 {
-    fprintf(stderr, "tilewise: %s: %s\n", tw_status_name(err->status), err->msg);
+    /* Messages name inputs redacted where they are made (io/url.h); this
+     * catches one that quotes a URL from elsewhere. */
+    char msg[TW_ERROR_MSG_MAX];
+    tw_url_redact(err->msg, msg, sizeof msg);
+    fprintf(stderr, "tilewise: %s: %s\n", tw_status_name(err->status), msg);
     return tw_status_exit_code(err->status);
 }
 
@@ -284,6 +293,11 @@ static int progress_cb(double complete, const char *message, void *user)
 {
     progress_state *ps = user;
     if (complete > 1) complete = 1;
+    char shown[sizeof ps->current]; /* the input's path: a presigned URL's signature redacted */
+    if (message) {
+        tw_url_redact(message, shown, sizeof shown);
+        message = shown;
+    }
     if (message && strcmp(ps->current, message) != 0) {
         if (ps->mode == PROGRESS_TEXT && ps->current[0] && ps->last_step <= 40) fputc('\n', stderr);
         snprintf(ps->current, sizeof ps->current, "%s", message);
@@ -522,6 +536,9 @@ static void log_cb(tw_log_level level, const char *msg, void *user)
 {
     const progress_state *ps = user;
     if (level == TW_LOG_NOTICE && ps->quiet) return;
+    char shown[TW_ERROR_MSG_MAX * 2]; /* a warning may name a presigned URL (io/url.h) */
+    tw_url_redact(msg, shown, sizeof shown);
+    msg = shown;
     flockfile(stderr);
     if (ps->mode == PROGRESS_JSON) {
         fputs("{\"event\":\"log\",\"level\":", stderr);
@@ -792,12 +809,17 @@ static void validate_advice(const tw_run_params *p)
     tw_resolved m;
     if (tw_resolve(p, &m, &err) != TW_OK) return; /* tw_validate already accepted it */
     CPLPushErrorHandler(CPLQuietErrorHandler);
-    for (int i = 0; i < p->input.n_paths; i++) {
-        GDALDatasetH ds =
-            GDALOpenEx(p->input.paths[i], GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
+    /* STAC items (input.assets) are checked by tw_validate; these hints are
+     * for raster paths. */
+    for (int i = 0; i < p->input.n_paths && p->input.n_assets == 0; i++) {
+        char shown[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
+        tw_url_redact(p->input.paths[i], shown, sizeof shown);
+        if (tw_url_to_gdal(p->input.paths[i], gpath, sizeof gpath, &err) != TW_OK) continue;
+        GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
         if (!ds) continue;
-        check_georef(p->input.paths[i], ds, m.tile);
-        check_values(p->input.paths[i], ds, &m);
+        check_georef(shown, ds, m.tile);
+        /* Statistics read every pixel: not over the network. */
+        if (!tw_url_is_remote(p->input.paths[i])) check_values(shown, ds, &m);
         GDALClose(ds);
         tw_raster *r = NULL;
         tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
@@ -805,9 +827,9 @@ static void validate_advice(const tw_run_params *p)
             const char *why = "";
             tw_raster_reader(r, &why);
             if (why[0])
-                printf("reader    %s: GDAL (%s)\n", p->input.paths[i], why);
+                printf("reader    %s: GDAL (%s)\n", shown, why);
             else
-                printf("reader    %s: libtiff, whole tiles decoded directly\n", p->input.paths[i]);
+                printf("reader    %s: libtiff, whole tiles decoded directly\n", shown);
             tw_raster_close(r);
         }
     }
@@ -986,16 +1008,26 @@ static int info_model(const char *path, bool json)
     return TW_EXIT_OK;
 }
 
-static int info_raster(const char *path, bool json)
+static int info_raster(const char *user_path, bool json)
 {
+    /* https:// and s3:// as the run opens them; shown with credentials
+     * redacted (io/url.h). */
+    char path[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
+    tw_url_redact(user_path, path, sizeof path);
+    tw_error uerr;
+    tw_error_init(&uerr);
+    if (tw_url_to_gdal(user_path, gpath, sizeof gpath, &uerr) != TW_OK) return fail(&uerr);
     CPLPushErrorHandler(CPLQuietErrorHandler);
     GDALAllRegister();
     CPLErrorReset();
-    GDALDatasetH ds = GDALOpenEx(path, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
+    GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
     if (!ds) {
-        const char *why = CPLGetLastErrorMsg();
-        fprintf(stderr, "tilewise: input error: %s: not a raster GDAL can open%s%s\n", path,
-                why && why[0] ? ": " : "", why ? why : "");
+        char why[1024];
+        tw_url_redact(CPLGetLastErrorMsg(), why, sizeof why);
+        fprintf(stderr, "tilewise: %s: %s: not a raster GDAL can open%s%s\n",
+                tw_url_is_remote(user_path) && tw_url_transient(why) ? "network error"
+                                                                     : "input error",
+                path, why[0] ? ": " : "", why);
         CPLPopErrorHandler();
         return TW_EXIT_INPUT;
     }
@@ -1006,7 +1038,7 @@ static int info_raster(const char *path, bool json)
     tw_run_params knobs = tw_run_default_params();
     env_knobs(&knobs);
     tw_raster_open_params op = {.tiff_direct = knobs.input.tiff_direct};
-    bool usable = tw_raster_open_ex(path, NULL, 0, &op, &tr, &err) == TW_OK;
+    bool usable = tw_raster_open_ex(user_path, NULL, 0, &op, &tr, &err) == TW_OK;
     tw_raster_close(tr);
 
     int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds), nb = GDALGetRasterCount(ds);
@@ -1159,6 +1191,16 @@ static int info_raster(const char *path, bool json)
             printf("\n");
         }
     }
+    if (!json && tw_url_is_remote(user_path)) {
+        int64_t bytes = -1, reqs = -1;
+        tw_error cerr;
+        tw_error_init(&cerr);
+        if (tw_url_read_cost(gpath, 0, h, 0, &bytes, &reqs, &cerr) == TW_OK && bytes >= 0)
+            printf("reading:    remote; all of it takes at least %lld range requests, %lld bytes\n",
+                   (long long)reqs + 2, (long long)bytes);
+        else
+            printf("reading:    remote; cost unknown (not a tiled GeoTIFF/COG)\n");
+    }
     GDALClose(ds);
     char legend[1536];
     bool has_legend = tw_legend_note(path, legend, sizeof legend);
@@ -1195,8 +1237,9 @@ static int cmd_info(int argc, char **argv)
             return usage_error("info expects one FILE, got also '%s'", argv[i]);
     }
     if (!path) return usage_error("info expects one FILE%s", "");
-    /* GDAL opens /vsicurl/ and other virtual paths that fopen does not. */
-    if (strncmp(path, "/vsi", 4) != 0) {
+    /* GDAL opens /vsicurl/, https://, s3:// and other virtual paths that
+     * fopen does not. */
+    if (strncmp(path, "/vsi", 4) != 0 && !tw_url_is_remote(path)) {
         FILE *f = fopen(path, "rb");
         if (!f) {
             fprintf(stderr, "tilewise: input error: %s: cannot open\n", path);
@@ -1237,6 +1280,25 @@ int main(int argc, char **argv)
      * the heap, where freed memory stays resident: 38-44 MiB more peak RSS
      * for ResNet-50 (bench/RESULTS.md). */
     mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    if (argc < 2) {
+        fputs(usage_text, stderr);
+        return TW_EXIT_USAGE;
+    }
+    /* --config KEY VALUE, anywhere, as GDAL's own tools take it: set here,
+     * before any GDAL call, and removed from the arguments (so that a
+     * credential passed this way is not echoed into a job script). */
+    int n = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0) {
+            if (i + 2 >= argc) return usage_error("--config needs KEY VALUE%s", "");
+            CPLSetConfigOption(argv[i + 1], argv[i + 2]);
+            i += 2;
+            continue;
+        }
+        argv[n++] = argv[i];
+    }
+    argc = n;
+    argv[argc] = NULL;
     if (argc < 2) {
         fputs(usage_text, stderr);
         return TW_EXIT_USAGE;

@@ -43,6 +43,9 @@ enum wf_key {
     K_INPUT_SCALE,
     K_INPUT_NODATA,
     K_INPUT_ON_ERROR,
+    K_INPUT_ASSETS,
+    K_INPUT_RETRIES,
+    K_INPUT_RETRY_DELAY,
     K_MODEL_WEIGHTS,
     K_MODEL_ARCH,
     K_MODEL_MEAN,
@@ -455,6 +458,32 @@ static tw_status set_input_on_error(wf_ctx *c, const yaml_node_t *v, tw_run_para
     return st;
 }
 
+static tw_status set_input_assets(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    int n;
+    tw_status st = check_list(c, v, "STAC asset names", TW_MAX_BANDS, &n);
+    for (int i = 0; !st && i < n; i++)
+        st = get_string(c, list_item(c, v, i), "an asset name", p->input.assets[i], TW_NAME_MAX);
+    if (!st) p->input.n_assets = n;
+    return st;
+}
+
+static tw_status set_input_retries(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_int(c, v, 0, 30, &p->input.retries);
+}
+
+static tw_status set_input_retry_delay(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    double x;
+    tw_status st = get_number(c, v, &x);
+    if (st) return st;
+    if (!(x >= 0.01 && x <= 60))
+        return fail(c, v, "%g is out of range (expected seconds, 0.01..60)", x);
+    p->input.retry_delay = x;
+    return TW_OK;
+}
+
 static tw_status set_model_weights(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     return get_string(c, v, "a model file path", p->model.weights, TW_PATH_MAX);
@@ -691,6 +720,9 @@ static const wf_key_def k_keys[K_COUNT] = {
     [K_INPUT_SCALE] = {"input.scale", set_input_scale},
     [K_INPUT_NODATA] = {"input.nodata", set_input_nodata},
     [K_INPUT_ON_ERROR] = {"input.on_error", set_input_on_error},
+    [K_INPUT_ASSETS] = {"input.assets", set_input_assets},
+    [K_INPUT_RETRIES] = {"input.retries", set_input_retries},
+    [K_INPUT_RETRY_DELAY] = {"input.retry_delay", set_input_retry_delay},
     [K_MODEL_WEIGHTS] = {"model.weights", set_model_weights},
     [K_MODEL_ARCH] = {"model.arch", set_model_arch},
     [K_MODEL_MEAN] = {"model.mean", set_model_mean},
