@@ -417,6 +417,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
      * maps https:// and s3:// and redacts its own messages) or a STAC item's
      * VRT. Messages of this file name res->path, redacted. */
     pp.path = c->sources[idx];
+    pp.display = res->path;
     pp.dtype = info->dtype;
     pp.norm.bands = c->m.in_bands;
     pp.norm.scale = c->m.scale;

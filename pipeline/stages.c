@@ -190,15 +190,16 @@ tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *e
         tw_log_printf(pp->log, TW_LOG_NOTICE,
                       "int8: no tile of %s could be sampled; activation ranges are measured on "
                       "the first batch",
-                      pp->path);
+                      pp->display);
         return TW_OK;
     }
     if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, s->x);
     tw_infer_batch b = slot_batch(pp, s, n, T);
-    st = pp->be->i->calibrate(pp->be->ctx, &b, pp->path, err);
+    st = pp->be->i->calibrate(pp->be->ctx, &b, pp->display, err);
     if (st == TW_OK)
         tw_log_printf(pp->log, TW_LOG_NOTICE,
-                      "int8: activation ranges calibrated on %d tiles spread over %s", n, pp->path);
+                      "int8: activation ranges calibrated on %d tiles spread over %s", n,
+                      pp->display);
     return st;
 }
 
@@ -385,7 +386,9 @@ static work_result read_tiles_one_by_one(worker *w, tw_slot *s, int si, int ty, 
                                       s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
         w->bytes_read += (int64_t)raw_tile;
         if (st != TW_OK) {
-            if (pp->p->input.on_error != TW_ON_ERROR_SKIP) {
+            /* an outage that outlasted the retries ends the run (resumable),
+             * whatever on_error says: skipping would make nodata of it all */
+            if (pp->p->input.on_error != TW_ON_ERROR_SKIP || st == TW_ERR_REMOTE) {
                 tw_error_set(pp->err, st, "%s", rerr.msg);
                 pipe_abort(pp);
                 return W_FAIL;
@@ -393,7 +396,7 @@ static work_result read_tiles_one_by_one(worker *w, tw_slot *s, int si, int ty, 
             tw_log_printf(pp->log, TW_LOG_WARNING,
                           "%s: tile at pixel x=%d y=%d (tile row %d, col %d) is unreadable and "
                           "written as nodata: %s",
-                          pp->path, x0, y0, ty, tx0 + i, rerr.msg);
+                          pp->display, x0, y0, ty, tx0 + i, rerr.msg);
             ref->read_error = 1;
         } else if (tile_classified(pp, n_nodata, n_inside)) {
             keep(s, ref, x0, y0);
@@ -413,9 +416,17 @@ static work_result read_run(worker *w, tw_slot *s, int si, int ty, int tx0, int 
     const int k0 = s->n_kept;
     tw_error rerr;
     tw_error_init(&rerr);
-    if (tw_raster_read_tiles(w->r, y0, w->xs, n, T, (char *)s->raw + (size_t)k0 * raw_tile,
-                             s->valid + (size_t)k0 * px, w->nod, w->ins, &rerr) != TW_OK)
-        return read_tiles_one_by_one(w, s, si, ty, tx0, n, y0);
+    tw_status st =
+        tw_raster_read_tiles(w->r, y0, w->xs, n, T, (char *)s->raw + (size_t)k0 * raw_tile,
+                             s->valid + (size_t)k0 * px, w->nod, w->ins, &rerr);
+    if (st == TW_ERR_REMOTE) {
+        /* the retries are spent: reading the strip's tiles one by one would
+         * wait them out once per tile */
+        tw_error_set(pp->err, st, "%s", rerr.msg);
+        pipe_abort(pp);
+        return W_FAIL;
+    }
+    if (st != TW_OK) return read_tiles_one_by_one(w, s, si, ty, tx0, n, y0);
     w->bytes_read += (int64_t)(w->xs[n - 1] - w->xs[0] + T) * T * (int64_t)pp->norm.bands *
                      (int64_t)tw_dtype_size(pp->dtype);
     for (int i = 0; i < n; i++) {
@@ -664,8 +675,8 @@ static work_result write_work(worker *w, tw_slot *s, tw_slot **out)
     if (pp->hooks && pp->hooks->progress) {
         double f = pp->n_tiles > 0 ? (double)pp->tiles_done / (double)pp->n_tiles : 1.0;
         if (pp->hooks->tiles)
-            pp->hooks->tiles(pp->tiles_done, pp->n_tiles, pp->path, pp->hooks->progress_user);
-        if (!pp->hooks->progress(f > 1.0 ? 1.0 : f, pp->path, pp->hooks->progress_user) &&
+            pp->hooks->tiles(pp->tiles_done, pp->n_tiles, pp->display, pp->hooks->progress_user);
+        if (!pp->hooks->progress(f > 1.0 ? 1.0 : f, pp->display, pp->hooks->progress_user) &&
             !stop_requested(pp)) {
             atomic_store(&pp->cancelled, 1);
             pipe_abort(pp);

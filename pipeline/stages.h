@@ -72,7 +72,8 @@ typedef struct tw_pipe {
     const tw_budget *bud; /* batch, slots, readers, read strip width */
     tw_backend *be;
     const tw_run_hooks *hooks;
-    const char *path;
+    const char *path;    /* what the readers open (a URL, a STAC item's VRT, a file) */
+    const char *display; /* how messages and progress name the input (redacted) */
     tw_dtype dtype;
     tw_norm norm;
     bool wants_raw;
