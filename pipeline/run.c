@@ -512,11 +512,11 @@ static void ctx_release(run_ctx *c)
     tw_free(c->infos);
 }
 
-/* Everything up to (not including) the backend's reserve: model, inputs,
- * backend, budget. Shared by run and validate. */
-static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
+/* The model against the config and every input against the model (STAC
+ * items opened, GDAL's network settings applied): what does not depend on
+ * the machine. Shared by prepare and tw_check_inputs. */
+static tw_status prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *err)
 {
-    size_t base = tw_rss_now();
     if (p->input.n_paths <= 0)
         return tw_error_set(err, TW_ERR_CONFIG, "input.path: no input raster given");
     tw_model_file *mf = NULL;
@@ -545,7 +545,15 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
             c->sources[i] = tw_stac_path(c->stacs[i]);
         }
     }
-    st = check_inputs(p, &c->m, c->sources, c->infos, err);
+    return check_inputs(p, &c->m, c->sources, c->infos, err);
+}
+
+/* Everything up to (not including) the backend's reserve: model, inputs,
+ * backend, budget. Shared by run and validate. */
+static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
+{
+    size_t base = tw_rss_now();
+    tw_status st = prepare_inputs(c, p, err);
     if (st != TW_OK) return st;
 
     tw_backend_params bp = tw_backend_default_params();
@@ -718,6 +726,17 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
                 "read once; input.retries %d)\n",
                 (long long)reqs, tw_format_bytes((size_t)bytes, b1, sizeof b1), y0,
                 y1 < c->infos[i].info.height ? y1 : c->infos[i].info.height, c->p->input.retries);
+}
+
+tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
+{
+    run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
+    if (!c) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    c->p = p;
+    tw_status st = prepare_inputs(c, p, err);
+    ctx_release(c);
+    tw_free(c);
+    return st;
 }
 
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)

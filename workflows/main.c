@@ -17,6 +17,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,12 +41,16 @@
 
 #define MAX_SETS 128
 
-static volatile sig_atomic_t g_stop;
+/* Lock-free (checked below), so the handler may store to it and the stage
+ * threads read it without a data race; volatile sig_atomic_t promises the
+ * first only. */
+static atomic_int g_stop;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the stop flag must be lock-free to be set in a handler");
 
 static void on_signal(int sig)
 {
     (void)sig;
-    g_stop = 1;
+    atomic_store(&g_stop, 1);
 }
 
 /* ---- help texts ---- */
@@ -359,7 +364,7 @@ static int progress_cb(double complete, const char *message, void *user)
         }
     }
     fflush(stderr);
-    return g_stop ? 0 : 1;
+    return atomic_load(&g_stop) ? 0 : 1;
 }
 
 /* ---- run / validate ---- */
