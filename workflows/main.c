@@ -35,6 +35,7 @@
 #include "io/raster.h"
 #include "io/url.h"
 #include "model/resnet.h"
+#include "pipeline/json.h"
 #include "pipeline/run.h"
 #include "workflows/submit.h"
 #include "workflows/workflow.h"
@@ -189,31 +190,19 @@ static bool help_asked(int argc, char **argv)
 
 /* ---- JSON output helpers (progress events, info --json) ---- */
 
+/* Lone values onto a stream through the one emitter (pipeline/json.h);
+ * the callers place their own commas and keys. */
 static void json_str(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p == '\n')
-            fputs("\\n", f);
-        else if (*p == '\t')
-            fputs("\\t", f);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
+    tw_json j = tw_json_file(f);
+    tw_json_str(&j, NULL, s);
 }
 
 /* A JSON number, or null when it has none (NaN, infinities). */
 static void json_num(FILE *f, double v)
 {
-    if (isfinite(v))
-        fprintf(f, "%.10g", v);
-    else
-        fputs("null", f);
+    tw_json j = tw_json_file(f);
+    tw_json_num(&j, NULL, v);
 }
 
 /* ---- progress ----
