@@ -25,11 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cpl_conv.h>
-#include <cpl_error.h>
 #include <gdal.h>
-#include <ogr_srs_api.h>
 
+#include "io/inspect.h"
 #include "io/legend.h"
 #include "io/model_file.h"
 #include "io/raster.h"
@@ -629,89 +627,33 @@ static void advise(const char *fmt, ...)
     g_warnings++;
 }
 
-/* Ground metres per CRS unit along x and y at the raster's centre, and the
- * unit's name; false when there is no usable CRS. */
-static bool crs_metres(OGRSpatialReferenceH srs, const double gt[6], int w, int h, double *mx,
-                       double *my, const char **unit)
+static void check_georef(const char *path, const tw_inspect *ri, int tile)
 {
-    if (OSRIsGeographic(srs)) {
-        char *name = NULL;
-        double rad = OSRGetAngularUnits(srs, &name);
-        *unit = name ? name : "degree";
-        double deg = rad * 180.0 / M_PI;
-        double lat = (gt[3] + gt[5] * h / 2.0 + gt[4] * w / 2.0) * deg;
-        if (!(fabs(lat) <= 90)) lat = 0;
-        *mx = deg * 111320.0 * cos(lat * M_PI / 180.0);
-        *my = deg * 110574.0;
-        return true;
-    }
-    if (OSRIsProjected(srs) || OSRIsLocal(srs)) {
-        char *name = NULL;
-        double f = OSRGetLinearUnits(srs, &name);
-        *unit = name ? name : "metre";
-        *mx = *my = f > 0 ? f : 1.0;
-        return true;
-    }
-    return false;
-}
-
-/* A short name for a CRS: "EPSG:31985 (SIRGAS 2000 / UTM zone 25S)", or
- * its name alone when no authority code can be found. */
-static void crs_short_name(OGRSpatialReferenceH srs, char *out, size_t size)
-{
-    const char *auth = OSRGetAuthorityName(srs, NULL);
-    const char *code = OSRGetAuthorityCode(srs, NULL);
-    OGRSpatialReferenceH guess = NULL;
-    if (!auth || !code) {
-        guess = OSRClone(srs);
-        if (guess && OSRAutoIdentifyEPSG(guess) == OGRERR_NONE) {
-            auth = OSRGetAuthorityName(guess, NULL);
-            code = OSRGetAuthorityCode(guess, NULL);
-        }
-    }
-    const char *name = OSRGetName(srs);
-    if (auth && code)
-        snprintf(out, size, "%s:%s (%s)", auth, code, name ? name : "unnamed");
-    else
-        snprintf(out, size, "%s", name ? name : "unnamed CRS");
-    if (guess) OSRDestroySpatialReference(guess);
-}
-
-static void check_georef(const char *path, GDALDatasetH ds, int tile)
-{
-    double gt[6];
-    int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds);
-    if (GDALGetGeoTransform(ds, gt) != CE_None) {
+    if (!ri->has_geotransform) {
         advise("%s: no geotransform: the outputs will be in pixel coordinates", path);
         return;
     }
-    const char *wkt = GDALGetProjectionRef(ds);
-    if (!wkt || !wkt[0]) {
+    if (!ri->has_crs) {
         advise("%s: no CRS: the outputs will have none either (assign one with "
                "gdal_edit.py -a_srs)",
                path);
         return;
     }
-    OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
-    if (!srs || OSRImportFromWkt(srs, (char *[]){(char *)wkt}) != OGRERR_NONE) {
+    if (!ri->crs_understood) {
         advise("%s: its CRS is not understood by GDAL", path);
-        if (srs) OSRDestroySpatialReference(srs);
         return;
     }
-    char name[256];
-    crs_short_name(srs, name, sizeof name);
-    double mx, my;
-    const char *unit = "";
-    if (!crs_metres(srs, gt, w, h, &mx, &my, &unit)) {
-        printf("crs       %s: %s\n", path, name);
-        OSRDestroySpatialReference(srs);
+    double px, py;
+    if (!tw_inspect_pixel_metres(ri, &px, &py)) {
+        printf("crs       %s: %s\n", path, ri->crs);
         return;
     }
-    double px = hypot(gt[1], gt[4]) * mx, py = hypot(gt[2], gt[5]) * my;
+    const double *gt = ri->geotransform;
+    const char *unit = ri->crs_units;
     printf("crs       %s: %s, units %s; pixel %.4g x %.4g m, a tile of %d px covers %.3g x %.3g "
            "km\n",
-           path, name, unit, px, py, tile, tile * px / 1000, tile * py / 1000);
-    bool geographic = OSRIsGeographic(srs);
+           path, ri->crs, unit, px, py, tile, tile * px / 1000, tile * py / 1000);
+    bool geographic = ri->crs_geographic;
     if (gt[2] != 0 || gt[4] != 0)
         advise("%s: the raster is rotated (geotransform terms %g, %g): tiles follow its pixel "
                "grid, not north",
@@ -729,39 +671,26 @@ static void check_georef(const char *path, GDALDatasetH ds, int tile)
         advise("%s: a pixel size of %.3g m is unusual for satellite imagery: are the CRS units "
                "(%s) right?",
                path, fmin(px, py) < 0.05 ? fmin(px, py) : fmax(px, py), unit);
-    OSRDestroySpatialReference(srs);
 }
 
-/* Minimum and maximum of a band: its statistics when GDAL has them,
- * else an approximate scan (overviews or a subsample). */
-static bool band_min_max(GDALRasterBandH b, double *lo, double *hi, const char **how)
-{
-    double mean, sd;
-    if (GDALGetRasterStatistics(b, TRUE, FALSE, lo, hi, &mean, &sd) == CE_None) {
-        *how = "statistics";
-        return true;
-    }
-    double mm[2];
-    CPLErrorReset();
-    GDALComputeRasterMinMax(b, TRUE, mm);
-    if (CPLGetLastErrorType() == CE_Failure || !isfinite(mm[0]) || !isfinite(mm[1])) return false;
-    *lo = mm[0];
-    *hi = mm[1];
-    *how = "approximate scan";
-    return true;
-}
-
-static void check_values(const char *path, GDALDatasetH ds, const tw_resolved *m)
+static void check_values(const char *path, const char *gdal_path, const tw_resolved *m)
 {
     int n = m->n_bands > 0 ? m->n_bands : m->in_bands;
     int fits = 0;
+    int bands[TW_MAX_BANDS];
+    double los[TW_MAX_BANDS], his[TW_MAX_BANDS];
+    const char *hows[TW_MAX_BANDS];
+    bool oks[TW_MAX_BANDS];
+    for (int i = 0; i < n; i++) bands[i] = m->n_bands > 0 ? m->bands[i] : i + 1;
+    tw_error err;
+    tw_error_init(&err);
+    if (tw_inspect_band_ranges(gdal_path, bands, n, los, his, hows, oks, &err) != TW_OK) return;
     for (int i = 0; i < n; i++) {
-        int band = m->n_bands > 0 ? m->bands[i] : i + 1;
-        GDALRasterBandH b = GDALGetRasterBand(ds, band);
-        if (!b) continue;
-        double lo, hi;
-        const char *how = "";
-        if (!band_min_max(b, &lo, &hi, &how)) {
+        int band = bands[i];
+        double lo = los[i], hi = his[i];
+        const char *how = hows[i];
+        if (!hows[i]) continue; /* no such band: the run's checks say so */
+        if (!oks[i]) {
             advise("%s band %d: cannot compute its range (no valid pixels?)", path, band);
             continue;
         }
@@ -802,19 +731,18 @@ static void validate_advice(const tw_run_params *p)
     tw_error_init(&err);
     tw_resolved m;
     if (tw_resolve(p, &m, &err) != TW_OK) return; /* tw_validate already accepted it */
-    CPLPushErrorHandler(CPLQuietErrorHandler);
     /* STAC items (input.assets) are checked by tw_validate; these hints are
      * for raster paths. */
     for (int i = 0; i < p->input.n_paths && p->input.n_assets == 0; i++) {
         char shown[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
         tw_url_redact(p->input.paths[i], shown, sizeof shown);
         if (tw_url_to_gdal(p->input.paths[i], gpath, sizeof gpath, &err) != TW_OK) continue;
-        GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
-        if (!ds) continue;
-        check_georef(shown, ds, m.tile);
+        tw_inspect *ri = NULL;
+        if (tw_inspect_raster(gpath, shown, &ri, &err) != TW_OK) continue;
+        check_georef(shown, ri, m.tile);
+        tw_inspect_destroy(ri);
         /* Statistics read every pixel: not over the network. */
-        if (!tw_url_is_remote(p->input.paths[i])) check_values(shown, ds, &m);
-        GDALClose(ds);
+        if (!tw_url_is_remote(p->input.paths[i])) check_values(shown, gpath, &m);
         tw_raster *r = NULL;
         tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
         if (tw_raster_open_ex(p->input.paths[i], m.bands, m.n_bands, &op, &r, &err) == TW_OK) {
@@ -827,7 +755,6 @@ static void validate_advice(const tw_run_params *p)
             tw_raster_close(r);
         }
     }
-    CPLPopErrorHandler();
 }
 
 static int cmd_validate(int argc, char **argv)
@@ -1011,18 +938,12 @@ static int info_raster(const char *user_path, bool json)
     tw_error uerr;
     tw_error_init(&uerr);
     if (tw_url_to_gdal(user_path, gpath, sizeof gpath, &uerr) != TW_OK) return fail(&uerr);
-    CPLPushErrorHandler(CPLQuietErrorHandler);
-    GDALAllRegister();
-    CPLErrorReset();
-    GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
-    if (!ds) {
-        char why[1024];
-        tw_url_redact(CPLGetLastErrorMsg(), why, sizeof why);
-        fprintf(stderr, "tilewise: %s: %s: not a raster GDAL can open%s%s\n",
-                tw_url_is_remote(user_path) && tw_url_transient(why) ? "network error"
-                                                                     : "input error",
-                path, why[0] ? ": " : "", why);
-        CPLPopErrorHandler();
+    tw_inspect *ri = NULL;
+    if (tw_inspect_raster(gpath, path, &ri, &uerr) != TW_OK) {
+        fprintf(stderr, "tilewise: %s: %s\n",
+                tw_url_is_remote(user_path) && tw_url_transient(uerr.msg) ? "network error"
+                                                                          : "input error",
+                uerr.msg);
         return TW_EXIT_INPUT;
     }
     /* Whether tilewise itself accepts it (all bands one supported type). */
@@ -1035,32 +956,14 @@ static int info_raster(const char *user_path, bool json)
     bool usable = tw_raster_open_ex(user_path, NULL, 0, &op, &tr, &err) == TW_OK;
     tw_raster_close(tr);
 
-    int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds), nb = GDALGetRasterCount(ds);
-    GDALDriverH drv = GDALGetDatasetDriver(ds);
-    const char *dname = drv ? GDALGetDriverShortName(drv) : "?";
-    double gt[6];
-    bool has_gt = GDALGetGeoTransform(ds, gt) == CE_None;
-    const char *wkt = GDALGetProjectionRef(ds);
-    char crs[256] = "none", kind[16] = "", unit_buf[64] = "";
-    double mx = 1, my = 1;
-    if (wkt && wkt[0]) {
-        OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
-        if (srs && OSRImportFromWkt(srs, (char *[]){(char *)wkt}) == OGRERR_NONE) {
-            crs_short_name(srs, crs, sizeof crs);
-            snprintf(kind, sizeof kind, "%s",
-                     OSRIsGeographic(srs)  ? "geographic"
-                     : OSRIsProjected(srs) ? "projected"
-                                           : "local");
-            const char *unit = "";
-            if (has_gt && crs_metres(srs, gt, w, h, &mx, &my, &unit))
-                snprintf(unit_buf, sizeof unit_buf, "%s", unit);
-        } else {
-            snprintf(crs, sizeof crs, "not understood");
-        }
-        if (srs) OSRDestroySpatialReference(srs);
-    }
-    const char *ovr_layout = GDALGetMetadataItem(ds, "LAYOUT", "IMAGE_STRUCTURE");
-    const char *compression = GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE");
+    int w = ri->width, h = ri->height, nb = ri->band_count;
+    const char *dname = ri->driver;
+    const double *gt = ri->geotransform;
+    bool has_gt = ri->has_geotransform;
+    const char *crs = ri->crs, *kind = ri->crs_kind, *unit_buf = ri->crs_units;
+    double mx = ri->metres_x, my = ri->metres_y;
+    const char *ovr_layout = ri->layout[0] ? ri->layout : NULL;
+    const char *compression = ri->compression[0] ? ri->compression : NULL;
 
     if (json) {
         bool first = true;
@@ -1135,16 +1038,13 @@ static int info_raster(const char *user_path, bool json)
             printf("usable:     no: %s\n", err.msg);
     }
     for (int i = 1; i <= nb; i++) {
-        GDALRasterBandH b = GDALGetRasterBand(ds, i);
-        int bw = 0, bh = 0, has_nd = 0;
-        GDALGetBlockSize(b, &bw, &bh);
-        double nd = GDALGetRasterNoDataValue(b, &has_nd);
-        const char *type = GDALGetDataTypeName(GDALGetRasterDataType(b));
-        const char *desc = GDALGetDescription(b);
-        const char *ci = GDALGetColorInterpretationName(GDALGetRasterColorInterpretation(b));
-        int n_ovr = GDALGetOverviewCount(b);
-        double lo = NAN, hi = NAN, mean, sd;
-        bool stats = GDALGetRasterStatistics(b, TRUE, FALSE, &lo, &hi, &mean, &sd) == CE_None;
+        const tw_inspect_band *ib = &ri->bands[i - 1];
+        int bw = ib->block_w, bh = ib->block_h, has_nd = ib->has_nodata;
+        double nd = ib->nodata;
+        const char *type = ib->type, *desc = ib->description, *ci = ib->color;
+        int n_ovr = ib->overviews;
+        double lo = ib->min, hi = ib->max;
+        bool stats = ib->has_stats;
         if (json) {
             bool first = true;
             printf("%s{", i > 1 ? "," : "");
@@ -1195,7 +1095,6 @@ static int info_raster(const char *user_path, bool json)
         else
             printf("reading:    remote; cost unknown (not a tiled GeoTIFF/COG)\n");
     }
-    GDALClose(ds);
     char legend[1536];
     bool has_legend = tw_legend_note(path, legend, sizeof legend);
     if (json) {
@@ -1208,7 +1107,7 @@ static int info_raster(const char *user_path, bool json)
     } else if (has_legend) {
         printf("legend:     %s\n", legend);
     }
-    CPLPopErrorHandler();
+    tw_inspect_destroy(ri);
     return TW_EXIT_OK;
 }
 
