@@ -90,13 +90,25 @@ void tw_json_str(tw_json *j, const char *key, const char *v)
     j->need_comma = true;
 }
 
-void tw_json_num(tw_json *j, const char *key, double v)
+void tw_json_real(tw_json *j, const char *key, double v, int digits)
 {
     member(j, key);
     if (isfinite(v))
-        tw_json_raw(j, "%.10g", v);
+        tw_json_raw(j, "%.*g", digits, v);
     else
         tw_json_raw(j, "null");
+    j->need_comma = true;
+}
+
+void tw_json_num(tw_json *j, const char *key, double v)
+{
+    tw_json_real(j, key, v, 10);
+}
+
+void tw_json_null(tw_json *j, const char *key)
+{
+    member(j, key);
+    tw_json_raw(j, "null");
     j->need_comma = true;
 }
 

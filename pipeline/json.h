@@ -37,7 +37,10 @@ void tw_json_open(tw_json *j, const char *key, char c);
 void tw_json_close(tw_json *j, char c);
 /* Members or elements (key NULL). */
 void tw_json_str(tw_json *j, const char *key, const char *v); /* v NULL: "" */
-void tw_json_num(tw_json *j, const char *key, double v);
+void tw_json_num(tw_json *j, const char *key, double v);      /* %.10g */
+/* With `digits` significant digits (17: exact for a double, 9 for a float). */
+void tw_json_real(tw_json *j, const char *key, double v, int digits);
+void tw_json_null(tw_json *j, const char *key);
 void tw_json_int(tw_json *j, const char *key, long long v);
 void tw_json_bool(tw_json *j, const char *key, bool v);
 /* Just the key (and colon) of a member whose value the caller writes raw. */

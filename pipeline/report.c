@@ -16,7 +16,7 @@
 
 static const char *edge_name(tw_edge_mode e)
 {
-    return e == TW_EDGE_SHIFT ? "shift" : e == TW_EDGE_SKIP ? "skip" : "pad";
+    return (unsigned)e <= TW_EDGE_SKIP ? tw_edge_names[e] : "pad";
 }
 
 static void config_object(tw_json *j, const tw_run_params *p, const tw_resolved *m)
@@ -83,14 +83,9 @@ static void config_object(tw_json *j, const tw_run_params *p, const tw_resolved 
     tw_json_open(j, "output", '{');
     tw_json_str(j, "dir", p->output.dir);
     tw_json_open(j, "products", '[');
-    static const struct {
-        unsigned bit;
-        const char *name;
-    } prods[] = {{TW_PRODUCT_CLASS, "class"},     {TW_PRODUCT_PROB, "prob"},
-                 {TW_PRODUCT_CONF, "confidence"}, {TW_PRODUCT_EMB, "embeddings"},
-                 {TW_PRODUCT_TILES, "tiles"},     {TW_PRODUCT_TILES_GPKG, "tiles_gpkg"}};
-    for (size_t i = 0; i < sizeof prods / sizeof prods[0]; i++)
-        if (p->output.products & prods[i].bit) tw_json_str(j, NULL, prods[i].name);
+    for (int i = 0; i < TW_PRODUCT_COUNT; i++)
+        if (p->output.products & tw_product_names[i].bit)
+            tw_json_str(j, NULL, tw_product_names[i].name);
     tw_json_close(j, ']');
     tw_json_str(j, "prob_type", p->output.prob_type == TW_PROB_UINT8 ? "uint8" : "float32");
     tw_json_str(j, "format", p->output.format == TW_FORMAT_COG ? "COG" : "GTiff");

@@ -13,16 +13,6 @@
 
 #define FORMAT_NAME "tilewise-manifest"
 
-static const char *const edge_names[] = {"pad", "shift", "skip"};
-static const char *const prob_names[] = {"float32", "uint8"};
-static const char *const format_names[] = {"GTiff", "COG"};
-static const struct {
-    unsigned bit;
-    const char *name;
-} product_names[] = {{TW_PRODUCT_CLASS, "class"},     {TW_PRODUCT_PROB, "prob"},
-                     {TW_PRODUCT_CONF, "confidence"}, {TW_PRODUCT_EMB, "embeddings"},
-                     {TW_PRODUCT_TILES, "tiles"},     {TW_PRODUCT_TILES_GPKG, "tiles_gpkg"}};
-#define N_PRODUCTS (sizeof product_names / sizeof product_names[0])
 #define N_DTYPES (TW_DT_INT8 + 1)
 
 tw_status tw_manifest_path(const char *out_dir, const char *stem, char *buf, size_t size,
@@ -92,19 +82,19 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
     set(root, "inputs", inputs, ok);
 
     json_t *tiling = json_object();
-    if (tiling) set(tiling, "edge", json_string(edge_names[p->tiling.edge]), ok);
+    if (tiling) set(tiling, "edge", json_string(tw_edge_names[p->tiling.edge]), ok);
     set(root, "tiling", tiling, ok);
 
     json_t *out = json_object();
     if (out) {
         set(out, "dir", put_str(p->output.dir), ok);
         json_t *prods = json_array();
-        for (size_t i = 0; prods && i < N_PRODUCTS; i++)
-            if (p->output.products & product_names[i].bit)
-                append(prods, json_string(product_names[i].name), ok);
+        for (size_t i = 0; prods && i < TW_PRODUCT_COUNT; i++)
+            if (p->output.products & tw_product_names[i].bit)
+                append(prods, json_string(tw_product_names[i].name), ok);
         set(out, "products", prods, ok);
-        set(out, "prob_type", json_string(prob_names[p->output.prob_type]), ok);
-        set(out, "format", json_string(format_names[p->output.format]), ok);
+        set(out, "prob_type", json_string(tw_prob_type_names[p->output.prob_type]), ok);
+        set(out, "format", json_string(tw_format_names[p->output.format]), ok);
         json_t *co = json_array();
         for (int i = 0; co && i < p->output.n_creation_options; i++)
             append(co, put_str(p->output.creation_options[i]), ok);
@@ -396,7 +386,7 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
     static const char *const tiling_keys[] = {"edge"};
     if (tiling) only_keys(r, tiling, "tiling", tiling_keys, 1);
     int e = 0;
-    if (tiling && get_enum(r, tiling, "tiling", "edge", edge_names, 3, &e))
+    if (tiling && get_enum(r, tiling, "tiling", "edge", tw_edge_names, 3, &e))
         p->tiling.edge = (tw_edge_mode)e;
 
     json_t *out = need_obj(r, root, "output");
@@ -405,24 +395,25 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
                                                "creation_options"};
         only_keys(r, out, "output", out_keys, 5);
         get_str(r, out, "output", "dir", p->output.dir, sizeof p->output.dir);
-        json_t *prods = need_arr(r, out, "output", "products", N_PRODUCTS);
+        json_t *prods = need_arr(r, out, "output", "products", TW_PRODUCT_COUNT);
         p->output.products = 0;
         for (size_t i = 0; prods && r->st == TW_OK && i < json_array_size(prods); i++) {
             json_t *v = json_array_get(prods, i);
             size_t k = 0;
-            while (k < N_PRODUCTS &&
-                   !(json_is_string(v) && strcmp(json_string_value(v), product_names[k].name) == 0))
+            while (
+                k < TW_PRODUCT_COUNT &&
+                !(json_is_string(v) && strcmp(json_string_value(v), tw_product_names[k].name) == 0))
                 k++;
-            if (k == N_PRODUCTS)
+            if (k == TW_PRODUCT_COUNT)
                 fail(r, "key output.products: entry %zu is not a product name", i + 1);
             else
-                p->output.products |= product_names[k].bit;
+                p->output.products |= tw_product_names[k].bit;
         }
         if (prods && r->st == TW_OK && p->output.products == 0)
             fail(r, "key output.products is empty");
-        if (get_enum(r, out, "output", "prob_type", prob_names, 2, &e))
+        if (get_enum(r, out, "output", "prob_type", tw_prob_type_names, 2, &e))
             p->output.prob_type = (tw_prob_type)e;
-        if (get_enum(r, out, "output", "format", format_names, 2, &e))
+        if (get_enum(r, out, "output", "format", tw_format_names, 2, &e))
             p->output.format = (tw_format)e;
         json_t *co = need_arr(r, out, "output", "creation_options", TW_MAX_CREATION_OPTIONS);
         for (size_t i = 0; co && r->st == TW_OK && i < json_array_size(co); i++)

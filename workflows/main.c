@@ -818,14 +818,6 @@ static bool looks_like_model(const char *path)
     return strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 || strcmp(dot, ".safetensors") == 0;
 }
 
-static void json_key(FILE *f, bool *first, const char *key)
-{
-    fprintf(f, "%s", *first ? "" : ",");
-    *first = false;
-    json_str(f, key);
-    fputc(':', f);
-}
-
 static int info_model(const char *path, bool json)
 {
     tw_error err;
@@ -842,56 +834,40 @@ static int info_model(const char *path, bool json)
         if (!strstr(mf->tensors[i].name, "running_") && !strstr(mf->tensors[i].name, "num_batches"))
             params += mf->tensors[i].numel;
     if (json) {
-        bool first = true;
         char arch[32];
         snprintf(arch, sizeof arch, "resnet%d", net->depth);
-        printf("{");
-        json_key(stdout, &first, "type");
-        json_str(stdout, "model");
-        json_key(stdout, &first, "path");
-        json_str(stdout, path);
-        json_key(stdout, &first, "arch");
-        json_str(stdout, arch);
-        json_key(stdout, &first, "blocks");
-        printf("[%d,%d,%d,%d]", net->stage_blocks[0], net->stage_blocks[1], net->stage_blocks[2],
-               net->stage_blocks[3]);
-        json_key(stdout, &first, "in_bands");
-        printf("%d", net->in_bands);
-        json_key(stdout, &first, "bands");
-        printf("[");
-        for (int i = 0; i < mf->n_bands; i++) printf("%s%d", i ? "," : "", mf->bands[i]);
-        printf("]");
-        json_key(stdout, &first, "n_classes");
-        printf("%d", net->n_classes);
-        json_key(stdout, &first, "classes");
-        printf("[");
-        for (int i = 0; i < mf->n_classes; i++) {
-            if (i) printf(",");
-            json_str(stdout, mf->classes[i]);
-        }
-        printf("]");
-        json_key(stdout, &first, "features");
-        printf("%d", net->feat_dim);
-        json_key(stdout, &first, "parameters");
-        printf("%lld", params);
-        json_key(stdout, &first, "scale");
-        json_num(stdout, mf->scale);
-        json_key(stdout, &first, "mean");
-        printf("[");
-        for (int i = 0; i < mf->n_mean; i++) printf("%s%.9g", i ? "," : "", mf->mean[i]);
-        printf("]");
-        json_key(stdout, &first, "std");
-        printf("[");
-        for (int i = 0; i < mf->n_std; i++) printf("%s%.9g", i ? "," : "", mf->std[i]);
-        printf("]");
-        json_key(stdout, &first, "tile");
+        tw_json j = tw_json_file(stdout);
+        tw_json_open(&j, NULL, '{');
+        tw_json_str(&j, "type", "model");
+        tw_json_str(&j, "path", path);
+        tw_json_str(&j, "arch", arch);
+        tw_json_open(&j, "blocks", '[');
+        for (int i = 0; i < 4; i++) tw_json_int(&j, NULL, net->stage_blocks[i]);
+        tw_json_close(&j, ']');
+        tw_json_int(&j, "in_bands", net->in_bands);
+        tw_json_open(&j, "bands", '[');
+        for (int i = 0; i < mf->n_bands; i++) tw_json_int(&j, NULL, mf->bands[i]);
+        tw_json_close(&j, ']');
+        tw_json_int(&j, "n_classes", net->n_classes);
+        tw_json_open(&j, "classes", '[');
+        for (int i = 0; i < mf->n_classes; i++) tw_json_str(&j, NULL, mf->classes[i]);
+        tw_json_close(&j, ']');
+        tw_json_int(&j, "features", net->feat_dim);
+        tw_json_int(&j, "parameters", params);
+        tw_json_num(&j, "scale", mf->scale);
+        tw_json_open(&j, "mean", '[');
+        for (int i = 0; i < mf->n_mean; i++) tw_json_real(&j, NULL, mf->mean[i], 9);
+        tw_json_close(&j, ']');
+        tw_json_open(&j, "std", '[');
+        for (int i = 0; i < mf->n_std; i++) tw_json_real(&j, NULL, mf->std[i], 9);
+        tw_json_close(&j, ']');
         if (mf->tile)
-            printf("%d", mf->tile);
+            tw_json_int(&j, "tile", mf->tile);
         else
-            printf("null");
-        json_key(stdout, &first, "sha256");
-        json_str(stdout, mf->sha256);
-        printf("}\n");
+            tw_json_null(&j, "tile");
+        tw_json_str(&j, "sha256", mf->sha256);
+        tw_json_close(&j, '}');
+        printf("\n");
     } else {
         printf("model:      %s\n", path);
         printf("arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
@@ -965,50 +941,38 @@ static int info_raster(const char *user_path, bool json)
     const char *ovr_layout = ri->layout[0] ? ri->layout : NULL;
     const char *compression = ri->compression[0] ? ri->compression : NULL;
 
+    tw_json j = tw_json_file(stdout);
     if (json) {
-        bool first = true;
-        printf("{");
-        json_key(stdout, &first, "type");
-        json_str(stdout, "raster");
-        json_key(stdout, &first, "path");
-        json_str(stdout, path);
-        json_key(stdout, &first, "driver");
-        json_str(stdout, dname);
-        json_key(stdout, &first, "width");
-        printf("%d", w);
-        json_key(stdout, &first, "height");
-        printf("%d", h);
-        json_key(stdout, &first, "band_count");
-        printf("%d", nb);
-        json_key(stdout, &first, "crs");
-        json_str(stdout, crs);
-        json_key(stdout, &first, "crs_kind");
-        json_str(stdout, kind);
-        json_key(stdout, &first, "crs_units");
-        json_str(stdout, unit_buf);
-        json_key(stdout, &first, "geotransform");
-        if (has_gt)
-            printf("[%.17g,%.17g,%.17g,%.17g,%.17g,%.17g]", gt[0], gt[1], gt[2], gt[3], gt[4],
-                   gt[5]);
-        else
-            printf("null");
-        json_key(stdout, &first, "pixel_size_m");
-        if (has_gt && unit_buf[0])
-            printf("[%.10g,%.10g]", hypot(gt[1], gt[4]) * mx, hypot(gt[2], gt[5]) * my);
-        else
-            printf("null");
-        json_key(stdout, &first, "layout");
-        json_str(stdout, ovr_layout ? ovr_layout : "");
-        json_key(stdout, &first, "compression");
-        json_str(stdout, compression ? compression : "");
-        json_key(stdout, &first, "usable");
-        printf("%s", usable ? "true" : "false");
-        if (!usable) {
-            json_key(stdout, &first, "problem");
-            json_str(stdout, err.msg);
+        tw_json_open(&j, NULL, '{');
+        tw_json_str(&j, "type", "raster");
+        tw_json_str(&j, "path", path);
+        tw_json_str(&j, "driver", dname);
+        tw_json_int(&j, "width", w);
+        tw_json_int(&j, "height", h);
+        tw_json_int(&j, "band_count", nb);
+        tw_json_str(&j, "crs", crs);
+        tw_json_str(&j, "crs_kind", kind);
+        tw_json_str(&j, "crs_units", unit_buf);
+        if (has_gt) {
+            tw_json_open(&j, "geotransform", '[');
+            for (int i = 0; i < 6; i++) tw_json_real(&j, NULL, gt[i], 17);
+            tw_json_close(&j, ']');
+        } else {
+            tw_json_null(&j, "geotransform");
         }
-        json_key(stdout, &first, "bands");
-        printf("[");
+        if (has_gt && unit_buf[0]) {
+            tw_json_open(&j, "pixel_size_m", '[');
+            tw_json_num(&j, NULL, hypot(gt[1], gt[4]) * mx);
+            tw_json_num(&j, NULL, hypot(gt[2], gt[5]) * my);
+            tw_json_close(&j, ']');
+        } else {
+            tw_json_null(&j, "pixel_size_m");
+        }
+        tw_json_str(&j, "layout", ovr_layout ? ovr_layout : "");
+        tw_json_str(&j, "compression", compression ? compression : "");
+        tw_json_bool(&j, "usable", usable);
+        if (!usable) tw_json_str(&j, "problem", err.msg);
+        tw_json_open(&j, "bands", '[');
     } else {
         printf("raster:     %s (%s)\n", path, dname);
         printf("size:       %d x %d pixels, %d band%s\n", w, h, nb, nb == 1 ? "" : "s");
@@ -1046,32 +1010,25 @@ static int info_raster(const char *user_path, bool json)
         double lo = ib->min, hi = ib->max;
         bool stats = ib->has_stats;
         if (json) {
-            bool first = true;
-            printf("%s{", i > 1 ? "," : "");
-            json_key(stdout, &first, "band");
-            printf("%d", i);
-            json_key(stdout, &first, "type");
-            json_str(stdout, type);
-            json_key(stdout, &first, "block");
-            printf("[%d,%d]", bw, bh);
-            json_key(stdout, &first, "nodata");
+            tw_json_open(&j, NULL, '{');
+            tw_json_int(&j, "band", i);
+            tw_json_str(&j, "type", type);
+            tw_json_open(&j, "block", '[');
+            tw_json_int(&j, NULL, bw);
+            tw_json_int(&j, NULL, bh);
+            tw_json_close(&j, ']');
             if (has_nd)
-                json_num(stdout, nd);
+                tw_json_num(&j, "nodata", nd);
             else
-                printf("null");
-            json_key(stdout, &first, "description");
-            json_str(stdout, desc);
-            json_key(stdout, &first, "color");
-            json_str(stdout, ci);
-            json_key(stdout, &first, "overviews");
-            printf("%d", n_ovr);
+                tw_json_null(&j, "nodata");
+            tw_json_str(&j, "description", desc);
+            tw_json_str(&j, "color", ci);
+            tw_json_int(&j, "overviews", n_ovr);
             if (stats) {
-                json_key(stdout, &first, "min");
-                json_num(stdout, lo);
-                json_key(stdout, &first, "max");
-                json_num(stdout, hi);
+                tw_json_num(&j, "min", lo);
+                tw_json_num(&j, "max", hi);
             }
-            printf("}");
+            tw_json_close(&j, '}');
         } else {
             printf("band %-5d  %s, block %d x %d, nodata ", i, type, bw, bh);
             if (has_nd)
@@ -1098,12 +1055,10 @@ static int info_raster(const char *user_path, bool json)
     char legend[1536];
     bool has_legend = tw_legend_note(path, legend, sizeof legend);
     if (json) {
-        printf("]");
-        if (has_legend) {
-            printf(",\"legend\":");
-            json_str(stdout, legend);
-        }
-        printf("}\n");
+        tw_json_close(&j, ']');
+        if (has_legend) tw_json_str(&j, "legend", legend);
+        tw_json_close(&j, '}');
+        printf("\n");
     } else if (has_legend) {
         printf("legend:     %s\n", legend);
     }
