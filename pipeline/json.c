@@ -105,6 +105,16 @@ void tw_json_num(tw_json *j, const char *key, double v)
     tw_json_real(j, key, v, 10);
 }
 
+void tw_json_fixed(tw_json *j, const char *key, double v, int decimals)
+{
+    member(j, key);
+    if (isfinite(v))
+        tw_json_raw(j, "%.*f", decimals, v);
+    else
+        tw_json_raw(j, "null");
+    j->need_comma = true;
+}
+
 void tw_json_null(tw_json *j, const char *key)
 {
     member(j, key);

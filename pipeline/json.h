@@ -40,6 +40,8 @@ void tw_json_str(tw_json *j, const char *key, const char *v); /* v NULL: "" */
 void tw_json_num(tw_json *j, const char *key, double v);      /* %.10g */
 /* With `digits` significant digits (17: exact for a double, 9 for a float). */
 void tw_json_real(tw_json *j, const char *key, double v, int digits);
+/* With `decimals` digits after the point (%.*f: fractions, seconds). */
+void tw_json_fixed(tw_json *j, const char *key, double v, int decimals);
 void tw_json_null(tw_json *j, const char *key);
 void tw_json_int(tw_json *j, const char *key, long long v);
 void tw_json_bool(tw_json *j, const char *key, bool v);

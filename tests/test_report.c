@@ -33,6 +33,8 @@ static void test_emitter(void **state)
     tw_json_bool(&j, "t", true);
     tw_json_real(&j, "exact", 0.1, 17);
     tw_json_null(&j, "none");
+    tw_json_fixed(&j, "frac", 0.5, 6);
+    tw_json_fixed(&j, "fnan", NAN, 3);
     tw_json_open(&j, "arr", '[');
     tw_json_int(&j, NULL, 1);
     tw_json_str(&j, NULL, NULL);
@@ -57,6 +59,8 @@ static void test_emitter(void **state)
     assert_true(json_real_value(json_object_get(root, "exact")) == 0.1);
     assert_non_null(strstr(buf, "\"exact\":0.10000000000000001"));
     assert_true(json_is_null(json_object_get(root, "none")));
+    assert_non_null(strstr(buf, "\"frac\":0.500000,"));
+    assert_true(json_is_null(json_object_get(root, "fnan")));
     json_t *arr = json_object_get(root, "arr");
     assert_int_equal(json_array_size(arr), 3);
     assert_string_equal(json_string_value(json_array_get(arr, 1)), "");

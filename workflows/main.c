@@ -188,21 +188,6 @@ static bool help_asked(int argc, char **argv)
 
 /* ---- JSON output helpers (progress events, info --json) ---- */
 
-/* Lone values onto a stream through the one emitter (pipeline/json.h);
- * the callers place their own commas and keys. */
-static void json_str(FILE *f, const char *s)
-{
-    tw_json j = tw_json_file(f);
-    tw_json_str(&j, NULL, s);
-}
-
-/* A JSON number, or null when it has none (NaN, infinities). */
-static void json_num(FILE *f, double v)
-{
-    tw_json j = tw_json_file(f);
-    tw_json_num(&j, NULL, v);
-}
-
 /* ---- progress ----
  * text, stderr not a terminal: GDAL style, 0...10...20 ... 100 - done.
  * text, stderr a terminal: the same line redrawn with tiles/s and time left.
@@ -262,14 +247,18 @@ static void progress_json(progress_state *ps, double complete)
 {
     double rate, eta;
     progress_rate(ps, complete, &rate, &eta);
-    fputs("{\"event\":\"progress\",\"input\":", stderr);
-    json_str(stderr, ps->current);
-    fprintf(stderr, ",\"fraction\":%.6f,\"tiles_done\":%lld,\"tiles_total\":%lld,\"tiles_per_s\":",
-            complete, (long long)ps->done, (long long)ps->total);
-    json_num(stderr, rate);
-    fputs(",\"eta_s\":", stderr);
-    json_num(stderr, eta);
-    fprintf(stderr, ",\"elapsed_s\":%.3f}\n", mono_s() - ps->t0);
+    tw_json j = tw_json_file(stderr);
+    tw_json_open(&j, NULL, '{');
+    tw_json_str(&j, "event", "progress");
+    tw_json_str(&j, "input", ps->current);
+    tw_json_fixed(&j, "fraction", complete, 6);
+    tw_json_int(&j, "tiles_done", (long long)ps->done);
+    tw_json_int(&j, "tiles_total", (long long)ps->total);
+    tw_json_num(&j, "tiles_per_s", rate);
+    tw_json_num(&j, "eta_s", eta);
+    tw_json_fixed(&j, "elapsed_s", mono_s() - ps->t0, 3);
+    tw_json_close(&j, '}');
+    fputc('\n', stderr);
 }
 
 /* The dots of steps 0..step, as GDAL prints them. */
@@ -298,9 +287,13 @@ static int progress_cb(double complete, const char *message, void *user)
         ps->t0 = mono_s();
         ps->last_draw = 0;
         if (ps->mode == PROGRESS_JSON) {
-            fputs("{\"event\":\"start\",\"input\":", stderr);
-            json_str(stderr, message);
-            fprintf(stderr, ",\"tiles_total\":%lld}\n", (long long)ps->total);
+            tw_json j = tw_json_file(stderr);
+            tw_json_open(&j, NULL, '{');
+            tw_json_str(&j, "event", "start");
+            tw_json_str(&j, "input", message);
+            tw_json_int(&j, "tiles_total", (long long)ps->total);
+            tw_json_close(&j, '}');
+            fputc('\n', stderr);
         } else if (!ps->tty) {
             fprintf(stderr, "%s: ", message);
         }
@@ -504,20 +497,20 @@ static void print_summary(const tw_run_result *r)
 static void progress_json_done(const tw_run_result *r, tw_status st, const tw_error *err,
                                const char *report, double seconds)
 {
-    fputs("{\"event\":\"done\",\"status\":", stderr);
-    json_str(stderr, st == TW_OK ? "ok" : tw_status_name(st));
-    fprintf(stderr, ",\"exit_code\":%d", st == TW_OK ? TW_EXIT_OK : tw_status_exit_code(st));
-    if (st != TW_OK) {
-        fputs(",\"message\":", stderr);
-        json_str(stderr, err->msg);
-    }
+    tw_json j = tw_json_file(stderr);
+    tw_json_open(&j, NULL, '{');
+    tw_json_str(&j, "event", "done");
+    tw_json_str(&j, "status", st == TW_OK ? "ok" : tw_status_name(st));
+    tw_json_int(&j, "exit_code", st == TW_OK ? TW_EXIT_OK : tw_status_exit_code(st));
+    if (st != TW_OK) tw_json_str(&j, "message", err->msg);
     if (r) {
-        fprintf(stderr, ",\"inputs\":%d,\"tiles_classified\":%lld", r->n_inputs,
-                (long long)r->tiles_classified);
+        tw_json_int(&j, "inputs", r->n_inputs);
+        tw_json_int(&j, "tiles_classified", (long long)r->tiles_classified);
     }
-    fprintf(stderr, ",\"seconds\":%.3f,\"report\":", seconds);
-    json_str(stderr, report);
-    fputs("}\n", stderr);
+    tw_json_fixed(&j, "seconds", seconds, 3);
+    tw_json_str(&j, "report", report);
+    tw_json_close(&j, '}');
+    fputc('\n', stderr);
     fflush(stderr);
 }
 
