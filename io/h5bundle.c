@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "io/model_file_impl.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 /* ------------------------------------------------------------------------ */
 /* HDF5 bundle                                                               */

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "io/gdal_msgs.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 /* Ground metres per CRS unit along x and y at the raster's centre, and the
  * unit's name; false when there is no usable CRS. */

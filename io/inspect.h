@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 
-#include "pipeline/error.h"
+#include "core/error.h"
 
 typedef struct tw_inspect_band {
     char type[32]; /* GDAL's name: "Byte", "UInt16", ... */

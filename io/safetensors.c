@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "io/model_file_impl.h"
-#include "pipeline/alloc.h"
+#include "core/alloc.h"
 
 /* A safetensors header larger than this is not a model we could use anyway
  * (a ResNet-152 header is ~100 KiB); refusing early avoids huge allocations. */

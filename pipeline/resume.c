@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/fileio.h"
+#include "core/fileio.h"
 
 #define FORMAT_NAME "tilewise-manifest"
 

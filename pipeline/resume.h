@@ -20,8 +20,8 @@
 
 #include <stddef.h>
 
-#include "pipeline/error.h"
-#include "pipeline/params.h"
+#include "core/error.h"
+#include "core/params.h"
 #include "pipeline/run.h"
 
 #define TW_MANIFEST_VERSION 2

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "pipeline/fileio.h"
+#include "core/fileio.h"
 #include "testutil.h"
 
 static char *slurp(const char *path, size_t *n)

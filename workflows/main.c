@@ -526,11 +526,13 @@ static void log_cb(tw_log_level level, const char *msg, void *user)
     msg = shown;
     flockfile(stderr);
     if (ps->mode == PROGRESS_JSON) {
-        fputs("{\"event\":\"log\",\"level\":", stderr);
-        json_str(stderr, level == TW_LOG_WARNING ? "warning" : "notice");
-        fputs(",\"message\":", stderr);
-        json_str(stderr, msg);
-        fputs("}\n", stderr);
+        tw_json j = tw_json_file(stderr);
+        tw_json_open(&j, NULL, '{');
+        tw_json_str(&j, "event", "log");
+        tw_json_str(&j, "level", level == TW_LOG_WARNING ? "warning" : "notice");
+        tw_json_str(&j, "message", msg);
+        tw_json_close(&j, '}');
+        fputc('\n', stderr);
     } else {
         fprintf(stderr, "tilewise: %s%s\n", level == TW_LOG_WARNING ? "warning: " : "", msg);
     }
