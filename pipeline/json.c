@@ -90,14 +90,21 @@ void tw_json_str(tw_json *j, const char *key, const char *v)
     j->need_comma = true;
 }
 
-void tw_json_real(tw_json *j, const char *key, double v, int digits)
+/* A finite number printed with fmt ("%.*g" or "%.*f") at precision prec,
+ * else null. */
+static void number(tw_json *j, const char *key, const char *fmt, int prec, double v)
 {
     member(j, key);
     if (isfinite(v))
-        tw_json_raw(j, "%.*g", digits, v);
+        tw_json_raw(j, fmt, prec, v);
     else
         tw_json_raw(j, "null");
     j->need_comma = true;
+}
+
+void tw_json_real(tw_json *j, const char *key, double v, int digits)
+{
+    number(j, key, "%.*g", digits, v);
 }
 
 void tw_json_num(tw_json *j, const char *key, double v)
@@ -107,12 +114,7 @@ void tw_json_num(tw_json *j, const char *key, double v)
 
 void tw_json_fixed(tw_json *j, const char *key, double v, int decimals)
 {
-    member(j, key);
-    if (isfinite(v))
-        tw_json_raw(j, "%.*f", decimals, v);
-    else
-        tw_json_raw(j, "null");
-    j->need_comma = true;
+    number(j, key, "%.*f", decimals, v);
 }
 
 void tw_json_null(tw_json *j, const char *key)

@@ -130,24 +130,30 @@ static void test_resume_across_shards(void **state)
     assert_int_not_equal(stat(parts_dir(out), &sb), 0);
 }
 
-/* The file name of the committed rows chunk [r0, r1) (whatever its exact
- * pattern: the one rows-* file whose name holds both numbers). */
-static const char *chunk_file(const char *out, int r0, int r1)
+/* The one file of the parts directory whose name starts with prefix and
+ * contains part (NULL: any), as a path. */
+static const char *parts_file(const char *out, const char *prefix, const char *part)
 {
     static char path[4096];
     DIR *d = opendir(parts_dir(out));
     assert_non_null(d);
     struct dirent *e;
-    char a[16], b[16];
-    snprintf(a, sizeof a, "%07d", r0);
-    snprintf(b, sizeof b, "%07d", r1);
     path[0] = '\0';
     while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, "rows-", 5) == 0 && strstr(e->d_name, a) && strstr(e->d_name, b))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && (!part || strstr(e->d_name, part)))
             snprintf(path, sizeof path, "%s/%s", parts_dir(out), e->d_name);
     closedir(d);
     assert_true(path[0] != '\0');
     return path;
+}
+
+/* The committed rows chunk [r0, r1) (whatever the exact name pattern: the
+ * rows-* file whose name holds both numbers). */
+static const char *chunk_file(const char *out, int r0, int r1)
+{
+    char both[32];
+    snprintf(both, sizeof both, "%07d-%07d", r0, r1);
+    return parts_file(out, "rows-", both);
 }
 
 static void test_damaged_chunks_are_redone(void **state)
@@ -199,15 +205,8 @@ static void test_journal_line_cut_short(void **state)
     commit(pt, 0, 3);
     commit(pt, 3, 6);
     tw_parts_close(pt);
-    DIR *d = opendir(parts_dir(out));
-    assert_non_null(d);
-    struct dirent *e;
-    char journal[4096] = "";
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, "journal.", 8) == 0)
-            snprintf(journal, sizeof journal, "%s/%s", parts_dir(out), e->d_name);
-    closedir(d);
-    assert_true(journal[0] != '\0');
+    char journal[4096];
+    snprintf(journal, sizeof journal, "%s", parts_file(out, "journal.", NULL));
     struct stat sb;
     assert_int_equal(stat(journal, &sb), 0);
     assert_int_equal(truncate(journal, sb.st_size - 1), 0); /* drop the last newline */
