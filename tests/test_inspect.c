@@ -30,7 +30,7 @@ static void test_sample_raster(void **state)
     tw_error err;
     tw_error_init(&err);
     tw_inspect *ri = NULL;
-    if (tw_inspect_raster(sample(), &ri, &err) != TW_OK) fail_msg("%s", err.msg);
+    if (tw_inspect_raster(sample(), sample(), &ri, &err) != TW_OK) fail_msg("%s", err.msg);
     assert_string_equal(ri->driver, "GTiff");
     assert_int_equal(ri->width, 349);
     assert_int_equal(ri->height, 352);
@@ -69,7 +69,8 @@ static void test_not_a_raster(void **state)
     tw_error err;
     tw_error_init(&err);
     tw_inspect *ri = (tw_inspect *)&err;
-    assert_int_equal(tw_inspect_raster("/nonexistent/x.tif", &ri, &err), TW_ERR_INPUT);
+    assert_int_equal(tw_inspect_raster("/nonexistent/x.tif", "/nonexistent/x.tif", &ri, &err),
+                     TW_ERR_INPUT);
     assert_null(ri);
     assert_non_null(strstr(err.msg, "/nonexistent/x.tif: not a raster GDAL can open"));
     int b = 1;

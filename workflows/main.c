@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cpl_conv.h>
 #include <gdal.h>
 
 #include "io/inspect.h"
