@@ -42,6 +42,18 @@ enum {
     TW_PRODUCT_TILES_GPKG = 1u << 5, /* GeoPackage of tile polygons */
 };
 
+/* The names the workflow file (KEYS.md), run.json and the merge manifest
+ * use: tw_product_names in output.products order, the others by enum value. */
+typedef struct tw_product_name {
+    unsigned bit;
+    const char *name;
+} tw_product_name;
+#define TW_PRODUCT_COUNT 6
+extern const tw_product_name tw_product_names[TW_PRODUCT_COUNT];
+extern const char *const tw_edge_names[3];      /* pad, shift, skip */
+extern const char *const tw_prob_type_names[2]; /* float32, uint8 */
+extern const char *const tw_format_names[2];    /* GTiff, COG */
+
 typedef struct tw_input_params {
     char paths[TW_MAX_INPUTS][TW_PATH_MAX];
     int n_paths;

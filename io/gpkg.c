@@ -32,6 +32,7 @@
 
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "io/gdal_msgs.h"
 
 enum { TW_GPKG_TXN = 4096 };
 
@@ -50,35 +51,24 @@ struct tw_gpkg {
     char path[TW_PATH_MAX];
     char part_path[TW_PATH_MAX + 32];
     char dir[TW_PATH_MAX];
-    int gdal_failures;
-    char gdal_msg[512];
+    tw_gdal_msgs gdal; /* io/gdal_msgs.h */
 };
 
 /* ---- GDAL message routing ---- */
 
-static void CPL_STDCALL gpkg_gdal_handler(CPLErr cls, CPLErrorNum num, const char *msg)
-{
-    (void)num;
-    tw_gpkg *g = CPLGetErrorHandlerUserData();
-    if (!g || (cls != CE_Failure && cls != CE_Fatal)) return;
-    if (g->gdal_failures++ == 0) snprintf(g->gdal_msg, sizeof g->gdal_msg, "%s", msg ? msg : "");
-}
-
 static void gdal_begin(tw_gpkg *g)
 {
-    g->gdal_failures = 0;
-    g->gdal_msg[0] = '\0';
-    CPLPushErrorHandlerEx(gpkg_gdal_handler, g);
+    tw_gdal_capture_begin(&g->gdal);
 }
 
 static void gdal_end(void)
 {
-    CPLPopErrorHandler();
+    tw_gdal_capture_end();
 }
 
 static const char *gdal_msg(const tw_gpkg *g)
 {
-    return g->gdal_msg[0] ? g->gdal_msg : "unknown GDAL error";
+    return g->gdal.failure[0] ? g->gdal.failure : "unknown GDAL error";
 }
 
 /* ---- helpers ---- */
@@ -351,7 +341,7 @@ tw_status tw_gpkg_finish(tw_gpkg *g, tw_error *err)
         GDALClose(g->ds);
         g->ds = NULL;
         g->layer = NULL;
-        if (st == TW_OK && g->gdal_failures)
+        if (st == TW_OK && g->gdal.failures)
             st = tw_error_set(err, TW_ERR_OUTPUT, "cannot close %s: %s", g->part_path, gdal_msg(g));
     }
     gdal_end();

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "io/gdal_msgs.h"
 #include "io/tiff_direct.h"
 #include "core/alloc.h"
 #include "io/url.h"
@@ -92,43 +93,23 @@ static bool band_dtype(GDALRasterBandH b, tw_dtype *out)
     }
 }
 
-/* ---- GDAL message capture ------------------------------------------------- */
+/* ---- GDAL message capture (io/gdal_msgs.c) -------------------------------- */
 
-typedef struct gdal_msgs {
-    char failure[512]; /* first CE_Failure/CE_Fatal message */
-    char warning[512]; /* last warning, used when a call fails silently */
-} gdal_msgs;
-
-static void CPL_STDCALL capture_handler(CPLErr cls, CPLErrorNum num, const char *msg)
-{
-    (void)num;
-    gdal_msgs *m = CPLGetErrorHandlerUserData();
-    if (!m || !msg) return;
-    /* GDAL names URLs in its messages (a presigned one with its signature):
-     * only a redacted copy is kept (url.h). */
-    if (cls == CE_Failure || cls == CE_Fatal) {
-        if (!m->failure[0]) tw_url_redact(msg, m->failure, sizeof m->failure);
-    } else if (cls == CE_Warning) {
-        tw_url_redact(msg, m->warning, sizeof m->warning);
-    }
-}
+typedef tw_gdal_msgs gdal_msgs;
 
 static void capture_begin(gdal_msgs *m)
 {
-    m->failure[0] = m->warning[0] = '\0';
-    CPLPushErrorHandlerEx(capture_handler, m);
+    tw_gdal_capture_begin(m);
 }
 
 static void capture_end(void)
 {
-    CPLPopErrorHandler();
+    tw_gdal_capture_end();
 }
 
 static const char *capture_text(const gdal_msgs *m)
 {
-    if (m->failure[0]) return m->failure;
-    if (m->warning[0]) return m->warning;
-    return "no message from GDAL";
+    return tw_gdal_capture_text(m, "no message from GDAL");
 }
 
 static pthread_once_t g_register_once = PTHREAD_ONCE_INIT;
@@ -232,7 +213,7 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
          tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay);
          attempt++) {
         sleep_s(tw_url_retry_delay(&r->net, attempt));
-        msgs->failure[0] = msgs->warning[0] = '\0';
+        msgs->failure[0] = msgs->last_warning[0] = '\0';
         VSICurlPartialClearCache(r->gpath);
         ok = open_ds(r, msgs);
     }
@@ -248,7 +229,7 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
         }
         /* A remote object that GDAL could not reach after its retries is
          * an outage (exit 4, resumable), not a bad input. */
-        tw_status st = r->remote && (tw_url_transient(why) || tw_url_transient(msgs->warning))
+        tw_status st = r->remote && (tw_url_transient(why) || tw_url_transient(msgs->last_warning))
                            ? TW_ERR_REMOTE
                            : TW_ERR_INPUT;
         return tw_error_set(err, st, "%s: cannot open as a raster%s: %s", path,
@@ -627,11 +608,11 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
          * with backoff, within the span GDAL's own retries would wait; not
          * a decoding error (a damaged block stays damaged). */
         while (!ok && r->remote && attempt < r->net.retries &&
-               (tw_url_transient(msgs.failure) || tw_url_transient(msgs.warning)) &&
+               (tw_url_transient(msgs.failure) || tw_url_transient(msgs.last_warning)) &&
                tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay)) {
             attempt++;
             sleep_s(tw_url_retry_delay(&r->net, attempt));
-            msgs.failure[0] = msgs.warning[0] = '\0';
+            msgs.failure[0] = msgs.last_warning[0] = '\0';
             if (!reopen(r, &msgs)) continue;
             ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
         }

@@ -27,6 +27,7 @@
 #include <gdal_utils.h>
 
 #include "core/alloc.h"
+#include "io/gdal_msgs.h"
 
 enum { TW_WP_CLASS = 0, TW_WP_PROB, TW_WP_CONF, TW_WP_COUNT };
 
@@ -65,41 +66,24 @@ struct tw_writer {
     int next_row;
     bool finished;
     /* GDAL messages seen while our handler was pushed. */
-    int gdal_failures;
-    char gdal_msg[512];
-    char gdal_warning[512]; /* first warning (creation-option validation speaks in warnings) */
+    tw_gdal_msgs gdal; /* io/gdal_msgs.h */
 };
 
 /* ---- GDAL message routing ---- */
 
-static void CPL_STDCALL writer_gdal_handler(CPLErr cls, CPLErrorNum num, const char *msg)
-{
-    (void)num;
-    tw_writer *w = CPLGetErrorHandlerUserData();
-    if (!w) return;
-    if (cls == CE_Warning && !w->gdal_warning[0])
-        snprintf(w->gdal_warning, sizeof w->gdal_warning, "%s", msg ? msg : "");
-    if (cls != CE_Failure && cls != CE_Fatal) return;
-    /* Keep the first failure: later ones are usually knock-on effects. */
-    if (w->gdal_failures++ == 0) snprintf(w->gdal_msg, sizeof w->gdal_msg, "%s", msg ? msg : "");
-}
-
 static void writer_gdal_begin(tw_writer *w)
 {
-    w->gdal_failures = 0;
-    w->gdal_msg[0] = '\0';
-    w->gdal_warning[0] = '\0';
-    CPLPushErrorHandlerEx(writer_gdal_handler, w);
+    tw_gdal_capture_begin(&w->gdal);
 }
 
 static void writer_gdal_end(void)
 {
-    CPLPopErrorHandler();
+    tw_gdal_capture_end();
 }
 
 static const char *writer_gdal_msg(const tw_writer *w)
 {
-    return w->gdal_msg[0] ? w->gdal_msg : "unknown GDAL error";
+    return w->gdal.failure[0] ? w->gdal.failure : "unknown GDAL error";
 }
 
 /* ---- small helpers ---- */
@@ -199,10 +183,10 @@ static tw_status validate_options(tw_writer *w, const char *driver, char **opts,
 {
     GDALDriverH drv = GDALGetDriverByName(driver);
     if (!drv) return tw_error_set(err, TW_ERR_INTERNAL, "GDAL has no %s driver", driver);
-    w->gdal_warning[0] = '\0';
+    w->gdal.first_warning[0] = '\0';
     if (!GDALValidateCreationOptions(drv, opts))
         return tw_error_set(err, TW_ERR_CONFIG, "output.creation_options (format %s): %s", driver,
-                            w->gdal_warning[0] ? w->gdal_warning : "invalid option");
+                            w->gdal.first_warning[0] ? w->gdal.first_warning : "invalid option");
     return TW_OK;
 }
 
@@ -344,7 +328,7 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
         if (st == TW_OK && f->type == GDT_Byte) st = create_mask(w, f, err);
     }
     if (st != TW_OK) return st;
-    if (w->gdal_failures) /* a setter that reported through the handler only */
+    if (w->gdal.failures) /* a setter that reported through the handler only */
         return tw_error_set(err, TW_ERR_OUTPUT, "%s: %s", f->part_path, writer_gdal_msg(w));
     return TW_OK;
 }
@@ -595,7 +579,7 @@ static tw_status writer_write_rows(tw_writer *w, int row0, int n_rows, const flo
                                     w->grid_w, n_rows, GDT_Byte, 0, 0)
                      : CE_Failure;
         }
-        if (e != CE_None || w->gdal_failures)
+        if (e != CE_None || w->gdal.failures)
             return tw_error_set(err, TW_ERR_OUTPUT, "cannot write rows %d..%d of %s: %s", row0,
                                 row0 + n_rows - 1, f->final_path, writer_gdal_msg(w));
     }
@@ -641,7 +625,7 @@ static tw_status close_file(tw_writer *w, tw_writer_file *f, tw_error *err)
      * (ENOSPC, EIO) only show up in the handler. */
     GDALClose(f->ds);
     f->ds = NULL;
-    if (w->gdal_failures)
+    if (w->gdal.failures)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", f->final_path,
                             writer_gdal_msg(w));
     return TW_OK;
@@ -679,7 +663,7 @@ static tw_status make_cog(tw_writer *w, tw_writer_file *f, int which, tw_error *
     GDALTranslateOptionsFree(opts);
     if (dst) GDALClose(dst);
     GDALClose(src);
-    if (!dst || usage_error || w->gdal_failures)
+    if (!dst || usage_error || w->gdal.failures)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot write COG %s: %s", f->final_path,
                             writer_gdal_msg(w));
     return TW_OK;

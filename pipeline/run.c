@@ -23,6 +23,7 @@
 #include "core/fileio.h"
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"
+#include "pipeline/resume.h"
 #include "pipeline/stages.h"
 #include "pipeline/stitch.h"
 
@@ -272,61 +273,6 @@ static void writer_params_for(const run_ctx *c, const tw_raster_info *info, cons
 /* ------------------------------------------------------------------------ */
 /* Assembly: committed chunks into the final products (run and merge).      */
 
-#define MANIFEST_MAGIC "TWMANIF1"
-
-typedef struct manifest {
-    char magic[8];
-    uint32_t size_params, size_resolved, size_info;
-    tw_run_params p;
-    tw_resolved m;
-    tw_raster_info info;
-    char config_json[16384];
-    char fingerprint[8192];
-} manifest;
-
-static tw_status manifest_path(const char *out_dir, const char *stem, char *buf, size_t size,
-                               tw_error *err)
-{
-    if (snprintf(buf, size, "%s/.tilewise/%s/manifest", out_dir, stem) >= (int)size)
-        return tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s", out_dir);
-    return TW_OK;
-}
-
-/* What `tilewise merge` needs to assemble without the workflow: written by
- * every shard (same content), atomically. */
-/* What `tilewise merge` needs to assemble without the workflow: written by
- * every shard (same content), atomically. */
-static tw_status manifest_write(const manifest *mf, const char *out_dir, const char *stem,
-                                tw_error *err)
-{
-    char path[TW_PATH_MAX + 400];
-    tw_status st = manifest_path(out_dir, stem, path, sizeof path, err);
-    return st != TW_OK ? st : tw_write_file_atomic(path, mf, sizeof *mf, err);
-}
-
-static tw_status manifest_read(const char *out_dir, const char *stem, manifest *mf, tw_error *err)
-{
-    char path[TW_PATH_MAX + 400];
-    tw_status st = manifest_path(out_dir, stem, path, sizeof path, err);
-    if (st != TW_OK) return st;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tw_error_set(err, TW_ERR_INPUT,
-                            "%s: no run manifest (%s): was this input run by "
-                            "this version of tilewise?",
-                            stem, strerror(errno));
-    bool ok = fread(mf, sizeof *mf, 1, f) == 1;
-    fclose(f);
-    if (!ok || memcmp(mf->magic, MANIFEST_MAGIC, 8) != 0 ||
-        mf->size_params != sizeof(tw_run_params) || mf->size_resolved != sizeof(tw_resolved) ||
-        mf->size_info != sizeof(tw_raster_info))
-        return tw_error_set(err, TW_ERR_INPUT,
-                            "%s is damaged or was written by another version of tilewise", path);
-    mf->config_json[sizeof mf->config_json - 1] = '\0';
-    mf->fingerprint[sizeof mf->fingerprint - 1] = '\0';
-    return TW_OK;
-}
-
 static tw_status assemble(const tw_run_params *p, const tw_resolved *m, const tw_raster_info *info,
                           const char *config_json, tw_parts *parts, tw_input_result *res,
                           tw_error *err)
@@ -449,14 +395,11 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     };
     st = tw_parts_open(&parts_p, p->quiet, &pp.parts, err);
     if (st == TW_OK) {
-        manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+        tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+        char mpath[TW_PATH_MAX + 400];
         if (!mf) {
             st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
         } else {
-            memcpy(mf->magic, MANIFEST_MAGIC, 8);
-            mf->size_params = sizeof(tw_run_params);
-            mf->size_resolved = sizeof(tw_resolved);
-            mf->size_info = sizeof(tw_raster_info);
             mf->p = *p;
             for (int k = 0; k < p->input.n_paths; k++) /* no credentials on disk */
                 tw_url_redact(p->input.paths[k], mf->p.input.paths[k], TW_PATH_MAX);
@@ -464,7 +407,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
             mf->info = *info;
             snprintf(mf->config_json, sizeof mf->config_json, "%s", c->config_json);
             snprintf(mf->fingerprint, sizeof mf->fingerprint, "%s", fp);
-            st = manifest_write(mf, p->output.dir, res->stem, err);
+            st = tw_manifest_path(p->output.dir, res->stem, mpath, sizeof mpath, err);
+            if (st == TW_OK) st = tw_manifest_write(mf, mpath, err);
             tw_free(mf);
         }
     }
@@ -568,11 +512,11 @@ static void ctx_release(run_ctx *c)
     tw_free(c->infos);
 }
 
-/* Everything up to (not including) the backend's reserve: model, inputs,
- * backend, budget. Shared by run and validate. */
-static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
+/* The model against the config and every input against the model (STAC
+ * items opened, GDAL's network settings applied): what does not depend on
+ * the machine. Shared by prepare and tw_check_inputs. */
+static tw_status prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *err)
 {
-    size_t base = tw_rss_now();
     if (p->input.n_paths <= 0)
         return tw_error_set(err, TW_ERR_CONFIG, "input.path: no input raster given");
     tw_model_file *mf = NULL;
@@ -601,7 +545,15 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
             c->sources[i] = tw_stac_path(c->stacs[i]);
         }
     }
-    st = check_inputs(p, &c->m, c->sources, c->infos, err);
+    return check_inputs(p, &c->m, c->sources, c->infos, err);
+}
+
+/* Everything up to (not including) the backend's reserve: model, inputs,
+ * backend, budget. Shared by run and validate. */
+static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
+{
+    size_t base = tw_rss_now();
+    tw_status st = prepare_inputs(c, p, err);
     if (st != TW_OK) return st;
 
     tw_backend_params bp = tw_backend_default_params();
@@ -776,6 +728,17 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
                 y1 < c->infos[i].info.height ? y1 : c->infos[i].info.height, c->p->input.retries);
 }
 
+tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
+{
+    run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
+    if (!c) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    c->p = p;
+    tw_status st = prepare_inputs(c, p, err);
+    ctx_release(c);
+    tw_free(c);
+    return st;
+}
+
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
 {
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
@@ -843,7 +806,7 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
     double t0 = tw_clock_now();
     tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
     char(*stems)[256] = tw_calloc(TW_MEM_OTHER, TW_MAX_INPUTS, 256);
-    manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+    tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
     if (result) *result = r;
     tw_status st = TW_OK;
     if (!r || !stems || !mf) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -857,7 +820,9 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
         if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; st == TW_OK && i < n; i++) {
-        st = manifest_read(out_dir, stems[i], mf, err);
+        char mpath[TW_PATH_MAX + 400];
+        st = tw_manifest_path(out_dir, stems[i], mpath, sizeof mpath, err);
+        if (st == TW_OK) st = tw_manifest_read(mpath, stems[i], mf, err);
         if (st != TW_OK) break;
         /* The parts live where the shards wrote them: this directory. */
         snprintf(mf->p.output.dir, sizeof mf->p.output.dir, "%s", out_dir);

@@ -16,6 +16,7 @@
 
 #include <signal.h>
 #include <stdint.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "model/backend.h"
@@ -31,11 +32,14 @@ typedef int (*tw_progress_fn)(double complete, const char *message, void *user);
 typedef void (*tw_tiles_fn)(int64_t done, int64_t total, const char *message, void *user);
 
 typedef struct tw_run_hooks {
-    tw_progress_fn progress;     /* may be NULL */
-    void *progress_user;         /* for progress and tiles */
-    tw_tiles_fn tiles;           /* may be NULL */
-    volatile sig_atomic_t *stop; /* may be NULL; non-zero: stop soon (signal) */
-    tw_log log;                  /* notices and warnings (log.fn NULL: dropped) */
+    tw_progress_fn progress; /* may be NULL */
+    void *progress_user;     /* for progress and tiles */
+    tw_tiles_fn tiles;       /* may be NULL */
+    /* May be NULL; non-zero: stop soon. Set from a signal handler or another
+     * thread (atomic_int is lock-free, so a handler may store to it), read by
+     * the stage threads. */
+    atomic_int *stop;
+    tw_log log; /* notices and warnings (log.fn NULL: dropped) */
 } tw_run_hooks;
 
 enum { TW_STAGE_READ = 0, TW_STAGE_NORMALIZE, TW_STAGE_INFER, TW_STAGE_WRITE, TW_STAGE_COUNT };
@@ -118,6 +122,12 @@ tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err);
  * public API keeps the net to classify tiles in memory). Borrows mf and net. */
 tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, const tw_resnet *net,
                             tw_resolved *m, tw_error *err);
+
+/* What validate checks that does not depend on the machine: the model file
+ * against the config, and every input against the model (opens, bands,
+ * size). Not the device or the memory budget: `submit` calls it on a login
+ * node for jobs that run elsewhere. Same errors and messages as tw_run. */
+tw_status tw_check_inputs(const tw_run_params *p, tw_error *err);
 
 /* `tilewise merge`: after sharded runs into out_dir, check that every
  * output row of every input is committed, then write the final products

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config clang clang-format libclang-rt-14-dev
-  libgdal-dev gdal-bin libhdf5-dev libtiff-dev libcmocka-dev libyaml-dev libjansson-dev
+  libgdal-dev gdal-bin libhdf5-dev libtiff-dev libcmocka-dev libyaml-dev libjansson-dev nettle-dev
   libdnnl-dev libopenblas-dev
   python3 python3-numpy python3-torch python3-torchvision python3-rasterio python3-h5py
   python3-yaml python3-gdal python3-pytest

@@ -141,6 +141,35 @@ def main():
               not os.path.exists(f"{out}/L7_ETMs.class.tif"),
               f"merge with shard 2/3 missing refused: {r.stderr.strip()}")
 
+        # merge refuses a manifest of another format version (a future text
+        # one, the old binary TWMANIF1) with one line naming both versions,
+        # exit 3, nothing written; with the manifest back, it completes.
+        out = f"{tmp}/version"
+        wf = f"{tmp}/version.yaml"
+        workflow(wf, out, 32)
+        for i in (1, 2):
+            subprocess.run([BIN, "run", wf, "-q", "--shard", f"{i}/2"], capture_output=True)
+        mpath = f"{out}/.tilewise/L7_ETMs/manifest"
+        with open(mpath, "rb") as f:
+            good = f.read()
+        check(good.startswith(b"{") and b'"version": 2' in good, "the manifest is versioned text")
+        for bad, want in ((good.replace(b'"version": 2', b'"version": 3'), "format version 3,"),
+                          (b"TWMANIF1" + bytes(140000), 'format version 1 (binary, "TWMANIF1")')):
+            with open(mpath, "wb") as f:
+                f.write(bad)
+            r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
+            lines = r.stderr.strip().splitlines()
+            check(r.returncode == 3 and len(lines) == 1 and want in r.stderr and
+                  "reads version 2 only" in r.stderr and
+                  not os.path.exists(f"{out}/L7_ETMs.class.tif"),
+                  f"merge refuses manifest {want}: exit {r.returncode}, {r.stderr.strip()}")
+        with open(mpath, "wb") as f:
+            f.write(good)
+        r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
+        diff = same(read_outputs(out), ref) if r.returncode == 0 else r.stderr
+        check(diff is None, "after the refusals, merge with the manifest restored == single run" +
+              (f": {diff}" if diff else ""))
+
         # SLURM array variables pick the shard
         out = f"{tmp}/slurm"
         wf = f"{tmp}/slurm.yaml"

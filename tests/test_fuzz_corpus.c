@@ -20,6 +20,7 @@
 
 #include "io/model_file.h"
 #include "core/alloc.h"
+#include "pipeline/resume.h"
 #include "tests/testutil.h"
 #include "tests/tiff_roundtrip.h"
 #include "workflows/workflow.h"
@@ -129,6 +130,47 @@ static void test_workflow_corpus(void **state)
     /* The two workflow files of the repository are in the corpus and parse. */
     assert_true(n_ok >= 2);
     free(params);
+    free_corpus(b, n);
+}
+
+/* As fuzz/fuzz_manifest.c: an error is one line naming the file; an accepted
+ * manifest formats to text that reads back and formats to the same bytes.
+ * The corpus holds a real manifest and one with every variant (NaN nodata,
+ * a non-UTF-8 path, COG, ...), which must be accepted, and the old binary
+ * and a future version, which must be refused naming both versions. */
+static void test_manifest_corpus(void **state)
+{
+    (void)state;
+    int n = 0;
+    blob *b = load_corpus("manifest", &n);
+    tw_manifest *a = malloc(sizeof *a), *c = malloc(sizeof *c);
+    assert_non_null(a);
+    assert_non_null(c);
+    int n_ok = 0;
+    for (int i = 0; i < n; i++) {
+        tw_error err;
+        tw_error_init(&err);
+        tw_status st = tw_manifest_parse((const char *)b[i].data, b[i].size, b[i].name, a, &err);
+        if (st != TW_OK) {
+            assert_one_line(&err, b[i].name, b[i].name);
+            if (strcmp(b[i].name, "v3") == 0 || strcmp(b[i].name, "v1-binary-head") == 0)
+                assert_non_null(strstr(err.msg, "reads version 2 only"));
+            continue;
+        }
+        n_ok++;
+        char *t1 = NULL, *t2 = NULL;
+        size_t n1 = 0, n2 = 0;
+        assert_int_equal(tw_manifest_format(a, &t1, &n1, &err), TW_OK);
+        assert_int_equal(tw_manifest_parse(t1, n1, b[i].name, c, &err), TW_OK);
+        assert_int_equal(tw_manifest_format(c, &t2, &n2, &err), TW_OK);
+        assert_int_equal(n1, n2);
+        assert_memory_equal(t1, t2, n1);
+        free(t1);
+        free(t2);
+    }
+    assert_true(n_ok >= 2);
+    free(a);
+    free(c);
     free_corpus(b, n);
 }
 
@@ -264,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_hdf5_regressions),
         cmocka_unit_test(test_safetensors_regressions),
         cmocka_unit_test(test_tiff_corpus),
+        cmocka_unit_test(test_manifest_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -694,12 +694,32 @@ static void test_cli_errors(void **state)
     assert_int_equal(cli(4, a4), TW_EXIT_USAGE);
     const char *a5[] = {wf, "--array", "2", "--set", "tiling.nope=1"};
     assert_int_equal(cli(5, a5), TW_EXIT_USAGE);
-    /* No sbatch in PATH: the scheduler is missing, exit 4. */
+    /* submit validates before it submits: a workflow whose model or input
+     * is bad fails here, once (exit 3), before sbatch is even looked for
+     * -- not in each of the array's tasks. With --dry-run too. */
     const char *old = getenv("PATH");
     char *saved = strdup(old ? old : "/usr/bin:/bin");
     setenv("PATH", dir, 1);
     const char *a6[] = {wf, "--array", "2"};
-    assert_int_equal(cli(3, a6), TW_EXIT_RESOURCE);
+    assert_int_equal(cli(3, a6), TW_EXIT_INPUT); /* in.tif, m.safetensors do not exist */
+    const char *a7[] = {wf, "--array", "2", "--dry-run"};
+    assert_int_equal(cli(4, a7), TW_EXIT_INPUT);
+    const char *fx = tw_test_fixtures();
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (fx && src) {
+        char yaml[4096];
+        snprintf(yaml, sizeof yaml,
+                 "input:\n  path: %s/sample_data/L7_ETMs.tif\nmodel:\n"
+                 "  weights: %s/resnet18_6b_7c.safetensors\noutput: {dir: %s/out}\n",
+                 src, fx, dir);
+        write_text(wf, yaml, 0644);
+        /* A good workflow: the input fits, so the missing scheduler is what
+         * fails (exit 4); a model with 4 bands for the 6-band raster is
+         * refused naming both counts, before sbatch is looked for. */
+        assert_int_equal(cli(3, a6), TW_EXIT_RESOURCE);
+        const char *a8[] = {wf, "--array", "2", "--set", "input.bands=[1,2,3,4]"};
+        assert_int_equal(cli(5, a8), TW_EXIT_INPUT);
+    }
     setenv("PATH", saved, 1);
     free(saved);
     free(wf);

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,27 +26,31 @@
 #include <unistd.h>
 
 #include <cpl_conv.h>
-#include <cpl_error.h>
 #include <gdal.h>
-#include <ogr_srs_api.h>
 
+#include "io/inspect.h"
 #include "io/legend.h"
 #include "io/model_file.h"
 #include "io/raster.h"
 #include "io/url.h"
 #include "model/resnet.h"
+#include "pipeline/json.h"
 #include "pipeline/run.h"
 #include "workflows/submit.h"
 #include "workflows/workflow.h"
 
 #define MAX_SETS 128
 
-static volatile sig_atomic_t g_stop;
+/* Lock-free (checked below), so the handler may store to it and the stage
+ * threads read it without a data race; volatile sig_atomic_t promises the
+ * first only. */
+static atomic_int g_stop;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the stop flag must be lock-free to be set in a handler");
 
 static void on_signal(int sig)
 {
     (void)sig;
-    g_stop = 1;
+    atomic_store(&g_stop, 1);
 }
 
 /* ---- help texts ---- */
@@ -184,33 +189,6 @@ static bool help_asked(int argc, char **argv)
 
 /* ---- JSON output helpers (progress events, info --json) ---- */
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p == '\n')
-            fputs("\\n", f);
-        else if (*p == '\t')
-            fputs("\\t", f);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
-/* A JSON number, or null when it has none (NaN, infinities). */
-static void json_num(FILE *f, double v)
-{
-    if (isfinite(v))
-        fprintf(f, "%.10g", v);
-    else
-        fputs("null", f);
-}
-
 /* ---- progress ----
  * text, stderr not a terminal: GDAL style, 0...10...20 ... 100 - done.
  * text, stderr a terminal: the same line redrawn with tiles/s and time left.
@@ -270,14 +248,18 @@ static void progress_json(progress_state *ps, double complete)
 {
     double rate, eta;
     progress_rate(ps, complete, &rate, &eta);
-    fputs("{\"event\":\"progress\",\"input\":", stderr);
-    json_str(stderr, ps->current);
-    fprintf(stderr, ",\"fraction\":%.6f,\"tiles_done\":%lld,\"tiles_total\":%lld,\"tiles_per_s\":",
-            complete, (long long)ps->done, (long long)ps->total);
-    json_num(stderr, rate);
-    fputs(",\"eta_s\":", stderr);
-    json_num(stderr, eta);
-    fprintf(stderr, ",\"elapsed_s\":%.3f}\n", mono_s() - ps->t0);
+    tw_json j = tw_json_file(stderr);
+    tw_json_open(&j, NULL, '{');
+    tw_json_str(&j, "event", "progress");
+    tw_json_str(&j, "input", ps->current);
+    tw_json_fixed(&j, "fraction", complete, 6);
+    tw_json_int(&j, "tiles_done", (long long)ps->done);
+    tw_json_int(&j, "tiles_total", (long long)ps->total);
+    tw_json_num(&j, "tiles_per_s", rate);
+    tw_json_num(&j, "eta_s", eta);
+    tw_json_fixed(&j, "elapsed_s", mono_s() - ps->t0, 3);
+    tw_json_close(&j, '}');
+    fputc('\n', stderr);
 }
 
 /* The dots of steps 0..step, as GDAL prints them. */
@@ -306,9 +288,13 @@ static int progress_cb(double complete, const char *message, void *user)
         ps->t0 = mono_s();
         ps->last_draw = 0;
         if (ps->mode == PROGRESS_JSON) {
-            fputs("{\"event\":\"start\",\"input\":", stderr);
-            json_str(stderr, message);
-            fprintf(stderr, ",\"tiles_total\":%lld}\n", (long long)ps->total);
+            tw_json j = tw_json_file(stderr);
+            tw_json_open(&j, NULL, '{');
+            tw_json_str(&j, "event", "start");
+            tw_json_str(&j, "input", message);
+            tw_json_int(&j, "tiles_total", (long long)ps->total);
+            tw_json_close(&j, '}');
+            fputc('\n', stderr);
         } else if (!ps->tty) {
             fprintf(stderr, "%s: ", message);
         }
@@ -359,7 +345,7 @@ static int progress_cb(double complete, const char *message, void *user)
         }
     }
     fflush(stderr);
-    return g_stop ? 0 : 1;
+    return atomic_load(&g_stop) ? 0 : 1;
 }
 
 /* ---- run / validate ---- */
@@ -512,20 +498,20 @@ static void print_summary(const tw_run_result *r)
 static void progress_json_done(const tw_run_result *r, tw_status st, const tw_error *err,
                                const char *report, double seconds)
 {
-    fputs("{\"event\":\"done\",\"status\":", stderr);
-    json_str(stderr, st == TW_OK ? "ok" : tw_status_name(st));
-    fprintf(stderr, ",\"exit_code\":%d", st == TW_OK ? TW_EXIT_OK : tw_status_exit_code(st));
-    if (st != TW_OK) {
-        fputs(",\"message\":", stderr);
-        json_str(stderr, err->msg);
-    }
+    tw_json j = tw_json_file(stderr);
+    tw_json_open(&j, NULL, '{');
+    tw_json_str(&j, "event", "done");
+    tw_json_str(&j, "status", st == TW_OK ? "ok" : tw_status_name(st));
+    tw_json_int(&j, "exit_code", st == TW_OK ? TW_EXIT_OK : tw_status_exit_code(st));
+    if (st != TW_OK) tw_json_str(&j, "message", err->msg);
     if (r) {
-        fprintf(stderr, ",\"inputs\":%d,\"tiles_classified\":%lld", r->n_inputs,
-                (long long)r->tiles_classified);
+        tw_json_int(&j, "inputs", r->n_inputs);
+        tw_json_int(&j, "tiles_classified", (long long)r->tiles_classified);
     }
-    fprintf(stderr, ",\"seconds\":%.3f,\"report\":", seconds);
-    json_str(stderr, report);
-    fputs("}\n", stderr);
+    tw_json_fixed(&j, "seconds", seconds, 3);
+    tw_json_str(&j, "report", report);
+    tw_json_close(&j, '}');
+    fputc('\n', stderr);
     fflush(stderr);
 }
 
@@ -541,11 +527,13 @@ static void log_cb(tw_log_level level, const char *msg, void *user)
     msg = shown;
     flockfile(stderr);
     if (ps->mode == PROGRESS_JSON) {
-        fputs("{\"event\":\"log\",\"level\":", stderr);
-        json_str(stderr, level == TW_LOG_WARNING ? "warning" : "notice");
-        fputs(",\"message\":", stderr);
-        json_str(stderr, msg);
-        fputs("}\n", stderr);
+        tw_json j = tw_json_file(stderr);
+        tw_json_open(&j, NULL, '{');
+        tw_json_str(&j, "event", "log");
+        tw_json_str(&j, "level", level == TW_LOG_WARNING ? "warning" : "notice");
+        tw_json_str(&j, "message", msg);
+        tw_json_close(&j, '}');
+        fputc('\n', stderr);
     } else {
         fprintf(stderr, "tilewise: %s%s\n", level == TW_LOG_WARNING ? "warning: " : "", msg);
     }
@@ -635,89 +623,33 @@ static void advise(const char *fmt, ...)
     g_warnings++;
 }
 
-/* Ground metres per CRS unit along x and y at the raster's centre, and the
- * unit's name; false when there is no usable CRS. */
-static bool crs_metres(OGRSpatialReferenceH srs, const double gt[6], int w, int h, double *mx,
-                       double *my, const char **unit)
+static void check_georef(const char *path, const tw_inspect *ri, int tile)
 {
-    if (OSRIsGeographic(srs)) {
-        char *name = NULL;
-        double rad = OSRGetAngularUnits(srs, &name);
-        *unit = name ? name : "degree";
-        double deg = rad * 180.0 / M_PI;
-        double lat = (gt[3] + gt[5] * h / 2.0 + gt[4] * w / 2.0) * deg;
-        if (!(fabs(lat) <= 90)) lat = 0;
-        *mx = deg * 111320.0 * cos(lat * M_PI / 180.0);
-        *my = deg * 110574.0;
-        return true;
-    }
-    if (OSRIsProjected(srs) || OSRIsLocal(srs)) {
-        char *name = NULL;
-        double f = OSRGetLinearUnits(srs, &name);
-        *unit = name ? name : "metre";
-        *mx = *my = f > 0 ? f : 1.0;
-        return true;
-    }
-    return false;
-}
-
-/* A short name for a CRS: "EPSG:31985 (SIRGAS 2000 / UTM zone 25S)", or
- * its name alone when no authority code can be found. */
-static void crs_short_name(OGRSpatialReferenceH srs, char *out, size_t size)
-{
-    const char *auth = OSRGetAuthorityName(srs, NULL);
-    const char *code = OSRGetAuthorityCode(srs, NULL);
-    OGRSpatialReferenceH guess = NULL;
-    if (!auth || !code) {
-        guess = OSRClone(srs);
-        if (guess && OSRAutoIdentifyEPSG(guess) == OGRERR_NONE) {
-            auth = OSRGetAuthorityName(guess, NULL);
-            code = OSRGetAuthorityCode(guess, NULL);
-        }
-    }
-    const char *name = OSRGetName(srs);
-    if (auth && code)
-        snprintf(out, size, "%s:%s (%s)", auth, code, name ? name : "unnamed");
-    else
-        snprintf(out, size, "%s", name ? name : "unnamed CRS");
-    if (guess) OSRDestroySpatialReference(guess);
-}
-
-static void check_georef(const char *path, GDALDatasetH ds, int tile)
-{
-    double gt[6];
-    int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds);
-    if (GDALGetGeoTransform(ds, gt) != CE_None) {
+    if (!ri->has_geotransform) {
         advise("%s: no geotransform: the outputs will be in pixel coordinates", path);
         return;
     }
-    const char *wkt = GDALGetProjectionRef(ds);
-    if (!wkt || !wkt[0]) {
+    if (!ri->has_crs) {
         advise("%s: no CRS: the outputs will have none either (assign one with "
                "gdal_edit.py -a_srs)",
                path);
         return;
     }
-    OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
-    if (!srs || OSRImportFromWkt(srs, (char *[]){(char *)wkt}) != OGRERR_NONE) {
+    if (!ri->crs_understood) {
         advise("%s: its CRS is not understood by GDAL", path);
-        if (srs) OSRDestroySpatialReference(srs);
         return;
     }
-    char name[256];
-    crs_short_name(srs, name, sizeof name);
-    double mx, my;
-    const char *unit = "";
-    if (!crs_metres(srs, gt, w, h, &mx, &my, &unit)) {
-        printf("crs       %s: %s\n", path, name);
-        OSRDestroySpatialReference(srs);
+    double px, py;
+    if (!tw_inspect_pixel_metres(ri, &px, &py)) {
+        printf("crs       %s: %s\n", path, ri->crs);
         return;
     }
-    double px = hypot(gt[1], gt[4]) * mx, py = hypot(gt[2], gt[5]) * my;
+    const double *gt = ri->geotransform;
+    const char *unit = ri->crs_units;
     printf("crs       %s: %s, units %s; pixel %.4g x %.4g m, a tile of %d px covers %.3g x %.3g "
            "km\n",
-           path, name, unit, px, py, tile, tile * px / 1000, tile * py / 1000);
-    bool geographic = OSRIsGeographic(srs);
+           path, ri->crs, unit, px, py, tile, tile * px / 1000, tile * py / 1000);
+    bool geographic = ri->crs_geographic;
     if (gt[2] != 0 || gt[4] != 0)
         advise("%s: the raster is rotated (geotransform terms %g, %g): tiles follow its pixel "
                "grid, not north",
@@ -735,39 +667,26 @@ static void check_georef(const char *path, GDALDatasetH ds, int tile)
         advise("%s: a pixel size of %.3g m is unusual for satellite imagery: are the CRS units "
                "(%s) right?",
                path, fmin(px, py) < 0.05 ? fmin(px, py) : fmax(px, py), unit);
-    OSRDestroySpatialReference(srs);
 }
 
-/* Minimum and maximum of a band: its statistics when GDAL has them,
- * else an approximate scan (overviews or a subsample). */
-static bool band_min_max(GDALRasterBandH b, double *lo, double *hi, const char **how)
-{
-    double mean, sd;
-    if (GDALGetRasterStatistics(b, TRUE, FALSE, lo, hi, &mean, &sd) == CE_None) {
-        *how = "statistics";
-        return true;
-    }
-    double mm[2];
-    CPLErrorReset();
-    GDALComputeRasterMinMax(b, TRUE, mm);
-    if (CPLGetLastErrorType() == CE_Failure || !isfinite(mm[0]) || !isfinite(mm[1])) return false;
-    *lo = mm[0];
-    *hi = mm[1];
-    *how = "approximate scan";
-    return true;
-}
-
-static void check_values(const char *path, GDALDatasetH ds, const tw_resolved *m)
+static void check_values(const char *path, const char *gdal_path, const tw_resolved *m)
 {
     int n = m->n_bands > 0 ? m->n_bands : m->in_bands;
     int fits = 0;
+    int bands[TW_MAX_BANDS];
+    double los[TW_MAX_BANDS], his[TW_MAX_BANDS];
+    const char *hows[TW_MAX_BANDS];
+    bool oks[TW_MAX_BANDS];
+    for (int i = 0; i < n; i++) bands[i] = m->n_bands > 0 ? m->bands[i] : i + 1;
+    tw_error err;
+    tw_error_init(&err);
+    if (tw_inspect_band_ranges(gdal_path, bands, n, los, his, hows, oks, &err) != TW_OK) return;
     for (int i = 0; i < n; i++) {
-        int band = m->n_bands > 0 ? m->bands[i] : i + 1;
-        GDALRasterBandH b = GDALGetRasterBand(ds, band);
-        if (!b) continue;
-        double lo, hi;
-        const char *how = "";
-        if (!band_min_max(b, &lo, &hi, &how)) {
+        int band = bands[i];
+        double lo = los[i], hi = his[i];
+        const char *how = hows[i];
+        if (!hows[i]) continue; /* no such band: the run's checks say so */
+        if (!oks[i]) {
             advise("%s band %d: cannot compute its range (no valid pixels?)", path, band);
             continue;
         }
@@ -808,19 +727,18 @@ static void validate_advice(const tw_run_params *p)
     tw_error_init(&err);
     tw_resolved m;
     if (tw_resolve(p, &m, &err) != TW_OK) return; /* tw_validate already accepted it */
-    CPLPushErrorHandler(CPLQuietErrorHandler);
     /* STAC items (input.assets) are checked by tw_validate; these hints are
      * for raster paths. */
     for (int i = 0; i < p->input.n_paths && p->input.n_assets == 0; i++) {
         char shown[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
         tw_url_redact(p->input.paths[i], shown, sizeof shown);
         if (tw_url_to_gdal(p->input.paths[i], gpath, sizeof gpath, &err) != TW_OK) continue;
-        GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
-        if (!ds) continue;
-        check_georef(shown, ds, m.tile);
+        tw_inspect *ri = NULL;
+        if (tw_inspect_raster(gpath, shown, &ri, &err) != TW_OK) continue;
+        check_georef(shown, ri, m.tile);
+        tw_inspect_destroy(ri);
         /* Statistics read every pixel: not over the network. */
-        if (!tw_url_is_remote(p->input.paths[i])) check_values(shown, ds, &m);
-        GDALClose(ds);
+        if (!tw_url_is_remote(p->input.paths[i])) check_values(shown, gpath, &m);
         tw_raster *r = NULL;
         tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
         if (tw_raster_open_ex(p->input.paths[i], m.bands, m.n_bands, &op, &r, &err) == TW_OK) {
@@ -833,7 +751,6 @@ static void validate_advice(const tw_run_params *p)
             tw_raster_close(r);
         }
     }
-    CPLPopErrorHandler();
 }
 
 static int cmd_validate(int argc, char **argv)
@@ -897,14 +814,6 @@ static bool looks_like_model(const char *path)
     return strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 || strcmp(dot, ".safetensors") == 0;
 }
 
-static void json_key(FILE *f, bool *first, const char *key)
-{
-    fprintf(f, "%s", *first ? "" : ",");
-    *first = false;
-    json_str(f, key);
-    fputc(':', f);
-}
-
 static int info_model(const char *path, bool json)
 {
     tw_error err;
@@ -921,56 +830,40 @@ static int info_model(const char *path, bool json)
         if (!strstr(mf->tensors[i].name, "running_") && !strstr(mf->tensors[i].name, "num_batches"))
             params += mf->tensors[i].numel;
     if (json) {
-        bool first = true;
         char arch[32];
         snprintf(arch, sizeof arch, "resnet%d", net->depth);
-        printf("{");
-        json_key(stdout, &first, "type");
-        json_str(stdout, "model");
-        json_key(stdout, &first, "path");
-        json_str(stdout, path);
-        json_key(stdout, &first, "arch");
-        json_str(stdout, arch);
-        json_key(stdout, &first, "blocks");
-        printf("[%d,%d,%d,%d]", net->stage_blocks[0], net->stage_blocks[1], net->stage_blocks[2],
-               net->stage_blocks[3]);
-        json_key(stdout, &first, "in_bands");
-        printf("%d", net->in_bands);
-        json_key(stdout, &first, "bands");
-        printf("[");
-        for (int i = 0; i < mf->n_bands; i++) printf("%s%d", i ? "," : "", mf->bands[i]);
-        printf("]");
-        json_key(stdout, &first, "n_classes");
-        printf("%d", net->n_classes);
-        json_key(stdout, &first, "classes");
-        printf("[");
-        for (int i = 0; i < mf->n_classes; i++) {
-            if (i) printf(",");
-            json_str(stdout, mf->classes[i]);
-        }
-        printf("]");
-        json_key(stdout, &first, "features");
-        printf("%d", net->feat_dim);
-        json_key(stdout, &first, "parameters");
-        printf("%lld", params);
-        json_key(stdout, &first, "scale");
-        json_num(stdout, mf->scale);
-        json_key(stdout, &first, "mean");
-        printf("[");
-        for (int i = 0; i < mf->n_mean; i++) printf("%s%.9g", i ? "," : "", mf->mean[i]);
-        printf("]");
-        json_key(stdout, &first, "std");
-        printf("[");
-        for (int i = 0; i < mf->n_std; i++) printf("%s%.9g", i ? "," : "", mf->std[i]);
-        printf("]");
-        json_key(stdout, &first, "tile");
+        tw_json j = tw_json_file(stdout);
+        tw_json_open(&j, NULL, '{');
+        tw_json_str(&j, "type", "model");
+        tw_json_str(&j, "path", path);
+        tw_json_str(&j, "arch", arch);
+        tw_json_open(&j, "blocks", '[');
+        for (int i = 0; i < 4; i++) tw_json_int(&j, NULL, net->stage_blocks[i]);
+        tw_json_close(&j, ']');
+        tw_json_int(&j, "in_bands", net->in_bands);
+        tw_json_open(&j, "bands", '[');
+        for (int i = 0; i < mf->n_bands; i++) tw_json_int(&j, NULL, mf->bands[i]);
+        tw_json_close(&j, ']');
+        tw_json_int(&j, "n_classes", net->n_classes);
+        tw_json_open(&j, "classes", '[');
+        for (int i = 0; i < mf->n_classes; i++) tw_json_str(&j, NULL, mf->classes[i]);
+        tw_json_close(&j, ']');
+        tw_json_int(&j, "features", net->feat_dim);
+        tw_json_int(&j, "parameters", params);
+        tw_json_num(&j, "scale", mf->scale);
+        tw_json_open(&j, "mean", '[');
+        for (int i = 0; i < mf->n_mean; i++) tw_json_real(&j, NULL, mf->mean[i], 9);
+        tw_json_close(&j, ']');
+        tw_json_open(&j, "std", '[');
+        for (int i = 0; i < mf->n_std; i++) tw_json_real(&j, NULL, mf->std[i], 9);
+        tw_json_close(&j, ']');
         if (mf->tile)
-            printf("%d", mf->tile);
+            tw_json_int(&j, "tile", mf->tile);
         else
-            printf("null");
-        json_key(stdout, &first, "sha256");
-        json_str(stdout, mf->sha256);
-        printf("}\n");
+            tw_json_null(&j, "tile");
+        tw_json_str(&j, "sha256", mf->sha256);
+        tw_json_close(&j, '}');
+        printf("\n");
     } else {
         printf("model:      %s\n", path);
         printf("arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
@@ -1017,18 +910,12 @@ static int info_raster(const char *user_path, bool json)
     tw_error uerr;
     tw_error_init(&uerr);
     if (tw_url_to_gdal(user_path, gpath, sizeof gpath, &uerr) != TW_OK) return fail(&uerr);
-    CPLPushErrorHandler(CPLQuietErrorHandler);
-    GDALAllRegister();
-    CPLErrorReset();
-    GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
-    if (!ds) {
-        char why[1024];
-        tw_url_redact(CPLGetLastErrorMsg(), why, sizeof why);
-        fprintf(stderr, "tilewise: %s: %s: not a raster GDAL can open%s%s\n",
-                tw_url_is_remote(user_path) && tw_url_transient(why) ? "network error"
-                                                                     : "input error",
-                path, why[0] ? ": " : "", why);
-        CPLPopErrorHandler();
+    tw_inspect *ri = NULL;
+    if (tw_inspect_raster(gpath, path, &ri, &uerr) != TW_OK) {
+        fprintf(stderr, "tilewise: %s: %s\n",
+                tw_url_is_remote(user_path) && tw_url_transient(uerr.msg) ? "network error"
+                                                                          : "input error",
+                uerr.msg);
         return TW_EXIT_INPUT;
     }
     /* Whether tilewise itself accepts it (all bands one supported type). */
@@ -1041,77 +928,47 @@ static int info_raster(const char *user_path, bool json)
     bool usable = tw_raster_open_ex(user_path, NULL, 0, &op, &tr, &err) == TW_OK;
     tw_raster_close(tr);
 
-    int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds), nb = GDALGetRasterCount(ds);
-    GDALDriverH drv = GDALGetDatasetDriver(ds);
-    const char *dname = drv ? GDALGetDriverShortName(drv) : "?";
-    double gt[6];
-    bool has_gt = GDALGetGeoTransform(ds, gt) == CE_None;
-    const char *wkt = GDALGetProjectionRef(ds);
-    char crs[256] = "none", kind[16] = "", unit_buf[64] = "";
-    double mx = 1, my = 1;
-    if (wkt && wkt[0]) {
-        OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
-        if (srs && OSRImportFromWkt(srs, (char *[]){(char *)wkt}) == OGRERR_NONE) {
-            crs_short_name(srs, crs, sizeof crs);
-            snprintf(kind, sizeof kind, "%s",
-                     OSRIsGeographic(srs)  ? "geographic"
-                     : OSRIsProjected(srs) ? "projected"
-                                           : "local");
-            const char *unit = "";
-            if (has_gt && crs_metres(srs, gt, w, h, &mx, &my, &unit))
-                snprintf(unit_buf, sizeof unit_buf, "%s", unit);
-        } else {
-            snprintf(crs, sizeof crs, "not understood");
-        }
-        if (srs) OSRDestroySpatialReference(srs);
-    }
-    const char *ovr_layout = GDALGetMetadataItem(ds, "LAYOUT", "IMAGE_STRUCTURE");
-    const char *compression = GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE");
+    int w = ri->width, h = ri->height, nb = ri->band_count;
+    const char *dname = ri->driver;
+    const double *gt = ri->geotransform;
+    bool has_gt = ri->has_geotransform;
+    const char *crs = ri->crs, *kind = ri->crs_kind, *unit_buf = ri->crs_units;
+    double mx = ri->metres_x, my = ri->metres_y;
+    const char *ovr_layout = ri->layout[0] ? ri->layout : NULL;
+    const char *compression = ri->compression[0] ? ri->compression : NULL;
 
+    tw_json j = tw_json_file(stdout);
     if (json) {
-        bool first = true;
-        printf("{");
-        json_key(stdout, &first, "type");
-        json_str(stdout, "raster");
-        json_key(stdout, &first, "path");
-        json_str(stdout, path);
-        json_key(stdout, &first, "driver");
-        json_str(stdout, dname);
-        json_key(stdout, &first, "width");
-        printf("%d", w);
-        json_key(stdout, &first, "height");
-        printf("%d", h);
-        json_key(stdout, &first, "band_count");
-        printf("%d", nb);
-        json_key(stdout, &first, "crs");
-        json_str(stdout, crs);
-        json_key(stdout, &first, "crs_kind");
-        json_str(stdout, kind);
-        json_key(stdout, &first, "crs_units");
-        json_str(stdout, unit_buf);
-        json_key(stdout, &first, "geotransform");
-        if (has_gt)
-            printf("[%.17g,%.17g,%.17g,%.17g,%.17g,%.17g]", gt[0], gt[1], gt[2], gt[3], gt[4],
-                   gt[5]);
-        else
-            printf("null");
-        json_key(stdout, &first, "pixel_size_m");
-        if (has_gt && unit_buf[0])
-            printf("[%.10g,%.10g]", hypot(gt[1], gt[4]) * mx, hypot(gt[2], gt[5]) * my);
-        else
-            printf("null");
-        json_key(stdout, &first, "layout");
-        json_str(stdout, ovr_layout ? ovr_layout : "");
-        json_key(stdout, &first, "compression");
-        json_str(stdout, compression ? compression : "");
-        json_key(stdout, &first, "usable");
-        printf("%s", usable ? "true" : "false");
-        if (!usable) {
-            json_key(stdout, &first, "problem");
-            json_str(stdout, err.msg);
+        tw_json_open(&j, NULL, '{');
+        tw_json_str(&j, "type", "raster");
+        tw_json_str(&j, "path", path);
+        tw_json_str(&j, "driver", dname);
+        tw_json_int(&j, "width", w);
+        tw_json_int(&j, "height", h);
+        tw_json_int(&j, "band_count", nb);
+        tw_json_str(&j, "crs", crs);
+        tw_json_str(&j, "crs_kind", kind);
+        tw_json_str(&j, "crs_units", unit_buf);
+        if (has_gt) {
+            tw_json_open(&j, "geotransform", '[');
+            for (int i = 0; i < 6; i++) tw_json_real(&j, NULL, gt[i], 17);
+            tw_json_close(&j, ']');
+        } else {
+            tw_json_null(&j, "geotransform");
         }
-        json_key(stdout, &first, "bands");
-        printf("[");
+        if (has_gt && unit_buf[0]) {
+            tw_json_open(&j, "pixel_size_m", '[');
+            tw_json_num(&j, NULL, hypot(gt[1], gt[4]) * mx);
+            tw_json_num(&j, NULL, hypot(gt[2], gt[5]) * my);
+            tw_json_close(&j, ']');
+        } else {
+            tw_json_null(&j, "pixel_size_m");
+        }
+        tw_json_str(&j, "layout", ovr_layout ? ovr_layout : "");
+        tw_json_str(&j, "compression", compression ? compression : "");
+        tw_json_bool(&j, "usable", usable);
+        if (!usable) tw_json_str(&j, "problem", err.msg);
+        tw_json_open(&j, "bands", '[');
     } else {
         printf("raster:     %s (%s)\n", path, dname);
         printf("size:       %d x %d pixels, %d band%s\n", w, h, nb, nb == 1 ? "" : "s");
@@ -1141,43 +998,33 @@ static int info_raster(const char *user_path, bool json)
             printf("usable:     no: %s\n", err.msg);
     }
     for (int i = 1; i <= nb; i++) {
-        GDALRasterBandH b = GDALGetRasterBand(ds, i);
-        int bw = 0, bh = 0, has_nd = 0;
-        GDALGetBlockSize(b, &bw, &bh);
-        double nd = GDALGetRasterNoDataValue(b, &has_nd);
-        const char *type = GDALGetDataTypeName(GDALGetRasterDataType(b));
-        const char *desc = GDALGetDescription(b);
-        const char *ci = GDALGetColorInterpretationName(GDALGetRasterColorInterpretation(b));
-        int n_ovr = GDALGetOverviewCount(b);
-        double lo = NAN, hi = NAN, mean, sd;
-        bool stats = GDALGetRasterStatistics(b, TRUE, FALSE, &lo, &hi, &mean, &sd) == CE_None;
+        const tw_inspect_band *ib = &ri->bands[i - 1];
+        int bw = ib->block_w, bh = ib->block_h, has_nd = ib->has_nodata;
+        double nd = ib->nodata;
+        const char *type = ib->type, *desc = ib->description, *ci = ib->color;
+        int n_ovr = ib->overviews;
+        double lo = ib->min, hi = ib->max;
+        bool stats = ib->has_stats;
         if (json) {
-            bool first = true;
-            printf("%s{", i > 1 ? "," : "");
-            json_key(stdout, &first, "band");
-            printf("%d", i);
-            json_key(stdout, &first, "type");
-            json_str(stdout, type);
-            json_key(stdout, &first, "block");
-            printf("[%d,%d]", bw, bh);
-            json_key(stdout, &first, "nodata");
+            tw_json_open(&j, NULL, '{');
+            tw_json_int(&j, "band", i);
+            tw_json_str(&j, "type", type);
+            tw_json_open(&j, "block", '[');
+            tw_json_int(&j, NULL, bw);
+            tw_json_int(&j, NULL, bh);
+            tw_json_close(&j, ']');
             if (has_nd)
-                json_num(stdout, nd);
+                tw_json_num(&j, "nodata", nd);
             else
-                printf("null");
-            json_key(stdout, &first, "description");
-            json_str(stdout, desc);
-            json_key(stdout, &first, "color");
-            json_str(stdout, ci);
-            json_key(stdout, &first, "overviews");
-            printf("%d", n_ovr);
+                tw_json_null(&j, "nodata");
+            tw_json_str(&j, "description", desc);
+            tw_json_str(&j, "color", ci);
+            tw_json_int(&j, "overviews", n_ovr);
             if (stats) {
-                json_key(stdout, &first, "min");
-                json_num(stdout, lo);
-                json_key(stdout, &first, "max");
-                json_num(stdout, hi);
+                tw_json_num(&j, "min", lo);
+                tw_json_num(&j, "max", hi);
             }
-            printf("}");
+            tw_json_close(&j, '}');
         } else {
             printf("band %-5d  %s, block %d x %d, nodata ", i, type, bw, bh);
             if (has_nd)
@@ -1201,20 +1048,17 @@ static int info_raster(const char *user_path, bool json)
         else
             printf("reading:    remote; cost unknown (not a tiled GeoTIFF/COG)\n");
     }
-    GDALClose(ds);
     char legend[1536];
     bool has_legend = tw_legend_note(path, legend, sizeof legend);
     if (json) {
-        printf("]");
-        if (has_legend) {
-            printf(",\"legend\":");
-            json_str(stdout, legend);
-        }
-        printf("}\n");
+        tw_json_close(&j, ']');
+        if (has_legend) tw_json_str(&j, "legend", legend);
+        tw_json_close(&j, '}');
+        printf("\n");
     } else if (has_legend) {
         printf("legend:     %s\n", legend);
     }
-    CPLPopErrorHandler();
+    tw_inspect_destroy(ri);
     return TW_EXIT_OK;
 }
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "pipeline/run.h"
 #include "workflows/workflow.h"
 
 #define MAX_SETS 128
@@ -605,6 +606,8 @@ int tw_cli_submit(int argc, char **argv)
     tw_error_init(&err);
     tw_run_params p;
     tw_status st = tw_workflow_load(sp.workflow, sets, sp.n_sets, &p, &err);
+    /* A bad workflow fails here, once, rather than in every array task. */
+    if (st == TW_OK) st = tw_check_inputs(&p, &err);
     char self[PATH_MAX];
     if (st == TW_OK) {
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

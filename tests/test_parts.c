@@ -1,0 +1,227 @@
+/* test_parts.c - crash-safe output (pipeline/parts.c): committed chunks are
+ * found again by a later open (resume), across shards; a chunk whose bytes
+ * changed (checksum), whose journal line was cut short by a crash, or that
+ * was aborted is not counted; assembly refuses an unfinished grid naming the
+ * rows, and counts the argmax of what was committed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pipeline/parts.h"
+#include "testutil.h"
+
+#define GW 5
+#define GH 6
+#define NC 3
+
+static tw_parts_params params(const char *dir, int shard, int count)
+{
+    return (tw_parts_params){.out_dir = dir,
+                             .stem = "scene",
+                             .fingerprint = "fp 1\n",
+                             .grid_w = GW,
+                             .grid_h = GH,
+                             .n_classes = NC,
+                             .shard_index = shard,
+                             .shard_count = count};
+}
+
+static tw_parts *open_parts(const tw_parts_params *p)
+{
+    tw_error err;
+    tw_error_init(&err);
+    tw_parts *pt = NULL;
+    if (tw_parts_open(p, true, &pt, &err) != TW_OK) fail_msg("open: %s", err.msg);
+    return pt;
+}
+
+/* Row r, cell c: class (r + c) % NC wins with 0.6; the last cell of row 2
+ * has no tile (nodata). */
+static void fill_rows(int r0, int n, float *probs, uint8_t *has)
+{
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < GW; c++) {
+            int win = (r0 + r + c) % NC;
+            for (int k = 0; k < NC; k++)
+                probs[((size_t)r * GW + c) * NC + k] = k == win ? 0.6f : 0.2f;
+            has[r * GW + c] = !(r0 + r == 2 && c == GW - 1);
+        }
+}
+
+static void commit(tw_parts *pt, int r0, int r1)
+{
+    float probs[GH * GW * NC];
+    uint8_t has[GH * GW];
+    fill_rows(r0, r1 - r0, probs, has);
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_parts_chunk_begin(pt, r0, r1, &err), TW_OK);
+    assert_int_equal(tw_parts_chunk_end(pt), r1);
+    assert_int_equal(tw_parts_chunk_rows(pt, r0, r1 - r0, probs, has, &err), TW_OK);
+    if (tw_parts_chunk_commit(pt, &err) != TW_OK) fail_msg("commit: %s", err.msg);
+    assert_int_equal(tw_parts_chunk_end(pt), -1);
+}
+
+static const char *parts_dir(const char *out)
+{
+    return tw_test_path(out, ".tilewise/scene");
+}
+
+static void test_resume_across_shards(void **state)
+{
+    (void)state;
+    const char *out = tw_test_tmpdir();
+    tw_parts_params p1 = params(out, 0, 2), p2 = params(out, 1, 2);
+    tw_parts *pt = open_parts(&p1);
+    assert_int_equal(tw_parts_rows_done(pt), 0);
+    commit(pt, 0, 2);
+    commit(pt, 2, 3);
+    /* a chunk begun and aborted (the run was stopped) leaves nothing */
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_parts_chunk_begin(pt, 3, 4, &err), TW_OK);
+    tw_parts_chunk_abort(pt);
+    assert_int_equal(tw_parts_chunk_end(pt), -1);
+    tw_parts_close(pt);
+
+    /* The second shard's open sees the first shard's rows. */
+    pt = open_parts(&p2);
+    assert_int_equal(tw_parts_rows_done(pt), 3);
+    for (int r = 0; r < GH; r++) assert_int_equal(tw_parts_row_done(pt, r), r < 3);
+    /* Not all rows: assembly refuses, naming them. */
+    int64_t hist[NC], nodata = 0;
+    tw_error_init(&err);
+    assert_int_equal(tw_parts_assemble(pt, NULL, NULL, NULL, hist, &nodata, &err), TW_ERR_INPUT);
+    assert_non_null(strstr(err.msg, "scene: output rows 3..5 are not finished yet"));
+    commit(pt, 3, 6);
+    tw_parts_close(pt);
+
+    /* merge: everything committed; the stem is listed; assembly counts the
+     * argmax of every cell and the one nodata cell, then the parts go. */
+    char(*stems)[256] = calloc(8, 256);
+    assert_int_equal(tw_parts_list(out, stems, 8), 1);
+    assert_string_equal(stems[0], "scene");
+    free(stems);
+    tw_parts_params pm = params(out, 0, 1);
+    pm.merge_only = true;
+    pt = open_parts(&pm);
+    assert_int_equal(tw_parts_rows_done(pt), GH);
+    memset(hist, 0, sizeof hist);
+    tw_error_init(&err);
+    if (tw_parts_assemble(pt, NULL, NULL, NULL, hist, &nodata, &err) != TW_OK)
+        fail_msg("assemble: %s", err.msg);
+    int64_t want[NC] = {0};
+    for (int r = 0; r < GH; r++)
+        for (int c = 0; c < GW; c++)
+            if (!(r == 2 && c == GW - 1)) want[(r + c) % NC]++;
+    for (int k = 0; k < NC; k++) assert_int_equal(hist[k], want[k]);
+    assert_int_equal(nodata, 1);
+    assert_int_equal(tw_parts_remove(pt, &err), TW_OK);
+    tw_parts_close(pt);
+    struct stat sb;
+    assert_int_not_equal(stat(parts_dir(out), &sb), 0);
+}
+
+/* The one file of the parts directory whose name starts with prefix and
+ * contains part (NULL: any), as a path. */
+static const char *parts_file(const char *out, const char *prefix, const char *part)
+{
+    static char path[4096];
+    DIR *d = opendir(parts_dir(out));
+    assert_non_null(d);
+    struct dirent *e;
+    path[0] = '\0';
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && (!part || strstr(e->d_name, part)))
+            snprintf(path, sizeof path, "%s/%s", parts_dir(out), e->d_name);
+    closedir(d);
+    assert_true(path[0] != '\0');
+    return path;
+}
+
+/* The committed rows chunk [r0, r1) (whatever the exact name pattern: the
+ * rows-* file whose name holds both numbers). */
+static const char *chunk_file(const char *out, int r0, int r1)
+{
+    char both[32];
+    snprintf(both, sizeof both, "%07d-%07d", r0, r1);
+    return parts_file(out, "rows-", both);
+}
+
+static void test_damaged_chunks_are_redone(void **state)
+{
+    (void)state;
+    const char *out = tw_test_tmpdir();
+    tw_parts_params p = params(out, 0, 1);
+    tw_parts *pt = open_parts(&p);
+    commit(pt, 0, 2);
+    commit(pt, 2, 4);
+    commit(pt, 4, 6);
+    tw_parts_close(pt);
+
+    /* One payload byte of the middle chunk changed: its checksum fails. */
+    const char *path = chunk_file(out, 2, 4);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    fputc(c ^ 0x40, f);
+    assert_int_equal(fclose(f), 0);
+    /* The last chunk cut short (a disk that filled up). */
+    path = chunk_file(out, 4, 6);
+    assert_int_equal(truncate(path, 40), 0);
+
+    pt = open_parts(&p);
+    assert_int_equal(tw_parts_rows_done(pt), 2);
+    assert_true(tw_parts_row_done(pt, 1));
+    assert_false(tw_parts_row_done(pt, 2));
+    assert_false(tw_parts_row_done(pt, 5));
+    /* Redone, they count again. */
+    commit(pt, 2, 4);
+    commit(pt, 4, 6);
+    tw_parts_close(pt);
+    pt = open_parts(&p);
+    assert_int_equal(tw_parts_rows_done(pt), GH);
+    tw_parts_close(pt);
+}
+
+/* A journal line without its newline was being written when the process
+ * died: that chunk is not committed, even if its file is complete. */
+static void test_journal_line_cut_short(void **state)
+{
+    (void)state;
+    const char *out = tw_test_tmpdir();
+    tw_parts_params p = params(out, 0, 1);
+    tw_parts *pt = open_parts(&p);
+    commit(pt, 0, 3);
+    commit(pt, 3, 6);
+    tw_parts_close(pt);
+    char journal[4096];
+    snprintf(journal, sizeof journal, "%s", parts_file(out, "journal.", NULL));
+    struct stat sb;
+    assert_int_equal(stat(journal, &sb), 0);
+    assert_int_equal(truncate(journal, sb.st_size - 1), 0); /* drop the last newline */
+    pt = open_parts(&p);
+    assert_int_equal(tw_parts_rows_done(pt), 3);
+    assert_false(tw_parts_row_done(pt, 3));
+    tw_parts_close(pt);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resume_across_shards),
+        cmocka_unit_test(test_damaged_chunks_are_redone),
+        cmocka_unit_test(test_journal_line_cut_short),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
