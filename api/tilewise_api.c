@@ -31,7 +31,9 @@ _Static_assert(
         TILEWISE_ERR_USAGE == (int)TW_ERR_USAGE && TILEWISE_ERR_CONFIG == (int)TW_ERR_CONFIG &&
         TILEWISE_ERR_INPUT == (int)TW_ERR_INPUT && TILEWISE_ERR_MODEL == (int)TW_ERR_MODEL &&
         TILEWISE_ERR_OUTPUT == (int)TW_ERR_OUTPUT && TILEWISE_ERR_NOMEM == (int)TW_ERR_NOMEM &&
-        TILEWISE_ERR_DEVICE == (int)TW_ERR_DEVICE && TILEWISE_ERR_INTERNAL == (int)TW_ERR_INTERNAL,
+        TILEWISE_ERR_DEVICE == (int)TW_ERR_DEVICE &&
+        TILEWISE_ERR_INTERNAL == (int)TW_ERR_INTERNAL && TILEWISE_ERR_PARTS == (int)TW_ERR_PARTS &&
+        TILEWISE_ERR_LOCKED == (int)TW_ERR_LOCKED,
     "tilewise_status and tw_status differ");
 _Static_assert(TILEWISE_MESSAGE_MAX == TW_ERROR_MSG_MAX, "message sizes differ");
 
@@ -61,6 +63,9 @@ static const char *exit_class(int code)
     case TW_EXIT_USAGE: return "usage";
     case TW_EXIT_INPUT: return "input";
     case TW_EXIT_RESOURCE: return "resource";
+    case TW_EXIT_SKIPPED: return "skipped";
+    case TW_EXIT_PARTS: return "parts";
+    case TW_EXIT_LOCKED: return "locked";
     case TW_EXIT_INTERRUPTED: return "interrupted";
     default: return "internal";
     }

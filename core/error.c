@@ -44,6 +44,8 @@ int tw_status_exit_code(tw_status st)
     case TW_ERR_NOMEM:
     case TW_ERR_DEVICE:
     case TW_ERR_REMOTE: return TW_EXIT_RESOURCE;
+    case TW_ERR_PARTS: return TW_EXIT_PARTS;
+    case TW_ERR_LOCKED: return TW_EXIT_LOCKED;
     case TW_ERR_INTERNAL: break;
     }
     return TW_EXIT_INTERNAL;
@@ -63,6 +65,8 @@ const char *tw_status_name(tw_status st)
     case TW_ERR_DEVICE: return "device error";
     case TW_ERR_INTERNAL: return "internal error";
     case TW_ERR_REMOTE: return "network error";
+    case TW_ERR_PARTS: return "parts of another run";
+    case TW_ERR_LOCKED: return "locked";
     }
     return "unknown error";
 }

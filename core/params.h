@@ -31,6 +31,10 @@ typedef enum {
 } tw_precision;
 typedef enum { TW_PROB_FLOAT32 = 0, TW_PROB_UINT8 } tw_prob_type;
 typedef enum { TW_FORMAT_GTIFF = 0, TW_FORMAT_COG } tw_format;
+typedef enum {
+    TW_RESOLUTION_CELLS = 0, /* a pixel per output cell (stride x the input's pixel) */
+    TW_RESOLUTION_INPUT,     /* the input's pixel grid (bilinear probabilities) */
+} tw_resolution;
 
 /* output.products, as bits */
 enum {
@@ -63,6 +67,7 @@ typedef struct tw_input_params {
     bool nodata_auto; /* true: the raster's own nodata (if any) */
     double nodata;    /* used when !nodata_auto */
     tw_on_error on_error;
+    char aoi[TW_PATH_MAX]; /* "" : none; else a vector file limiting the tiles computed */
     bool tiff_direct; /* plain tiled GeoTIFFs through libtiff (CLI: TILEWISE_TIFF_DIRECT=0 off) */
     /* STAC items (url.h, stac.h): the assets that become the bands, in order;
      * n_assets == 0: the paths are rasters. */
@@ -80,7 +85,9 @@ typedef struct tw_model_params {
     float std[TW_MAX_BANDS];
     int n_std; /* 0: bundle's, else 1.0 */
     char classes[TW_MAX_CLASSES][TW_NAME_MAX];
-    int n_classes; /* 0: bundle's, else class_0.. */
+    int n_classes;                           /* 0: bundle's, else class_0.. */
+    unsigned char colors[TW_MAX_CLASSES][3]; /* RGB per class, for the class map */
+    int n_colors;                            /* 0: the built-in palette */
 } tw_model_params;
 
 typedef struct tw_tiling_params {
@@ -106,6 +113,7 @@ typedef struct tw_output_params {
     char dir[TW_PATH_MAX];
     unsigned products; /* TW_PRODUCT_* bits; default class|prob */
     tw_prob_type prob_type;
+    tw_resolution resolution;
     tw_format format;
     char creation_options[TW_MAX_CREATION_OPTIONS][128];
     int n_creation_options;
@@ -130,6 +138,8 @@ typedef struct tw_run_params {
     int shard_count;
     int chunk_rows; /* output rows per committed chunk; 0: about 1024 tiles */
     bool quiet;
+    bool restart; /* --restart: discard parts made with another configuration instead of
+                     refusing (parts of this configuration are still resumed) */
     char report_path[TW_PATH_MAX];   /* "" : <output.dir>/run.json only */
     char workflow_path[TW_PATH_MAX]; /* for messages and the report */
 } tw_run_params;

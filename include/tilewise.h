@@ -53,6 +53,8 @@ typedef enum tilewise_status {
     TILEWISE_ERR_NOMEM = -6,    /* memory budget too small, allocation failed */
     TILEWISE_ERR_DEVICE = -7,   /* GPU missing or failing */
     TILEWISE_ERR_INTERNAL = -8, /* a bug: please report */
+    TILEWISE_ERR_PARTS = -10,   /* output dir holds parts of another configuration: refused */
+    TILEWISE_ERR_LOCKED = -11,  /* another process runs the same shard of the same output */
 } tilewise_status;
 
 #define TILEWISE_MESSAGE_MAX 1024

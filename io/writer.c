@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,6 +61,10 @@ struct tw_writer {
     tw_format format;
     char (*class_names)[TW_NAME_MAX]; /* own copy [n_classes] */
     char **cog_options;               /* CSL: COG driver options (user's merged in) */
+    unsigned char (*colors)[3];       /* [n_colors] class colours, or NULL */
+    int n_colors;
+    bool default_compress; /* the user named no COMPRESS: ours, with a predictor */
+    bool user_photometric; /* the user named PHOTOMETRIC */
     tw_writer_file files[TW_WP_COUNT];
     uint8_t *mask_buf; /* uint8 probabilities: per-dataset validity mask */
     int cap_rows;      /* rows the strip buffers hold */
@@ -193,7 +198,21 @@ static tw_status validate_options(tw_writer *w, const char *driver, char **opts,
 /* A fixed, readable palette: 12 hand-picked qualitative colours, then colours
  * spread around the hue circle by the golden angle with alternating
  * saturation/value so that neighbouring class ids stay distinguishable. */
-static void class_color(int i, GDALColorEntry *c)
+static void class_color_builtin(int i, GDALColorEntry *c);
+
+static void class_color(const tw_writer *w, int i, GDALColorEntry *c)
+{
+    if (w->colors && i < w->n_colors) {
+        c->c1 = w->colors[i][0];
+        c->c2 = w->colors[i][1];
+        c->c3 = w->colors[i][2];
+        c->c4 = 255;
+        return;
+    }
+    class_color_builtin(i, c);
+}
+
+static void class_color_builtin(int i, GDALColorEntry *c)
 {
     static const short base[12][3] = {
         {0, 114, 189},   {34, 139, 34},  {230, 159, 0},   {204, 37, 41},
@@ -256,7 +275,7 @@ static tw_status set_class_legend(tw_writer *w, tw_writer_file *f, tw_error *err
     if (!ct) return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot create color table", f->part_path);
     for (int i = 0; i < w->n_classes; i++) {
         GDALColorEntry c;
-        class_color(i, &c);
+        class_color(w, i, &c);
         GDALSetColorEntry(ct, i, &c);
     }
     CPLErr e = GDALSetRasterColorTable(band, ct);
@@ -299,7 +318,14 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
      * otherwise be picked up as ours. */
     remove_file_and_sidecars(f->part_path);
     remove_file_and_sidecars(f->cog_path);
-    f->ds = GDALCreate(drv, f->part_path, w->grid_w, w->grid_h, f->n_bands, f->type, gtiff_options);
+    char **opts = CSLDuplicate(gtiff_options);
+    if (w->default_compress && w->format != TW_FORMAT_COG)
+        opts = CSLSetNameValue(opts, "PREDICTOR", f->type == GDT_Float32 ? "3" : "2");
+    /* Several Byte bands would be tagged Red, Green, Blue by default. */
+    if (!w->user_photometric && f->n_bands > 1)
+        opts = CSLSetNameValue(opts, "PHOTOMETRIC", "MINISBLACK");
+    f->ds = GDALCreate(drv, f->part_path, w->grid_w, w->grid_h, f->n_bands, f->type, opts);
+    CSLDestroy(opts);
     if (!f->ds)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", f->part_path,
                             writer_gdal_msg(w));
@@ -323,8 +349,11 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
     } else if (which == TW_WP_CONF) {
         st = set_band_common(w, f, 1, "confidence", err);
     } else {
-        for (int b = 1; b <= f->n_bands && st == TW_OK; b++)
+        for (int b = 1; b <= f->n_bands && st == TW_OK; b++) {
             st = set_band_common(w, f, b, w->class_names[b - 1], err);
+            if (st == TW_OK && f->n_bands > 1)
+                GDALSetRasterColorInterpretation(GDALGetRasterBand(f->ds, b), GCI_Undefined);
+        }
         if (st == TW_OK && f->type == GDT_Byte) st = create_mask(w, f, err);
     }
     if (st != TW_OK) return st;
@@ -364,6 +393,18 @@ static tw_status writer_create(tw_writer *w, const tw_writer_params *p, tw_error
             snprintf(w->class_names[i], TW_NAME_MAX, "class_%d", i);
     }
 
+    if (p->colors && p->n_colors > 0) {
+        w->colors = tw_alloc(TW_MEM_OTHER, (size_t)p->n_colors * 3);
+        if (!w->colors) return tw_error_set(err, TW_ERR_NOMEM, "writer: out of memory");
+        memcpy(w->colors, p->colors, (size_t)p->n_colors * 3);
+        w->n_colors = p->n_colors;
+    }
+    w->default_compress = true;
+    for (int i = 0; i < p->n_creation_options; i++) {
+        if (strncasecmp(p->creation_options[i], "COMPRESS=", 9) == 0) w->default_compress = false;
+        if (strncasecmp(p->creation_options[i], "PHOTOMETRIC=", 12) == 0)
+            w->user_photometric = true;
+    }
     char **gtiff = NULL;
     if (w->format == TW_FORMAT_COG) {
         /* The intermediate only has to be cheap to write and re-read; the
@@ -372,11 +413,18 @@ static tw_status writer_create(tw_writer *w, const tw_writer_params *p, tw_error
         gtiff = CSLSetNameValue(gtiff, "BIGTIFF", "IF_SAFER");
         gtiff = CSLSetNameValue(gtiff, "COMPRESS", "LZW");
         w->cog_options = CSLSetNameValue(w->cog_options, "BIGTIFF", "IF_SAFER");
+        if (w->default_compress) {
+            w->cog_options =
+                CSLSetNameValue(w->cog_options, "COMPRESS", TW_WRITER_DEFAULT_COMPRESS);
+            w->cog_options = CSLSetNameValue(w->cog_options, "PREDICTOR", "YES");
+        }
         st = merge_options(&w->cog_options, p->creation_options, p->n_creation_options, err);
         if (st == TW_OK) st = validate_options(w, "COG", w->cog_options, err);
     } else {
         gtiff = CSLSetNameValue(gtiff, "TILED", "YES");
         gtiff = CSLSetNameValue(gtiff, "BIGTIFF", "IF_SAFER");
+        if (w->default_compress)
+            gtiff = CSLSetNameValue(gtiff, "COMPRESS", TW_WRITER_DEFAULT_COMPRESS);
         st = merge_options(&gtiff, p->creation_options, p->n_creation_options, err);
         if (st == TW_OK) st = validate_options(w, "GTiff", gtiff, err);
     }
@@ -742,6 +790,7 @@ void tw_writer_destroy(tw_writer *w)
     }
     writer_gdal_end();
     CSLDestroy(w->cog_options);
+    tw_free(w->colors);
     tw_free(w->mask_buf);
     tw_free(w->class_names);
     tw_free(w);

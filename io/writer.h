@@ -7,6 +7,10 @@
  *                    with a per-dataset mask band marking the valid cells)
  *   scene.conf.tif   float32 max probability, nodata -1
  * Georeferencing: the input's CRS and origin; pixel size = stride x input's.
+ * Compression: unless creation_options name COMPRESS, every file is
+ * TW_WRITER_DEFAULT_COMPRESS with a predictor (2 for Byte, 3 for float32;
+ * COG: PREDICTOR=YES). Probability bands are never tagged as colours
+ * (PHOTOMETRIC=MINISBLACK), so three classes do not look like an RGB image.
  * Files are written under temporary names (".<name>.part") and renamed only
  * by tw_writer_finish, so nothing half-written looks finished; destroy
  * without finish removes them. format COG: written as tiled GTiff first, then
@@ -35,11 +39,18 @@ typedef struct tw_writer_params {
     tw_format format;
     const char (*creation_options)[128]; /* "KEY=VALUE" */
     int n_creation_options;
-    const char *metadata_json; /* resolved config etc., stored as GDAL metadata
-                                  item TILEWISE_RUN (may be NULL) */
+    const char *metadata_json;        /* resolved config etc., stored as GDAL metadata
+                                         item TILEWISE_RUN (may be NULL) */
+    const unsigned char (*colors)[3]; /* class colours (RGB) for the class map's colour
+                                         table; NULL: the built-in palette */
+    int n_colors;                     /* = n_classes when colors is set */
 } tw_writer_params;
 
 typedef struct tw_writer tw_writer;
+
+/* The default compression (measured on the sample outputs: see the commit
+ * that chose it and README, Outputs). */
+#define TW_WRITER_DEFAULT_COMPRESS "DEFLATE"
 
 /* Create the (temporary) output files. TW_ERR_OUTPUT naming the path when
  * the directory is not writable or the path is taken by a directory. */

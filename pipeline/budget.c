@@ -98,6 +98,7 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
      * (bench/RESULTS.md, "Bounded memory") */
     b->margin = 16 * MIB;
     size_t kept = in->weights_consumed ? 0 : b->weights; /* through the run */
+    b->weights_kept = kept;
     size_t fixed = b->base + kept + b->strip + b->margin;
     size_t cap = in->total > fixed ? (in->total - fixed) / 4 : 4 * MIB;
     b->gdal_cache = gdal_cache_for(in, b->readers, cap);
@@ -116,21 +117,24 @@ tw_status tw_budget_plan(const tw_budget_in *in, tw_budget *out, tw_error *err)
     char need[32], have[32];
     memset(out, 0, sizeof *out);
     if (in->fixed_batch > 0) {
+        char items[512];
         if (total_for(in, in->fixed_batch, out) > in->total)
             return tw_error_set(err, TW_ERR_NOMEM,
                                 "runtime.memory %s is too small for tiling.batch %d: it needs "
-                                "about %s (use batch: auto or a larger budget)",
+                                "about %s (%s; use batch: auto or a larger budget)",
                                 tw_format_bytes(in->total, have, sizeof have), in->fixed_batch,
-                                tw_format_bytes(out->total, need, sizeof need));
+                                tw_format_bytes(out->total, need, sizeof need),
+                                tw_budget_breakdown(out, true, items, sizeof items));
         return TW_OK;
     }
-    if (total_for(in, 1, out) > in->total)
+    if (total_for(in, 1, out) > in->total) {
+        char items[512];
         return tw_error_set(err, TW_ERR_NOMEM,
-                            "runtime.memory %s is too small: even batch 1 needs about %s "
-                            "(weights %zu MiB, workspace %zu MiB, slots %zu MiB, base %zu MiB)",
+                            "runtime.memory %s is too small: even batch 1 needs about %s (%s)",
                             tw_format_bytes(in->total, have, sizeof have),
-                            tw_format_bytes(out->total, need, sizeof need), out->weights / MIB,
-                            out->workspace / MIB, out->slots / MIB, out->base / MIB);
+                            tw_format_bytes(out->total, need, sizeof need),
+                            tw_budget_breakdown(out, true, items, sizeof items));
+    }
     /* Largest power-of-two-ish batch that fits: bisection over [1, max]. */
     int lo = 1, hi = in->max_auto_batch > 0 ? in->max_auto_batch : 64;
     tw_budget tmp;
@@ -155,6 +159,61 @@ const char *tw_format_bytes(size_t bytes, char *buf, size_t size)
         snprintf(buf, size, "%.2f GiB", bytes / (double)((size_t)1 << 30));
     else
         snprintf(buf, size, "%.1f MiB", bytes / (double)MIB);
+    return buf;
+}
+
+const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_t size)
+{
+    /* The same sum as total_for: the larger of the run and the model load. */
+    size_t cache = worst ? b->gdal_cache : b->gdal_cache_expected;
+    size_t run = b->weights_kept + b->slots + b->read + b->workspace + cache;
+    size_t load = 2 * b->weights;
+    struct {
+        const char *name;
+        size_t bytes;
+    } it[10];
+    int n = 0;
+    it[n].name = "base (process before the run)", it[n++].bytes = b->base;
+    if (load > run) {
+        it[n].name = "model load (file + folded weights)", it[n++].bytes = load;
+    } else {
+        if (b->weights_kept) it[n].name = "weights", it[n++].bytes = b->weights_kept;
+        it[n].name = "slots", it[n++].bytes = b->slots;
+        if (b->read) it[n].name = "readers", it[n++].bytes = b->read;
+        it[n].name = "workspace", it[n++].bytes = b->workspace;
+        it[n].name = "GDAL cache", it[n++].bytes = cache;
+    }
+    it[n].name = "strip", it[n++].bytes = b->strip;
+    it[n].name = "margin (allocator, GDAL, threads, JIT code)", it[n++].bytes = b->margin;
+    /* Tenths of MiB, largest remainders first, so the shown items add up
+     * to the shown total. */
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += it[i].bytes;
+    const double unit = (double)MIB / 10.0;
+    long long shown[10], want = (long long)(total / unit + 0.5), sum = 0;
+    double rem[10];
+    for (int i = 0; i < n; i++) {
+        shown[i] = (long long)(it[i].bytes / unit);
+        rem[i] = it[i].bytes / unit - (double)shown[i];
+        sum += shown[i];
+    }
+    while (sum < want) {
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (rem[i] > rem[best]) best = i;
+        shown[best]++;
+        rem[best] = -1.0;
+        sum++;
+    }
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        int w = snprintf(buf + used, size - used, "%s%s %lld.%lld MiB", i ? " + " : "", it[i].name,
+                         shown[i] / 10, shown[i] % 10);
+        if (w < 0 || (size_t)w >= size - used) return buf;
+        used += (size_t)w;
+    }
+    snprintf(buf + used, size - used, " = %lld.%lld MiB", sum / 10, sum % 10);
     return buf;
 }
 

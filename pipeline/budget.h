@@ -60,9 +60,10 @@ typedef struct tw_budget {
     size_t gdal_cache;          /* GDAL_CACHEMAX set for the run */
     size_t gdal_cache_expected; /* what the reads are expected to fill of it */
     size_t base;
-    size_t margin;   /* allocator slack, GDAL datasets, HDF5, threads, JIT code */
-    size_t total;    /* worst case, must fit runtime.memory */
-    size_t estimate; /* expected peak (total with the expected GDAL cache) */
+    size_t margin;       /* allocator slack, GDAL datasets, HDF5, threads, JIT code */
+    size_t total;        /* worst case, must fit runtime.memory */
+    size_t estimate;     /* expected peak (total with the expected GDAL cache) */
+    size_t weights_kept; /* weights held through the run (0: the backend consumed them) */
 } tw_budget;
 
 /* Bytes of one batch slot for `batch` tiles. */
@@ -74,6 +75,12 @@ tw_status tw_budget_plan(const tw_budget_in *in, tw_budget *out, tw_error *err);
 
 /* "1.5 GiB", "512.0 MiB" into buf. Returns buf. */
 const char *tw_format_bytes(size_t bytes, char *buf, size_t size);
+
+/* The items of b->total (worst) or b->estimate (!worst) as text,
+ * "base 36.3 MiB + weights 2.7 MiB + ... = 90.3 MiB", every item that
+ * counts and nothing else, rounded so that the shown items add up to the
+ * shown total. Returns buf. */
+const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_t size);
 
 /* Resident set size of this process now, and its peak (VmHWM), in bytes. */
 size_t tw_rss_now(void);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -40,9 +41,14 @@ typedef struct open_file {
 
 struct tw_parts {
     tw_parts_params p;
+    int lock_fd; /* this shard's lock, -1: none */
+    char lock_path[TW_PATH_MAX + 400];
     char dir[TW_PATH_MAX + 300];
     char journal[TW_PATH_MAX + 400];
-    uint8_t *done; /* [grid_h] */
+    uint8_t *done;            /* [grid_h] */
+    int rejected;             /* journal lines whose chunk failed its check */
+    int journal_shards;       /* N of the journal.I-of-N files seen, 0: none */
+    uint32_t journal_seen[8]; /* bit per shard index (first 256) that has a journal */
     /* open chunk */
     int c_r0, c_r1, c_next;
     int64_t c_tiles;
@@ -65,11 +71,17 @@ static void chunk_path(const tw_parts *pt, const char *kind, int r0, int r1, cha
         out[size - 1] = '\0';
 }
 
-/* Remove files of the parts directory: all of them, or only the chunk
- * temporaries whose first row lies in [r_begin, r_end) (this shard's: other
- * shards may be writing theirs right now). */
-static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int r_end,
-                              tw_error *err)
+static bool is_lock_name(const char *name)
+{
+    return strncmp(name, "lock.", 5) == 0 || strcmp(name, "openlock") == 0;
+}
+
+/* Remove files of the parts directory: all of them (but the lock files,
+ * unless with_locks), or only the chunk temporaries whose first row lies in
+ * [r_begin, r_end) (this shard's: other shards may be writing theirs right
+ * now). */
+static tw_status remove_files_ex(const char *dir, bool only_temps, bool with_locks, int r_begin,
+                                 int r_end, tw_error *err)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -80,6 +92,7 @@ static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int
     char path[TW_PATH_MAX + 600];
     while ((e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (!with_locks && is_lock_name(e->d_name)) continue;
         if (only_temps) {
             size_t n = strlen(e->d_name);
             int r0, r1;
@@ -94,6 +107,183 @@ static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int
     }
     closedir(d);
     return TW_OK;
+}
+
+static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int r_end,
+                              tw_error *err)
+{
+    return remove_files_ex(dir, only_temps, false, r_begin, r_end, err);
+}
+
+/* ---- locks: POSIX record locks (they work on NFS and Lustre, and die with
+ * their process, so a killed run never leaves a stale lock) ---- */
+
+/* What a lock file says about its holder: "pid 1234 on host node7", from
+ * the file, else from F_GETLK. */
+static void lock_holder(int fd, char *buf, size_t size)
+{
+    char text[256];
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    long pid = 0;
+    char host[200] = "";
+    if (n > 0) {
+        text[n] = '\0';
+        if (sscanf(text, "%ld %199s", &pid, host) < 1) pid = 0;
+    }
+    if (pid <= 0) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) pid = fl.l_pid;
+    }
+    if (pid > 0 && host[0])
+        snprintf(buf, size, "process %ld on host %s", pid, host);
+    else if (pid > 0)
+        snprintf(buf, size, "process %ld", pid);
+    else
+        snprintf(buf, size, "another process");
+}
+
+/* Take the lock on path: returns the open descriptor (>= 0), -1 on an
+ * error (errno), -2 when another process holds it (holder says who).
+ * wait: block until it is free instead. */
+static int lock_take(const char *path, bool wait, char *holder, size_t hsize)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return -1;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    while (fcntl(fd, wait ? F_SETLKW : F_SETLK, &fl) != 0) {
+        if (errno == EINTR && wait) continue;
+        int e = errno;
+        if (e == EACCES || e == EAGAIN) {
+            lock_holder(fd, holder, hsize);
+            close(fd);
+            return -2;
+        }
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* Write "pid host" into a lock we hold (for the message of the next one). */
+static void lock_sign(int fd)
+{
+    char host[128] = "";
+    if (gethostname(host, sizeof host - 1) != 0 || !host[0]) snprintf(host, sizeof host, "?");
+    char line[200];
+    int n = snprintf(line, sizeof line, "%ld %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) == 0 && pwrite(fd, line, (size_t)n, 0) == n) (void)fsync(fd);
+}
+
+/* Is another shard's lock of this directory held (by another process)?
+ * Fills who (its file and holder) when it is. */
+static bool other_lock_held(const tw_parts *pt, const char *own, char *who, size_t size)
+{
+    DIR *d = opendir(pt->dir);
+    if (!d) return false;
+    struct dirent *e;
+    bool held = false;
+    char path[TW_PATH_MAX + 600];
+    while (!held && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "lock.", 5) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", pt->dir, e->d_name);
+        if (strcmp(path, own) == 0) continue;
+        /* Never open our own lock file a second time: closing any
+         * descriptor of a file drops the process's POSIX locks on it. */
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) {
+            char h[256];
+            lock_holder(fd, h, sizeof h);
+            int sh = 0, cnt = 0;
+            if (sscanf(e->d_name, "lock.%d-of-%d", &sh, &cnt) == 2)
+                snprintf(who, size, "shard %d/%d is running (%s)", sh, cnt, h);
+            else
+                snprintf(who, size, "%.200s is held by %s", e->d_name, h);
+            held = true;
+        }
+        close(fd);
+    }
+    closedir(d);
+    return held;
+}
+
+/* Has any run committed a chunk here (a journal line)? */
+static int committed_rows_any(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int rows = 0;
+    char path[TW_PATH_MAX + 600];
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "journal.", 8) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        char line[256];
+        int r0, r1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "rows %d %d", &r0, &r1) == 2 && r1 > r0) rows += r1 - r0;
+        fclose(f);
+    }
+    closedir(d);
+    return rows;
+}
+
+/* One "key value" line of a fingerprint: the value of key, or NULL. */
+static const char *fp_value(const char *fp, const char *key, size_t key_len, size_t *len)
+{
+    for (const char *l = fp; l && *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t n = nl ? (size_t)(nl - l) : strlen(l);
+        if (n > key_len && strncmp(l, key, key_len) == 0 && l[key_len] == ' ') {
+            *len = n - key_len - 1;
+            return l + key_len + 1;
+        }
+        l = nl ? nl + 1 : NULL;
+    }
+    return NULL;
+}
+
+int tw_parts_fingerprint_diff(const char *now, const char *stored, char *buf, size_t size)
+{
+    int count = 0;
+    size_t used = 0;
+    if (size) buf[0] = '\0';
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: keys of now (differing or absent from stored);
+         * pass 1: keys only stored has */
+        const char *a = pass == 0 ? now : stored, *b = pass == 0 ? stored : now;
+        for (const char *l = a; l && *l;) {
+            const char *nl = strchr(l, '\n');
+            size_t n = nl ? (size_t)(nl - l) : strlen(l);
+            const char *sp = memchr(l, ' ', n);
+            size_t kl = sp ? (size_t)(sp - l) : n;
+            const char *va = sp ? sp + 1 : l + n;
+            size_t la = n - (size_t)(va - l);
+            size_t lb = 0;
+            const char *vb = kl ? fp_value(b, l, kl, &lb) : NULL;
+            bool differs =
+                kl > 0 && (pass == 0 ? (!vb || lb != la || memcmp(va, vb, la) != 0) : vb == NULL);
+            if (differs) {
+                count++;
+                int w;
+                const char *vn = pass == 0 ? va : vb, *vs = pass == 0 ? vb : va;
+                int ln = (int)(pass == 0 ? la : lb), ls = (int)(pass == 0 ? lb : la);
+                if (ln > 80) ln = 80;
+                if (ls > 80) ls = 80;
+                w = snprintf(buf + used, size - used, "%s%.*s: %.*s%s now, %.*s%s in the parts",
+                             count > 1 ? "; " : "", (int)kl, l, vn ? ln : 4, vn ? vn : "none",
+                             vn && (int)(pass == 0 ? la : lb) > 80 ? "..." : "", vs ? ls : 4,
+                             vs ? vs : "none", vs && (int)(pass == 0 ? lb : la) > 80 ? "..." : "");
+                if (w > 0 && (size_t)w < size - used) used += (size_t)w;
+            }
+            l = nl ? nl + 1 : NULL;
+        }
+    }
+    return count;
 }
 
 /* Verify a chunk file against its header and checksum; true when sound. */
@@ -148,6 +338,11 @@ static void load_journals(tw_parts *pt)
     while ((e = readdir(d)) != NULL) {
         if (strncmp(e->d_name, "journal.", 8) != 0) continue;
         snprintf(path, sizeof path, "%s/%s", pt->dir, e->d_name);
+        int si = 0, sn = 0;
+        if (sscanf(e->d_name, "journal.%d-of-%d", &si, &sn) == 2 && si >= 1 && si <= sn) {
+            pt->journal_shards = sn;
+            if (si <= 256) pt->journal_seen[(si - 1) / 32] |= 1u << ((si - 1) % 32);
+        }
         FILE *f = fopen(path, "r");
         if (!f) continue;
         char line[256];
@@ -157,13 +352,76 @@ static void load_journals(tw_parts *pt)
             /* A line cut short by a crash has no newline: not committed. */
             if (len == 0 || line[len - 1] != '\n') break;
             if (sscanf(line, "rows %d %d", &r0, &r1) != 2) continue;
-            if (r0 < 0 || r1 > pt->p.grid_h || r0 >= r1) continue;
-            if (!chunk_verify(pt, r0, r1)) continue;
+            if (r0 < 0 || r1 > pt->p.grid_h || r0 >= r1 || !chunk_verify(pt, r0, r1)) {
+                pt->rejected++;
+                continue;
+            }
             memset(pt->done + r0, 1, (size_t)(r1 - r0));
         }
         fclose(f);
     }
     closedir(d);
+}
+
+/* The fingerprint stored in the parts directory (allocated), or NULL. */
+static char *fingerprint_read(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    size_t cap = 16384;
+    char *buf = tw_alloc(TW_MEM_OTHER, cap);
+    size_t got = buf ? fread(buf, 1, cap - 1, f) : 0;
+    fclose(f);
+    if (buf) buf[got] = '\0';
+    return buf;
+}
+
+/* Decide what to do with the fingerprint on disk: same, replace (nothing
+ * to lose), discard (--restart), or refuse. Called under the open lock. */
+static tw_status fingerprint_check(tw_parts *pt, const char *mpath, bool quiet, bool *same,
+                                   tw_error *err)
+{
+    const tw_parts_params *p = &pt->p;
+    char *old = fingerprint_read(mpath);
+    *same = old && strcmp(old, p->fingerprint) == 0;
+    if (!old || *same) {
+        tw_free(old);
+        return TW_OK;
+    }
+    int rows = committed_rows_any(pt->dir);
+    char who[512] = "";
+    bool running = !p->merge_only && other_lock_held(pt, pt->lock_path, who, sizeof who);
+    char diff[700];
+    bool other_version = strncmp(old, "tilewise-parts 2\n", 17) != 0;
+    if (other_version)
+        snprintf(diff, sizeof diff, "they were written by another version of tilewise");
+    else
+        tw_parts_fingerprint_diff(p->fingerprint, old, diff, sizeof diff);
+    tw_free(old);
+    if (p->merge_only)
+        return tw_error_set(err, TW_ERR_PARTS,
+                            "%s: the shards' parts do not match their manifest (%s); rerun the "
+                            "shards with one configuration",
+                            p->stem, diff);
+    if (running)
+        return tw_error_set(err, TW_ERR_PARTS,
+                            "%s: %s/.tilewise/%s: %s with another configuration (%s); nothing "
+                            "was deleted: run with the same configuration as the other shards",
+                            p->stem, p->out_dir, p->stem, who, diff);
+    if (rows == 0) return TW_OK; /* nothing committed, nobody running: nothing to lose */
+    if (!p->restart)
+        return tw_error_set(err, TW_ERR_PARTS,
+                            "%s: %s/.tilewise/%s holds %d committed output rows of a run with "
+                            "another configuration (%s); nothing was deleted: run with the "
+                            "original configuration to resume them, or add --restart to discard "
+                            "them",
+                            p->stem, p->out_dir, p->stem, rows, diff);
+    (void)quiet; /* the log decides (the CLI drops notices with -q) */
+    tw_log_printf(p->log, TW_LOG_NOTICE,
+                  "%s: --restart: discarding %d committed output rows of a run with another "
+                  "configuration (%s)",
+                  p->stem, rows, diff);
+    return remove_files(pt->dir, false, 0, 0, err);
 }
 
 tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err)
@@ -172,6 +430,7 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
     tw_parts *pt = tw_calloc(TW_MEM_OTHER, 1, sizeof *pt);
     if (!pt) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     pt->p = *p;
+    pt->lock_fd = -1;
     pt->c_r0 = pt->c_r1 = -1;
     pt->done = tw_calloc(TW_MEM_OTHER, (size_t)p->grid_h + 1, 1);
     if (!pt->done) {
@@ -185,46 +444,56 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
     }
     snprintf(pt->journal, sizeof pt->journal, "%s/journal.%04d-of-%04d", pt->dir,
              p->shard_index + 1, p->shard_count);
+    snprintf(pt->lock_path, sizeof pt->lock_path, "%s/lock.%04d-of-%04d", pt->dir,
+             p->shard_index + 1, p->shard_count);
     tw_status st = tw_mkdir_p(pt->dir, err);
     if (st != TW_OK) {
         tw_parts_close(pt);
         return st;
     }
-    /* Same outputs expected as the parts on disk? Else start over. */
-    char mpath[TW_PATH_MAX + 400];
-    snprintf(mpath, sizeof mpath, "%s/fingerprint", pt->dir);
-    FILE *f = fopen(mpath, "r");
-    bool same = false;
-    if (f) {
-        size_t n = strlen(p->fingerprint);
-        char *buf = tw_alloc(TW_MEM_OTHER, n + 2);
-        if (buf) {
-            size_t got = fread(buf, 1, n + 1, f);
-            same = got == n && memcmp(buf, p->fingerprint, n) == 0;
-            tw_free(buf);
+    char holder[256];
+    if (!p->merge_only) {
+        pt->lock_fd = lock_take(pt->lock_path, false, holder, sizeof holder);
+        if (pt->lock_fd == -2) {
+            pt->lock_fd = -1;
+            tw_parts_close(pt);
+            return tw_error_set(err, TW_ERR_LOCKED,
+                                "%s: shard %d/%d of %s is being run by %s; not starting a second "
+                                "run of it (wait for it to finish, or stop it first)",
+                                p->stem, p->shard_index + 1, p->shard_count, p->out_dir, holder);
         }
-        fclose(f);
-        if (!same && !p->merge_only) {
-            if (!quiet)
-                fprintf(stderr,
-                        "tilewise: %s: the parts of an earlier run were made with another "
-                        "configuration, model or raster; starting this input over\n",
-                        p->stem);
-            remove_files(pt->dir, false, 0, 0, err);
-        }
-    }
-    if (!same && p->merge_only) {
-        tw_parts_close(pt);
-        return tw_error_set(err, TW_ERR_INPUT,
-                            "%s: the shards' parts do not match their manifest (rerun the shards)",
-                            p->stem);
-    }
-    if (!same) {
-        st = tw_write_file_atomic(mpath, p->fingerprint, strlen(p->fingerprint), err);
-        if (st != TW_OK) {
+        if (pt->lock_fd < 0) {
+            st = tw_error_set(err, TW_ERR_OUTPUT, "cannot lock %s: %s", pt->lock_path,
+                              strerror(errno));
             tw_parts_close(pt);
             return st;
         }
+        lock_sign(pt->lock_fd);
+    }
+    /* Check and write the fingerprint under a directory-wide lock, so that
+     * two shards started at once with different configurations cannot both
+     * find no fingerprint and write their own. */
+    char opath[TW_PATH_MAX + 400];
+    snprintf(opath, sizeof opath, "%s/openlock", pt->dir);
+    int ofd = p->merge_only ? -1 : lock_take(opath, true, holder, sizeof holder);
+    if (!p->merge_only && ofd < 0) {
+        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot lock %s: %s", opath, strerror(errno));
+        tw_parts_close(pt);
+        return st;
+    }
+    char mpath[TW_PATH_MAX + 400];
+    snprintf(mpath, sizeof mpath, "%s/fingerprint", pt->dir);
+    bool same = false;
+    st = fingerprint_check(pt, mpath, quiet, &same, err);
+    if (st == TW_OK && !same && p->merge_only)
+        st = tw_error_set(err, TW_ERR_INPUT, "%s: the shards' parts have no fingerprint (%s)",
+                          p->stem, mpath);
+    if (st == TW_OK && !same)
+        st = tw_write_file_atomic(mpath, p->fingerprint, strlen(p->fingerprint), err);
+    if (ofd >= 0) close(ofd);
+    if (st != TW_OK) {
+        tw_parts_close(pt);
+        return st;
     }
     if (!p->merge_only) {
         /* Temporaries of a killed run of this shard. */
@@ -241,6 +510,7 @@ void tw_parts_close(tw_parts *pt)
 {
     if (!pt) return;
     tw_parts_chunk_abort(pt);
+    if (pt->lock_fd >= 0) close(pt->lock_fd);
     tw_free(pt->done);
     tw_free(pt);
 }
@@ -449,10 +719,31 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
         if (!pt->done[r]) {
             int r1 = r;
             while (r1 < H && !pt->done[r1]) r1++;
-            return tw_error_set(err, TW_ERR_INPUT,
-                                "%s: output rows %d..%d are not finished yet (run the missing "
-                                "shards first)",
-                                pt->p.stem, r, r1 - 1);
+            /* Say why: which shard owns the rows and what it left. */
+            char why[400] = "";
+            int N = pt->journal_shards;
+            if (N > 0) {
+                int k = (int)((int64_t)r * N / H);
+                while (k + 1 < N && (int64_t)H * (k + 1) / N <= r) k++;
+                while (k > 0 && (int64_t)H * k / N > r) k--;
+                bool seen = k < 256 && (pt->journal_seen[k / 32] >> (k % 32) & 1u);
+                snprintf(why, sizeof why,
+                         seen ? ": they are shard %d/%d's, which has not finished them (rerun it "
+                                "with the same configuration: tilewise run WORKFLOW --shard %d/%d)"
+                              : ": they are shard %d/%d's, which has committed nothing (it has "
+                                "not run, failed before its first chunk, or was refused: run "
+                                "tilewise run WORKFLOW --shard %d/%d)",
+                         k + 1, N, k + 1, N);
+            }
+            if (pt->rejected > 0) {
+                size_t u = strlen(why);
+                snprintf(why + u, sizeof why - u,
+                         "; %d committed chunk%s failed %s check (damaged, or not of this grid)",
+                         pt->rejected, pt->rejected == 1 ? "" : "s",
+                         pt->rejected == 1 ? "its" : "their");
+            }
+            return tw_error_set(err, TW_ERR_INPUT, "%s: output rows %d..%d are not finished yet%s",
+                                pt->p.stem, r, r1 - 1, why);
         }
     }
     int max_spans = H + 1;
@@ -577,7 +868,9 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
 
 tw_status tw_parts_remove(tw_parts *pt, tw_error *err)
 {
-    tw_status st = remove_files(pt->dir, false, 0, 0, err);
+    /* Everything, our lock file included (we still hold it: a run that
+     * opened it meanwhile gets the lock only once we exit). */
+    tw_status st = remove_files_ex(pt->dir, false, true, 0, 0, err);
     if (st != TW_OK) return st;
     rmdir(pt->dir);
     char parent[TW_PATH_MAX + 300];

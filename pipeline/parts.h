@@ -40,14 +40,26 @@ typedef struct tw_parts_params {
     int grid_w, grid_h, n_classes, feat_dim; /* feat_dim 0: no embeddings */
     bool tiles;                              /* keep tile records (tile table, GeoPackage) */
     int shard_index, shard_count;
-    bool merge_only; /* read only: a different fingerprint is an error
-                        and other shards' temporaries are left alone */
+    bool merge_only;   /* read only: a different fingerprint is an error
+                          and other shards' temporaries are left alone */
+    bool restart;      /* discard parts of another fingerprint instead of refusing */
+    const tw_log *log; /* the --restart notice (may be NULL) */
 } tw_parts_params;
 
-/* Open (create) the parts directory of an input: removes stale temporary
- * files, reads every shard's journal and verifies the chunks it lists.
- * A different fingerprint (config, model or raster changed) discards the old
- * parts, with one notice on stderr unless quiet. */
+/* Open (create) the parts directory of an input: takes this shard's lock,
+ * removes stale temporary files, reads every shard's journal and verifies
+ * the chunks it lists.
+ *
+ * The fingerprint is "key value" lines. Parts of another fingerprint
+ * (configuration, model or raster changed) are never deleted implicitly:
+ * TW_ERR_PARTS naming the keys that differ and how to proceed, unless
+ * p->restart (then they are discarded, with one notice on stderr unless
+ * quiet) or nothing was committed under it and no other shard is running.
+ *
+ * Lock: one per (output dir, input, shard), a POSIX record lock on
+ * OUT/.tilewise/<stem>/lock.<I>-of-<N> holding "pid host"; held until
+ * tw_parts_close. TW_ERR_LOCKED naming the holder when another process has
+ * it. Not taken with merge_only. */
 tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err);
 void tw_parts_close(tw_parts *pt);
 
@@ -81,6 +93,11 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
                             tw_error *err);
 /* Remove the parts directory (after a successful assembly). */
 tw_status tw_parts_remove(tw_parts *pt, tw_error *err);
+
+/* Compare two fingerprints key by key: writes "key: A here, B in the
+ * parts; ..." for every line that differs into buf. Returns the number of
+ * keys that differ. For messages and tests. */
+int tw_parts_fingerprint_diff(const char *now, const char *stored, char *buf, size_t size);
 
 /* Read the stems that have parts under out_dir (for `tilewise merge`):
  * fills up to max names of TW_NAME_MAX*4 chars, returns the count or -1. */

@@ -45,6 +45,7 @@ static void config_object(tw_json *j, const tw_run_params *p, const tw_resolved 
     else
         tw_json_num(j, "nodata", p->input.nodata);
     tw_json_str(j, "on_error", p->input.on_error == TW_ON_ERROR_SKIP ? "skip" : "fail");
+    if (p->input.aoi[0]) tw_json_str(j, "aoi", p->input.aoi);
     tw_json_close(j, '}');
 
     tw_json_open(j, "model", '{');
@@ -60,6 +61,16 @@ static void config_object(tw_json *j, const tw_run_params *p, const tw_resolved 
     tw_json_open(j, "classes", '[');
     for (int i = 0; i < m->n_classes; i++) tw_json_str(j, NULL, m->classes[i]);
     tw_json_close(j, ']');
+    if (p->model.n_colors > 0) {
+        tw_json_open(j, "colors", '[');
+        for (int i = 0; i < p->model.n_colors; i++) {
+            char hex[8];
+            snprintf(hex, sizeof hex, "#%02x%02x%02x", p->model.colors[i][0], p->model.colors[i][1],
+                     p->model.colors[i][2]);
+            tw_json_str(j, NULL, hex);
+        }
+        tw_json_close(j, ']');
+    }
     tw_json_close(j, '}');
 
     tw_json_open(j, "tiling", '{');
@@ -88,6 +99,7 @@ static void config_object(tw_json *j, const tw_run_params *p, const tw_resolved 
             tw_json_str(j, NULL, tw_product_names[i].name);
     tw_json_close(j, ']');
     tw_json_str(j, "prob_type", p->output.prob_type == TW_PROB_UINT8 ? "uint8" : "float32");
+    tw_json_str(j, "resolution", p->output.resolution == TW_RESOLUTION_INPUT ? "input" : "cells");
     tw_json_str(j, "format", p->output.format == TW_FORMAT_COG ? "COG" : "GTiff");
     tw_json_open(j, "creation_options", '[');
     for (int i = 0; i < p->output.n_creation_options; i++)
@@ -121,7 +133,9 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
     tw_json j = tw_json_buffer(buf, size);
     tw_json_open(&j, NULL, '{');
     tw_json_str(&j, "status", status == TW_OK ? "ok" : tw_status_name(status));
-    tw_json_int(&j, "exit_code", tw_status_exit_code(status));
+    tw_json_int(&j, "exit_code",
+                status == TW_OK && r && r->inputs_skipped > 0 ? TW_EXIT_SKIPPED
+                                                              : tw_status_exit_code(status));
     if (message && *message) tw_json_str(&j, "message", message);
     tw_json_open(&j, "versions", '{');
     tw_json_str(&j, "tilewise", TW_VERSION);
@@ -143,6 +157,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         tw_json_str(&j, "backend", r->backend);
         tw_json_num(&j, "seconds", r->seconds);
         tw_json_int(&j, "tiles_classified", r->tiles_classified);
+        tw_json_int(&j, "inputs_skipped", r->inputs_skipped);
         tw_json_num(&j, "tiles_per_s", r->seconds > 0 ? r->tiles_classified / r->seconds : 0);
         tw_json_int(&j, "peak_rss_bytes", (long long)r->peak_rss);
 
@@ -191,6 +206,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
             const tw_input_result *in = &r->inputs[i];
             tw_json_open(&j, NULL, '{');
             tw_json_str(&j, "path", in->path);
+            if (in->skipped[0]) tw_json_str(&j, "skipped", in->skipped);
             tw_json_int(&j, "width", in->width);
             tw_json_int(&j, "height", in->height);
             tw_json_int(&j, "grid_width", in->grid_w);
@@ -199,6 +215,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
             tw_json_int(&j, "tiles_classified", in->tiles_classified);
             tw_json_int(&j, "tiles_nodata", in->tiles_nodata);
             tw_json_int(&j, "tiles_read_errors", in->tiles_read_errors);
+            if (p->input.aoi[0]) tw_json_int(&j, "tiles_outside_aoi", in->tiles_outside_aoi);
             tw_json_num(&j, "seconds", in->seconds);
             tw_json_num(&j, "tiles_per_s",
                         in->seconds > 0 ? in->tiles_classified / in->seconds : 0);

@@ -16,6 +16,7 @@
 #include "io/raster.h"
 #include "io/stac.h"
 #include "io/url.h"
+#include "io/resample.h"
 #include "io/tiletable.h"
 #include "io/writer.h"
 #include "core/alloc.h"
@@ -24,6 +25,7 @@
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"
 #include "pipeline/resume.h"
+#include "pipeline/preflight.h"
 #include "pipeline/stages.h"
 #include "pipeline/stitch.h"
 
@@ -93,16 +95,59 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
             snprintf(m->classes[c], TW_NAME_MAX, "class_%d", c);
     }
 
+    if (p->model.n_colors > 0 && p->model.n_colors != net->n_classes)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.colors has %d colours but %s has %d classes (fc.weight)",
+                            p->model.n_colors, wpath, net->n_classes);
+
     m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
     m->stride = p->tiling.stride > 0 ? p->tiling.stride : m->tile;
-    if (m->stride > m->tile || m->tile % m->stride != 0)
-        return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride %d does not divide tiling.tile %d",
-                            m->stride, m->tile);
+    if (m->stride > m->tile || m->tile % m->stride != 0) {
+        /* The tile came from the bundle (the parser checks a given one):
+         * say so, and suggest as the parser does. */
+        int sug = m->tile / 2 >= 1 ? m->tile / 2 : 1;
+        while (sug > 1 && sug > m->stride) sug /= 2;
+        while (sug > 1 && m->tile % sug != 0) sug--;
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "tiling.stride: %d does not divide tile %d (%s) (expected a divisor "
+                            "such as %d)",
+                            m->stride, m->tile,
+                            p->tiling.tile > 0 ? "tiling.tile" : "the model bundle's tile size",
+                            sug);
+    }
     if (m->tile < 32)
         return tw_error_set(err, TW_ERR_CONFIG,
                             "tiling.tile %d is too small for a ResNet (32 pixels at least)",
                             m->tile);
     return TW_OK;
+}
+
+/* input.aoi for one raster, on the tile grid of its full plan (tile
+ * indices are the plan's, whatever the shard). NULL in *out without an
+ * AOI. */
+static tw_status aoi_for(const tw_run_params *p, const tw_resolved *m, const tw_raster_info *info,
+                         tw_aoi **out, tw_error *err)
+{
+    *out = NULL;
+    if (!p->input.aoi[0]) return TW_OK;
+    tw_plan full;
+    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
+                                &full, err);
+    if (st != TW_OK) return st;
+    int *xs = tw_calloc(TW_MEM_OTHER, (size_t)full.x.n_pos + (size_t)full.y.n_pos, sizeof(int));
+    if (!xs) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    int *ys = xs + full.x.n_pos;
+    for (int i = 0; i < full.x.n_pos; i++) xs[i] = tw_axis_pos(&full.x, m->tile, m->stride, i);
+    for (int i = 0; i < full.y.n_pos; i++) ys[i] = tw_axis_pos(&full.y, m->tile, m->stride, i);
+    tw_aoi_geometry g = {.tile = m->tile,
+                         .stride = m->stride,
+                         .n_x = full.x.n_pos,
+                         .n_y = full.y.n_pos,
+                         .x0 = xs,
+                         .y0 = ys};
+    st = tw_aoi_create(p->input.aoi, info, &g, out, err);
+    tw_free(xs);
+    return st;
 }
 
 /* Output file stem of an input: its file name without the extension (nor
@@ -115,19 +160,64 @@ static void input_stem(const char *path, char *out, size_t size)
 typedef struct input_info {
     tw_raster_info info;
     int bands;
-    bool mask; /* reads also read a mask band */
+    bool mask;             /* reads also read a mask band */
+    bool skipped;          /* unopenable, input.on_error: skip */
+    int64_t aoi_tiles;     /* tiles touching input.aoi (-1: no AOI) */
+    int64_t all_tiles;     /* tiles of the full plan */
+    char skip_reason[512]; /* why */
 } input_info;
+
+/* A band selection the raster cannot give: name both sides. */
+static tw_status band_mismatch(const tw_run_params *p, const tw_resolved *m, const char *src,
+                               const char *shown, tw_error *err)
+{
+    tw_raster *r = NULL;
+    tw_error e;
+    tw_error_init(&e);
+    if (m->n_bands == 0 || tw_raster_open(src, NULL, 0, &r, &e) != TW_OK)
+        return TW_OK; /* not about the bands */
+    int have = tw_raster_get_info(r)->band_count;
+    tw_raster_close(r);
+    int worst = 0;
+    for (int b = 0; b < m->n_bands; b++)
+        if (m->bands[b] > worst) worst = m->bands[b];
+    if (worst <= have) return TW_OK;
+    if (have < m->in_bands)
+        return tw_error_set(err, TW_ERR_INPUT,
+                            "%s has %d band%s, but %s asks for band %d: the model %s needs %d "
+                            "bands, more than this raster has (use a model made for %d band%s)",
+                            shown, have, have == 1 ? "" : "s",
+                            p->input.n_bands > 0 ? "input.bands" : "the model bundle's band list",
+                            worst, p->model.weights, m->in_bands, have, have == 1 ? "" : "s");
+    return tw_error_set(err, TW_ERR_INPUT,
+                        "%s has %d band%s, but %s asks for band %d: the model %s needs %d "
+                        "bands (set input.bands to %d of this raster's bands 1..%d)",
+                        shown, have, have == 1 ? "" : "s",
+                        p->input.n_bands > 0 ? "input.bands" : "the model bundle's band list",
+                        worst, p->model.weights, m->in_bands, m->in_bands, have);
+}
 
 static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
                               const char *const *sources, input_info *infos, tw_error *err)
 {
+    int n_ok = 0;
     for (int i = 0; i < p->input.n_paths; i++) {
         tw_raster *r = NULL;
         char shown[TW_URL_SHOWN_MAX], shown_j[TW_URL_SHOWN_MAX];
         tw_url_redact(p->input.paths[i], shown, sizeof shown);
         tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
-        tw_status st = tw_raster_open_ex(sources[i], m->bands, m->n_bands, &op, &r, err);
-        if (st != TW_OK) return st;
+        tw_error oerr;
+        tw_error_init(&oerr);
+        tw_status st = tw_raster_open_ex(sources[i], m->bands, m->n_bands, &op, &r, &oerr);
+        if (st != TW_OK && band_mismatch(p, m, sources[i], shown, err) != TW_OK) return err->status;
+        if (st != TW_OK && p->input.on_error == TW_ON_ERROR_SKIP && p->input.n_paths > 1) {
+            /* One bad input of a batch: reported and skipped, the others run. */
+            infos[i].skipped = true;
+            snprintf(infos[i].skip_reason, sizeof infos[i].skip_reason, "%.500s", oerr.msg);
+            continue;
+        }
+        if (st != TW_OK) return tw_error_set(err, oerr.status, "%s", oerr.msg);
+        n_ok++;
         infos[i].info = *tw_raster_get_info(r);
         infos[i].bands = tw_raster_selected_bands(r);
         infos[i].mask = tw_raster_has_mask(r);
@@ -145,6 +235,16 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
         if (tw_plan_make(infos[i].info.width, infos[i].info.height, m->tile, m->stride,
                          p->tiling.edge, 0, 1, &plan, &perr) != TW_OK)
             return tw_error_set(err, perr.status, "%s: %s", shown, perr.msg);
+        /* input.aoi: read and placed on every raster before any tile. */
+        infos[i].all_tiles = plan.n_tiles;
+        infos[i].aoi_tiles = -1;
+        if (p->input.aoi[0]) {
+            tw_aoi *aoi = NULL;
+            tw_status ast = aoi_for(p, m, &infos[i].info, &aoi, err);
+            if (ast != TW_OK) return ast;
+            infos[i].aoi_tiles = tw_aoi_count(aoi);
+            tw_aoi_destroy(aoi);
+        }
         char si[256], sj[256];
         input_stem(p->input.paths[i], si, sizeof si);
         for (int j = 0; j < i; j++) {
@@ -156,6 +256,14 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
                                     shown_j, shown, si);
             }
         }
+    }
+    if (n_ok == 0 && p->input.n_paths > 0) {
+        for (int i = 0; i < p->input.n_paths; i++)
+            if (infos[i].skipped)
+                return tw_error_set(err, TW_ERR_INPUT,
+                                    "no input can be opened (input.on_error: skip skips some, "
+                                    "not all); the first: %s",
+                                    infos[i].skip_reason);
     }
     return TW_OK;
 }
@@ -186,6 +294,7 @@ typedef struct run_ctx {
     tw_stac **stacs;      /* [n_paths]: STAC items as VRTs (input.assets), else NULL */
     const char **sources; /* [n_paths]: what tw_raster_open opens */
     tw_url_saved *net_saved;
+    tw_preflight_warnings warn;
     char config_json[16384];
 } run_ctx;
 
@@ -215,25 +324,48 @@ static bool keeps_tiles(unsigned products)
 }
 
 /* What the outputs of an input depend on: if any of it changes between an
- * interrupted run and its rerun, the committed chunks are not reused. */
+ * interrupted run and its rerun, the committed chunks are not reused (the
+ * run refuses, tw_parts_open). One "key value" line per workflow key, so
+ * that a refusal can name the keys that differ. */
 static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char *path,
                         const tw_plan *plan, const char *identity, char *buf, size_t size)
 {
     const tw_run_params *p = c->p;
     const tw_resolved *m = &c->m;
+    static const char *const edges[] = {"pad", "shift", "skip"};
+    static const char *const precs[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
+    char nodata[64];
+    if (p->input.nodata_auto)
+        snprintf(nodata, sizeof nodata, "auto");
+    else
+        snprintf(nodata, sizeof nodata, "%.17g", p->input.nodata);
     int n = snprintf(buf, size,
-                     "tilewise-parts 1\ninput %s %dx%d %s\nmodel %s\ntile %d stride %d edge %d "
-                     "grid %dx%d\nscale %.17g nodata %d %.17g max_nodata %.17g\nprecision %d "
-                     "emb %d tiles %d\nbands",
+                     "tilewise-parts 2\ninput.path %s\ninput.raster %dx%d %s\nmodel.weights "
+                     "sha256:%s\ntiling.tile %d\ntiling.stride %d\ntiling.edge %s\ngrid %dx%d\n"
+                     "input.scale %.17g\ninput.nodata %s\ntiling.max_nodata_fraction %.17g\n"
+                     "runtime.precision %s\noutput.products embeddings=%d tiles=%d\ninput.bands",
                      path, info->width, info->height, tw_dtype_name(info->dtype), m->model_sha256,
-                     m->tile, m->stride, (int)p->tiling.edge, plan->grid_w, plan->grid_h, m->scale,
-                     (int)p->input.nodata_auto, p->input.nodata, p->tiling.max_nodata_fraction,
-                     (int)p->runtime.precision, (p->output.products & TW_PRODUCT_EMB) != 0,
-                     keeps_tiles(p->output.products));
+                     m->tile, m->stride, edges[p->tiling.edge], plan->grid_w, plan->grid_h,
+                     m->scale, nodata, p->tiling.max_nodata_fraction, precs[p->runtime.precision],
+                     (p->output.products & TW_PRODUCT_EMB) != 0, keeps_tiles(p->output.products));
     for (int i = 0; i < m->n_bands && n > 0 && (size_t)n < size; i++)
         n += snprintf(buf + n, size - (size_t)n, " %d", m->bands[i]);
-    for (int i = 0; i < m->n_norm && n > 0 && (size_t)n < size; i++)
-        n += snprintf(buf + n, size - (size_t)n, "\nnorm %.9g %.9g", m->mean[i], m->std[i]);
+    if (m->n_bands == 0 && n > 0 && (size_t)n < size)
+        n += snprintf(buf + n, size - (size_t)n, " all");
+    const char *keys[2] = {"model.mean", "model.std"};
+    for (int k = 0; k < 2 && n > 0 && (size_t)n < size; k++) {
+        n += snprintf(buf + n, size - (size_t)n, "\n%s", keys[k]);
+        for (int i = 0; i < m->n_norm && n > 0 && (size_t)n < size; i++)
+            n += snprintf(buf + n, size - (size_t)n, " %.9g", k == 0 ? m->mean[i] : m->std[i]);
+    }
+    if (p->input.aoi[0] && n > 0 && (size_t)n < size) {
+        /* The file's identity: a changed AOI changes which tiles exist. */
+        struct stat sb;
+        bool ok = stat(p->input.aoi, &sb) == 0;
+        n +=
+            snprintf(buf + n, size - (size_t)n, "\ninput.aoi %s size=%lld mtime=%lld", p->input.aoi,
+                     ok ? (long long)sb.st_size : -1LL, ok ? (long long)sb.st_mtime : -1LL);
+    }
     if (n > 0 && (size_t)n < size) n += snprintf(buf + n, size - (size_t)n, "\n");
     /* A remote object's version (url.h): chunks of another version refused. */
     if (n > 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, "%s", identity);
@@ -267,6 +399,10 @@ static void writer_params_for(const run_ctx *c, const tw_raster_info *info, cons
     wp->creation_options = (const char(*)[128])p->output.creation_options;
     wp->n_creation_options = p->output.n_creation_options;
     wp->metadata_json = c->config_json;
+    if (p->model.n_colors > 0) {
+        wp->colors = (const unsigned char(*)[3])p->model.colors;
+        wp->n_colors = p->model.n_colors;
+    }
     output_geotransform(info, plan, wp->geotransform);
 }
 
@@ -316,8 +452,31 @@ static tw_status assemble(const tw_run_params *p, const tw_resolved *m, const tw
     memcpy(gp.geotransform, info->geotransform, sizeof gp.geotransform);
     memset(res->hist, 0, sizeof res->hist);
     res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
-    st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, gpkg ? &gp : NULL,
-                           res->hist, &res->nodata_cells, err);
+    if (rasters && p->output.resolution == TW_RESOLUTION_INPUT) {
+        /* The cell grid's probabilities first (float32, in the parts
+         * directory), then resampled onto the input's grid. */
+        char cdir[TW_PATH_MAX + 300], cells[TW_PATH_MAX + 400];
+        snprintf(cdir, sizeof cdir, "%s/.tilewise/%s", p->output.dir, res->stem);
+        tw_writer_params cw = wp;
+        cw.dir = cdir;
+        cw.stem = "cells";
+        cw.products = TW_PRODUCT_PROB;
+        cw.prob_type = TW_PROB_FLOAT32;
+        cw.format = TW_FORMAT_GTIFF;
+        cw.creation_options = NULL;
+        cw.n_creation_options = 0;
+        st = tw_parts_assemble(parts, &cw, table ? &tp : NULL, gpkg ? &gp : NULL, res->hist,
+                               &res->nodata_cells, err);
+        tw_writer_product_path(cdir, "cells", "prob", cells, sizeof cells);
+        tw_writer_params iw = wp;
+        iw.grid_w = info->width;
+        iw.grid_h = info->height;
+        memcpy(iw.geotransform, info->geotransform, sizeof iw.geotransform);
+        if (st == TW_OK) st = tw_resample_to_input(cells, &iw, NULL, NULL, err);
+    } else {
+        st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, gpkg ? &gp : NULL,
+                               res->hist, &res->nodata_cells, err);
+    }
     if (st == TW_OK) st = tw_parts_remove(parts, err);
     if (st != TW_OK) return st;
     res->n_outputs = 0;
@@ -375,6 +534,10 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     pp.res = res;
     pp.log = run_log(c);
     pp.chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(&plan);
+    tw_aoi *aoi = NULL;
+    st = aoi_for(p, &c->m, info, &aoi, err);
+    if (st != TW_OK) return st;
+    pp.aoi = aoi;
 
     char fp[8192], ident[4096];
     st = c->stacs[idx] ? tw_stac_identity(c->stacs[idx], ident, sizeof ident, err)
@@ -392,6 +555,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         .tiles = want_table,
         .shard_index = p->shard_index,
         .shard_count = p->shard_count,
+        .restart = p->restart,
+        .log = run_log(c),
     };
     st = tw_parts_open(&parts_p, p->quiet, &pp.parts, err);
     if (st == TW_OK) {
@@ -483,6 +648,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st == TW_OK && p->shard_count == 1)
         st = assemble(c->p, &c->m, info, c->config_json, pp.parts, res, err);
     tw_parts_close(pp.parts);
+    tw_aoi_destroy(aoi);
     res->seconds = tw_clock_now() - t0;
     return st;
 }
@@ -512,6 +678,46 @@ static void ctx_release(run_ctx *c)
     tw_free(c->infos);
 }
 
+/* pipeline/preflight.h: everything about the outputs that can fail after
+ * the first tile, checked before it. Warnings land in c->warn. */
+static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
+{
+    int n = p->input.n_paths;
+    int *wh = tw_calloc(TW_MEM_OTHER, 2 * (size_t)n, sizeof(int));
+    char(*stems)[256] = tw_calloc(TW_MEM_OTHER, (size_t)n, 256);
+    tw_status st = TW_OK;
+    if (!wh || !stems) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == TW_OK && i < n; i++) {
+        wh[i] = c->infos[i].skipped ? 0 : c->infos[i].info.width;
+        wh[n + i] = c->infos[i].info.height;
+        input_stem(p->input.paths[i], stems[i], sizeof stems[i]);
+    }
+    tw_preflight_params pf = {
+        .run = p,
+        .n_classes = c->m.n_classes,
+        .feat_dim = c->m.feat_dim,
+        .tile = c->m.tile,
+        .stride = c->m.stride,
+        .n_inputs = n,
+        .width = wh,
+        .height = wh + n,
+        .stems = (const char(*)[256])stems,
+    };
+    if (st == TW_OK) st = tw_preflight_output(&pf, &c->warn, err);
+    for (int i = 0; st == TW_OK && i < n; i++)
+        if (!c->infos[i].skipped && c->infos[i].aoi_tiles == 0 &&
+            c->warn.n < TW_PREFLIGHT_MAX_WARNINGS) {
+            char shown[TW_URL_SHOWN_MAX];
+            tw_url_redact(p->input.paths[i], shown, sizeof shown);
+            snprintf(c->warn.msg[c->warn.n++], sizeof c->warn.msg[0],
+                     "input.aoi: %.200s touches no tile of %.200s: its outputs will be all nodata",
+                     p->input.aoi, shown);
+        }
+    tw_free(wh);
+    tw_free(stems);
+    return st;
+}
+
 /* The model against the config and every input against the model (STAC
  * items opened, GDAL's network settings applied): what does not depend on
  * the machine. Shared by prepare and tw_check_inputs. */
@@ -520,7 +726,8 @@ static tw_status prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
     if (p->input.n_paths <= 0)
         return tw_error_set(err, TW_ERR_CONFIG, "input.path: no input raster given");
     tw_model_file *mf = NULL;
-    tw_status st = tw_model_file_load(p->model.weights, &mf, err);
+    tw_status st = tw_preflight_weights(p->model.weights, err);
+    if (st == TW_OK) st = tw_model_file_load(p->model.weights, &mf, err);
     if (st != TW_OK) return st;
     st = tw_resnet_create(mf, p->model.arch, &c->net, err);
     if (st == TW_OK) st = resolve_model(p, mf, c->net, &c->m, err);
@@ -554,6 +761,7 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
 {
     size_t base = tw_rss_now();
     tw_status st = prepare_inputs(c, p, err);
+    if (st == TW_OK) st = preflight(c, p, err);
     if (st != TW_OK) return st;
 
     tw_backend_params bp = tw_backend_default_params();
@@ -567,8 +775,10 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
 
     /* Budget over the widest input: one plan for all of them. */
     int widest = 0;
+    while (c->infos[widest].skipped) widest++; /* check_inputs: not all are */
     for (int i = 1; i < p->input.n_paths; i++)
-        if (c->infos[i].info.width > c->infos[widest].info.width) widest = i;
+        if (!c->infos[i].skipped && c->infos[i].info.width > c->infos[widest].info.width)
+            widest = i;
     const tw_raster_info *wi = &c->infos[widest].info;
     tw_plan plan;
     st = tw_plan_make(wi->width, wi->height, c->m.tile, c->m.stride, p->tiling.edge, 0, 1, &plan,
@@ -579,7 +789,7 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     tw_dtype widest_dtype = wi->dtype;
     size_t dsize = tw_dtype_size(widest_dtype);
     for (int i = 0; i < p->input.n_paths; i++)
-        if (tw_dtype_size(c->infos[i].info.dtype) > dsize) {
+        if (!c->infos[i].skipped && tw_dtype_size(c->infos[i].info.dtype) > dsize) {
             dsize = tw_dtype_size(c->infos[i].info.dtype);
             widest_dtype = c->infos[i].info.dtype;
         }
@@ -626,6 +836,17 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
     c->p = p;
     c->hooks = hooks;
     tw_status st = prepare(c, p, p->quiet, err);
+    if (st == TW_OK) /* skipped inputs are said before the work starts */
+        for (int i = 0; i < p->input.n_paths; i++)
+            if (c->infos[i].skipped) {
+                char shown[TW_URL_SHOWN_MAX];
+                tw_url_redact(p->input.paths[i], shown, sizeof shown);
+                tw_log_printf(run_log(c), TW_LOG_WARNING,
+                              "skipping input %s (input.on_error: skip): %s", shown,
+                              c->infos[i].skip_reason);
+            }
+    for (int i = 0; st == TW_OK && i < c->warn.n; i++)
+        tw_log_printf(run_log(c), TW_LOG_WARNING, "%s", c->warn.msg[i]);
     if (st == TW_OK) {
         r->model = c->m;
         snprintf(r->backend, sizeof r->backend, "%s", c->be.i->name);
@@ -656,6 +877,14 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
     }
     for (int i = 0; st == TW_OK && i < p->input.n_paths; i++) {
         r->n_inputs = i + 1;
+        if (c->infos[i].skipped) {
+            tw_input_result *in = &r->inputs[i];
+            tw_url_redact(p->input.paths[i], in->path, sizeof in->path);
+            input_stem(p->input.paths[i], in->stem, sizeof in->stem);
+            snprintf(in->skipped, sizeof in->skipped, "%.500s", c->infos[i].skip_reason);
+            r->inputs_skipped++;
+            continue;
+        }
         st = run_one(c, i, &r->inputs[i], err);
         r->tiles_classified += r->inputs[i].tiles_classified;
     }
@@ -746,7 +975,7 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
     c->p = p;
     tw_status st = prepare(c, p, true, err);
     if (st == TW_OK) {
-        char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
+        char b1[32], b2[32], b3[32];
         const tw_budget *b = &c->bud;
         fprintf(out, "model     %s: %s, %d bands, %d classes, %d features (sha256 %.12s)\n",
                 p->model.weights, c->m.arch, c->m.in_bands, c->m.n_classes, c->m.feat_dim,
@@ -755,6 +984,13 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
                 tw_precision_name(p->runtime.precision));
         for (int i = 0; i < p->input.n_paths; i++) {
             const tw_raster_info *info = &c->infos[i].info;
+            if (c->infos[i].skipped) {
+                char shown[TW_URL_SHOWN_MAX];
+                tw_url_redact(p->input.paths[i], shown, sizeof shown);
+                fprintf(out, "input     %s: skipped (input.on_error: skip): %s\n", shown,
+                        c->infos[i].skip_reason);
+                continue;
+            }
             tw_plan plan;
             st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
                               p->shard_index, p->shard_count, &plan, err);
@@ -771,28 +1007,28 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
             for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
                 remote = remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
             if (remote) remote_cost(c, i, &plan, out);
+            if (c->infos[i].aoi_tiles >= 0)
+                fprintf(out,
+                        "aoi       %s: %lld of %lld tiles touch %s; the others are not "
+                        "computed (nodata)\n",
+                        shown, (long long)c->infos[i].aoi_tiles, (long long)c->infos[i].all_tiles,
+                        p->input.aoi);
         }
         if (st == TW_OK) {
             fprintf(out, "batch     %d tiles, %d slots of %s\n", b->batch, b->n_slots,
                     tw_format_bytes(b->slot_bytes, b1, sizeof b1));
-            char b8[32], b9[32];
+            char b9[32], items[512];
             fprintf(out, "readers   %d, each with a read strip of %d x %d pixels (%s in all)\n",
                     b->readers, b->read_strip_w, c->m.tile,
                     tw_format_bytes(b->read, b9, sizeof b9));
-            fprintf(out,
-                    "memory    estimate %s of %s: base %s, weights %s, slots %s, readers %s, "
-                    "workspace %s, strip %s, GDAL cache %s\n",
+            fprintf(out, "memory    estimate %s of %s: %s\n",
                     tw_format_bytes(b->estimate, b2, sizeof b2),
                     tw_format_bytes(p->runtime.memory, b3, sizeof b3),
-                    tw_format_bytes(b->base, b4, sizeof b4),
-                    tw_format_bytes(b->weights, b5, sizeof b5),
-                    tw_format_bytes(b->slots, b6, sizeof b6), b9,
-                    tw_format_bytes(b->workspace, b7, sizeof b7),
-                    tw_format_bytes(b->strip, b1, sizeof b1),
-                    tw_format_bytes(b->gdal_cache_expected, b8, sizeof b8));
+                    tw_budget_breakdown(b, false, items, sizeof items));
             fprintf(out, "          worst case %s (GDAL cache limit %s)\n",
                     tw_format_bytes(b->total, b1, sizeof b1),
                     tw_format_bytes(b->gdal_cache, b2, sizeof b2));
+            for (int i = 0; i < c->warn.n; i++) fprintf(out, "warning   %s\n", c->warn.msg[i]);
             fprintf(out, "ok\n");
         }
     }

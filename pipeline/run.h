@@ -75,6 +75,7 @@ typedef struct tw_input_result {
     int64_t tiles_classified;
     int64_t tiles_nodata;      /* skipped: above max_nodata_fraction */
     int64_t tiles_read_errors; /* unreadable, made nodata (on_error: skip) */
+    int64_t tiles_outside_aoi; /* not computed: outside input.aoi (nodata) */
     double seconds;
     tw_stage_stats stage[TW_STAGE_COUNT];
     int64_t hist[TW_MAX_CLASSES]; /* output cells per argmax class */
@@ -88,6 +89,7 @@ typedef struct tw_input_result {
                                            over readers (-1: GDAL read the pixels) */
     char outputs[6][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
+    char skipped[512]; /* "" : run; else why it was skipped (input.on_error: skip) */
 } tw_input_result;
 
 typedef struct tw_run_result {
@@ -100,6 +102,7 @@ typedef struct tw_run_result {
     double seconds;
     size_t peak_rss;
     int64_t tiles_classified;
+    int inputs_skipped; /* inputs not opened (input.on_error: skip); the CLI exits 5 */
 } tw_run_result;
 
 /* Run the workflow. *result (may be NULL to not ask) receives what happened,

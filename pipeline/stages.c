@@ -460,10 +460,16 @@ static work_result read_work(worker *w, tw_slot *s, tw_slot **out)
         int run = pl->x.n_pos - tx;
         if (run > end - t) run = (int)(end - t);
         int y0 = tw_axis_pos(&pl->y, T, pl->stride, ty);
-        /* The row's tiles in windows no wider than the read strip. */
+        /* The row's tiles in windows no wider than the read strip; tiles
+         * outside input.aoi are neither read nor classified. */
         for (int i = 0; i < run;) {
+            if (pp->aoi && !tw_aoi_tile(pp->aoi, tx + i, ty)) {
+                add_ref(s, si, ty, tx + i)->outside_aoi = 1;
+                i++;
+                continue;
+            }
             int n = 0;
-            while (i + n < run) {
+            while (i + n < run && (!pp->aoi || tw_aoi_tile(pp->aoi, tx + i + n, ty))) {
                 int x = tw_axis_pos(&pl->x, T, pl->stride, tx + i + n);
                 if (n > 0 && x + T - w->xs[0] > strip_w) break;
                 w->xs[n++] = x;
@@ -652,6 +658,8 @@ static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
                 return pp->err->status;
         } else if (ref->read_error) {
             pp->res->tiles_read_errors++;
+        } else if (ref->outside_aoi) {
+            pp->res->tiles_outside_aoi++;
         } else {
             pp->res->tiles_nodata++;
         }

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "io/aoi.h"
 #include "io/raster.h"
 #include "model/backend.h"
 #include "pipeline/budget.h"
@@ -42,6 +43,7 @@ typedef struct tw_tile_ref {
     int32_t seg;  /* index of the row segment the tile was read for */
     int32_t kept; /* index into the slot's kept tiles, -1: not classified */
     uint8_t read_error;
+    uint8_t outside_aoi; /* not read nor classified: outside input.aoi */
 } tw_tile_ref;
 
 /* One batch slot: everything a batch needs from its read to its write. */
@@ -85,6 +87,7 @@ typedef struct tw_pipe {
     tw_stitch *stitch;
     tw_parts *parts;
     tw_input_result *res; /* stage seconds, tile counts, reader, bytes read */
+    const tw_aoi *aoi;    /* input.aoi, or NULL: every tile */
     tw_error *err;
     const tw_log *log; /* warnings (unreadable tiles) and notices; may be NULL */
 

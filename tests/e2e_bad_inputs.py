@@ -28,7 +28,8 @@ BIN = os.environ.get("TW_BIN")
 sys.path.insert(0, os.path.join(SRC or ".", "tests", "bad_inputs"))
 sys.path.insert(0, os.path.join(SRC or ".", "tools"))
 
-EXIT_OK, EXIT_USAGE, EXIT_INPUT, EXIT_RESOURCE = 0, 2, 3, 4
+EXIT_OK, EXIT_USAGE, EXIT_INPUT, EXIT_RESOURCE, EXIT_SKIPPED = 0, 2, 3, 4, 5
+PREFLIGHT_MAX_S = 15  # a preflight failure comes before any tile: seconds, not minutes
 CLASS_NODATA = 255
 PROB_NODATA = -1.0
 
@@ -116,6 +117,10 @@ def make_models(tmp, files):
     save("overlap", "overlap.safetensors", raw_safetensors(h, data))
     save("header_past_file", "hdrlen.safetensors", struct.pack("<Q", len(good) + 1) + good[8:])
     save("header_huge", "hdrhuge.safetensors", struct.pack("<Q", 1 << 62) + good[8:])
+    # a 4-band model: conv1 cut to its first 4 input channels
+    four = dict(sd)
+    four["conv1.weight"] = sd["conv1.weight"][:, :4].copy()
+    save("four_band", "four.safetensors", safetensors_io.encode(four))
     with open(f"{FIX}/resnet18_6b_7c.h5", "rb") as f:
         h5 = f.read()
     save("truncated_h5", "trunc.h5", h5[: len(h5) * 2 // 3])
@@ -255,6 +260,25 @@ def check_naninf(out):
     return problems
 
 
+def check_skipped_input(out):
+    r = report(out)
+    problems = []
+    if r.get("inputs_skipped") != 1 or r.get("exit_code") != EXIT_SKIPPED:
+        problems.append(f"run.json inputs_skipped {r.get('inputs_skipped')}, "
+                        f"exit_code {r.get('exit_code')}")
+    skipped = [i for i in r["inputs"] if i.get("skipped")]
+    if len(skipped) != 1 or "nothere.tif" not in skipped[0]["path"]:
+        problems.append(f"skipped inputs {skipped}")
+    if not os.path.exists(f"{out}/L7_ETMs.class.tif"):
+        problems.append("the readable input was not classified")
+    return problems
+
+
+def make_out(tmp):
+    """An existing output.dir, so that a failed run writes its run.json."""
+    os.makedirs(f"{tmp}/out", exist_ok=True)
+
+
 def check_huge_validate(stdout):
     want = "tiles 1094 x 1094 = 1196836"
     return [] if want in stdout and "70000 x 70000" in stdout else [f"plan lacks '{want}'"]
@@ -282,13 +306,15 @@ def check_huge_shard(out):
 # ----------------------------------------------------------------- cases --
 
 def case(name, change=None, args=None, code=EXIT_OK, needle=None, check=None, cmd="run",
-         setup=None):
+         setup=None, preflight=False):
     """change: workflow overrides (dict) or a raw YAML text; args: extra
     command-line arguments, or the whole argv after the binary when it starts
     with a subcommand; check(out or stdout) -> list of problems (success cases);
-    setup(tmp) -> None or a reason to skip."""
+    setup(tmp) -> None or a reason to skip; preflight: the failure must come
+    before any tile (run.json, when written, shows 0 tiles; seconds of wall
+    time)."""
     return dict(name=name, change=change, args=args, code=code, needle=needle, check=check,
-                cmd=cmd, setup=setup)
+                cmd=cmd, setup=setup, preflight=preflight)
 
 
 def cases(tmp, files):
@@ -322,6 +348,32 @@ def cases(tmp, files):
         case("--set of an unknown key", {}, ["--set", "tiling.size=3"], code=EXIT_USAGE,
              needle="tiling.size"),
         case("--shard out of range", {}, ["--shard", "3/2"], code=EXIT_USAGE, needle="3/2"),
+        case("tiling.tile below 32", {"tiling.tile": "16"}, code=EXIT_USAGE,
+             needle="flow.yaml:6: tiling.tile: 16 is out of range (expected 32..4096)"),
+        case("--set stride that does not divide the bundle's tile",
+             f"input:\n  path: {SRC}/sample_data/L7_ETMs.tif\nmodel:\n"
+             f"  weights: {FIX}/resnet18_6b_7c.h5\nruntime:\n  device: cpu\n"
+             f"output:\n  dir: {tmp}/out\n", ["--set", "tiling.stride=24"], code=EXIT_USAGE,
+             needle="expected a divisor such as 16", setup=make_out, preflight=True),
+        case("creation option typo (COMPRES)", {"output.creation_options": "[COMPRES=ZSTD]"},
+             code=EXIT_USAGE, needle="COMPRES is not a creation option of GDAL's GTiff driver "
+             "(did you mean COMPRESS?)", setup=make_out, preflight=True),
+        case("creation option value (COMPRESS=ZSTDX)",
+             {"output.creation_options": "[COMPRESS=ZSTDX]"}, code=EXIT_USAGE,
+             needle="COMPRESS=ZSTDX: GDAL's GTiff driver accepts COMPRESS = NONE", setup=make_out,
+             preflight=True),
+        case("COG option with GTiff (BLOCKSIZE)", {"output.creation_options": "[BLOCKSIZE=256]"},
+             code=EXIT_USAGE, needle="BLOCKSIZE is not a creation option of GDAL's GTiff driver",
+             setup=make_out, preflight=True),
+        case("COMPRESS=JPEG with float32 probabilities", {"output.creation_options":
+                                                           "[COMPRESS=JPEG]"},
+             code=EXIT_USAGE, needle="output.creation_options: a trial write of the outputs "
+             "(format GTiff) failed", setup=make_out, preflight=True),
+        case("creation option typo: submit --dry-run",
+             {"output.creation_options": "[COMPRES=ZSTD]"}, ["submit", "--array", "2", "--dry-run"],
+             code=EXIT_USAGE, needle="COMPRES is not a creation option", preflight=True),
+        case("creation option typo: validate", {"output.creation_options": "[COMPRES=ZSTD]"},
+             cmd="validate", code=EXIT_USAGE, needle="COMPRES", preflight=True),
         # model files
         case("model file missing", {"model.weights": f"{tmp}/missing.safetensors"},
              code=EXIT_INPUT, needle="missing.safetensors"),
@@ -345,6 +397,9 @@ def cases(tmp, files):
              needle="trunc.h5"),
         case("arch disagrees with weights", {"model.arch": "resnet50"}, code=EXIT_INPUT,
              needle="resnet50"),
+        case("PyTorch checkpoint as weights", {"model.weights": f"{FIX}/resnet18_6b_7c.pth"},
+             code=EXIT_INPUT, needle="convert it with tools/export_model.py", setup=make_out,
+             preflight=True),
         # rasters
         case("raster missing", {"input.path": f"{tmp}/nothere.tif"}, code=EXIT_INPUT,
              needle="nothere.tif"),
@@ -364,6 +419,22 @@ def cases(tmp, files):
              needle="rgb.tif"),
         case("band out of range", {"input.bands": "[1, 2, 3, 4, 5, 9]"}, code=EXIT_INPUT,
              needle="9"),
+        case("4-band model, 3-band raster", {"input.path": f["rgb"],
+                                              "model.weights": f["four_band"],
+                                              "input.bands": "[1, 2, 3, 4]"},
+             code=EXIT_INPUT, needle="rgb.tif has 3 bands, but input.bands asks for band 4: the "
+             "model", setup=make_out, preflight=True),
+        case("a missing input in a list, on_error: fail",
+             {"input.path": f"[{SRC}/sample_data/L7_ETMs.tif, {tmp}/nothere.tif]"},
+             code=EXIT_INPUT, needle="nothere.tif", setup=make_out, preflight=True),
+        case("a missing input in a list, on_error: skip (exit 5)",
+             {"input.path": f"[{SRC}/sample_data/L7_ETMs.tif, {tmp}/nothere.tif]",
+              "input.on_error": "skip", "output.products": "[class]"},
+             code=EXIT_SKIPPED, check=check_skipped_input),
+        case("every input of a list missing, on_error: skip",
+             {"input.path": f"[{tmp}/nothere.tif, {tmp}/nothere2.tif]",
+              "input.on_error": "skip"},
+             code=EXIT_INPUT, needle="no input can be opened", setup=make_out, preflight=True),
         case("smaller than a tile, edge: skip",
              {"input.path": f["small"], "tiling.edge": "skip"}, code=EXIT_INPUT,
              needle="small.tif"),
@@ -384,6 +455,8 @@ def cases(tmp, files):
         # outputs and resources
         case("output dir is a file", {"output.dir": f["a_file"]}, code=EXIT_RESOURCE,
              needle="afile"),
+        case("output dir is a file: validate", {"output.dir": f["a_file"]}, cmd="validate",
+             code=EXIT_RESOURCE, needle="afile exists and is not a directory", preflight=True),
         case("output dir under a file", {"output.dir": f"{f['a_file']}/sub"},
              code=EXIT_RESOURCE, needle="afile/sub"),
         case("output product path is a directory", {}, code=EXIT_RESOURCE,
@@ -458,18 +531,36 @@ def run_case(c, tmp):
     args = c["args"] or []
     if args and args[0] == "run":
         argv = [BIN, *args]
+    elif args and args[0] == "submit":
+        argv = [BIN, "submit", wf, *args[1:]]
     elif c["cmd"] == "validate":
         argv = [BIN, "validate", wf, *args]
     else:
         argv = [BIN, "run", wf, "-q", *args]
+    import time
+    t0 = time.monotonic()
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    wall = time.monotonic() - t0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     problems = []
     if r.returncode < 0:
         problems.append(f"killed by signal {-r.returncode}")
     if r.returncode != c["code"]:
         problems.append(f"exit {r.returncode}, expected {c['code']}")
-    if c["code"] != EXIT_OK:
+    if c["preflight"]:
+        if wall > PREFLIGHT_MAX_S:
+            problems.append(f"took {wall:.1f} s: not a preflight failure")
+        rj = os.path.join(out, "run.json")
+        if c["cmd"] == "run" and c["setup"] is make_out:
+            if not os.path.exists(rj):
+                problems.append("no run.json in the existing output.dir")
+            else:
+                with open(rj) as fh:
+                    rep_ = json.load(fh)
+                if rep_.get("tiles_classified", 0) != 0 or rep_.get("status") == "ok":
+                    problems.append(f"run.json: status {rep_.get('status')}, "
+                                    f"{rep_.get('tiles_classified')} tiles")
+    if c["code"] not in (EXIT_OK, EXIT_SKIPPED):
         if len(lines) != 1:
             problems.append(f"{len(lines)} lines on stderr")
         if c["needle"] not in r.stderr:
@@ -478,9 +569,12 @@ def run_case(c, tmp):
         if left:
             problems.append(f"left finished-looking outputs {left}")
     else:
-        if lines:
+        # a skipped input is a warning, said even with -q: one line naming it
+        warned = c["code"] == EXIT_SKIPPED and len(lines) == 1 and "warning: skipping input" in \
+            lines[0] and "nothere.tif" in lines[0]
+        if lines and not warned:
             problems.append(f"{len(lines)} lines on stderr")
-        if r.returncode == 0 and c["check"]:
+        if r.returncode == c["code"] and c["check"]:
             try:
                 problems += c["check"](r.stdout if c["cmd"] == "validate" else out)
             except Exception as e:  # a missing output is a failure, not a crash of the test

@@ -12,6 +12,10 @@
 # tilewise commit and exit 75, the task requeues itself and resumes; the
 # merged result still equals a single run.
 #
+# Then an array submitted with another configuration over committed parts:
+# every task refuses (exit 6), nothing is deleted, no merge runs; the array
+# with the original configuration resumes and merges equal to a single run.
+#
 # Skipped (77) where a local SLURM cannot start: not root, slurm-wlm cannot
 # be installed, or a daemon fails. The daemons are stopped on every exit,
 # and by a watchdog should this script be killed outright.
@@ -238,6 +242,61 @@ for prod in ("class", "prob"):
 EOF2
 check $? "USR1 + requeue + resume + merge == single run (stride 8)"
 t2_done=$(date +%s)
+
+# ---- Part 3: an array started with another configuration over committed
+# parts (a task resubmitted after an edit of the workflow) refuses, exit 6,
+# and destroys nothing; the merge job does not run; the array with the
+# original configuration then resumes and its merge equals a single run.
+out3="$work/out3"
+"$TW_BIN" run "$wf" -q --shard 1/2 --set "output.dir=out3" >/dev/null
+check $? "shard 1/2 run by hand (stride 32)"
+sum_before=$(cat "$out3"/.tilewise/L7_ETMs/rows-*.bin | md5sum)
+sub_out=$("$TW_BIN" submit "$wf" --array 2 --set "output.dir=out3" --set tiling.stride=16)
+check $? "tilewise submit with tiling.stride=16 over stride-32 parts"
+id3=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+mid3=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+[ -n "$id3" ] && job_ids+=("$id3")
+[ -n "$mid3" ] && job_ids+=("$mid3")
+deadline=$(($(date +%s) + WAIT_S))
+while [ -n "$(squeue -h -j "$id3" -t PD,R,CG 2>/dev/null)" ]; do
+  [ "$(date +%s)" -ge "$deadline" ] && break
+  sleep 1
+done
+states=$(scontrol show job -o "$id3" 2>/dev/null | grep -o 'JobState=[A-Z_]* .* ExitCode=[0-9:]*' |
+  sed 's/JobState=\([A-Z_]*\) .* ExitCode=\([0-9:]*\)/\1 \2/' | sort | uniq -c | tr -s ' ')
+[ "$states" = " 2 FAILED 6:0" ]
+check $? "both tasks refused with exit 6 (got '$states')"
+grep -qs 'tiling.stride: 16 now, 32 in the parts' "$out3"/.tilewise-slurm/tilewise-"${id3}"_0.err
+check $? "task 0's log names the key that differs"
+[ "$(cat "$out3"/.tilewise/L7_ETMs/rows-*.bin | md5sum)" = "$sum_before" ]
+check $? "shard 1's committed chunks are byte for byte intact"
+[ ! -e "$out3/L7_ETMs.class.tif" ]
+check $? "no merge ran on the refused array"
+scancel "$mid3" 2>/dev/null
+sub_out=$("$TW_BIN" submit "$wf" --array 2 --set "output.dir=out3")
+check $? "tilewise submit with the original configuration"
+id4=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+mid4=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+[ -n "$id4" ] && job_ids+=("$id4")
+[ -n "$mid4" ] && job_ids+=("$mid4")
+deadline=$(($(date +%s) + WAIT_S))
+while [ -n "$(squeue -h -j "$id4,$mid4" 2>/dev/null)" ]; do
+  [ "$(date +%s)" -ge "$deadline" ] && break
+  sleep 1
+done
+"$PY" - "$tmp/ref" "$out3" <<'EOF3'
+import sys
+import numpy as np
+from osgeo import gdal
+gdal.UseExceptions()
+for prod in ("class", "prob"):
+    a = gdal.Open(f"{sys.argv[1]}/L7_ETMs.{prod}.tif").ReadAsArray()
+    b = gdal.Open(f"{sys.argv[2]}/L7_ETMs.{prod}.tif").ReadAsArray()
+    if not np.array_equal(a, b):
+        print(f"{prod} differs")
+        sys.exit(1)
+EOF3
+check $? "the original configuration resumes; merge == single run"
 
 if [ $fail -ne 0 ]; then
   for f in "$logs"/*.err "$logs"/*.out "$out2"/.tilewise-slurm/*.err; do

@@ -249,8 +249,7 @@ static const bad_case k_bad[] = {
     {BASE "output:\n  xyzzy: 1\n",
      NULL,
      {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, products, prob_type, "
-      "format, "
-      "creation_options)"}},
+      "resolution, format, creation_options)"}},
     {BASE "tiling.tile: 64\n",
      NULL,
      {"flow.yaml:5: tiling.tile: unknown key (write it nested: 'tiling:' with 'tile:' indented "
@@ -307,10 +306,10 @@ static const bad_case k_bad[] = {
     /* out of range */
     {BASE "tiling:\n  tile: 5000\n",
      NULL,
-     {"flow.yaml:6: tiling.tile: 5000 is out of range (expected 8..4096)"}},
+     {"flow.yaml:6: tiling.tile: 5000 is out of range (expected 32..4096)"}},
     {BASE "tiling:\n  tile: 99999999999999999999999\n",
      NULL,
-     {"flow.yaml:6: tiling.tile: '99999999999999999999999' is out of range (expected 8..4096)"}},
+     {"flow.yaml:6: tiling.tile: '99999999999999999999999' is out of range (expected 32..4096)"}},
     {BASE "tiling:\n  batch: 0\n",
      NULL,
      {"flow.yaml:6: tiling.batch: 0 is out of range (expected auto or an integer 1..4096)"}},
@@ -441,7 +440,7 @@ static const bad_case k_bad[] = {
     {BASE, "=3", {"--set =3: expected key.path=value"}},
     {BASE, "tiling.tile=abc", {"--set tiling.tile: expected an integer, got 'abc'"}},
     {BASE, "tiling.tile=", {"--set tiling.tile: expected an integer, got nothing"}},
-    {BASE, "tiling.tile=4", {"--set tiling.tile: 4 is out of range (expected 8..4096)"}},
+    {BASE, "tiling.tile=4", {"--set tiling.tile: 4 is out of range (expected 32..4096)"}},
     {BASE, "input.bands=[1,2", {"--set input.bands: YAML syntax error in value '[1,2'"}},
     {BASE,
      "input.bands={a: 1}",

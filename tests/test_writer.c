@@ -690,6 +690,11 @@ static void test_write_failure(void **state)
         tw_writer_params p = base_params(dir, "");
         p.grid_w = p.grid_h = N;
         p.format = fmt ? TW_FORMAT_COG : TW_FORMAT_GTIFF;
+        /* Compressed (the default), these smooth probabilities would fit
+         * under the limit: write them raw so the limit is reached. */
+        static const char raw[1][128] = {"COMPRESS=NONE"};
+        p.creation_options = raw;
+        p.n_creation_options = 1;
         tw_error err;
         tw_error_init(&err);
         tw_writer *w = NULL;

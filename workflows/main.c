@@ -60,7 +60,7 @@ static const char *usage_text =
     "\n"
     "commands:\n"
     "  run WORKFLOW.yaml [--set key.path=value]... [--shard I/N] [-q] [--report FILE]\n"
-    "                    [--progress=text|json|none] [--chunk-rows N]\n"
+    "                    [--progress=text|json|none] [--chunk-rows N] [--restart]\n"
     "                    classify every input raster of the workflow; output rows are\n"
     "                    committed in chunks (N rows; default about 1024 tiles' worth), so\n"
     "                    running the same command after a kill redoes only what is missing.\n"
@@ -75,8 +75,10 @@ static const char *usage_text =
     "                    SLURM job array of N shards, then a merge job after it succeeds\n"
     "\n"
     "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
-    "model, 4 resource failure (memory, disk, device, output not writable), 75 interrupted\n"
-    "(resumable: run the same command again)\n";
+    "model, 4 resource failure (memory, disk, device, output not writable), 5 finished but\n"
+    "inputs were skipped (input.on_error: skip), 6 output.dir holds parts of a run with\n"
+    "another configuration (nothing deleted; see --restart), 7 another process is running\n"
+    "the same shard, 75 interrupted (resumable: run the same command again)\n";
 
 static const char *run_help =
     "usage: tilewise run WORKFLOW.yaml [options]\n"
@@ -92,6 +94,9 @@ static const char *run_help =
     "                         job array it comes from SLURM_ARRAY_TASK_ID/COUNT/MIN.\n"
     "                         Then: tilewise merge OUTPUT_DIR\n"
     "  --chunk-rows N         output rows per committed chunk (default: about 1024 tiles)\n"
+    "  --restart              discard committed parts made with another configuration,\n"
+    "                         model or raster (without it the run refuses, exit 6, and\n"
+    "                         deletes nothing); parts of this configuration still resume\n"
     "  --report FILE          also write the run report to FILE\n"
     "  --progress=MODE        text (default): 0...10...20 on stderr, with tiles/s and the\n"
     "                         time left when stderr is a terminal; json: one JSON object\n"
@@ -103,8 +108,10 @@ static const char *run_help =
     "  -h, --help             this text\n"
     "\n"
     "exit codes: 0 ok, 1 internal error, 2 usage or workflow error, 3 bad input raster or\n"
-    "model, 4 resource failure or network outage, 75 interrupted (resumable: run the same\n"
-    "command again)\n";
+    "model, 4 resource failure or network outage, 5 finished but inputs were skipped\n"
+    "(input.on_error: skip), 6 output.dir holds parts of a run with another configuration\n"
+    "(run with that configuration, or add --restart), 7 another process is running the\n"
+    "same shard, 75 interrupted (resumable: run the same command again)\n";
 
 static const char *validate_help =
     "usage: tilewise validate WORKFLOW.yaml [--set key.path=value]...\n"
@@ -358,6 +365,7 @@ typedef struct cli_opts {
     bool shard_given;
     int chunk_rows;
     bool quiet;
+    bool restart;
     progress_mode progress;
     bool progress_given;
     const char *report;
@@ -394,6 +402,8 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
                 return usage_error("--chunk-rows expects a positive number of rows, got '%s'",
                                    v ? v : "");
             o->chunk_rows = (int)n;
+        } else if (allow_run_opts && strcmp(a, "--restart") == 0) {
+            o->restart = true;
         } else if (allow_run_opts && (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)) {
             o->quiet = true;
         } else if (allow_run_opts &&
@@ -472,6 +482,7 @@ static int load_params(const cli_opts *o, tw_run_params *p, tw_error *err)
     p->shard_index = o->shard_index;
     p->shard_count = o->shard_count;
     p->quiet = o->quiet;
+    p->restart = o->restart;
     p->chunk_rows = o->chunk_rows;
     if (o->report) snprintf(p->report_path, sizeof p->report_path, "%s", o->report);
     return 0;
@@ -481,6 +492,10 @@ static void print_summary(const tw_run_result *r)
 {
     for (int i = 0; i < r->n_inputs; i++) {
         const tw_input_result *in = &r->inputs[i];
+        if (in->skipped[0]) {
+            printf("%s: skipped (input.on_error: skip): %s\n", in->path, in->skipped);
+            continue;
+        }
         printf("%s: %lld tiles classified, %lld nodata, in %.2f s (%.1f tiles/s)\n", in->path,
                (long long)in->tiles_classified, (long long)in->tiles_nodata, in->seconds,
                in->seconds > 0 ? in->tiles_classified / in->seconds : 0.0);
@@ -502,7 +517,10 @@ static void progress_json_done(const tw_run_result *r, tw_status st, const tw_er
     tw_json_open(&j, NULL, '{');
     tw_json_str(&j, "event", "done");
     tw_json_str(&j, "status", st == TW_OK ? "ok" : tw_status_name(st));
-    tw_json_int(&j, "exit_code", st == TW_OK ? TW_EXIT_OK : tw_status_exit_code(st));
+    tw_json_int(&j, "exit_code",
+                st != TW_OK                  ? tw_status_exit_code(st)
+                : r && r->inputs_skipped > 0 ? TW_EXIT_SKIPPED
+                                             : TW_EXIT_OK);
     if (st != TW_OK) tw_json_str(&j, "message", err->msg);
     if (r) {
         tw_json_int(&j, "inputs", r->n_inputs);
@@ -584,7 +602,8 @@ static int cmd_run(int argc, char **argv)
         snprintf(report, sizeof report, "%s/run.json", p.output.dir);
     tw_error rerr;
     tw_error_init(&rerr);
-    if (stat(p.output.dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    /* Not over the report of the process that holds the lock. */
+    if (st != TW_ERR_LOCKED && stat(p.output.dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         tw_status rs = tw_report_write(report, &p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
         if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
     }
@@ -601,8 +620,9 @@ static int cmd_run(int argc, char **argv)
         printf("report: %s\n", report);
     }
     if (o.progress == PROGRESS_JSON) progress_json_done(r, st, &err, report, mono_s() - t0);
+    int skipped = r ? r->inputs_skipped : 0;
     tw_run_result_destroy(r);
-    if (st == TW_OK) return TW_EXIT_OK;
+    if (st == TW_OK) return skipped > 0 ? TW_EXIT_SKIPPED : TW_EXIT_OK;
     /* JSON mode: the done event carries the message; stderr stays JSON. */
     return o.progress == PROGRESS_JSON ? tw_status_exit_code(st) : fail(&err);
 }

@@ -15,6 +15,7 @@
 
 #include "core/fileio.h"
 #include "pipeline/run.h"
+#include "pipeline/preflight.h"
 #include "workflows/workflow.h"
 
 #define MAX_SETS 128
@@ -620,6 +621,8 @@ int tw_cli_submit(int argc, char **argv)
             self[n] = '\0';
         sp.tilewise = self;
     }
+    /* What can be checked here is, before anything is queued. */
+    if (st == TW_OK) st = tw_preflight_submit(&p, &err);
     if (st == TW_OK) st = tw_submit(&sp, &p, stdout, &err);
     if (st == TW_OK) return TW_EXIT_OK;
     /* The scheduler is the resource a submit needs (exit 4, like a missing GPU). */

@@ -46,11 +46,13 @@ enum wf_key {
     K_INPUT_ASSETS,
     K_INPUT_RETRIES,
     K_INPUT_RETRY_DELAY,
+    K_INPUT_AOI,
     K_MODEL_WEIGHTS,
     K_MODEL_ARCH,
     K_MODEL_MEAN,
     K_MODEL_STD,
     K_MODEL_CLASSES,
+    K_MODEL_COLORS,
     K_TILING_TILE,
     K_TILING_STRIDE,
     K_TILING_BATCH,
@@ -64,6 +66,7 @@ enum wf_key {
     K_OUTPUT_DIR,
     K_OUTPUT_PRODUCTS,
     K_OUTPUT_PROB_TYPE,
+    K_OUTPUT_RESOLUTION,
     K_OUTPUT_FORMAT,
     K_OUTPUT_CREATION_OPTIONS,
     K_COUNT
@@ -484,6 +487,12 @@ static tw_status set_input_retry_delay(wf_ctx *c, const yaml_node_t *v, tw_run_p
     return TW_OK;
 }
 
+static tw_status set_input_aoi(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    return get_string(c, v, "a vector file path (GeoPackage, Shapefile, GeoJSON, ...)",
+                      p->input.aoi, TW_PATH_MAX);
+}
+
 static tw_status set_model_weights(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     return get_string(c, v, "a model file path", p->model.weights, TW_PATH_MAX);
@@ -549,9 +558,47 @@ static tw_status set_model_classes(wf_ctx *c, const yaml_node_t *v, tw_run_param
     return st;
 }
 
+/* '#rrggbb' (or 'rrggbb', '#rgb') into RGB; false when it is not one. */
+static bool parse_color(const char *s, unsigned char rgb[3])
+{
+    if (*s == '#') s++;
+    size_t n = strlen(s);
+    if (n != 6 && n != 3) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isxdigit((unsigned char)s[i])) return false;
+    for (int k = 0; k < 3; k++) {
+        char h[3] = {s[n == 6 ? 2 * k : k], s[n == 6 ? 2 * k + 1 : k], 0};
+        rgb[k] = (unsigned char)strtoul(h, NULL, 16);
+    }
+    return true;
+}
+
+static tw_status set_model_colors(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    int n;
+    tw_status st = check_list(c, v, "class colours ('#rrggbb')", TW_MAX_CLASSES, &n);
+    for (int i = 0; !st && i < n; i++) {
+        const yaml_node_t *it = list_item(c, v, i);
+        const char *s = NULL;
+        size_t len = 0;
+        st = get_text(c, it, "a colour in quotes, '#rrggbb' (unquoted, # starts a YAML comment)",
+                      &s, &len);
+        if (!st && !parse_color(s, p->model.colors[i])) {
+            char d[WF_SHOW_MAX + 8];
+            st = fail(c, it,
+                      "'%s' is not a colour (expected '#rrggbb' in quotes, e.g. '#0072bd': "
+                      "unquoted, YAML reads # as a comment)",
+                      show(s, len, d, sizeof d));
+        }
+    }
+    if (!st) p->model.n_colors = n;
+    return st;
+}
+
 static tw_status set_tiling_tile(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
-    return get_int(c, v, 8, 4096, &p->tiling.tile);
+    /* A ResNet halves its input five times: below 32 pixels nothing is left. */
+    return get_int(c, v, 32, 4096, &p->tiling.tile);
 }
 
 static tw_status set_tiling_stride(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
@@ -680,6 +727,16 @@ static tw_status set_output_prob_type(wf_ctx *c, const yaml_node_t *v, tw_run_pa
     return st;
 }
 
+static tw_status set_output_resolution(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const names[] = {"cells", "input"};
+    static const tw_resolution vals[] = {TW_RESOLUTION_CELLS, TW_RESOLUTION_INPUT};
+    int i;
+    tw_status st = get_choice(c, v, names, 2, &i);
+    if (!st) p->output.resolution = vals[i];
+    return st;
+}
+
 static tw_status set_output_format(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     static const char *const names[] = {"GTiff", "COG"};
@@ -723,11 +780,13 @@ static const wf_key_def k_keys[K_COUNT] = {
     [K_INPUT_ASSETS] = {"input.assets", set_input_assets},
     [K_INPUT_RETRIES] = {"input.retries", set_input_retries},
     [K_INPUT_RETRY_DELAY] = {"input.retry_delay", set_input_retry_delay},
+    [K_INPUT_AOI] = {"input.aoi", set_input_aoi},
     [K_MODEL_WEIGHTS] = {"model.weights", set_model_weights},
     [K_MODEL_ARCH] = {"model.arch", set_model_arch},
     [K_MODEL_MEAN] = {"model.mean", set_model_mean},
     [K_MODEL_STD] = {"model.std", set_model_std},
     [K_MODEL_CLASSES] = {"model.classes", set_model_classes},
+    [K_MODEL_COLORS] = {"model.colors", set_model_colors},
     [K_TILING_TILE] = {"tiling.tile", set_tiling_tile},
     [K_TILING_STRIDE] = {"tiling.stride", set_tiling_stride},
     [K_TILING_BATCH] = {"tiling.batch", set_tiling_batch},
@@ -741,6 +800,7 @@ static const wf_key_def k_keys[K_COUNT] = {
     [K_OUTPUT_DIR] = {"output.dir", set_output_dir},
     [K_OUTPUT_PRODUCTS] = {"output.products", set_output_products},
     [K_OUTPUT_PROB_TYPE] = {"output.prob_type", set_output_prob_type},
+    [K_OUTPUT_RESOLUTION] = {"output.resolution", set_output_resolution},
     [K_OUTPUT_FORMAT] = {"output.format", set_output_format},
     [K_OUTPUT_CREATION_OPTIONS] = {"output.creation_options", set_output_creation_options},
 };

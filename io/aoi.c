@@ -1,0 +1,242 @@
+/* aoi.c - see aoi.h */
+#include "io/aoi.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <cpl_error.h>
+#include <cpl_string.h>
+#include <gdal.h>
+#include <gdal_alg.h>
+#include <ogr_api.h>
+#include <ogr_srs_api.h>
+
+#include "core/alloc.h"
+
+#define AOI_MAX_CELLS ((int64_t)16 << 20)
+
+struct tw_aoi {
+    int n_x, n_y;
+    uint8_t *inside; /* [n_y][n_x] */
+    int64_t count;
+};
+
+typedef struct aoi_msg {
+    char text[400];
+} aoi_msg;
+
+static void CPL_STDCALL keep_first(CPLErr cls, CPLErrorNum no, const char *msg)
+{
+    (void)no;
+    aoi_msg *m = CPLGetErrorHandlerUserData();
+    if (m && cls >= CE_Failure && !m->text[0]) snprintf(m->text, sizeof m->text, "%s", msg);
+}
+
+/* Every geometry of every layer, cloned and reprojected into raster_srs
+ * (NULL: no CRS; the geometries are taken as they are). */
+static tw_status collect(GDALDatasetH ds, const char *path, OGRSpatialReferenceH raster_srs,
+                         OGRGeometryH **geoms, int *n, tw_error *err)
+{
+    int cap = 0;
+    *n = 0;
+    *geoms = NULL;
+    for (int l = 0; l < GDALDatasetGetLayerCount(ds); l++) {
+        OGRLayerH layer = GDALDatasetGetLayer(ds, l);
+        OGRSpatialReferenceH lsrs = OGR_L_GetSpatialRef(layer);
+        OGRCoordinateTransformationH ct = NULL;
+        if (lsrs && raster_srs && !OSRIsSame(lsrs, raster_srs)) {
+            OGRSpatialReferenceH src = OSRClone(lsrs);
+            OSRSetAxisMappingStrategy(src, OAMS_TRADITIONAL_GIS_ORDER);
+            ct = OCTNewCoordinateTransformation(src, raster_srs);
+            OSRDestroySpatialReference(src);
+            if (!ct)
+                return tw_error_set(err, TW_ERR_INPUT,
+                                    "input.aoi: %s: cannot reproject layer %s to the raster's CRS",
+                                    path, OGR_L_GetName(layer));
+        } else if (lsrs && !raster_srs) {
+            return tw_error_set(err, TW_ERR_INPUT,
+                                "input.aoi: %s has a CRS but the raster has none: cannot place the "
+                                "area of interest on it",
+                                path);
+        }
+        OGR_L_ResetReading(layer);
+        OGRFeatureH f;
+        tw_status st = TW_OK;
+        while (st == TW_OK && (f = OGR_L_GetNextFeature(layer)) != NULL) {
+            OGRGeometryH g = OGR_F_GetGeometryRef(f);
+            if (g && !OGR_G_IsEmpty(g)) {
+                OGRGeometryH c = OGR_G_Clone(g);
+                if (ct && OGR_G_Transform(c, ct) != OGRERR_NONE) {
+                    OGR_G_DestroyGeometry(c);
+                    st = tw_error_set(err, TW_ERR_INPUT,
+                                      "input.aoi: %s: feature %lld cannot be reprojected to the "
+                                      "raster's CRS",
+                                      path, (long long)OGR_F_GetFID(f));
+                } else {
+                    if (*n == cap) {
+                        int nc = cap ? 2 * cap : 64;
+                        OGRGeometryH *ng = tw_alloc(TW_MEM_OTHER, sizeof *ng * (size_t)nc);
+                        if (!ng) {
+                            OGR_G_DestroyGeometry(c);
+                            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+                        } else {
+                            if (*geoms) memcpy(ng, *geoms, sizeof *ng * (size_t)*n);
+                            tw_free(*geoms);
+                            *geoms = ng;
+                            cap = nc;
+                        }
+                    }
+                    if (st == TW_OK) (*geoms)[(*n)++] = c;
+                }
+            }
+            OGR_F_Destroy(f);
+        }
+        if (ct) OCTDestroyCoordinateTransformation(ct);
+        if (st != TW_OK) return st;
+    }
+    return TW_OK;
+}
+
+tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_aoi_geometry *g,
+                        tw_aoi **out, tw_error *err)
+{
+    *out = NULL;
+    if (!GDALGetDriverByName("MEM")) GDALAllRegister();
+    aoi_msg msg = {{0}};
+    CPLPushErrorHandlerEx(keep_first, &msg);
+    GDALDatasetH ds = GDALOpenEx(path, GDAL_OF_VECTOR | GDAL_OF_READONLY, NULL, NULL, NULL);
+    CPLPopErrorHandler();
+    if (!ds)
+        return tw_error_set(err, TW_ERR_INPUT, "input.aoi: cannot open %s as a vector file%s%s",
+                            path, msg.text[0] ? ": " : "", msg.text);
+
+    OGRSpatialReferenceH rsrs = NULL;
+    if (info->crs_wkt[0]) {
+        rsrs = OSRNewSpatialReference(NULL);
+        if (OSRImportFromWkt(rsrs, (char *[]){(char *)info->crs_wkt}) != OGRERR_NONE) {
+            OSRDestroySpatialReference(rsrs);
+            rsrs = NULL;
+        } else {
+            OSRSetAxisMappingStrategy(rsrs, OAMS_TRADITIONAL_GIS_ORDER);
+        }
+    }
+    OGRGeometryH *geoms = NULL;
+    int n_geoms = 0;
+    tw_status st = collect(ds, path, rsrs, &geoms, &n_geoms, err);
+    if (st == TW_OK && n_geoms == 0)
+        st = tw_error_set(err, TW_ERR_INPUT, "input.aoi: %s holds no geometry", path);
+
+    /* The cell grid: stride pixels per cell, coarser for huge rasters. */
+    int cell = g->stride > 0 ? g->stride : g->tile;
+    int64_t gw = 0, gh = 0;
+    for (;;) {
+        gw = ((int64_t)info->width + cell - 1) / cell;
+        gh = ((int64_t)info->height + cell - 1) / cell;
+        if (gw * gh <= AOI_MAX_CELLS) break;
+        cell *= 2;
+    }
+    tw_aoi *a = NULL;
+    uint8_t *cells = NULL;
+    uint32_t *sat = NULL;
+    GDALDatasetH mem = NULL;
+    if (st == TW_OK) {
+        a = tw_calloc(TW_MEM_OTHER, 1, sizeof *a);
+        cells = tw_calloc(TW_MEM_OTHER, (size_t)(gw * gh), 1);
+        sat = tw_calloc(TW_MEM_OTHER, (size_t)((gw + 1) * (gh + 1)), sizeof *sat);
+        if (a) a->inside = tw_calloc(TW_MEM_OTHER, (size_t)g->n_x * (size_t)g->n_y + 1, 1);
+        if (!a || !cells || !sat || !a->inside)
+            st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
+    }
+    if (st == TW_OK) {
+        GDALDriverH drv = GDALGetDriverByName("MEM");
+        mem = drv ? GDALCreate(drv, "", (int)gw, (int)gh, 1, GDT_Byte, NULL) : NULL;
+        if (!mem) st = tw_error_set(err, TW_ERR_INTERNAL, "input.aoi: cannot make a MEM raster");
+    }
+    if (st == TW_OK) {
+        const double *t = info->geotransform;
+        double gt[6] = {t[0], t[1] * cell, t[2] * cell, t[3], t[4] * cell, t[5] * cell};
+        GDALSetGeoTransform(mem, gt);
+        if (info->crs_wkt[0]) GDALSetProjection(mem, info->crs_wkt);
+        int band = 1;
+        double *burn = tw_alloc(TW_MEM_OTHER, sizeof(double) * (size_t)n_geoms);
+        if (!burn) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
+        } else {
+            for (int i = 0; i < n_geoms; i++) burn[i] = 1.0;
+            char **ropts = CSLSetNameValue(NULL, "ALL_TOUCHED", "TRUE");
+            msg.text[0] = '\0';
+            CPLPushErrorHandlerEx(keep_first, &msg);
+            CPLErr e = GDALRasterizeGeometries(mem, 1, &band, n_geoms, geoms, NULL, NULL, burn,
+                                               ropts, NULL, NULL);
+            CPLPopErrorHandler();
+            CSLDestroy(ropts);
+            tw_free(burn);
+            if (e != CE_None)
+                st = tw_error_set(err, TW_ERR_INPUT, "input.aoi: %s: cannot rasterize: %s", path,
+                                  msg.text);
+        }
+    }
+    if (st == TW_OK && GDALRasterIO(GDALGetRasterBand(mem, 1), GF_Read, 0, 0, (int)gw, (int)gh,
+                                    cells, (int)gw, (int)gh, GDT_Byte, 0, 0) != CE_None)
+        st = tw_error_set(err, TW_ERR_INTERNAL, "input.aoi: cannot read the rasterized cells");
+    if (mem) GDALClose(mem);
+    if (st == TW_OK) {
+        /* Summed-area table: any cell set in a tile's rectangle, in O(1). */
+        for (int64_t r = 0; r < gh; r++)
+            for (int64_t c = 0; c < gw; c++)
+                sat[(r + 1) * (gw + 1) + c + 1] =
+                    (cells[r * gw + c] != 0) + sat[r * (gw + 1) + c + 1] +
+                    sat[(r + 1) * (gw + 1) + c] - sat[r * (gw + 1) + c];
+        a->n_x = g->n_x;
+        a->n_y = g->n_y;
+        for (int ty = 0; ty < g->n_y; ty++) {
+            int64_t r0 = g->y0[ty] / cell, r1 = ((int64_t)g->y0[ty] + g->tile + cell - 1) / cell;
+            if (r0 < 0) r0 = 0;
+            if (r1 > gh) r1 = gh;
+            for (int tx = 0; tx < g->n_x; tx++) {
+                int64_t c0 = g->x0[tx] / cell,
+                        c1 = ((int64_t)g->x0[tx] + g->tile + cell - 1) / cell;
+                if (c0 < 0) c0 = 0;
+                if (c1 > gw) c1 = gw;
+                bool in = false;
+                if (r1 > r0 && c1 > c0) {
+                    uint32_t s = sat[r1 * (gw + 1) + c1] - sat[r0 * (gw + 1) + c1] -
+                                 sat[r1 * (gw + 1) + c0] + sat[r0 * (gw + 1) + c0];
+                    in = s > 0;
+                }
+                a->inside[(size_t)ty * (size_t)g->n_x + (size_t)tx] = in;
+                a->count += in;
+            }
+        }
+    }
+    for (int i = 0; i < n_geoms; i++) OGR_G_DestroyGeometry(geoms[i]);
+    tw_free(geoms);
+    tw_free(cells);
+    tw_free(sat);
+    if (rsrs) OSRDestroySpatialReference(rsrs);
+    GDALClose(ds);
+    if (st != TW_OK) {
+        tw_aoi_destroy(a);
+        return st;
+    }
+    *out = a;
+    return TW_OK;
+}
+
+bool tw_aoi_tile(const tw_aoi *a, int tx, int ty)
+{
+    if (!a || tx < 0 || ty < 0 || tx >= a->n_x || ty >= a->n_y) return false;
+    return a->inside[(size_t)ty * (size_t)a->n_x + (size_t)tx] != 0;
+}
+
+int64_t tw_aoi_count(const tw_aoi *a)
+{
+    return a ? a->count : 0;
+}
+
+void tw_aoi_destroy(tw_aoi *a)
+{
+    if (!a) return;
+    tw_free(a->inside);
+    tw_free(a);
+}

@@ -1,0 +1,391 @@
+/* preflight.c - see preflight.h */
+#include "pipeline/preflight.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cpl_error.h>
+#include <cpl_minixml.h>
+#include <cpl_string.h>
+#include <gdal.h>
+
+#include "core/alloc.h"
+#include "io/writer.h"
+#include "pipeline/budget.h"
+
+tw_status tw_preflight_weights(const char *path, tw_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return TW_OK; /* the model reader names the path and the reason */
+    unsigned char m[4] = {0};
+    size_t n = fread(m, 1, sizeof m, f);
+    fclose(f);
+    /* torch.save writes a zip archive (PyTorch >= 1.6) or a bare pickle
+     * (protocol 2..5 starts with 0x80 and the protocol number). Neither an
+     * HDF5 file (\x89HDF) nor a safetensors file (little-endian header
+     * length) starts so. */
+    bool zip = n == 4 && m[0] == 'P' && m[1] == 'K' && m[2] == 3 && m[3] == 4;
+    bool pickle = n >= 2 && m[0] == 0x80 && m[1] >= 2 && m[1] <= 5;
+    if (zip || pickle)
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "%s is a PyTorch checkpoint (%s), which tilewise does not read: "
+                            "convert it with tools/export_model.py %s -o model.h5 (add --bands, "
+                            "--mean, --std, --classes), then set model.weights to model.h5",
+                            path, zip ? "torch.save zip archive" : "pickle", path);
+    return TW_OK;
+}
+
+/* ---- creation options ---- */
+
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    size_t d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            size_t c = toupper((unsigned char)a[i - 1]) == toupper((unsigned char)b[j - 1]) ? 0 : 1;
+            size_t v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + c < v) v = d[i - 1][j - 1] + c;
+            d[i][j] = v;
+        }
+    return d[la][lb];
+}
+
+static const char *xml_text(const CPLXMLNode *n)
+{
+    for (const CPLXMLNode *c = n->psChild; c; c = c->psNext)
+        if (c->eType == CXT_Text) return c->pszValue;
+    return "";
+}
+
+static const CPLXMLNode *find_option(const CPLXMLNode *root, const char *name)
+{
+    for (const CPLXMLNode *o = root ? root->psChild : NULL; o; o = o->psNext)
+        if (o->eType == CXT_Element && strcmp(o->pszValue, "Option") == 0) {
+            const char *on = CPLGetXMLValue(o, "name", "");
+            if (strcasecmp(on, name) == 0) return o;
+        }
+    return NULL;
+}
+
+/* The known option nearest to name (edit distance <= 2), or NULL. */
+static const char *nearest_option(const CPLXMLNode *root, const char *name)
+{
+    const char *best = NULL;
+    size_t bd = 3;
+    for (const CPLXMLNode *o = root ? root->psChild : NULL; o; o = o->psNext) {
+        if (o->eType != CXT_Element || strcmp(o->pszValue, "Option") != 0) continue;
+        const char *on = CPLGetXMLValue(o, "name", "");
+        size_t d = edit_distance(name, on);
+        if (d < bd) {
+            bd = d;
+            best = on;
+        }
+    }
+    return best;
+}
+
+typedef struct gdal_msg {
+    char text[512];
+} gdal_msg;
+
+static void CPL_STDCALL keep_message(CPLErr cls, CPLErrorNum no, const char *msg)
+{
+    (void)no;
+    gdal_msg *m = CPLGetErrorHandlerUserData();
+    if (m && cls >= CE_Warning && !m->text[0]) snprintf(m->text, sizeof m->text, "%s", msg);
+}
+
+tw_status tw_preflight_creation_options(tw_format format, const char (*opts)[128], int n,
+                                        tw_error *err)
+{
+    const char *driver = format == TW_FORMAT_COG ? "COG" : "GTiff";
+    if (!GDALGetDriverByName("GTiff")) GDALAllRegister();
+    GDALDriverH drv = GDALGetDriverByName(driver);
+    if (!drv) return tw_error_set(err, TW_ERR_INTERNAL, "GDAL has no %s driver", driver);
+    const char *xml = GDALGetMetadataItem(drv, GDAL_DMD_CREATIONOPTIONLIST, NULL);
+    CPLXMLNode *root = xml ? CPLParseXMLString(xml) : NULL;
+    tw_status st = TW_OK;
+    char **list = NULL;
+    for (int i = 0; i < n && st == TW_OK; i++) {
+        const char *o = opts[i];
+        const char *eq = strchr(o, '=');
+        size_t kl = eq ? (size_t)(eq - o) : 0;
+        char key[128];
+        if (!eq || kl == 0 || kl >= sizeof key) {
+            st = tw_error_set(err, TW_ERR_CONFIG,
+                              "output.creation_options: '%.127s' is not KEY=VALUE (e.g. "
+                              "COMPRESS=ZSTD)",
+                              o);
+            break;
+        }
+        memcpy(key, o, kl);
+        key[kl] = '\0';
+        const char *val = eq + 1;
+        if (!root) {
+            list = CSLSetNameValue(list, key, val);
+            continue;
+        }
+        const CPLXMLNode *opt = find_option(root, key);
+        if (!opt) {
+            const char *near = nearest_option(root, key);
+            if (near)
+                st = tw_error_set(err, TW_ERR_CONFIG,
+                                  "output.creation_options: %s is not a creation option of "
+                                  "GDAL's %s driver (did you mean %s?)",
+                                  key, driver, near);
+            else
+                st = tw_error_set(err, TW_ERR_CONFIG,
+                                  "output.creation_options: %s is not a creation option of "
+                                  "GDAL's %s driver (see gdalinfo --format %s)",
+                                  key, driver, driver);
+            break;
+        }
+        if (strcmp(CPLGetXMLValue(opt, "type", ""), "string-select") == 0) {
+            bool found = false;
+            char allowed[400] = "";
+            size_t used = 0;
+            for (const CPLXMLNode *v = opt->psChild; v; v = v->psNext) {
+                if (v->eType != CXT_Element || strcmp(v->pszValue, "Value") != 0) continue;
+                const char *t = xml_text(v);
+                const char *alias = CPLGetXMLValue(v, "alias", NULL);
+                if (strcasecmp(t, val) == 0 || (alias && strcasecmp(alias, val) == 0)) found = true;
+                int w =
+                    snprintf(allowed + used, sizeof allowed - used, "%s%s", used ? ", " : "", t);
+                if (w > 0 && (size_t)w < sizeof allowed - used) used += (size_t)w;
+            }
+            if (!found) {
+                st = tw_error_set(err, TW_ERR_CONFIG,
+                                  "output.creation_options: %s=%s: GDAL's %s driver accepts %s = "
+                                  "%s",
+                                  key, val, driver, key, allowed);
+                break;
+            }
+        }
+        list = CSLSetNameValue(list, key, val);
+    }
+    if (st == TW_OK && list) {
+        /* GDAL's own check (types, ranges): it only warns; make it an error. */
+        gdal_msg m = {{0}};
+        CPLPushErrorHandlerEx(keep_message, &m);
+        int ok = GDALValidateCreationOptions(drv, list);
+        CPLPopErrorHandler();
+        if (!ok)
+            st = tw_error_set(err, TW_ERR_CONFIG, "output.creation_options (format %s): %s", driver,
+                              m.text[0] ? m.text : "invalid option");
+    }
+    CSLDestroy(list);
+    if (root) CPLDestroyXMLNode(root);
+    return st;
+}
+
+/* The products written once, 16 x 16 cells, with the run's format, types,
+ * creation options and colours, into a temporary directory: whatever the
+ * driver refuses only when it creates or converts a file (COMPRESS=JPEG
+ * with float32 probabilities, a COG option that fails at conversion) is
+ * found here rather than after the last tile. */
+static tw_status trial_write(const tw_run_params *p, int n_classes, tw_error *err)
+{
+    unsigned products = p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF);
+    if (!products || n_classes < 1) return TW_OK;
+    char dir[] = "/tmp/tilewise-preflight-XXXXXX";
+    if (!mkdtemp(dir)) return TW_OK; /* no scratch space: the run will tell */
+    enum { N = 16 };
+    float *probs = tw_alloc(TW_MEM_OTHER, sizeof(float) * N * N * (size_t)n_classes);
+    uint8_t has[N * N];
+    memset(has, 1, sizeof has);
+    tw_status st = TW_OK;
+    if (!probs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == TW_OK && i < (size_t)N * N * (size_t)n_classes; i++)
+        probs[i] = 1.0f / (float)n_classes;
+    tw_writer_params wp = {
+        .dir = dir,
+        .stem = "trial",
+        .grid_w = N,
+        .grid_h = N,
+        .geotransform = {0, 1, 0, 0, 0, -1},
+        .n_classes = n_classes,
+        .products = products,
+        .prob_type = p->output.prob_type,
+        .format = p->output.format,
+        .creation_options = (const char(*)[128])p->output.creation_options,
+        .n_creation_options = p->output.n_creation_options,
+        .colors = p->model.n_colors > 0 ? (const unsigned char(*)[3])p->model.colors : NULL,
+        .n_colors = p->model.n_colors,
+    };
+    tw_writer *w = NULL;
+    tw_error e;
+    tw_error_init(&e);
+    if (st == TW_OK) {
+        tw_status ws = tw_writer_create(&wp, &w, &e);
+        if (ws == TW_OK) ws = tw_writer_write_rows(w, 0, N, probs, has, &e);
+        if (ws == TW_OK) ws = tw_writer_finish(w, &e);
+        tw_writer_destroy(w);
+        if (ws == TW_ERR_NOMEM)
+            st = tw_error_set(err, ws, "%s", e.msg);
+        else if (ws != TW_OK)
+            st = tw_error_set(err, TW_ERR_CONFIG,
+                              "output.creation_options: a trial write of the outputs (format %s) "
+                              "failed: %s",
+                              p->output.format == TW_FORMAT_COG ? "COG" : "GTiff", e.msg);
+    }
+    tw_free(probs);
+    /* Remove what the trial left (products, sidecars, temporaries). */
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        char path[sizeof dir + 300];
+        while ((de = readdir(d)) != NULL) {
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+            snprintf(path, sizeof path, "%s/%.250s", dir, de->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+    return st;
+}
+
+/* ---- output directory ---- */
+
+uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp)
+{
+    const tw_run_params *p = pp->run;
+    const unsigned prod = p->output.products;
+    const uint64_t C = (uint64_t)pp->n_classes;
+    uint64_t total = 0;
+    for (int i = 0; i < pp->n_inputs; i++) {
+        if (pp->width[i] <= 0) continue;
+        uint64_t S = (uint64_t)pp->stride;
+        uint64_t gw = ((uint64_t)pp->width[i] + S - 1) / S,
+                 gh = ((uint64_t)pp->height[i] + S - 1) / S;
+        uint64_t cells = gw * gh, per = 0;
+        if (prod & TW_PRODUCT_CLASS) per += 1;
+        if (prod & TW_PRODUCT_PROB) per += C * (p->output.prob_type == TW_PROB_UINT8 ? 1 : 4) + 1;
+        if (prod & TW_PRODUCT_CONF) per += 4;
+        per += C * 4 + 1; /* committed chunks, until assembly */
+        uint64_t tiles = cells / ((uint64_t)pp->tile / S) / ((uint64_t)pp->tile / S) + 1;
+        if (prod & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG))
+            total +=
+                tiles * (8 + 4 * (C + ((prod & TW_PRODUCT_EMB) ? (uint64_t)pp->feat_dim : 0))) * 2;
+        total += cells * per;
+    }
+    return total;
+}
+
+/* The deepest existing directory on the way to path, into buf. */
+static bool nearest_existing(const char *path, char *buf, size_t size, struct stat *sb)
+{
+    if (snprintf(buf, size, "%s", path[0] ? path : ".") >= (int)size) return false;
+    for (;;) {
+        if (stat(buf, sb) == 0) return true;
+        char *slash = strrchr(buf, '/');
+        if (!slash) {
+            snprintf(buf, size, ".");
+            return stat(buf, sb) == 0;
+        }
+        if (slash == buf) {
+            buf[1] = '\0';
+            return stat(buf, sb) == 0;
+        }
+        *slash = '\0';
+    }
+}
+
+static tw_status check_dir(const char *dir, tw_error *err)
+{
+    char at[TW_PATH_MAX];
+    struct stat sb;
+    if (!nearest_existing(dir, at, sizeof at, &sb))
+        return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s: no part of the path exists", dir);
+    if (!S_ISDIR(sb.st_mode)) {
+        if (strcmp(at, dir) == 0)
+            return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s exists and is not a directory",
+                                dir);
+        return tw_error_set(err, TW_ERR_OUTPUT,
+                            "output.dir: %s cannot be created: %s is a file, not a directory", dir,
+                            at);
+    }
+    if (access(at, W_OK | X_OK) != 0) {
+        if (strcmp(at, dir) == 0)
+            return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s is not writable: %s", dir,
+                                strerror(errno));
+        return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s cannot be created in %s: %s", dir,
+                            at, strerror(errno));
+    }
+    return TW_OK;
+}
+
+tw_status tw_preflight_submit(const tw_run_params *p, tw_error *err)
+{
+    tw_status st = tw_preflight_weights(p->model.weights, err);
+    if (st == TW_OK)
+        st = tw_preflight_creation_options(p->output.format,
+                                           (const char(*)[128])p->output.creation_options,
+                                           p->output.n_creation_options, err);
+    if (st == TW_OK) st = check_dir(p->output.dir, err);
+    return st;
+}
+
+tw_status tw_preflight_output(const tw_preflight_params *pp, tw_preflight_warnings *warn,
+                              tw_error *err)
+{
+    const tw_run_params *p = pp->run;
+    warn->n = 0;
+    tw_status st = tw_preflight_creation_options(p->output.format,
+                                                 (const char(*)[128])p->output.creation_options,
+                                                 p->output.n_creation_options, err);
+    if (st == TW_OK) st = check_dir(p->output.dir, err);
+    if (st == TW_OK) st = trial_write(p, pp->n_classes, err);
+    if (st != TW_OK) return st;
+    /* A final path taken by a directory fails at assembly: say it now. */
+    static const struct {
+        unsigned bits;
+        const char *suffix;
+    } prods[] = {{TW_PRODUCT_CLASS, "class.tif"},
+                 {TW_PRODUCT_PROB, "prob.tif"},
+                 {TW_PRODUCT_CONF, "conf.tif"},
+                 {TW_PRODUCT_TILES | TW_PRODUCT_EMB, "tiles.h5"},
+                 {TW_PRODUCT_TILES_GPKG, "tiles.gpkg"}};
+    for (int i = 0; i < pp->n_inputs; i++) {
+        if (pp->width[i] <= 0) continue;
+        for (size_t k = 0; k < sizeof prods / sizeof prods[0]; k++) {
+            if (!(p->output.products & prods[k].bits)) continue;
+            char path[TW_PATH_MAX + 300];
+            struct stat sb;
+            snprintf(path, sizeof path, "%s/%s.%s", p->output.dir, pp->stems[i], prods[k].suffix);
+            if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+                return tw_error_set(err, TW_ERR_OUTPUT, "output %s exists and is a directory",
+                                    path);
+        }
+    }
+    char at[TW_PATH_MAX];
+    struct stat sb;
+    struct statvfs vfs;
+    if (nearest_existing(p->output.dir, at, sizeof at, &sb) && statvfs(at, &vfs) == 0) {
+        uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+        uint64_t need = tw_preflight_output_bytes(pp);
+        if (need > avail && warn->n < TW_PREFLIGHT_MAX_WARNINGS) {
+            char b1[32], b2[32];
+            snprintf(warn->msg[warn->n++], sizeof warn->msg[0],
+                     "output.dir: %.300s has %s free; the outputs may need up to %s before "
+                     "compression (products, and the committed chunks until assembly)",
+                     at, tw_format_bytes(avail, b1, sizeof b1),
+                     tw_format_bytes(need, b2, sizeof b2));
+        }
+    }
+    return TW_OK;
+}

@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""Parts are never destroyed by a different run, and one shard runs once.
+
+* Shards: shard 1/2 runs; shard 2/2 with another configuration
+  (--set tiling.stride=32) refuses with exit 6, naming the keys that differ
+  (tiling.stride, grid) and how to proceed; shard 1's committed chunks
+  survive byte for byte (and with -q too). `merge` then names why rows are
+  missing (shard 2/2 committed nothing). The matching shard 2/2 runs, and
+  `merge` gives the same class and probability rasters as one run.
+* --restart discards the other configuration's parts (a notice naming the
+  keys) and the run completes equal to a fresh run of that configuration.
+* Single runs: a run interrupted (SIGTERM, exit 75) and rerun with another
+  model.mean refuses (exit 6, naming model.mean); the original command
+  finishes it, equal to one uninterrupted run.
+* The same command started twice at once: one runs, the other exits 7 with
+  the lock message naming the holder's pid and host; the outputs equal one
+  run, and the refused process wrote no run.json over the running one's.
+"""
+import glob
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from e2eutil import BIN, FIX, SRC, check, gdal_or_skip
+
+EXIT_PARTS, EXIT_LOCKED, EXIT_INTERRUPTED = 6, 7, 75
+
+
+def workflow(path, out, stride=32, extra=""):
+    with open(path, "w") as f:
+        f.write(f"""input:
+  path: {SRC}/sample_data/L7_ETMs.tif
+model:
+  weights: {FIX}/resnet18_6b_7c.safetensors
+  mean: [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
+  std: [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
+tiling:
+  tile: 64
+  stride: {stride}
+  batch: 8
+runtime:
+  device: cpu
+  memory: 1GiB
+  threads: 1
+output:
+  dir: {out}
+  products: [class, prob]
+{extra}""")
+
+
+def run(*args, **kw):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=600, **kw)
+
+
+def outputs(gdal, out):
+    return {p: gdal.Open(f"{out}/L7_ETMs.{p}.tif").ReadAsArray() for p in ("class", "prob")}
+
+
+def same(a, b):
+    return all(np.array_equal(a[k], b[k]) for k in ("class", "prob"))
+
+
+def digests(out):
+    res = {}
+    for p in sorted(glob.glob(f"{out}/.tilewise/L7_ETMs/rows-*.bin")):
+        with open(p, "rb") as f:
+            res[os.path.basename(p)] = hashlib.sha256(f.read()).hexdigest()
+    return res
+
+
+def main():
+    gdal = gdal_or_skip()
+    if not gdal:
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        wf = f"{tmp}/w.yaml"
+        ref_out = f"{tmp}/ref"
+        workflow(wf, ref_out)
+        r = run("run", wf, "-q")
+        check(r.returncode == 0, f"reference run: {r.stderr}")
+        ref = outputs(gdal, ref_out)
+
+        # ---- shards: a mismatched shard refuses, shard 1's parts survive
+        out = f"{tmp}/shards"
+        r = run("run", wf, "-q", "--shard", "1/2", "--set", f"output.dir={out}")
+        check(r.returncode == 0, f"shard 1/2: {r.stderr}")
+        before = digests(out)
+        check(len(before) > 0, "shard 1/2 committed chunks", True)
+        for quiet in ([], ["-q"]):
+            r = run("run", wf, *quiet, "--shard", "2/2", "--set", f"output.dir={out}", "--set",
+                    "tiling.stride=16")
+            lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+            check(r.returncode == EXIT_PARTS, f"mismatched shard exits 6 {quiet}, got "
+                  f"{r.returncode}: {r.stderr}", True)
+            check(len(lines) == 1 and "tiling.stride: 16 now, 32 in the parts" in lines[0]
+                  and "--restart" in lines[0] and "original configuration" in lines[0]
+                  and "nothing was deleted" in lines[0],
+                  f"the refusal names the keys and how to proceed: {r.stderr.strip()}", True)
+            check(digests(out) == before, "shard 1's chunks survive byte for byte", True)
+        r = run("merge", out)
+        check(r.returncode == 3 and "shard 2/2" in r.stderr and "committed nothing" in r.stderr,
+              f"merge names the missing shard: {r.stderr.strip()}", True)
+        r = run("run", wf, "-q", "--shard", "2/2", "--set", f"output.dir={out}")
+        check(r.returncode == 0, f"matching shard 2/2: {r.stderr}")
+        r = run("merge", "-q", out)
+        check(r.returncode == 0, f"merge: {r.stderr}")
+        check(same(outputs(gdal, out), ref), "merged shards equal one run", True)
+
+        # ---- --restart discards the other configuration's parts
+        out = f"{tmp}/restart"
+        r = run("run", wf, "-q", "--shard", "1/2", "--set", f"output.dir={out}", "--set",
+                "tiling.stride=16")
+        check(r.returncode == 0, f"stride 16 shard: {r.stderr}")
+        r = run("run", wf, "--progress=none", "--restart", "--set", f"output.dir={out}")
+        check(r.returncode == 0, f"--restart run: {r.stderr}")
+        check("--restart: discarding" in r.stderr and "tiling.stride" in r.stderr,
+              f"--restart says what it discards: {r.stderr.strip()}", True)
+        check(same(outputs(gdal, out), ref), "--restart run equals a fresh run", True)
+        check(not os.path.exists(f"{out}/.tilewise"), "no parts left after --restart run", True)
+
+        # ---- single run: interrupted, rerun with another mean refuses
+        out = f"{tmp}/single"
+        wf2 = f"{tmp}/slow.yaml"
+        workflow(wf2, out, stride=8)
+        slow_ref = f"{tmp}/slowref"
+        r = run("run", wf2, "-q", "--set", f"output.dir={slow_ref}")
+        check(r.returncode == 0, f"stride 8 reference: {r.stderr}")
+        p = subprocess.Popen([BIN, "run", wf2, "-q", "--chunk-rows", "4"],
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and not glob.glob(f"{out}/.tilewise/L7_ETMs/rows-*.bin"):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+        if p.returncode == EXIT_INTERRUPTED:
+            before = digests(out)
+            r = run("run", wf2, "-q", "--set", "model.mean=[80, 67.5, 64.4, 60, 80, 60]")
+            check(r.returncode == EXIT_PARTS and "model.mean: 80 67.5" in r.stderr,
+                  f"single run with another mean refuses: {r.stderr.strip()}", True)
+            check(digests(out) == before, "the interrupted run's chunks survive", True)
+            r = run("run", wf2, "-q")
+            check(r.returncode == 0, f"original command resumes: {r.stderr}")
+            check(same(outputs(gdal, out), outputs(gdal, slow_ref)),
+                  "resumed single run equals one run", True)
+        else:
+            print(f"note: the run finished before SIGTERM (exit {p.returncode}); "
+                  "single-run refusal not exercised this time")
+
+        # ---- the same command twice at once
+        out = f"{tmp}/twice"
+        workflow(wf2, out, stride=8)
+        a = subprocess.Popen([BIN, "run", wf2, "-q"], stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        lock = f"{out}/.tilewise/L7_ETMs/lock.0001-of-0001"
+        while time.time() < deadline and not (os.path.exists(lock) and os.path.getsize(lock)):
+            time.sleep(0.02)
+        b = run("run", wf2, "-q")
+        _, aerr = a.communicate(timeout=600)
+        check(a.returncode == 0, f"first run: {aerr}")
+        host = socket.gethostname()
+        check(b.returncode == EXIT_LOCKED and f"process {a.pid} on host {host}" in b.stderr,
+              f"second run exits 7 naming the holder: {b.stderr.strip()}", True)
+        check(same(outputs(gdal, out), outputs(gdal, slow_ref)), "outputs equal one run", True)
+        import json
+        with open(f"{out}/run.json") as f:
+            check(json.load(f)["status"] == "ok", "run.json is the first run's (ok)", True)
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
