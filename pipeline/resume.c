@@ -99,6 +99,17 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
         for (int i = 0; co && i < p->output.n_creation_options; i++)
             append(co, put_str(p->output.creation_options[i]), ok);
         set(out, "creation_options", co, ok);
+        /* merge writes the products as the run would: their grid and colours */
+        set(out, "resolution",
+            json_string(p->output.resolution == TW_RESOLUTION_INPUT ? "input" : "cells"), ok);
+        json_t *colors = json_array();
+        for (int i = 0; colors && i < p->model.n_colors; i++) {
+            char hex[8];
+            snprintf(hex, sizeof hex, "#%02x%02x%02x", p->model.colors[i][0], p->model.colors[i][1],
+                     p->model.colors[i][2]);
+            append(colors, json_string(hex), ok);
+        }
+        set(out, "colors", colors, ok);
     }
     set(root, "output", out, ok);
 
@@ -391,9 +402,9 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
 
     json_t *out = need_obj(r, root, "output");
     if (out) {
-        static const char *const out_keys[] = {"dir", "products", "prob_type", "format",
-                                               "creation_options"};
-        only_keys(r, out, "output", out_keys, 5);
+        static const char *const out_keys[] = {
+            "dir", "products", "prob_type", "format", "creation_options", "resolution", "colors"};
+        only_keys(r, out, "output", out_keys, 7);
         get_str(r, out, "output", "dir", p->output.dir, sizeof p->output.dir);
         json_t *prods = need_arr(r, out, "output", "products", TW_PRODUCT_COUNT);
         p->output.products = 0;
@@ -420,6 +431,23 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
             str_value(r, json_array_get(co, i), "output", "creation_options",
                       p->output.creation_options[i], sizeof p->output.creation_options[i]);
         if (co) p->output.n_creation_options = (int)json_array_size(co);
+        static const char *const res_names[] = {"cells", "input"};
+        if (get_enum(r, out, "output", "resolution", res_names, 2, &e))
+            p->output.resolution = e == 1 ? TW_RESOLUTION_INPUT : TW_RESOLUTION_CELLS;
+        json_t *colors = need_arr(r, out, "output", "colors", TW_MAX_CLASSES);
+        for (size_t i = 0; colors && r->st == TW_OK && i < json_array_size(colors); i++) {
+            const char *h = json_string_value(json_array_get(colors, i));
+            unsigned rr, gg, bb;
+            char tail;
+            if (!h || strlen(h) != 7 || sscanf(h, "#%2x%2x%2x%c", &rr, &gg, &bb, &tail) != 3)
+                fail(r, "key output.colors: entry %zu is not #rrggbb", i + 1);
+            else {
+                p->model.colors[i][0] = (unsigned char)rr;
+                p->model.colors[i][1] = (unsigned char)gg;
+                p->model.colors[i][2] = (unsigned char)bb;
+            }
+        }
+        if (colors && r->st == TW_OK) p->model.n_colors = (int)json_array_size(colors);
     }
 
     tw_resolved *m = &mf->m;

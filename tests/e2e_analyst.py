@@ -84,6 +84,21 @@ def main():
               True)
         check(np.array_equal(cls, prob.argmax(0)), "the class map is the argmax of prob", True)
 
+        # shards + merge write the products as one run does (the merge reads the
+        # resolution and the colours from the manifest)
+        shard_args = ["--set", f"output.dir={tmp}/shards", "--set", "output.resolution=input"]
+        for i in (1, 2):
+            run(wf, *shard_args, "--shard", f"{i}/2")
+        r = subprocess.run([BIN, "merge", f"{tmp}/shards", "-q"], capture_output=True, text=True)
+        check(r.returncode == 0, f"merge: {r.stderr}")
+        for prod in ("class", "prob"):
+            a = gdal.Open(f"{tmp}/input/L7_ETMs.{prod}.tif")
+            b = gdal.Open(f"{tmp}/shards/L7_ETMs.{prod}.tif")
+            check(a.GetGeoTransform() == b.GetGeoTransform() and
+                  np.array_equal(a.ReadAsArray(), b.ReadAsArray()),
+                  f"2 shards + merge at output.resolution: input: the {prod} raster of one run",
+                  True)
+
         # with an AOI the pixels far from every computed cell are nodata
         from osgeo import ogr, osr
         gt = src.GetGeoTransform()
@@ -115,6 +130,15 @@ def main():
         ct = cds.GetRasterBand(1).GetColorTable()
         got = ["#%02x%02x%02x" % ct.GetColorEntry(i)[:3] for i in range(len(colors))]
         check(got == colors, f"model.colors make the colour table ({got})", True)
+        for i in (1, 2):
+            run(wf, "--set", f"output.dir={tmp}/colors_shards", "--shard", f"{i}/2")
+        r = subprocess.run([BIN, "merge", f"{tmp}/colors_shards", "-q"], capture_output=True,
+                           text=True)
+        check(r.returncode == 0, f"merge: {r.stderr}")
+        mds = gdal.Open(f"{tmp}/colors_shards/L7_ETMs.class.tif")  # keep, as above
+        mct = mds.GetRasterBand(1).GetColorTable()
+        got = ["#%02x%02x%02x" % mct.GetColorEntry(i)[:3] for i in range(len(colors))]
+        check(got == colors, "2 shards + merge keep model.colors", True)
         for prod, pred in (("class", "2"), ("prob", "3"), ("conf", "3")):
             md = gdal.Open(f"{tmp}/colors/L7_ETMs.{prod}.tif").GetMetadata("IMAGE_STRUCTURE")
             check(md.get("COMPRESSION") == "DEFLATE" and md.get("PREDICTOR") == pred,

@@ -32,6 +32,10 @@ static tw_manifest *sample(void)
     mf->p.output.n_creation_options = 2;
     snprintf(mf->p.output.creation_options[0], 128, "COMPRESS=DEFLATE");
     snprintf(mf->p.output.creation_options[1], 128, "PREDICTOR=2");
+    mf->p.output.resolution = TW_RESOLUTION_INPUT;
+    mf->p.model.n_colors = 2;
+    memcpy(mf->p.model.colors[0], (unsigned char[3]){0x00, 0x72, 0xbd}, 3);
+    memcpy(mf->p.model.colors[1], (unsigned char[3]){0xff, 0x00, 0x01}, 3);
 
     tw_resolved *m = &mf->m;
     snprintf(m->arch, sizeof m->arch, "resnet50");
@@ -87,6 +91,9 @@ static void assert_same(const tw_manifest *a, const tw_manifest *b)
     assert_int_equal(a->p.output.n_creation_options, b->p.output.n_creation_options);
     for (int i = 0; i < a->p.output.n_creation_options; i++)
         assert_string_equal(a->p.output.creation_options[i], b->p.output.creation_options[i]);
+    assert_int_equal(a->p.output.resolution, b->p.output.resolution);
+    assert_int_equal(a->p.model.n_colors, b->p.model.n_colors);
+    assert_memory_equal(a->p.model.colors, b->p.model.colors, sizeof a->p.model.colors);
     /* tw_resolved has no padding holes that calloc did not zero in both */
     assert_memory_equal(&a->m, &b->m, sizeof a->m);
     assert_int_equal(a->info.width, b->info.width);
@@ -277,7 +284,7 @@ static void stride_not_divisor(json_t *r)
 }
 static void unknown_key(json_t *r)
 {
-    json_object_set_new(json_object_get(r, "output"), "resolution", json_string("input"));
+    json_object_set_new(json_object_get(r, "output"), "pyramids", json_string("input"));
 }
 static void missing_key(json_t *r)
 {
@@ -336,7 +343,7 @@ static void test_garbage(void **state)
     expect_refused(tile_as_string, "M: damaged run manifest: key model.tile is not an integer");
     expect_refused(tile_zero, "key model.tile is not an integer in 1..65536");
     expect_refused(stride_not_divisor, "model.stride 48 does not divide model.tile 64");
-    expect_refused(unknown_key, "unknown key output.resolution");
+    expect_refused(unknown_key, "unknown key output.pyramids");
     expect_refused(missing_key, "key raster.crs_wkt missing");
     expect_refused(long_class, "key model.classes: a string of 199 bytes (at most 63");
     expect_refused(too_many_classes, "key model.classes has 256 entries (at most 255)");
