@@ -431,10 +431,15 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
             str_value(r, json_array_get(co, i), "output", "creation_options",
                       p->output.creation_options[i], sizeof p->output.creation_options[i]);
         if (co) p->output.n_creation_options = (int)json_array_size(co);
+        /* resolution and colors may be absent (a manifest written before
+         * they were carried): cells, the built-in palette */
         static const char *const res_names[] = {"cells", "input"};
-        if (get_enum(r, out, "output", "resolution", res_names, 2, &e))
+        if (json_object_get(out, "resolution") &&
+            get_enum(r, out, "output", "resolution", res_names, 2, &e))
             p->output.resolution = e == 1 ? TW_RESOLUTION_INPUT : TW_RESOLUTION_CELLS;
-        json_t *colors = need_arr(r, out, "output", "colors", TW_MAX_CLASSES);
+        json_t *colors = json_object_get(out, "colors")
+                             ? need_arr(r, out, "output", "colors", TW_MAX_CLASSES)
+                             : NULL;
         for (size_t i = 0; colors && r->st == TW_OK && i < json_array_size(colors); i++) {
             const char *h = json_string_value(json_array_get(colors, i));
             unsigned rr, gg, bb;
