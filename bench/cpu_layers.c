@@ -119,7 +119,12 @@ int main(int argc, char **argv)
     }
     if (batch <= 0) batch = be.i->auto_batch(be.ctx, tile);
     int mb = batch;
-    if (tw_backend_reserve(&be, net, tile, &mb, TW_PREC_FP32, true, NULL, &err) != TW_OK) {
+    /* TW_PRECISION=bf16|int8: that precision (int8 calibrates on the first batch) */
+    const char *pv = getenv("TW_PRECISION");
+    tw_precision prec = pv && strcmp(pv, "bf16") == 0   ? TW_PREC_BF16
+                        : pv && strcmp(pv, "int8") == 0 ? TW_PREC_INT8
+                                                        : TW_PREC_FP32;
+    if (tw_backend_reserve(&be, net, tile, &mb, prec, true, NULL, &err) != TW_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -128,8 +133,9 @@ int main(int argc, char **argv)
     size_t n_in = (size_t)mb * net->in_bands * tile * tile;
     float *x = malloc(n_in * sizeof *x), *p = malloc((size_t)mb * net->n_classes * sizeof *p);
     for (size_t i = 0; i < n_in; i++) x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
-    printf("tw_layers arch=%s tile=%d batch=%d threads=%d device=\"%s\" algorithms=\"%s\"\n",
-           argv[1], tile, mb, threads, st.device, st.algorithms);
+    printf("tw_layers arch=%s tile=%d batch=%d threads=%d precision=%s device=\"%s\" "
+           "algorithms=\"%s\"\n",
+           argv[1], tile, mb, threads, tw_precision_name(st.precision), st.device, st.algorithms);
     fflush(stdout);
     tw_infer_batch b = {.n = mb, .tile = tile, .x = x, .probs = p};
     for (int it = 0; it < iters; it++) {

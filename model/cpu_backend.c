@@ -1078,6 +1078,36 @@ static bool cpu_consumes_weights(void *ctx, tw_precision prec)
     return wanted_mode(prec) != NUM_INT8; /* int8 quantizes them again per raster */
 }
 
+/* Whether oneDNN's bf16 convolutions would run slower than fp32 here (then
+ * bf16 falls back to fp32 with a notice saying why). Measured, ResNet-18 on
+ * 64-px tiles, bench/RESULTS.md (issue 20): without AVX512-BF16 oneDNN
+ * emulates it, 4.4x slower than fp32; with AVX512-BF16 but no AMX, Intel
+ * Xeons ran it at 0.52-0.80x fp32's rate (AMD Zen 4 at 1.8-2x: it keeps
+ * bf16); with AMX it is 1.5x faster. ONEDNN_MAX_CPU_ISA counts (oneDNN's
+ * effective ISA). */
+static bool bf16_slower(char *why, size_t why_size)
+{
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool has = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    bool amx = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+    if ((isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core)
+        return false; /* no bf16 convolutions at all: mode_supported says so */
+    if (!has) {
+        snprintf(why, why_size,
+                 "bf16 would run about 4x slower than fp32 on this CPU (no AVX512-BF16 "
+                 "instructions: oneDNN emulates them)");
+        return true;
+    }
+    __builtin_cpu_init();
+    if (!amx && __builtin_cpu_is("intel")) {
+        snprintf(why, why_size,
+                 "bf16 would run slower than fp32 on this CPU (an Intel CPU with AVX512-BF16 "
+                 "but no AMX: measured 0.5-0.8x fp32's speed)");
+        return true;
+    }
+    return false;
+}
+
 static bool cpu_supports(void *ctx, const tw_resnet *net, int tile, tw_precision want,
                          tw_precision *runs_as, char *why, size_t why_size)
 {
@@ -1094,6 +1124,10 @@ static bool cpu_supports(void *ctx, const tw_resnet *net, int tile, tw_precision
         return true;
     }
     num_mode mode = wanted_mode(want);
+    if (mode == NUM_BF16 && bf16_slower(why, why_size)) {
+        *runs_as = TW_PREC_FP32;
+        return true;
+    }
     if (!mode_supported(c, net, tile, mode)) {
         *runs_as = TW_PREC_FP32;
         snprintf(why, why_size, "%s convolutions are not available on this CPU (%s)",

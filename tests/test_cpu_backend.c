@@ -378,6 +378,50 @@ static void test_bad_calls(void **state)
     tw_resnet_destroy(net);
 }
 
+static void keep_msg(tw_log_level level, const char *msg, void *user)
+{
+    (void)level;
+    snprintf(user, 512, "%s", msg);
+}
+
+/* runtime.precision bf16 where oneDNN would run it slower than fp32 (no
+ * AVX512-BF16: emulated; an Intel CPU without AMX): fp32 with a notice
+ * saying why. Run under ONEDNN_MAX_CPU_ISA=AVX512_CORE (or AVX2) to see
+ * the refusal on any AVX-512 machine. */
+static void test_bf16_refused_where_slower(void **state)
+{
+    (void)state;
+    synth s;
+    assert_int_equal(synth_resnet(&s, (const int[]){2, 2, 2, 2}, 0, 2, 16, 3, 5), 0);
+    tw_error err;
+    tw_error_init(&err);
+    tw_resnet *net = NULL;
+    assert_int_equal(tw_resnet_create(&s.mf, "", &net, &err), TW_OK);
+    synth_free(&s);
+    tw_backend be;
+    assert_int_equal(tw_backend_create("cpu", 1, true, &be, &err), TW_OK);
+    char msg[512] = "";
+    tw_log log = {keep_msg, msg};
+    int mb = 2;
+    assert_int_equal(tw_backend_reserve(&be, net, 32, &mb, TW_PREC_BF16, false, &log, &err), TW_OK);
+    tw_backend_stats st;
+    tw_backend_get_stats(&be, &st);
+    print_message("bf16 on %s: computes in %s; notice: %s\n", st.device,
+                  tw_precision_name(st.precision), msg[0] ? msg : "(none)");
+    __builtin_cpu_init();
+    bool bf16 = __builtin_cpu_supports("avx512bf16") && cpu_has_avx512_core();
+    const char *isa = getenv("ONEDNN_MAX_CPU_ISA");
+    if (isa && (strcmp(isa, "AVX512_CORE") == 0 || strcmp(isa, "AVX512_CORE_VNNI") == 0))
+        bf16 = false;
+    if (!bf16) { /* emulated, or no bf16 convolutions at all: fp32, said */
+        assert_int_equal(st.precision, TW_PREC_FP32);
+        assert_non_null(strstr(msg, "computing in fp32"));
+    }
+    if (st.precision == TW_PREC_FP32) assert_non_null(strstr(msg, "bf16"));
+    be.i->destroy(be.ctx);
+    tw_resnet_destroy(net);
+}
+
 /* batch: auto's bound: the smallest power of two with >= 128 pixels in
  * the last stage's maps (tile/32 wide), at most 64 */
 static void test_auto_batch(void **state)
@@ -399,6 +443,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_batch),
         cmocka_unit_test(test_bad_calls),
+        cmocka_unit_test(test_bf16_refused_where_slower),
         cmocka_unit_test(test_odd_shapes_basic),
         cmocka_unit_test(test_odd_shapes_bottleneck),
         cmocka_unit_test(test_resnet18_vs_pytorch),
