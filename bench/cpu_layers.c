@@ -74,8 +74,10 @@ static int ab(tw_resnet *net, tw_backend_params bp, int tile, int batch, int ite
     for (int i = 0; i < NV; i++) {
         tw_backend_stats st;
         tw_backend_get_stats(&be[i], &st);
-        printf("tw_ab %-6s batch=%d best_cpu_ms=%.2f best_wall_ms=%.2f tiles_per_s=%.1f (%s)\n",
-               name[i], mb, bc[i] * 1e3, bw[i] * 1e3, mb / bw[i], st.algorithms);
+        size_t ws = be[i].i->workspace_bytes(be[i].ctx, net, tile, mb, TW_PREC_FP32);
+        printf("tw_ab %-6s batch=%d best_cpu_ms=%.2f best_wall_ms=%.2f tiles_per_s=%.1f "
+               "workspace_mib=%.1f (%s)\n",
+               name[i], mb, bc[i] * 1e3, bw[i] * 1e3, mb / bw[i], ws / 1048576.0, st.algorithms);
         tw_backend_destroy(&be[i]);
     }
     free(x);
