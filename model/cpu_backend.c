@@ -1085,13 +1085,19 @@ static bool cpu_consumes_weights(void *ctx, tw_precision prec)
  * Xeons ran it at 0.52-0.80x fp32's rate (AMD Zen 4 at 1.8-2x: it keeps
  * bf16); with AMX it is 1.5x faster. ONEDNN_MAX_CPU_ISA counts (oneDNN's
  * effective ISA). */
+static const char *isa_name(dnnl_cpu_isa_t isa);
+
 static bool bf16_slower(char *why, size_t why_size)
 {
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     bool has = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
     bool amx = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
-    if ((isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core)
-        return false; /* no bf16 convolutions at all: mode_supported says so */
+    if ((isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core) {
+        snprintf(why, why_size,
+                 "oneDNN 2.6 has bf16 convolutions for AVX-512 CPUs only (this one: %s)",
+                 isa_name(isa));
+        return true;
+    }
     if (!has) {
         snprintf(why, why_size,
                  "bf16 would run about 4x slower than fp32 on this CPU (no AVX512-BF16 "
