@@ -25,6 +25,8 @@ tw_run_params tw_run_default_params(void)
      * 2-8 minutes of outage before a tile gives up. */
     p.input.retries = 8;
     p.input.retry_delay = 0.5;
+    p.runtime.cpu_gemm = -1;
+    p.runtime.cpu_nhwc = -1;
     p.tiling.edge = TW_EDGE_PAD;
     p.tiling.max_nodata_fraction = 0.5;
     strcpy(p.runtime.device, "auto");

@@ -42,8 +42,12 @@ tw_status tw_backend_register(const char *device, tw_backend_create_fn create, t
 
 tw_backend_params tw_backend_default_params(void)
 {
-    return (tw_backend_params){
-        .threads = 0, .cpu_winograd = true, .cuda_fail_above = 0, .log = NULL};
+    return (tw_backend_params){.threads = 0,
+                               .cpu_winograd = true,
+                               .cpu_gemm = -1,
+                               .cpu_nhwc = -1,
+                               .cuda_fail_above = 0,
+                               .log = NULL};
 }
 
 tw_status tw_backend_create(const char *device, int threads, bool quiet, tw_backend *out,

@@ -61,6 +61,7 @@ typedef struct tw_backend_stats {
     char algorithms[256];     /* the convolution algorithms chosen, per kind of layer */
     tw_precision precision;   /* what the backend really computes in (it may fall back) */
     int winograd_convs;       /* convolutions run as Winograd F(4,3) (CPU, fp32; 0 elsewhere) */
+    int gemm_convs;           /* convolutions run as one inner product (CPU GEMM lowerings) */
 } tw_backend_stats;
 
 struct tw_backend_i {
@@ -135,8 +136,16 @@ typedef struct tw_backend {
 /* Knobs of a backend, filled by the caller (the CLI from its command line
  * and environment); the library reads no environment variable. */
 typedef struct tw_backend_params {
-    int threads;            /* CPU threads; 0 = all cores */
-    bool cpu_winograd;      /* fp32 3x3 convolutions as Winograd where oneDNN has it */
+    int threads;       /* CPU threads; 0 = all cores */
+    bool cpu_winograd; /* fp32 3x3 convolutions as Winograd where oneDNN has it */
+    /* fp32 convolutions lowered to one oneDNN inner product (GEMM) per layer
+     * (model/cpu_backend.c, "GEMM lowerings"): -1 where bench/RESULTS.md
+     * measured them faster (the default), 0 never, 1 wherever they apply
+     * (tests: every lowering on every layer it can express) */
+    int cpu_gemm;
+    /* fp32 activations channels-last (nhwc): -1 on CPUs without AVX-512
+     * (the default), 0 never, 1 always (where Winograd does not need nChw16c) */
+    int cpu_nhwc;
     size_t cuda_fail_above; /* test hook: device arenas above this many bytes fail (0: off) */
     const tw_log *log;      /* where create's notices go (may be NULL) */
 } tw_backend_params;

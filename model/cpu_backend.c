@@ -77,6 +77,13 @@ typedef enum { L_CONV, L_POOL, L_REORDER } layer_kind;
 /* How a plan computes: the numeric type of activations and weights. */
 typedef enum { NUM_F32, NUM_BF16, NUM_INT8, NUM_MODES } num_mode;
 
+/* How a convolution runs (fp32 only; see "GEMM lowerings" below). */
+typedef enum {
+    LOWER_NONE,  /* a oneDNN convolution */
+    LOWER_DENSE, /* one inner product per tile: the whole map times its Toeplitz matrix */
+    LOWER_ROWS   /* 1x1 stride 1, nhwc: one inner product, the batch's pixels as rows */
+} lowering;
+
 typedef struct layer {
     layer_kind kind;
     dnnl_primitive_desc_t pd;
@@ -87,6 +94,8 @@ typedef struct layer {
     float src_scale;
     float *w_scale;
     bool relu; /* convs: ends in a ReLU (its int8 output is u8) */
+    lowering lower;
+    dnnl_memory_desc_t in4, out4; /* LOWER_DENSE: the 4-d layouts the matrix maps between */
 } layer;
 
 typedef struct plan {
@@ -98,6 +107,10 @@ typedef struct plan {
      * run as Winograd F(4,3), every activation in the 16-channel blocked
      * layout that kernel reads (see use_winograd) */
     bool wino;
+    /* NUM_F32: activations in nhwc (cpu_nhwc; AVX2-class CPUs by default) */
+    bool nhwc;
+    int gemm;   /* the cpu_gemm knob: -1 measured rule, 0 never, 1 wherever it applies */
+    int n_gemm; /* convolutions lowered to an inner product */
     /* NUM_INT8: the quantization range of the input ([0]) and of each conv's
      * output in plan order ([1 + i]); NULL: every range is 1 (sizing only) */
     const float *amax;
@@ -149,6 +162,8 @@ typedef struct cpu_ctx {
     const tw_resnet *net;    /* kept for the int8 rebuild (the caller owns it) */
     probe probes[NUM_MODES]; /* can oneDNN run bf16 / int8 here (mode_supported) */
     bool wino;               /* fp32 plans use Winograd (use_winograd, asked once) */
+    bool nhwc;               /* fp32 plans keep activations in nhwc (the cpu_nhwc knob) */
+    int gemm;                /* the cpu_gemm knob */
     int n_conv;
     tw_backend_stats stats;
 } cpu_ctx;
@@ -210,7 +225,8 @@ static tw_status plan_push(plan *p, layer_kind kind, dnnl_primitive_desc_t pd, i
         p->layers = l;
         p->cap = cap;
     }
-    p->layers[p->n_layers++] = (layer){kind, pd, src, dst, conv, 1.0f, NULL, false};
+    p->layers[p->n_layers++] =
+        (layer){.kind = kind, .pd = pd, .src = src, .dst = dst, .conv = conv, .src_scale = 1.0f};
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t sb = sp ? dnnl_memory_desc_get_size(sp) : 0;
     if (sb > p->scratch_bytes) p->scratch_bytes = sb;
@@ -297,6 +313,137 @@ static float *weight_scales(const tw_conv *c)
     return s;
 }
 
+/* ------------------------------------------------------ GEMM lowerings
+ *
+ * oneDNN's direct kernels block over the output width: on the last stage's
+ * 2x2 maps (64-px tiles) they run at a third to a half of the machine's
+ * SGEMM rate (bench/RESULTS.md, "CPU on AVX2 (issue 20)"). Two layers there
+ * are GEMMs in another form, run as one oneDNN inner product:
+ *  - LOWER_DENSE: a tile's whole input map times the conv's Toeplitz matrix
+ *    ([Hout Wout Cout] x [H W Cin], built at reserve in the activations' own
+ *    layouts, so no reorder appears), the tiles of the batch as rows; for a
+ *    3x3 stride-1 conv on a 2x2 map it needs 16 / 36 of the direct
+ *    multiply-adds (the padding taps vanish);
+ *  - LOWER_ROWS: a 1x1 stride-1 conv on nhwc activations, the batch's
+ *    pixels as rows: [N H W] x [Cin] times [Cin] x [Cout].
+ * The rule (cpu_gemm -1) is fixed, from the measurements: dense for 3x3
+ * stride-1 convs on maps of at most 2x2, rows for 1x1 stride-1 convs there.
+ * A choice timed at reserve would vary with the machine's load from run to
+ * run, and with it the last bits of the outputs (shards and resumed runs
+ * must agree byte for byte). */
+
+/* Whether md is a 4-d fp32 activation in plain nhwc order. */
+static bool is_nhwc(const dnnl_memory_desc_t *md)
+{
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    return md->ndims == 4 && md->format_kind == dnnl_blocked && md->offset0 == 0 &&
+           bd->inner_nblks == 0 && bd->strides[1] == 1 && bd->strides[3] == md->padded_dims[1] &&
+           bd->strides[2] == md->dims[3] * bd->strides[3] &&
+           bd->strides[0] == md->dims[2] * bd->strides[2];
+}
+
+/* Elements of one tile in activation layout md (the batch dimension outermost
+ * and dense), or -1 for a layout the lowerings do not handle (two blocks on
+ * one dimension, a blocked batch). */
+static dnnl_dim_t tile_elems(const dnnl_memory_desc_t *md)
+{
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    if (md->ndims != 4 || md->format_kind != dnnl_blocked || md->offset0 != 0) return -1;
+    int seen = 0;
+    for (int i = 0; i < bd->inner_nblks; i++) {
+        if (bd->inner_idxs[i] == 0 || (seen & (1 << bd->inner_idxs[i]))) return -1;
+        seen |= 1 << bd->inner_idxs[i];
+    }
+    size_t esz = md->data_type == dnnl_f32 ? 4 : 0;
+    if (!esz || dnnl_memory_desc_get_size(md) != (size_t)md->dims[0] * bd->strides[0] * esz)
+        return -1;
+    return bd->strides[0];
+}
+
+/* Offset of element (0, c, h, w) in layout md (tile_elems(md) > 0). */
+static dnnl_dim_t act_offset(const dnnl_memory_desc_t *md, dnnl_dim_t c, dnnl_dim_t h, dnnl_dim_t w)
+{
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    dnnl_dim_t idx[4] = {0, c, h, w}, blk[4] = {1, 1, 1, 1}, off = 0, inner = 0;
+    for (int i = 0; i < bd->inner_nblks; i++) blk[bd->inner_idxs[i]] *= bd->inner_blks[i];
+    for (int d = 0; d < 4; d++) off += idx[d] / blk[d] * bd->strides[d];
+    for (int i = 0; i < bd->inner_nblks; i++)
+        inner = inner * bd->inner_blks[i] + idx[bd->inner_idxs[i]] % blk[bd->inner_idxs[i]];
+    return off + inner;
+}
+
+/* The lowering of conv c (input `in`, output layout out4, oh x oh) in plan p. */
+static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
+                                const dnnl_memory_desc_t *out4, int oh)
+{
+    if (p->mode != NUM_F32 || p->gemm == 0) return LOWER_NONE;
+    if (c->k == 1 && c->stride == 1 && c->pad == 0 && is_nhwc(&in->md) && is_nhwc(out4) &&
+        (p->gemm == 1 || oh <= 2))
+        return LOWER_ROWS;
+    dnnl_dim_t ks = tile_elems(&in->md), kd = tile_elems(out4);
+    if (ks < 0 || kd < 0) return LOWER_NONE;
+    double elems = (double)ks * (double)kd; /* the Toeplitz matrix */
+    if (p->gemm == 1) return elems <= (double)(1 << 22) ? LOWER_DENSE : LOWER_NONE;
+    return c->k == 3 && c->stride == 1 && oh <= 2 && elems <= (double)(1 << 24) ? LOWER_DENSE
+                                                                                : LOWER_NONE;
+}
+
+/* The inner product of lowering lw for conv c, writing layout out4 with the
+ * conv's attributes; dnnl_unimplemented when oneDNN has none. */
+static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv *c, lowering lw,
+                                const act *in, const dnnl_memory_desc_t *out4,
+                                const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd)
+{
+    dnnl_dim_t rows = p->batch, ks = tile_elems(&in->md), kd = tile_elems(out4);
+    if (lw == LOWER_ROWS) {
+        rows = (dnnl_dim_t)p->batch * in->h * in->h;
+        ks = c->cin;
+        kd = c->cout;
+    }
+    dnnl_memory_desc_t src, w, b, dst;
+    dnnl_dims_t sd = {rows, ks}, wd = {kd, ks}, bd = {kd}, dd = {rows, kd};
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_f32, dnnl_ab);
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_tag(&w, 2, wd, dnnl_f32, dnnl_format_tag_any);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
+    dnnl_inner_product_desc_t d;
+    if (s == dnnl_success)
+        s = dnnl_inner_product_forward_desc_init(&d, dnnl_forward_inference, &src, &w, &b, &dst);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &d, attr, eng, NULL);
+    return s;
+}
+
+/* The Toeplitz matrix [kd][ks] and bias [kd] of conv c between layouts in4
+ * and out4 (LOWER_DENSE): row act_offset(out4, co, oy, ox) holds, at column
+ * act_offset(in4, ci, iy, ix), the tap of w that joins them; rows and
+ * columns of padded channels stay zero. */
+static void dense_matrix(const tw_conv *c, const dnnl_memory_desc_t *in4,
+                         const dnnl_memory_desc_t *out4, float *m, float *bias)
+{
+    dnnl_dim_t ks = tile_elems(in4), kd = tile_elems(out4);
+    int ih = (int)in4->dims[2], oh = (int)out4->dims[2], k = c->k;
+    memset(m, 0, (size_t)kd * ks * sizeof *m);
+    memset(bias, 0, (size_t)kd * sizeof *bias);
+    for (int co = 0; co < c->cout; co++)
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < oh; ox++) {
+                dnnl_dim_t r = act_offset(out4, co, oy, ox);
+                bias[r] = c->b[co];
+                for (int ci = 0; ci < c->cin; ci++)
+                    for (int ky = 0; ky < k; ky++) {
+                        int iy = oy * c->stride - c->pad + ky;
+                        if (iy < 0 || iy >= ih) continue;
+                        for (int kx = 0; kx < k; kx++) {
+                            int ix = ox * c->stride - c->pad + kx;
+                            if (ix < 0 || ix >= ih) continue;
+                            m[r * ks + act_offset(in4, ci, iy, ix)] =
+                                c->w[(((size_t)co * c->cin + ci) * k + ky) * k + kx];
+                        }
+                    }
+            }
+}
+
 /* Add conv c reading `in`; dst: when `into` is given, write into it with a
  * sum post-op (residual), else into storage dst_buf with a layout oneDNN
  * picks. *out describes the result. `in_any`: let oneDNN choose the source
@@ -333,8 +480,25 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
         dst_md.data_type = ddt;
     } else {
         /* Winograd reads and writes only nChw16c: keep every activation there */
-        dnnl_format_tag_t tag = p->wino && c->cout % 16 == 0 ? dnnl_aBcd16b : dnnl_format_tag_any;
+        dnnl_format_tag_t tag = p->wino && c->cout % 16 == 0 ? dnnl_aBcd16b
+                                : p->nhwc && !in_any         ? dnnl_nhwc
+                                                             : dnnl_format_tag_any;
         DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, ddt, tag), "dst md");
+    }
+    /* a lowering writes a layout fixed here: the shortcut's, else nhwc, or
+     * nChw16c / nChw8c like its input where the channels fill the blocks */
+    dnnl_memory_desc_t out4 = dst_md;
+    lowering lw = LOWER_NONE;
+    if (!in_any && p->mode == NUM_F32 && p->gemm != 0) {
+        if (!into && dst_md.format_kind == dnnl_format_kind_any) {
+            const dnnl_blocking_desc_t *ib = &in->md.format_desc.blocking;
+            int blk = ib->inner_nblks == 1 && ib->inner_idxs[0] == 1 ? (int)ib->inner_blks[0] : 0;
+            dnnl_format_tag_t t = blk == 16 && c->cout % 16 == 0 ? dnnl_aBcd16b
+                                  : blk == 8 && c->cout % 8 == 0 ? dnnl_aBcd8b
+                                                                 : dnnl_nhwc;
+            DNNL_TRY(dnnl_memory_desc_init_by_tag(&out4, 4, dd, ddt, t), "dst md");
+        }
+        lw = choose_lowering(p, c, in, &out4, oh);
     }
     /* right padding so that oneDNN's output size is PyTorch's floor formula */
     dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * c->stride + c->k - in->h - c->pad;
@@ -377,8 +541,13 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     tw_free(oscale); /* the attributes hold a copy */
     if (st != TW_OK) goto fail;
     dnnl_primitive_desc_t pd;
-    dnnl_status_t s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
-    if (s == dnnl_unimplemented && wino) {
+    dnnl_status_t s = dnnl_unimplemented;
+    if (lw != LOWER_NONE) {
+        s = lowered_pd(p, eng, c, lw, in, &out4, attr, &pd);
+        if (s != dnnl_success) lw = LOWER_NONE; /* none here: the convolution */
+    }
+    if (lw == LOWER_NONE) s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
+    if (s == dnnl_unimplemented && wino && lw == LOWER_NONE) {
         /* a shape the Winograd kernel declines: the same conv, direct */
         cd.alg_kind = dnnl_convolution_direct;
         s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
@@ -395,13 +564,25 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     p->layers[p->n_layers - 1].src_scale = src_scale;
     p->layers[p->n_layers - 1].relu = relu;
     p->layers[p->n_layers - 1].w_scale = w_scale;
-    const dnnl_memory_desc_t *wq, *dq;
+    p->layers[p->n_layers - 1].lower = lw;
+    p->layers[p->n_layers - 1].in4 = in->md;
+    p->layers[p->n_layers - 1].out4 = out4;
+    const dnnl_memory_desc_t *wq, *bq, *dq;
     if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
+        (st = query_md(pd, dnnl_query_weights_md, 1, &bq, err)) != TW_OK ||
         (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
         return st;
     p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(wq));
-    p->weight_bytes += alloc_size((size_t)c->cout * sizeof(float));
-    out->md = *dq;
+    p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(bq));
+    if (lw == LOWER_DENSE) {
+        /* reserve builds the Toeplitz matrix in plain [kd][ks] order in
+         * activation buffer 0 (unused until the first batch), then
+         * reorders it into the layout the inner product chose */
+        size_t mb = (size_t)tile_elems(&in->md) * (size_t)tile_elems(&out4) * sizeof(float);
+        if (mb > p->buf_bytes[0]) p->buf_bytes[0] = mb;
+    }
+    if (lw != LOWER_NONE) p->n_gemm++;
+    out->md = lw == LOWER_NONE ? *dq : out4;
     out->buf = dst;
     out->c = c->cout;
     out->h = oh;
@@ -507,6 +688,8 @@ static tw_status plan_build(plan *p, const cpu_ctx *c, const tw_resnet *net, int
     memset(p, 0, sizeof *p);
     p->mode = mode;
     p->wino = mode == NUM_F32 && c->wino;
+    p->nhwc = mode == NUM_F32 && !p->wino && c->nhwc;
+    p->gemm = mode == NUM_F32 ? c->gemm : 0;
     p->amax = amax;
     p->batch = batch;
     p->tile = tile;
@@ -536,6 +719,18 @@ static tw_status plan_build(plan *p, const cpu_ctx *c, const tw_resnet *net, int
     }
     st = plan_pool(p, eng, &y, false, 1, &x, err);
     if (st != TW_OK) return st;
+    if (p->nhwc && !is_nhwc(&x.md)) {
+        /* the stem has no nhwc kernel for a few input bands (oneDNN would
+         * run its reference code): it writes its blocked layout, and the
+         * pooled map is reordered once (counted in bench/RESULTS.md) */
+        dnnl_memory_desc_t nhwc;
+        dnnl_dims_t xd = {batch, x.c, x.h, x.h};
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&nhwc, 4, xd, dnnl_f32, dnnl_nhwc), "nhwc md");
+        st = plan_reorder(p, eng, &x.md, x.buf, &nhwc, 0, 1.0f, err);
+        if (st != TW_OK) return st;
+        x.md = nhwc;
+        x.buf = 0;
+    }
 
     for (int bi = 0; bi < net->n_blocks; bi++) {
         const tw_block *b = &net->blocks[bi];
@@ -643,6 +838,20 @@ static tw_status new_mem(cpu_ctx *c, const dnnl_memory_desc_t *md, void *handle,
 static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, dnnl_memory_t *bm,
                                  tw_error *err)
 {
+    /* the weights as the net holds them: OIHW, or for the lowerings a plain
+     * [kd][ks] matrix ([Cout][Cin] for LOWER_ROWS: OIHW with k = 1) */
+    const tw_conv *cv0 = l->conv;
+    dnnl_dims_t wd = {cv0->cout, cv0->cin, cv0->k, cv0->k};
+    int wnd = 4;
+    dnnl_format_tag_t wtag = dnnl_oihw;
+    const float *wsrc = cv0->w;
+    if (l->lower != LOWER_NONE) {
+        wnd = 2;
+        wtag = dnnl_ab;
+        wd[0] = l->lower == LOWER_ROWS ? cv0->cout : tile_elems(&l->out4);
+        wd[1] = l->lower == LOWER_ROWS ? cv0->cin : tile_elems(&l->in4);
+        if (l->lower == LOWER_DENSE) wsrc = c->buf[0]; /* filled below, sized by the plan */
+    }
     const tw_conv *cv = l->conv;
     if (!cv->w || !cv->b)
         return tw_error_set(err, TW_ERR_NOMEM,
@@ -654,9 +863,12 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
         (st = query_md(l->pd, dnnl_query_weights_md, 1, &bmd, err)) != TW_OK)
         return st;
     void *w = ws_alloc(c, dnnl_memory_desc_get_size(wmd));
-    float *b = ws_alloc(c, (size_t)cv->cout * sizeof(float));
+    float *b = ws_alloc(c, dnnl_memory_desc_get_size(bmd));
     if (!w || !b) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU weights");
-    memcpy(b, cv->b, (size_t)cv->cout * sizeof(float));
+    if (l->lower == LOWER_DENSE)
+        dense_matrix(cv, &l->in4, &l->out4, c->buf[0], b);
+    else
+        memcpy(b, cv->b, (size_t)cv->cout * sizeof(float));
     /* int8: the bias joins the accumulator, which counts in src*w units */
     if (l->w_scale)
         for (int o = 0; o < cv->cout; o++) b[o] *= l->src_scale * l->w_scale[o];
@@ -665,11 +877,10 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
     if (st != TW_OK) return st;
 
     dnnl_memory_desc_t umd;
-    dnnl_dims_t wd = {cv->cout, cv->cin, cv->k, cv->k};
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&umd, 4, wd, dnnl_f32, dnnl_oihw), "weights md");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&umd, wnd, wd, dnnl_f32, wtag), "weights md");
     dnnl_memory_t um;
     /* the reorder only reads the source: the cast drops const for the C API */
-    DNNL_TRY(dnnl_memory_create(&um, &umd, c->eng, (void *)cv->w), "weights memory");
+    DNNL_TRY(dnnl_memory_create(&um, &umd, c->eng, (void *)wsrc), "weights memory");
     dnnl_primitive_desc_t rpd = NULL;
     dnnl_primitive_t r = NULL;
     dnnl_primitive_attr_t attr;
@@ -773,6 +984,8 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
         }
     }
     if (!c->in_mem) return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: no input layer");
+    if (p->n_gemm && c->buf[0]) memset(c->buf[0], 0, p->buf_bytes[0]); /* held matrices */
+    c->stats.gemm_convs = p->n_gemm;
     return TW_OK;
 nomem:
     return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU backend workspace");
@@ -865,6 +1078,42 @@ static bool cpu_consumes_weights(void *ctx, tw_precision prec)
     return wanted_mode(prec) != NUM_INT8; /* int8 quantizes them again per raster */
 }
 
+/* Whether oneDNN's bf16 convolutions would run slower than fp32 here (then
+ * bf16 falls back to fp32 with a notice saying why). Measured, ResNet-18 on
+ * 64-px tiles, bench/RESULTS.md (issue 20): without AVX512-BF16 oneDNN
+ * emulates it, 4.4x slower than fp32; with AVX512-BF16 but no AMX, Intel
+ * Xeons ran it at 0.52-0.80x fp32's rate (AMD Zen 4 at 1.8-2x: it keeps
+ * bf16); with AMX it is 1.5x faster. ONEDNN_MAX_CPU_ISA counts (oneDNN's
+ * effective ISA). */
+static const char *isa_name(dnnl_cpu_isa_t isa);
+
+static bool bf16_slower(char *why, size_t why_size)
+{
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool has = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    bool amx = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+    if ((isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core) {
+        snprintf(why, why_size,
+                 "oneDNN 2.6 has bf16 convolutions for AVX-512 CPUs only (this one: %s)",
+                 isa_name(isa));
+        return true;
+    }
+    if (!has) {
+        snprintf(why, why_size,
+                 "bf16 would run about 4x slower than fp32 on this CPU (no AVX512-BF16 "
+                 "instructions: oneDNN emulates them)");
+        return true;
+    }
+    __builtin_cpu_init();
+    if (!amx && __builtin_cpu_is("intel")) {
+        snprintf(why, why_size,
+                 "bf16 would run slower than fp32 on this CPU (an Intel CPU with AVX512-BF16 "
+                 "but no AMX: measured 0.5-0.8x fp32's speed)");
+        return true;
+    }
+    return false;
+}
+
 static bool cpu_supports(void *ctx, const tw_resnet *net, int tile, tw_precision want,
                          tw_precision *runs_as, char *why, size_t why_size)
 {
@@ -881,6 +1130,10 @@ static bool cpu_supports(void *ctx, const tw_resnet *net, int tile, tw_precision
         return true;
     }
     num_mode mode = wanted_mode(want);
+    if (mode == NUM_BF16 && bf16_slower(why, why_size)) {
+        *runs_as = TW_PREC_FP32;
+        return true;
+    }
     if (!mode_supported(c, net, tile, mode)) {
         *runs_as = TW_PREC_FP32;
         snprintf(why, why_size, "%s convolutions are not available on this CPU (%s)",
@@ -911,8 +1164,10 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     c->feat_dim = net->feat_dim;
     c->n_classes = net->n_classes;
     snprintf(c->stats.algorithms, sizeof c->stats.algorithms,
-             "%d of %d convolutions Winograd F(4,3), the rest oneDNN's direct kernels",
-             c->stats.winograd_convs, c->n_conv);
+             "%d of %d convolutions Winograd F(4,3), %d one inner product (GEMM), the rest "
+             "oneDNN's direct kernels%s",
+             c->stats.winograd_convs, c->n_conv, c->stats.gemm_convs,
+             c->mode == NUM_F32 && !c->wino && c->nhwc ? " (nhwc)" : "");
     c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
                          : mode == NUM_INT8 ? TW_PREC_INT8
                                             : TW_PREC_FP32;
@@ -1143,6 +1398,13 @@ tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out
         return dnnl_fail(err, s, "CPU engine/stream create");
     }
     c->wino = params->cpu_winograd && use_winograd(c->eng);
+    /* nhwc where oneDNN has no AVX-512 kernels: its AVX2 kernels run it as
+     * fast as nChw8c, and it lets the last stage's 1x1 convs run as GEMMs
+     * (LOWER_ROWS; bench/RESULTS.md, issue 20) */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+    c->nhwc = params->cpu_nhwc > 0 || (params->cpu_nhwc < 0 && !avx512);
+    c->gemm = params->cpu_gemm < 0 ? -1 : params->cpu_gemm > 0 ? 1 : 0;
     const dnnl_version_t *v = dnnl_version();
     snprintf(c->stats.library, sizeof c->stats.library, "oneDNN %d.%d.%d", v->major, v->minor,
              v->patch);

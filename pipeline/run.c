@@ -767,6 +767,8 @@ static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     tw_backend_params bp = tw_backend_default_params();
     bp.threads = p->runtime.threads;
     bp.cpu_winograd = p->runtime.cpu_winograd;
+    bp.cpu_gemm = p->runtime.cpu_gemm;
+    bp.cpu_nhwc = p->runtime.cpu_nhwc;
     bp.cuda_fail_above = p->runtime.cuda_fail_above;
     bp.log = quiet ? NULL : run_log(c);
     st = tw_backend_create_ex(p->runtime.device, &bp, &c->be, err);

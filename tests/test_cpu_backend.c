@@ -32,14 +32,12 @@ static int argmax(const float *p, int k)
  * weights as tw_run does (the results are then computed without them);
  * check the estimate made before against the workspace bytes reserve
  * really took (within 15%), and that the net's copy is gone. */
-static void reserve_checked(tw_resnet *net, int tile, int max_batch, bool winograd, tw_backend *be)
+static void reserve_params(tw_resnet *net, int tile, int max_batch, const tw_backend_params *bp,
+                           tw_backend *be)
 {
     tw_error err;
     tw_error_init(&err);
-    tw_backend_params bp = tw_backend_default_params();
-    bp.threads = 2;
-    bp.cpu_winograd = winograd;
-    assert_int_equal(tw_backend_create_ex("cpu", &bp, be, &err), TW_OK);
+    assert_int_equal(tw_backend_create_ex("cpu", bp, be, &err), TW_OK);
     assert_string_equal(be->i->name, "cpu");
     assert_false(be->i->wants_raw(be->ctx));
     assert_null(be->i->host_alloc(be->ctx, 64));
@@ -59,6 +57,32 @@ static void reserve_checked(tw_resnet *net, int tile, int max_batch, bool winogr
                   net->depth, tile, max_batch, est, got);
     assert_true(got > 0);
     assert_true(fabs((double)est - (double)got) <= 0.15 * (double)got);
+}
+
+/* The ways the backend can compute fp32 (check_vs_pytorch's variants): as
+ * it chooses; direct convolutions only; and each GEMM lowering forced
+ * wherever it applies (cpu_gemm 1), on nhwc activations (dense and rows)
+ * and on the blocked ones with Winograd (dense). */
+enum { V_DEFAULT, V_DIRECT, V_GEMM_NHWC, V_GEMM_BLOCKED, N_VARIANTS };
+
+static tw_backend_params variant_params(int v)
+{
+    tw_backend_params bp = tw_backend_default_params();
+    bp.threads = 2;
+    bp.cpu_winograd = v != V_DIRECT && v != V_GEMM_NHWC;
+    if (v == V_DIRECT) bp.cpu_gemm = 0;
+    if (v == V_GEMM_NHWC || v == V_GEMM_BLOCKED) bp.cpu_gemm = 1;
+    if (v == V_GEMM_NHWC) bp.cpu_nhwc = 1;
+    if (v == V_GEMM_BLOCKED) bp.cpu_nhwc = 0;
+    return bp;
+}
+
+static const char *variant_name(int v)
+{
+    return v == V_DEFAULT     ? "default"
+           : v == V_DIRECT    ? "cpu_winograd false, cpu_gemm 0"
+           : v == V_GEMM_NHWC ? "cpu_gemm 1, cpu_nhwc 1, cpu_winograd false"
+                              : "cpu_gemm 1, cpu_nhwc 0";
 }
 
 /* Run x ([n_total] tiles) through be in chunks of the given sizes; the
@@ -117,7 +141,7 @@ static bool cpu_has_avx512_core(void)
  * ref_<tag>_emb.f32: once as the backend chooses (Winograd for the 3x3
  * convolutions on AVX-512 CPUs), once with TILEWISE_CPU_WINOGRAD=0 (direct
  * convolutions only). */
-static void check_vs_pytorch(const char *model, const char *tag)
+static void check_vs_pytorch(const char *model, const char *tag, int n_variants)
 {
     const char *fx = tw_test_fixtures();
     if (!fx || !tw_test_file_exists(tw_test_path(fx, model)) ||
@@ -132,7 +156,7 @@ static void check_vs_pytorch(const char *model, const char *tag)
     long ne = tw_test_read_f32(tw_test_path(fx, name), &ref_e);
     assert_true(np > 0);
 
-    for (int direct = 0; direct < 2; direct++) {
+    for (int v = 0; v < n_variants; v++) {
         tw_error err;
         tw_error_init(&err);
         tw_model_file *mf = NULL;
@@ -147,14 +171,21 @@ static void check_vs_pytorch(const char *model, const char *tag)
 
         size_t ws0 = tw_mem_current(TW_MEM_WORKSPACE);
         tw_backend be;
-        reserve_checked(net, 64, 8, !direct, &be);
+        tw_backend_params bp = variant_params(v);
+        reserve_params(net, 64, 8, &bp, &be);
         tw_backend_stats stats;
         be.i->get_stats(be.ctx, &stats);
-        print_message("%s, %s: %d convolutions on Winograd\n", model,
-                      direct ? "cpu_winograd false" : "default", stats.winograd_convs);
-        if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA"))
-            ; /* oneDNN told to use fewer ISA extensions than the CPU has */
-        else if (direct || !cpu_has_avx512_core())
+        print_message("%s, %s: %d convolutions on Winograd, %d as one inner product\n", model,
+                      variant_name(v), stats.winograd_convs, stats.gemm_convs);
+        /* the last stage's 2x2 maps: its 3x3 stride-1 convs (and with nhwc
+         * its 1x1 stride-1 ones) by the rule, more where forced */
+        if (v == V_DIRECT)
+            assert_int_equal(stats.gemm_convs, 0);
+        else
+            assert_true(stats.gemm_convs >= (net->bottleneck ? 2 : 3));
+        if (v >= V_GEMM_NHWC || getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA"))
+            ; /* forced lowerings, or oneDNN told to use fewer ISA extensions than the CPU has */
+        else if (v == V_DIRECT || !cpu_has_avx512_core())
             assert_int_equal(stats.winograd_convs, 0);
         else /* every 3x3 stride-1 conv on a map of >= 4 x 4 (stages 1-3 at 64 px):
               * ResNet-18 4 + 3 + 3, ResNet-50 3 + 3 + 5 */
@@ -189,21 +220,21 @@ static void check_vs_pytorch(const char *model, const char *tag)
 static void test_resnet18_vs_pytorch(void **state)
 {
     (void)state;
-    check_vs_pytorch("resnet18_6b_7c.safetensors", "resnet18");
+    check_vs_pytorch("resnet18_6b_7c.safetensors", "resnet18", N_VARIANTS);
 }
 
 static void test_resnet50_vs_pytorch(void **state)
 {
     (void)state;
-    check_vs_pytorch("resnet50_6b_5c.safetensors", "resnet50");
+    check_vs_pytorch("resnet50_6b_5c.safetensors", "resnet50", N_VARIANTS);
 }
 
 /* the same net from the HDF5 bundle, and float16 weights (their own reference) */
 static void test_bundle_and_f16_vs_pytorch(void **state)
 {
     (void)state;
-    check_vs_pytorch("resnet50_6b_5c.h5", "resnet50");
-    check_vs_pytorch("resnet18_6b_7c_f16.safetensors", "resnet18_f16");
+    check_vs_pytorch("resnet50_6b_5c.h5", "resnet50", 2);
+    check_vs_pytorch("resnet18_6b_7c_f16.safetensors", "resnet18_f16", 2);
 }
 
 /* Widths that are no multiple of oneDNN's channel blocks, one input band,
@@ -218,7 +249,6 @@ static void check_vs_reference(const int blocks[4], int bottleneck, int bands, i
     tw_error_init(&err);
     tw_resnet *net = NULL;
     if (tw_resnet_create(&s.mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
-    synth_free(&s);
     int n = 4, k = net->n_classes, fd = net->feat_dim;
     size_t elems = (size_t)n * bands * tile * tile;
     float *x = malloc(elems * sizeof(float));
@@ -231,15 +261,54 @@ static void check_vs_reference(const int blocks[4], int bottleneck, int bands, i
     float *p = malloc((size_t)n * k * sizeof(float)), *e = malloc((size_t)n * fd * sizeof(float));
     assert_int_equal(tw_resnet_forward_ref(net, x, n, tile, rp, re, &err), TW_OK);
 
-    tw_backend be;
-    reserve_checked(net, tile, n, true, &be);
-    infer_chunks(&be, net, x, tile, (const int[]){2, 1, 1}, 3, p, e);
-    char what[96];
-    snprintf(what, sizeof what, "resnet%d width %d bands %d tile %d vs reference", net->depth,
-             width, bands, tile);
-    compare(p, rp, e, re, n, k, fd, what);
-    be.i->destroy(be.ctx);
+    for (int v = 0; v < N_VARIANTS; v++) {
+        /* each reserve consumes its net's weights: a fresh net for each */
+        tw_resnet_destroy(net);
+        if (tw_resnet_create(&s.mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
+        tw_backend be;
+        tw_backend_params bp = variant_params(v);
+        reserve_params(net, tile, n, &bp, &be);
+        tw_backend_stats stats;
+        be.i->get_stats(be.ctx, &stats);
+        if (v >= V_GEMM_NHWC) assert_true(stats.gemm_convs > 0);
+        infer_chunks(&be, net, x, tile, (const int[]){2, 1, 1}, 3, p, e);
+        char what[160];
+        snprintf(what, sizeof what, "resnet%d width %d bands %d tile %d vs reference, %s (%d GEMM)",
+                 net->depth, width, bands, tile, variant_name(v), stats.gemm_convs);
+        compare(p, rp, e, re, n, k, fd, what);
+        be.i->destroy(be.ctx);
+        /* the same tiles on 1 thread, and in a backend reserved for 1 tile:
+         * the same classes, probabilities within 1e-6. The direct kernels
+         * give the same bits; Winograd (before issue 20 too) and the GEMM
+         * lowerings' inner products need not: oneDNN orders their sums by
+         * the batch's shape and (rows, AVX2 dense) the threads. A run's
+         * tiles always see one reserved batch, its short last one included,
+         * so a run repeated with the same batch and threads is bit-exact. */
+        float *p1 = malloc((size_t)n * k * sizeof(float));
+        bp.threads = 1;
+        for (int b1 = n; b1 >= 1; b1 -= n - 1) {
+            tw_resnet_destroy(net);
+            if (tw_resnet_create(&s.mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
+            reserve_params(net, tile, b1, &bp, &be);
+            if (b1 == n)
+                infer_chunks(&be, net, x, tile, (const int[]){n}, 1, p1, NULL);
+            else
+                infer_chunks(&be, net, x, tile, (const int[]){1, 1, 1, 1}, 4, p1, NULL);
+            be.i->destroy(be.ctx);
+            bool same = memcmp(p, p1, (size_t)n * k * sizeof(float)) == 0;
+            double d = 0;
+            for (int i = 0; i < n * k; i++) d = fmax(d, fabs(p[i] - p1[i]));
+            print_message("%s: batch %d on 1 thread vs batch %d on 2: %s (max |dp| %.3g)\n", what,
+                          b1, n, same ? "identical" : "differs", d);
+            if (v == V_DIRECT && !same) fail_msg("%s: direct kernels differ by %.3g", what, d);
+            assert_true(d <= 1e-6);
+            for (int t = 0; t < n; t++)
+                assert_int_equal(argmax(p + t * k, k), argmax(p1 + t * k, k));
+        }
+        free(p1);
+    }
     tw_resnet_destroy(net);
+    synth_free(&s);
     free(x);
     free(rp);
     free(re);
@@ -319,6 +388,50 @@ static void test_bad_calls(void **state)
     tw_resnet_destroy(net);
 }
 
+static void keep_msg(tw_log_level level, const char *msg, void *user)
+{
+    (void)level;
+    snprintf(user, 512, "%s", msg);
+}
+
+/* runtime.precision bf16 where oneDNN would run it slower than fp32 (no
+ * AVX512-BF16: emulated; an Intel CPU without AMX): fp32 with a notice
+ * saying why. Run under ONEDNN_MAX_CPU_ISA=AVX512_CORE (or AVX2) to see
+ * the refusal on any AVX-512 machine. */
+static void test_bf16_refused_where_slower(void **state)
+{
+    (void)state;
+    synth s;
+    assert_int_equal(synth_resnet(&s, (const int[]){2, 2, 2, 2}, 0, 2, 16, 3, 5), 0);
+    tw_error err;
+    tw_error_init(&err);
+    tw_resnet *net = NULL;
+    assert_int_equal(tw_resnet_create(&s.mf, "", &net, &err), TW_OK);
+    synth_free(&s);
+    tw_backend be;
+    assert_int_equal(tw_backend_create("cpu", 1, true, &be, &err), TW_OK);
+    char msg[512] = "";
+    tw_log log = {keep_msg, msg};
+    int mb = 2;
+    assert_int_equal(tw_backend_reserve(&be, net, 32, &mb, TW_PREC_BF16, false, &log, &err), TW_OK);
+    tw_backend_stats st;
+    tw_backend_get_stats(&be, &st);
+    print_message("bf16 on %s: computes in %s; notice: %s\n", st.device,
+                  tw_precision_name(st.precision), msg[0] ? msg : "(none)");
+    __builtin_cpu_init();
+    bool bf16 = __builtin_cpu_supports("avx512bf16") && cpu_has_avx512_core();
+    const char *isa = getenv("ONEDNN_MAX_CPU_ISA");
+    if (isa && (strcmp(isa, "AVX512_CORE") == 0 || strcmp(isa, "AVX512_CORE_VNNI") == 0))
+        bf16 = false;
+    if (!bf16) { /* emulated, or no bf16 convolutions at all: fp32, said */
+        assert_int_equal(st.precision, TW_PREC_FP32);
+        assert_non_null(strstr(msg, "computing in fp32"));
+    }
+    if (st.precision == TW_PREC_FP32) assert_non_null(strstr(msg, "bf16"));
+    be.i->destroy(be.ctx);
+    tw_resnet_destroy(net);
+}
+
 /* batch: auto's bound: the smallest power of two with >= 128 pixels in
  * the last stage's maps (tile/32 wide), at most 64 */
 static void test_auto_batch(void **state)
@@ -340,6 +453,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_batch),
         cmocka_unit_test(test_bad_calls),
+        cmocka_unit_test(test_bf16_refused_where_slower),
         cmocka_unit_test(test_odd_shapes_basic),
         cmocka_unit_test(test_odd_shapes_bottleneck),
         cmocka_unit_test(test_resnet18_vs_pytorch),

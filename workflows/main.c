@@ -471,6 +471,10 @@ static void env_knobs(tw_run_params *p)
     if (v && strcmp(v, "0") == 0) p->input.tiff_direct = false;
     v = getenv("TILEWISE_CPU_WINOGRAD");
     if (v && strcmp(v, "0") == 0) p->runtime.cpu_winograd = false;
+    v = getenv("TILEWISE_CPU_GEMM"); /* 0 never, 1 wherever it applies (model/backend.h) */
+    if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) p->runtime.cpu_gemm = atoi(v);
+    v = getenv("TILEWISE_CPU_NHWC");
+    if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) p->runtime.cpu_nhwc = atoi(v);
     v = getenv("TW_CUDA_FAIL_ALLOC_ABOVE"); /* test hook, cuda/README.md */
     if (v && *v) p->runtime.cuda_fail_above = (size_t)strtoull(v, NULL, 10);
 }
