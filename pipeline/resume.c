@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -477,6 +478,11 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
             double a = 0, b = 0;
             real_value(r, json_array_get(mean, i), "model", "mean", true, &a);
             real_value(r, json_array_get(std, i), "model", "std", true, &b);
+            /* stored as float: a finite double beyond float's range would come
+             * back as an infinity (found by fuzz_manifest) */
+            if (r->st == TW_OK && (fabs(a) > FLT_MAX || fabs(b) > FLT_MAX))
+                fail(r, "key model.%s is beyond a float's range",
+                     fabs(a) > FLT_MAX ? "mean" : "std");
             m->mean[i] = (float)a;
             m->std[i] = (float)b;
         }
