@@ -368,13 +368,19 @@ static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progres
     return give(out, st, &err);
 }
 
-tilewise_status tilewise_run_file(const char *path, const char *const *sets, int n_sets,
-                                  tilewise_progress_fn progress, tilewise_log_fn log, void *user,
-                                  tilewise_report **report, tilewise_error *out)
+/* The workflow a run reads: a file (path), or YAML text (name, yaml, len). */
+typedef struct workflow_src {
+    const char *path;
+    const char *name, *yaml;
+    size_t len;
+} workflow_src;
+
+/* What tilewise_run_file and tilewise_run_yaml share: the overrides split
+ * from the run.* options, the workflow loaded, the run. */
+static tilewise_status run_workflow(const workflow_src *w, const char *const *sets, int n_sets,
+                                    tilewise_progress_fn progress, tilewise_log_fn log, void *user,
+                                    tilewise_report **report, tilewise_error *out)
 {
-    if (report) *report = NULL;
-    if (!path || n_sets < 0 || (n_sets > 0 && !sets))
-        return give_new(out, TW_ERR_USAGE, "tilewise_run_file: no workflow path or bad overrides");
     tw_run_params *p = malloc(sizeof *p);
     if (!p) return give_new(out, TW_ERR_NOMEM, "out of memory");
     tw_error err;
@@ -383,12 +389,26 @@ tilewise_status tilewise_run_file(const char *path, const char *const *sets, int
     int n_kept = 0;
     run_opts o;
     tw_status st = split_sets(sets, n_sets, kept, &n_kept, &o, &err);
-    if (st == TW_OK) st = tw_workflow_load(path, kept, n_kept, p, &err);
+    if (st == TW_OK)
+        st = w->path ? tw_workflow_load(w->path, kept, n_kept, p, &err)
+                     : tw_workflow_parse(w->name ? w->name : "<memory>", w->yaml, w->len, kept,
+                                         n_kept, p, &err);
     if (st == TW_OK) apply_opts(p, &o);
     tilewise_status ret =
         st == TW_OK ? run_params(p, progress, log, user, report, out) : give(out, st, &err);
     free(p);
     return ret;
+}
+
+tilewise_status tilewise_run_file(const char *path, const char *const *sets, int n_sets,
+                                  tilewise_progress_fn progress, tilewise_log_fn log, void *user,
+                                  tilewise_report **report, tilewise_error *out)
+{
+    if (report) *report = NULL;
+    if (!path || n_sets < 0 || (n_sets > 0 && !sets))
+        return give_new(out, TW_ERR_USAGE, "tilewise_run_file: no workflow path or bad overrides");
+    workflow_src w = {.path = path};
+    return run_workflow(&w, sets, n_sets, progress, log, user, report, out);
 }
 
 tilewise_status tilewise_run_yaml(const char *name, const char *yaml, size_t len,
@@ -399,21 +419,8 @@ tilewise_status tilewise_run_yaml(const char *name, const char *yaml, size_t len
     if (report) *report = NULL;
     if (!yaml || n_sets < 0 || (n_sets > 0 && !sets))
         return give_new(out, TW_ERR_USAGE, "tilewise_run_yaml: no YAML text or bad overrides");
-    tw_run_params *p = malloc(sizeof *p);
-    if (!p) return give_new(out, TW_ERR_NOMEM, "out of memory");
-    tw_error err;
-    tw_error_init(&err);
-    const char *kept[MAX_SETS];
-    int n_kept = 0;
-    run_opts o;
-    tw_status st = split_sets(sets, n_sets, kept, &n_kept, &o, &err);
-    if (st == TW_OK)
-        st = tw_workflow_parse(name ? name : "<memory>", yaml, len, kept, n_kept, p, &err);
-    if (st == TW_OK) apply_opts(p, &o);
-    tilewise_status ret =
-        st == TW_OK ? run_params(p, progress, log, user, report, out) : give(out, st, &err);
-    free(p);
-    return ret;
+    workflow_src w = {.name = name, .yaml = yaml, .len = len};
+    return run_workflow(&w, sets, n_sets, progress, log, user, report, out);
 }
 
 /* ---- models ---- */
