@@ -35,10 +35,12 @@ typedef struct tw_run_hooks {
     tw_progress_fn progress; /* may be NULL */
     void *progress_user;     /* for progress and tiles */
     tw_tiles_fn tiles;       /* may be NULL */
-    /* May be NULL; non-zero: stop soon. Set from a signal handler or another
-     * thread (atomic_int is lock-free, so a handler may store to it), read by
-     * the stage threads. */
-    atomic_int *stop;
+    /* May be NULL; non-zero: stop at the next claim/commit point (resumable).
+     * Set from a signal handler (a volatile sig_atomic_t is what C lets a
+     * handler store to; __atomic_store_n keeps that store race-free) or from
+     * another thread; the stage threads only read it, with an atomic load.
+     * The public API's tilewise_run_options.stop is this pointer. */
+    const volatile sig_atomic_t *stop;
     tw_log log; /* notices and warnings (log.fn NULL: dropped) */
 } tw_run_hooks;
 

@@ -25,7 +25,7 @@ static bool aborted(tw_pipe *pp)
 
 static bool stop_requested(const tw_pipe *pp)
 {
-    return pp->hooks && pp->hooks->stop && *pp->hooks->stop;
+    return pp->hooks && pp->hooks->stop && __atomic_load_n(pp->hooks->stop, __ATOMIC_RELAXED) != 0;
 }
 
 /* The chunk of output rows holding `row`, inside segment seg: chunks lie on

@@ -41,16 +41,18 @@
 
 #define MAX_SETS 128
 
-/* Lock-free (checked below), so the handler may store to it and the stage
- * threads read it without a data race; volatile sig_atomic_t promises the
- * first only. */
-static atomic_int g_stop;
-_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the stop flag must be lock-free to be set in a handler");
+/* The graceful stop flag (tilewise_run_options.stop): a volatile
+ * sig_atomic_t, what C lets a handler store to; the store and the loads are
+ * __atomic builtins (lock-free on an int, checked below), so the handler and
+ * the stage threads that read it do not race. */
+static volatile sig_atomic_t g_stop;
+_Static_assert(__GCC_ATOMIC_INT_LOCK_FREE == 2 && sizeof(sig_atomic_t) == sizeof(int),
+               "the stop flag must be a lock-free int to be set in a handler");
 
 static void on_signal(int sig)
 {
     (void)sig;
-    atomic_store(&g_stop, 1);
+    __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
 }
 
 /* ---- help texts ---- */
@@ -352,7 +354,7 @@ static int progress_cb(double complete, const char *message, void *user)
         }
     }
     fflush(stderr);
-    return atomic_load(&g_stop) ? 0 : 1;
+    return __atomic_load_n(&g_stop, __ATOMIC_RELAXED) ? 0 : 1;
 }
 
 /* ---- run / validate ---- */
