@@ -9,6 +9,7 @@
 #include "tilewise.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,11 @@ int tilewise_exit_code(int status)
 const char *tilewise_version(void)
 {
     return TW_VERSION;
+}
+
+int tilewise_api_version(void)
+{
+    return TILEWISE_API_VERSION;
 }
 
 static const char *exit_class(int code)
@@ -152,10 +158,55 @@ static void sb_str(sbuf *b, const char *s)
 
 /* ---- runs ---- */
 
+/* Files an input writes at most (tw_input_result.outputs). */
+#define OUTPUTS_MAX                                                                                \
+    ((int)(sizeof((tw_input_result *)0)->outputs / sizeof((tw_input_result *)0)->outputs[0]))
+
+/* The sizes of the version 2 structs: callers compiled against a later
+ * header pass larger ones, and the library reads or fills what it knows. */
+#define OPTIONS_V2_SIZE (offsetof(tilewise_run_options, cuda_fail_alloc_above) + sizeof(uint64_t))
+#define RUN_SUMMARY_V2_SIZE (offsetof(tilewise_run_summary, shard_count) + sizeof(int))
+#define INPUT_SUMMARY_V2_SIZE (offsetof(tilewise_input_summary, outputs) + sizeof(void *))
+
 struct tilewise_report {
-    char *json;
-    char path[TW_PATH_MAX + 64];
+    char *json;                      /* run.json's bytes; NULL: none */
+    char path[TW_PATH_MAX + 64];     /* where run.json was written; "" */
+    char run_json[TW_PATH_MAX + 64]; /* where it goes ("" for a merge) */
+    char output_dir[TW_PATH_MAX];
+    int status;
+    int shard_index, shard_count;
+    tw_run_result *r; /* NULL: the run kept none */
+    const char *class_names[TW_MAX_CLASSES];
+    const char *(*outputs)[OUTPUTS_MAX]; /* [r->n_inputs], pointing into r */
 };
+
+/* A report over r (taken: freed with the report, also when this fails). */
+static tilewise_report *report_new(tw_run_result *r, const char *output_dir, const char *run_json,
+                                   int shard_index, int shard_count)
+{
+    tilewise_report *rep = calloc(1, sizeof *rep);
+    if (rep && r && r->n_inputs > 0) {
+        rep->outputs = calloc((size_t)r->n_inputs, sizeof *rep->outputs);
+        if (!rep->outputs) {
+            free(rep);
+            rep = NULL;
+        }
+    }
+    if (!rep) {
+        tw_run_result_destroy(r);
+        return NULL;
+    }
+    rep->r = r;
+    snprintf(rep->output_dir, sizeof rep->output_dir, "%s", output_dir);
+    snprintf(rep->run_json, sizeof rep->run_json, "%s", run_json);
+    rep->shard_index = shard_index;
+    rep->shard_count = shard_count;
+    for (int c = 0; r && c < r->model.n_classes; c++) rep->class_names[c] = r->model.classes[c];
+    for (int i = 0; r && i < r->n_inputs; i++)
+        for (int o = 0; o < r->inputs[i].n_outputs; o++)
+            rep->outputs[i][o] = r->inputs[i].outputs[o];
+    return rep;
+}
 
 const char *tilewise_report_json(const tilewise_report *r)
 {
@@ -171,7 +222,76 @@ void tilewise_report_free(tilewise_report *r)
 {
     if (!r) return;
     free(r->json);
+    free(r->outputs);
+    tw_run_result_destroy(r->r);
     free(r);
+}
+
+tilewise_status tilewise_report_summary(const tilewise_report *rep, tilewise_run_summary *s,
+                                        tilewise_error *out)
+{
+    if (!rep || !s || s->size < RUN_SUMMARY_V2_SIZE)
+        return give_new(out, TW_ERR_USAGE,
+                        "tilewise_report_summary: no report, no summary or its size not set "
+                        "(size = sizeof(tilewise_run_summary))");
+    static const tw_run_result none; /* the run kept no result: zero counts */
+    const tw_run_result *r = rep->r ? rep->r : &none;
+    tilewise_run_summary f = {
+        .size = s->size,
+        .status = rep->status,
+        .exit_code = rep->status != TW_OK    ? tw_status_exit_code((tw_status)rep->status)
+                     : r->inputs_skipped > 0 ? TW_EXIT_SKIPPED
+                                             : TW_EXIT_OK,
+        .n_inputs = r->n_inputs,
+        .inputs_skipped = r->inputs_skipped,
+        .tiles_classified = r->tiles_classified,
+        .seconds = r->seconds,
+        .n_classes = r->model.n_classes,
+        .class_names = rep->class_names,
+        .backend = r->backend,
+        .output_dir = rep->output_dir,
+        .run_json = rep->run_json,
+        .shard_index = rep->shard_index,
+        .shard_count = rep->shard_count,
+    };
+    memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
+    return give(out, TW_OK, NULL);
+}
+
+tilewise_status tilewise_report_input(const tilewise_report *rep, int i, tilewise_input_summary *s,
+                                      tilewise_error *out)
+{
+    if (!rep || !s || s->size < INPUT_SUMMARY_V2_SIZE)
+        return give_new(out, TW_ERR_USAGE,
+                        "tilewise_report_input: no report, no summary or its size not set "
+                        "(size = sizeof(tilewise_input_summary))");
+    const tw_run_result *r = rep->r;
+    if (!r || i < 0 || i >= r->n_inputs)
+        return give_new(out, TW_ERR_USAGE, "tilewise_report_input: input %d of %d", i,
+                        r ? r->n_inputs : 0);
+    const tw_input_result *in = &r->inputs[i];
+    tilewise_input_summary f = {
+        .size = s->size,
+        .path = in->path,
+        .skipped = in->skipped,
+        .width = in->width,
+        .height = in->height,
+        .grid_width = in->grid_w,
+        .grid_height = in->grid_h,
+        .tiles_total = in->tiles_total,
+        .tiles_classified = in->tiles_classified,
+        .tiles_nodata = in->tiles_nodata,
+        .tiles_read_errors = in->tiles_read_errors,
+        .tiles_outside_aoi = in->tiles_outside_aoi,
+        .rows_resumed = in->rows_resumed,
+        .seconds = in->seconds,
+        .class_cells = in->hist,
+        .nodata_cells = in->nodata_cells,
+        .n_outputs = in->n_outputs,
+        .outputs = rep->outputs[i],
+    };
+    memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
+    return give(out, TW_OK, NULL);
 }
 
 static char *read_text(const char *path)
@@ -207,7 +327,7 @@ static void logf_(tilewise_log_fn log, void *user, int level, const char *fmt, .
     log(level, line, user);
 }
 
-/* The per-input lines the CLI prints after a run. */
+/* The per-input lines tilewise_run_file logs after a run (log_summary). */
 static void log_summary(const tw_run_result *r, tilewise_log_fn log, void *user)
 {
     for (int i = 0; log && i < r->n_inputs; i++) {
@@ -221,83 +341,137 @@ static void log_summary(const tw_run_result *r, tilewise_log_fn log, void *user)
     }
 }
 
-/* The run.* overrides are the command line's options, not workflow keys:
- * run.shard=I/N (1-based), run.chunk_rows=N, run.report=PATH, run.quiet=BOOL.
- * They are taken out of sets (into kept[0..*n_kept)) and applied to *p
- * after the workflow is parsed. */
-typedef struct run_opts {
-    int shard_index, shard_count, chunk_rows;
-    bool quiet;
-    const char *report;
-} run_opts;
-
-static tw_status split_sets(const char *const *sets, int n_sets, const char **kept, int *n_kept,
-                            run_opts *o, tw_error *err)
+void tilewise_run_options_init(tilewise_run_options *o)
 {
+    if (!o) return;
     memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
     o->shard_count = 1;
-    *n_kept = 0;
-    for (int i = 0; i < n_sets; i++) {
-        const char *s = sets[i];
-        if (!s) return tw_error_set(err, TW_ERR_USAGE, "override %d is NULL", i);
-        if (strncmp(s, "run.", 4) != 0) {
-            if (*n_kept == MAX_SETS) return tw_error_set(err, TW_ERR_USAGE, "too many overrides");
-            kept[(*n_kept)++] = s;
-            continue;
-        }
-        const char *v = strchr(s, '=');
-        char extra;
-        int a, b;
-        if (!v) return tw_error_set(err, TW_ERR_USAGE, "%s: expected key=value", s);
-        v++;
-        if (strncmp(s, "run.shard=", 10) == 0) {
-            if (sscanf(v, "%d/%d%c", &a, &b, &extra) != 2 || b < 1 || a < 1 || a > b)
-                return tw_error_set(err, TW_ERR_USAGE,
-                                    "run.shard expects I/N with 1 <= I <= N, got '%s'", v);
-            o->shard_index = a - 1;
-            o->shard_count = b;
-        } else if (strncmp(s, "run.chunk_rows=", 15) == 0) {
-            if (sscanf(v, "%d%c", &a, &extra) != 1 || a < 1 || a > 1000000)
-                return tw_error_set(err, TW_ERR_USAGE,
-                                    "run.chunk_rows expects a positive number of rows, got '%s'",
-                                    v);
-            o->chunk_rows = a;
-        } else if (strncmp(s, "run.report=", 11) == 0) {
-            o->report = v;
-        } else if (strncmp(s, "run.quiet=", 10) == 0) {
-            if (strcmp(v, "true") && strcmp(v, "false"))
-                return tw_error_set(err, TW_ERR_USAGE, "run.quiet expects true or false, got '%s'",
-                                    v);
-            o->quiet = strcmp(v, "true") == 0;
-        } else {
+    o->tiff_direct = o->cpu_winograd = o->cpu_gemm = o->cpu_nhwc = -1;
+}
+
+/* run.KEY=VALUE into o (tilewise_run_options_set, and tilewise_run_file's
+ * overrides). */
+static tw_status set_run_option(tilewise_run_options *o, const char *s, tw_error *err)
+{
+    const char *v = strchr(s, '=');
+    char extra;
+    int a, b;
+    if (!v) return tw_error_set(err, TW_ERR_USAGE, "%s: expected key=value", s);
+    v++;
+    if (strncmp(s, "run.shard=", 10) == 0) {
+        if (sscanf(v, "%d/%d%c", &a, &b, &extra) != 2 || b < 1 || a < 1 || a > b)
             return tw_error_set(err, TW_ERR_USAGE,
-                                "unknown key '%.*s' (run.shard, run.chunk_rows, run.report, "
-                                "run.quiet)",
-                                (int)(v - 1 - s), s);
-        }
+                                "run.shard expects I/N with 1 <= I <= N, got '%s'", v);
+        o->shard_index = a - 1;
+        o->shard_count = b;
+    } else if (strncmp(s, "run.chunk_rows=", 15) == 0) {
+        if (sscanf(v, "%d%c", &a, &extra) != 1 || a < 1 || a > 1000000)
+            return tw_error_set(err, TW_ERR_USAGE,
+                                "run.chunk_rows expects a positive number of rows, got '%s'", v);
+        o->chunk_rows = a;
+    } else if (strncmp(s, "run.report=", 11) == 0) {
+        o->report_path = v;
+    } else if (strncmp(s, "run.quiet=", 10) == 0 || strncmp(s, "run.restart=", 12) == 0) {
+        bool quiet = s[4] == 'q';
+        if (strcmp(v, "true") && strcmp(v, "false"))
+            return tw_error_set(err, TW_ERR_USAGE, "%s expects true or false, got '%s'",
+                                quiet ? "run.quiet" : "run.restart", v);
+        *(quiet ? &o->quiet : &o->restart) = strcmp(v, "true") == 0;
+    } else {
+        return tw_error_set(err, TW_ERR_USAGE,
+                            "unknown key '%.*s' (run.shard, run.chunk_rows, run.report, "
+                            "run.quiet, run.restart)",
+                            (int)(v - 1 - s), s);
     }
     return TW_OK;
 }
 
-static void apply_opts(tw_run_params *p, const run_opts *o)
+tilewise_status tilewise_run_options_set(tilewise_run_options *o, const char *kv,
+                                         tilewise_error *out)
+{
+    if (!o || !kv || o->size < OPTIONS_V2_SIZE)
+        return give_new(out, TW_ERR_USAGE,
+                        "tilewise_run_options_set: no options (or not initialized) or no text");
+    tw_error err;
+    tw_error_init(&err);
+    if (strncmp(kv, "run.", 4) != 0)
+        return give_new(out, TW_ERR_USAGE, "'%s' is not a run option (run.KEY=VALUE)", kv);
+    return give(out, set_run_option(o, kv, &err), &err);
+}
+
+/* The caller's options, checked, into *o (defaults where the caller's
+ * struct is shorter). */
+static tw_status take_options(const tilewise_run_options *in, tilewise_run_options *o,
+                              tw_error *err)
+{
+    tilewise_run_options_init(o);
+    if (!in) return TW_OK;
+    if (in->size < OPTIONS_V2_SIZE)
+        return tw_error_set(err, TW_ERR_USAGE,
+                            "tilewise_run_options.size is %zu: fill the options with "
+                            "tilewise_run_options_init",
+                            in->size);
+    memcpy(o, in, in->size < sizeof *o ? in->size : sizeof *o);
+    o->size = sizeof *o;
+    if (o->n_sets < 0 || (o->n_sets > 0 && !o->sets))
+        return tw_error_set(err, TW_ERR_USAGE, "tilewise_run_options: %d overrides, sets %s",
+                            o->n_sets, o->sets ? "given" : "NULL");
+    for (int i = 0; i < o->n_sets; i++)
+        if (!o->sets[i]) return tw_error_set(err, TW_ERR_USAGE, "override %d is NULL", i);
+    if (o->shard_count < 1 || o->shard_index < 0 || o->shard_index >= o->shard_count)
+        return tw_error_set(err, TW_ERR_USAGE,
+                            "tilewise_run_options: shard_index %d of shard_count %d (0 <= index "
+                            "< count)",
+                            o->shard_index, o->shard_count);
+    if (o->chunk_rows < 0 || o->chunk_rows > 1000000)
+        return tw_error_set(err, TW_ERR_USAGE,
+                            "tilewise_run_options: chunk_rows %d (0 for the default, or 1 to "
+                            "1000000)",
+                            o->chunk_rows);
+    const int knobs[] = {o->tiff_direct, o->cpu_winograd, o->cpu_gemm, o->cpu_nhwc};
+    static const char *const names[] = {"tiff_direct", "cpu_winograd", "cpu_gemm", "cpu_nhwc"};
+    for (int k = 0; k < 4; k++)
+        if (knobs[k] < -1 || knobs[k] > 1)
+            return tw_error_set(err, TW_ERR_USAGE,
+                                "tilewise_run_options: %s %d (-1 default, 0 or 1)", names[k],
+                                knobs[k]);
+    return TW_OK;
+}
+
+/* The options the workflow does not hold, onto the parsed params. */
+static void apply_options(tw_run_params *p, const tilewise_run_options *o)
 {
     p->shard_index = o->shard_index;
     p->shard_count = o->shard_count;
     p->chunk_rows = o->chunk_rows;
-    p->quiet = o->quiet;
-    if (o->report) snprintf(p->report_path, sizeof p->report_path, "%s", o->report);
+    p->quiet = o->quiet != 0;
+    p->restart = o->restart != 0;
+    if (o->report_path) snprintf(p->report_path, sizeof p->report_path, "%s", o->report_path);
+    if (o->tiff_direct >= 0) p->input.tiff_direct = o->tiff_direct != 0;
+    if (o->cpu_winograd >= 0) p->runtime.cpu_winograd = o->cpu_winograd != 0;
+    if (o->cpu_gemm >= 0) p->runtime.cpu_gemm = o->cpu_gemm;
+    if (o->cpu_nhwc >= 0) p->runtime.cpu_nhwc = o->cpu_nhwc;
+    if (o->cuda_fail_alloc_above) p->runtime.cuda_fail_above = (size_t)o->cuda_fail_alloc_above;
 }
 
-/* The run's notices and warnings (tw_log) to the caller's log callback. */
-typedef struct log_adapter {
-    tilewise_log_fn log;
-    void *user;
-} log_adapter;
-
-static void run_log_cb(tw_log_level level, const char *msg, void *user)
+/* The run's hooks to the caller's callbacks (user: the options). */
+static int progress_hook(double complete, const char *message, void *user)
 {
-    const log_adapter *la = user;
-    la->log(level == TW_LOG_WARNING ? TILEWISE_LOG_WARNING : TILEWISE_LOG_INFO, msg, la->user);
+    const tilewise_run_options *o = user;
+    return o->progress ? o->progress(complete, message, o->user) : 1;
+}
+
+static void tiles_hook(int64_t done, int64_t total, const char *message, void *user)
+{
+    const tilewise_run_options *o = user;
+    o->tiles(done, total, message, o->user);
+}
+
+static void log_hook(tw_log_level level, const char *msg, void *user)
+{
+    const tilewise_run_options *o = user;
+    o->log(level == TW_LOG_WARNING ? TILEWISE_LOG_WARNING : TILEWISE_LOG_INFO, msg, o->user);
 }
 
 /* The backend a run of p would create (the same knobs as pipeline/run.c). */
@@ -309,34 +483,38 @@ static tw_status backend_for(const tw_run_params *p, tw_backend *be, tw_error *e
     return tw_backend_create_ex(p->runtime.device, &bp, be, err);
 }
 
-/* Run parsed params; write run.json as the CLI does (in the output folder
- * when it exists, else to a temporary file only to return it). */
-static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progress,
-                                  tilewise_log_fn log, void *user, tilewise_report **report,
-                                  tilewise_error *out)
+/* Run parsed params; write run.json as the CLI does: in the output folder
+ * when it exists (not over the report of the process holding the lock),
+ * else to a temporary file only to return it. */
+static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
+                                  tilewise_report **report, tilewise_error *out)
 {
     tw_error err;
     tw_error_init(&err);
-    log_adapter la = {.log = log, .user = user};
-    tw_run_hooks hooks = {.progress = progress,
-                          .progress_user = user,
-                          .log = {.fn = log ? run_log_cb : NULL, .user = &la}};
+    tw_run_hooks hooks = {.progress = o->progress || o->tiles ? progress_hook : NULL,
+                          .progress_user = o,
+                          .tiles = o->tiles ? tiles_hook : NULL,
+                          .stop = o->stop,
+                          .log = {.fn = o->log ? log_hook : NULL, .user = o}};
     tw_run_result *r = NULL;
     tw_status st = tw_run(p, &hooks, &r, &err);
 
-    tilewise_report *rep = calloc(1, sizeof *rep);
+    char run_json[TW_PATH_MAX + 64];
+    if (p->shard_count > 1)
+        snprintf(run_json, sizeof run_json, "%s/run.shard%04d-of-%04d.json", p->output.dir,
+                 p->shard_index + 1, p->shard_count);
+    else
+        snprintf(run_json, sizeof run_json, "%s/run.json", p->output.dir);
+    tilewise_report *rep = report_new(r, p->output.dir, run_json, p->shard_index, p->shard_count);
+    if (!rep) r = NULL; /* freed by report_new */
     char path[TW_PATH_MAX + 64];
     struct stat sb;
-    bool in_dir = stat(p->output.dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+    bool in_dir = st != TW_ERR_LOCKED && stat(p->output.dir, &sb) == 0 && S_ISDIR(sb.st_mode);
     int tmp_fd = -1;
-    if (in_dir && p->shard_count > 1) {
-        snprintf(path, sizeof path, "%s/run.shard%04d-of-%04d.json", p->output.dir,
-                 p->shard_index + 1, p->shard_count);
-    } else if (in_dir) {
-        snprintf(path, sizeof path, "%s/run.json", p->output.dir);
+    if (in_dir) {
+        snprintf(path, sizeof path, "%s", run_json);
     } else {
-        const char *tmp = P_tmpdir;
-        snprintf(path, sizeof path, "%s/tilewise-report-XXXXXX", tmp);
+        snprintf(path, sizeof path, "%s/tilewise-report-XXXXXX", P_tmpdir);
         tmp_fd = mkstemp(path);
         if (tmp_fd >= 0) close(tmp_fd);
     }
@@ -358,15 +536,71 @@ static tilewise_status run_params(tw_run_params *p, tilewise_progress_fn progres
             tw_report_write(p->report_path, p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
         if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
     }
-    if (st == TW_OK && r) log_summary(r, log, user);
-    if (st == TW_CANCELLED) logf_(log, user, TILEWISE_LOG_WARNING, "%s", err.msg);
-    tw_run_result_destroy(r);
+    if (o->log_summary && st == TW_OK && r) log_summary(r, o->log, o->user);
+    if (o->log_summary && st == TW_CANCELLED)
+        logf_(o->log, o->user, TILEWISE_LOG_WARNING, "%s", err.msg);
+    if (!rep && report && st == TW_OK)
+        st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory for the run report");
+    if (rep) rep->status = st;
     if (report)
         *report = rep;
     else
         tilewise_report_free(rep);
     return give(out, st, &err);
 }
+
+tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *opts,
+                             tilewise_report **report, tilewise_error *out)
+{
+    if (report) *report = NULL;
+    tw_error err;
+    tw_error_init(&err);
+    tilewise_run_options o;
+    tw_status st = take_options(opts, &o, &err);
+    if (st == TW_OK && !workflow && !o.yaml)
+        st = tw_error_set(&err, TW_ERR_USAGE, "tilewise_run: no workflow path or YAML text");
+    if (st != TW_OK) return give(out, st, &err);
+    tw_run_params *p = malloc(sizeof *p);
+    if (!p) return give_new(out, TW_ERR_NOMEM, "out of memory");
+    st = o.yaml ? tw_workflow_parse(workflow ? workflow : "<memory>", o.yaml, o.yaml_len, o.sets,
+                                    o.n_sets, p, &err)
+                : tw_workflow_load(workflow, o.sets, o.n_sets, p, &err);
+    tilewise_status ret;
+    if (st == TW_OK) {
+        apply_options(p, &o);
+        ret = run_params(p, &o, report, out);
+    } else {
+        ret = give(out, st, &err);
+    }
+    free(p);
+    return ret;
+}
+
+tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_options *opts,
+                               tilewise_report **report, tilewise_error *out)
+{
+    if (report) *report = NULL;
+    tw_error err;
+    tw_error_init(&err);
+    tilewise_run_options o;
+    tw_status st = take_options(opts, &o, &err);
+    if (st == TW_OK && !output_dir)
+        st = tw_error_set(&err, TW_ERR_USAGE, "tilewise_merge: no output folder");
+    if (st != TW_OK) return give(out, st, &err);
+    tw_run_result *r = NULL;
+    st = tw_merge(output_dir, o.quiet != 0, &r, &err);
+    tilewise_report *rep = report_new(r, output_dir, "", 0, 1);
+    if (!rep && report && st == TW_OK)
+        st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory for the merge report");
+    if (rep) rep->status = st;
+    if (report)
+        *report = rep;
+    else
+        tilewise_report_free(rep);
+    return give(out, st, &err);
+}
+
+/* ---- version 1 runs: tilewise_run with the run.* overrides split off ---- */
 
 /* The workflow a run reads: a file (path), or YAML text (name, yaml, len). */
 typedef struct workflow_src {
@@ -375,29 +609,36 @@ typedef struct workflow_src {
     size_t len;
 } workflow_src;
 
-/* What tilewise_run_file and tilewise_run_yaml share: the overrides split
- * from the run.* options, the workflow loaded, the run. */
-static tilewise_status run_workflow(const workflow_src *w, const char *const *sets, int n_sets,
-                                    tilewise_progress_fn progress, tilewise_log_fn log, void *user,
-                                    tilewise_report **report, tilewise_error *out)
+static tilewise_status run_v1(const workflow_src *w, const char *const *sets, int n_sets,
+                              tilewise_progress_fn progress, tilewise_log_fn log, void *user,
+                              tilewise_report **report, tilewise_error *out)
 {
-    tw_run_params *p = malloc(sizeof *p);
-    if (!p) return give_new(out, TW_ERR_NOMEM, "out of memory");
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    o.progress = progress;
+    o.log = log;
+    o.user = user;
+    o.log_summary = 1;
+    o.yaml = w->yaml;
+    o.yaml_len = w->len;
+    const char *kept[MAX_SETS];
     tw_error err;
     tw_error_init(&err);
-    const char *kept[MAX_SETS];
-    int n_kept = 0;
-    run_opts o;
-    tw_status st = split_sets(sets, n_sets, kept, &n_kept, &o, &err);
-    if (st == TW_OK)
-        st = w->path ? tw_workflow_load(w->path, kept, n_kept, p, &err)
-                     : tw_workflow_parse(w->name ? w->name : "<memory>", w->yaml, w->len, kept,
-                                         n_kept, p, &err);
-    if (st == TW_OK) apply_opts(p, &o);
-    tilewise_status ret =
-        st == TW_OK ? run_params(p, progress, log, user, report, out) : give(out, st, &err);
-    free(p);
-    return ret;
+    tw_status st = TW_OK;
+    for (int i = 0; st == TW_OK && i < n_sets; i++) {
+        const char *s = sets[i];
+        if (!s)
+            st = tw_error_set(&err, TW_ERR_USAGE, "override %d is NULL", i);
+        else if (strncmp(s, "run.", 4) == 0)
+            st = set_run_option(&o, s, &err);
+        else if (o.n_sets == MAX_SETS)
+            st = tw_error_set(&err, TW_ERR_USAGE, "too many overrides");
+        else
+            kept[o.n_sets++] = s;
+    }
+    if (st != TW_OK) return give(out, st, &err);
+    o.sets = kept;
+    return tilewise_run(w->path ? w->path : w->name, &o, report, out);
 }
 
 tilewise_status tilewise_run_file(const char *path, const char *const *sets, int n_sets,
@@ -408,7 +649,7 @@ tilewise_status tilewise_run_file(const char *path, const char *const *sets, int
     if (!path || n_sets < 0 || (n_sets > 0 && !sets))
         return give_new(out, TW_ERR_USAGE, "tilewise_run_file: no workflow path or bad overrides");
     workflow_src w = {.path = path};
-    return run_workflow(&w, sets, n_sets, progress, log, user, report, out);
+    return run_v1(&w, sets, n_sets, progress, log, user, report, out);
 }
 
 tilewise_status tilewise_run_yaml(const char *name, const char *yaml, size_t len,
@@ -420,7 +661,7 @@ tilewise_status tilewise_run_yaml(const char *name, const char *yaml, size_t len
     if (!yaml || n_sets < 0 || (n_sets > 0 && !sets))
         return give_new(out, TW_ERR_USAGE, "tilewise_run_yaml: no YAML text or bad overrides");
     workflow_src w = {.name = name, .yaml = yaml, .len = len};
-    return run_workflow(&w, sets, n_sets, progress, log, user, report, out);
+    return run_v1(&w, sets, n_sets, progress, log, user, report, out);
 }
 
 /* ---- models ---- */

@@ -18,8 +18,9 @@
  *     No environment variable is read by the library (GDAL and OpenMP read
  *     their own). A run's notices and warnings (a CPU fallback, a lowered
  *     batch, an unreadable tile skipped) go to its log callback, and are
- *     dropped without one or with "run.quiet=true"; the one message still
- *     written on stderr is an earlier run's parts being discarded (parts.c).
+ *     dropped without one; quiet (run.quiet=true) drops the notices.
+ *     Nothing is written on stdout or stderr (but a failed internal
+ *     assertion's last line).
  *   - Strings returned as `const char *` are borrowed: they stay valid until
  *     the handle they came from is closed or freed.
  *   - A handle may be used by one thread at a time; distinct handles may be
@@ -32,6 +33,7 @@
 #ifndef TILEWISE_H
 #define TILEWISE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,7 +41,14 @@
 extern "C" {
 #endif
 
-#define TILEWISE_API_VERSION 1
+/* Version 2 adds, with every version 1 call unchanged: tilewise_run (one
+ * entry for a file or YAML text, taking a tilewise_run_options: a tiles
+ * callback, a graceful stop flag, the command line's run options and
+ * tuning knobs), tilewise_run_options_init, tilewise_run_options_set,
+ * tilewise_report_summary and tilewise_report_input (the run's numbers
+ * without parsing JSON), tilewise_merge and tilewise_api_version. The
+ * `tilewise` command runs its run and merge commands through these. */
+#define TILEWISE_API_VERSION 2
 
 /* Status codes: the same values as the library's internal ones. */
 typedef enum tilewise_status {
@@ -76,6 +85,9 @@ const char *tilewise_status_name(int status);
 int tilewise_exit_code(int status);
 /* "MAJOR.MINOR.PATCH" of the library. Static storage. */
 const char *tilewise_version(void);
+/* TILEWISE_API_VERSION of the library loaded (it may be newer than the
+ * header a program was compiled with, never older than what it links). */
+int tilewise_api_version(void);
 
 /* Progress, shaped like GDALProgressFunc: complete in [0, 1], message = the
  * input under way. Return 0 to cancel: the run stops at its next commit point
@@ -95,13 +107,15 @@ typedef void (*tilewise_log_fn)(int level, const char *message, void *user);
 
 typedef struct tilewise_report tilewise_report;
 
-/* Run the workflow file `path` (YAML, as `tilewise run` reads it) with the
+/* Version 1 (kept; new code may prefer tilewise_run below, which they now
+ * call). Run the workflow file `path` (YAML, as `tilewise run` reads it) with the
  * overrides sets[0..n_sets) of the form "key.path=value" (YAML values:
  * "tiling.stride=32", "output.products=[class]"). Relative paths in the file
  * are taken relative to the current directory, as the CLI does. Besides the
  * workflow keys, the overrides take the command line's run options:
  * "run.shard=I/N" (1-based, as --shard), "run.chunk_rows=N" (--chunk-rows),
- * "run.report=PATH" (--report), "run.quiet=true" (no notices on stderr).
+ * "run.report=PATH" (--report), "run.quiet=true" (no notices), "run.restart=true"
+ * (--restart; version 2).
  * progress and log may be NULL; user is passed to both.
  * *report (when report is not NULL) receives the run report, also on failure
  * as far as the run got (NULL when the workflow could not be read); free it
@@ -119,6 +133,170 @@ tilewise_status tilewise_run_yaml(const char *name, const char *yaml, size_t len
                                   const char *const *sets, int n_sets,
                                   tilewise_progress_fn progress, tilewise_log_fn log, void *user,
                                   tilewise_report **report, tilewise_error *err);
+
+/* ---- running workflows: version 2 ---- */
+
+/* Tile counts of the input under way (input: its path, as progress's
+ * message): tiles looked at so far and in all, this run's share (its shard,
+ * less the output rows an earlier run committed). Called from a worker
+ * thread of the run: at the start of each input (done 0) and after each
+ * batch, just before progress. When an input finishes, done == total ==
+ * its tiles_total (tilewise_input_summary, run.json). */
+typedef void (*tilewise_tiles_fn)(int64_t done, int64_t total, const char *input, void *user);
+
+/* How to run a workflow. Fill it with tilewise_run_options_init, then set
+ * what you need; fields added by later versions come after these, and the
+ * library reads only the first `size` bytes, so a program compiled against
+ * this header keeps working with a newer library. Nothing in it is kept
+ * after tilewise_run returns; the pointers must stay valid until then. */
+typedef struct tilewise_run_options {
+    size_t size; /* sizeof(tilewise_run_options) of the caller (set by init) */
+
+    /* In-memory workflow: when yaml is not NULL the workflow is these
+     * yaml_len bytes of YAML and tilewise_run's `workflow` argument only
+     * names it in messages (NULL: "<memory>"). */
+    const char *yaml;
+    size_t yaml_len;
+    /* Workflow overrides "key.path=value" (YAML values), as --set: workflow
+     * keys only (the run.* keys of tilewise_run_file are the fields below;
+     * tilewise_run_options_set parses them). */
+    const char *const *sets;
+    int n_sets;
+
+    /* Callbacks; each may be NULL and each gets `user`. progress may cancel
+     * (return 0: the run stops at its next commit point, TILEWISE_CANCELLED;
+     * committed rows stay, a rerun resumes). log gets the run's notices and
+     * warnings; see log_summary. */
+    tilewise_progress_fn progress;
+    tilewise_tiles_fn tiles;
+    tilewise_log_fn log;
+    void *user;
+    /* Graceful stop (the CLI's SIGINT/SIGTERM/SIGUSR1): when *stop becomes
+     * non-zero the run claims no new rows, finishes and commits the chunk
+     * under way and returns TILEWISE_CANCELLED; a rerun resumes from there.
+     * The library only reads it, with an atomic load, at each claim and
+     * commit point. Setting it is async-signal-safe: a signal handler may
+     * store 1 to it (`*stop = 1`, or __atomic_store_n(stop, 1,
+     * __ATOMIC_RELAXED) to be free of data races with the run's threads);
+     * another thread stores the same way. It is never reset by the library.
+     * NULL: no stop flag. */
+    volatile sig_atomic_t *stop;
+    /* Non-zero: after the run, the per-input summary lines ("PATH: N tiles
+     * classified, ...", "wrote FILE") go to log as INFO and an interruption's
+     * message as WARNING, as tilewise_run_file does. Default 0 (read them
+     * with tilewise_report_input). */
+    int log_summary;
+
+    /* The command line's run options (tilewise run --help). */
+    int shard_index;         /* 0-based, < shard_count (--shard I/N is I-1 of N) */
+    int shard_count;         /* default 1: not sharded */
+    int chunk_rows;          /* output rows per committed chunk; 0 (default): about 1024 tiles */
+    int quiet;               /* non-zero (-q): no notices to log (warnings still) */
+    int restart;             /* non-zero (--restart): discard parts of another configuration */
+    const char *report_path; /* also write the report here (--report); NULL: not */
+
+    /* Tuning and test knobs, the CLI's environment variables (tilewise.1,
+     * ENVIRONMENT); -1 (default) leaves the library's choice. */
+    int tiff_direct;  /* 0: GDAL decodes every input (TILEWISE_TIFF_DIRECT=0); 1: libtiff
+                         decodes plain tiled GeoTIFFs (the default) */
+    int cpu_winograd; /* 0: no Winograd convolutions on the CPU (TILEWISE_CPU_WINOGRAD=0) */
+    int cpu_gemm;     /* 0 never, 1 wherever it applies: the CPU's GEMM convolutions
+                         (TILEWISE_CPU_GEMM) */
+    int cpu_nhwc;     /* 0 or 1: the CPU's NHWC layout (TILEWISE_CPU_NHWC) */
+    uint64_t cuda_fail_alloc_above; /* test hook (TW_CUDA_FAIL_ALLOC_ABOVE): CUDA allocations
+                                       above this many bytes fail; 0 (default): off */
+} tilewise_run_options;
+
+/* Defaults in every field and size = sizeof *o. Cannot fail. */
+void tilewise_run_options_init(tilewise_run_options *o);
+
+/* One command-line run option given as "run.KEY=VALUE", as tilewise_run_file
+ * takes them: run.shard=I/N (1-based), run.chunk_rows=N, run.report=PATH
+ * (o->report_path then points into kv: keep kv alive), run.quiet=true|false,
+ * run.restart=true|false. TILEWISE_ERR_USAGE with a message naming the key
+ * for anything else. */
+tilewise_status tilewise_run_options_set(tilewise_run_options *o, const char *kv,
+                                         tilewise_error *err);
+
+/* Run a workflow: the YAML file `workflow` (relative paths taken from the
+ * current directory, as the CLI does), or o->yaml. o may be NULL
+ * (defaults). The same run as `tilewise run` with the same options: the
+ * same output bytes, run.json written to OUTPUT_DIR/run.json
+ * (run.shardIIII-of-NNNN.json for a shard) when the folder exists and the
+ * run is not refused with TILEWISE_ERR_LOCKED (that file is the other
+ * process's), and to o->report_path when given.
+ * *report (when report is not NULL) receives the report, also on failure as
+ * far as the run got; it is NULL only when the workflow or the overrides
+ * could not be read (err says why) or memory ran out. Free it with
+ * tilewise_report_free. Returns TILEWISE_OK (see also the summary's
+ * inputs_skipped), TILEWISE_CANCELLED (progress returned 0 or *stop was
+ * set; resumable) or an error; TILEWISE_ERR_USAGE for a NULL workflow
+ * without o->yaml, n_sets < 0, sets NULL with n_sets > 0, a bad shard,
+ * chunk_rows or knob value, or o->size too small. */
+tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *o,
+                             tilewise_report **report, tilewise_error *err);
+
+/* `tilewise merge`: after sharded runs into output_dir, check that every
+ * output row of every input is committed, write the final products as the
+ * workflow asked and remove the parts. Of o (may be NULL) it uses quiet.
+ * *report receives what was written (tilewise_report_input's outputs; no
+ * JSON: tilewise_report_json gives ""), also on failure. TILEWISE_ERR_INPUT
+ * naming the missing rows when a shard has not finished. */
+tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_options *o,
+                               tilewise_report **report, tilewise_error *err);
+
+/* The run as a whole. Set size = sizeof(tilewise_run_summary) before the
+ * call; the library fills what fits in size. Strings and arrays are
+ * borrowed until tilewise_report_free. */
+typedef struct tilewise_run_summary {
+    size_t size;
+    int status;    /* how the run ended: a tilewise_status */
+    int exit_code; /* what `tilewise run` exits with: tilewise_exit_code(status), or 5 when
+                      it finished but inputs were skipped (input.on_error: skip) */
+    int n_inputs;  /* tilewise_report_input takes 0 <= i < n_inputs */
+    int inputs_skipped;
+    int64_t tiles_classified;
+    double seconds;
+    int n_classes;
+    const char *const *class_names; /* [n_classes] */
+    const char *backend;            /* "cpu", "cuda", "merge" */
+    const char *output_dir;
+    const char *run_json;         /* where run.json goes (OUTPUT_DIR/run.json, or the
+                                     shard's), named even when it could not be written
+                                     (tilewise_report_path says where it was) */
+    int shard_index, shard_count; /* 0-based; count 1: not sharded */
+} tilewise_run_summary;
+
+/* One input of the run, the numbers the CLI prints after a run and run.json
+ * holds. Set size as above. Borrowed until tilewise_report_free. */
+typedef struct tilewise_input_summary {
+    size_t size;
+    const char *path;            /* as the workflow names it */
+    const char *skipped;         /* "": it ran; else why it was skipped (input.on_error: skip) */
+    int width, height;           /* pixels */
+    int grid_width, grid_height; /* output cells */
+    int64_t tiles_total;         /* tiles this run (shard) had to look at */
+    int64_t tiles_classified;
+    int64_t tiles_nodata;      /* above tiling.max_nodata_fraction */
+    int64_t tiles_read_errors; /* unreadable, made nodata (input.on_error: skip) */
+    int64_t tiles_outside_aoi; /* not computed: outside input.aoi */
+    int rows_resumed;          /* output rows an earlier, interrupted run had committed */
+    double seconds;
+    const int64_t *class_cells; /* [n_classes]: output cells per (argmax) class */
+    int64_t nodata_cells;
+    int n_outputs;
+    const char *const *outputs; /* [n_outputs]: files written */
+} tilewise_input_summary;
+
+/* Fill *s. TILEWISE_ERR_USAGE for NULL arguments or s->size below the
+ * version 2 size. A run that kept no result (memory ran out before it
+ * started) has n_inputs 0 and zero counts. */
+tilewise_status tilewise_report_summary(const tilewise_report *r, tilewise_run_summary *s,
+                                        tilewise_error *err);
+/* Fill *s for input i. TILEWISE_ERR_USAGE for NULL arguments, i out of
+ * range, or a size too small. */
+tilewise_status tilewise_report_input(const tilewise_report *r, int i, tilewise_input_summary *s,
+                                      tilewise_error *err);
 
 /* The report as JSON text (the bytes of run.json). Borrowed until
  * tilewise_report_free. */

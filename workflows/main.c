@@ -9,9 +9,12 @@
  *   tilewise COMMAND --help, tilewise help COMMAND, tilewise --version
  *
  * The only place that chooses an exit code (see README.md, "Exit codes"),
- * and the only one that prints progress. validate's value-range and CRS
- * checks live here too: they are advice for a person, printed, never
- * errors, so the library stays free of printing.
+ * and the only one that prints progress. run and merge are clients of the
+ * public C API (include/tilewise.h: tilewise_run, tilewise_merge, the
+ * report's summaries), as any program linking libtilewise is; validate and
+ * info still call the internals. validate's value-range and CRS checks live
+ * here too: they are advice for a person, printed, never errors, so the
+ * library stays free of printing.
  */
 #include <malloc.h>
 #include <math.h>
@@ -36,6 +39,7 @@
 #include "model/resnet.h"
 #include "pipeline/json.h"
 #include "pipeline/run.h"
+#include "tilewise.h"
 #include "workflows/submit.h"
 #include "workflows/workflow.h"
 
@@ -170,14 +174,25 @@ static int usage_error(const char *fmt, const char *arg)
     return TW_EXIT_USAGE;
 }
 
-static int fail(const tw_error *err)
+/* "tilewise: STATUS: MESSAGE" on stderr; returns the exit code. */
+static int fail_with(int status, const char *message)
 {
     /* Messages name inputs redacted where they are made (io/url.h); this
      * catches one that quotes a URL from elsewhere. */
     char msg[TW_ERROR_MSG_MAX];
-    tw_url_redact(err->msg, msg, sizeof msg);
-    fprintf(stderr, "tilewise: %s: %s\n", tw_status_name(err->status), msg);
-    return tw_status_exit_code(err->status);
+    tw_url_redact(message, msg, sizeof msg);
+    fprintf(stderr, "tilewise: %s: %s\n", tilewise_status_name(status), msg);
+    return tilewise_exit_code(status);
+}
+
+static int fail(const tw_error *err)
+{
+    return fail_with(err->status, err->msg);
+}
+
+static int fail_api(const tilewise_error *err)
+{
+    return fail_with(err->status, err->message);
 }
 
 /* --help or -h among a subcommand's arguments, not as the value of an
@@ -466,74 +481,81 @@ static int slurm_shard(cli_opts *o)
 }
 
 /* The environment knobs of tilewise.1's ENVIRONMENT: the command line reads
- * them, the library takes them as params. */
-static void env_knobs(tw_run_params *p)
+ * them, the library takes them as run options. */
+static void env_knobs(tilewise_run_options *o)
 {
     const char *v = getenv("TILEWISE_TIFF_DIRECT");
-    if (v && strcmp(v, "0") == 0) p->input.tiff_direct = false;
+    if (v && strcmp(v, "0") == 0) o->tiff_direct = 0;
     v = getenv("TILEWISE_CPU_WINOGRAD");
-    if (v && strcmp(v, "0") == 0) p->runtime.cpu_winograd = false;
+    if (v && strcmp(v, "0") == 0) o->cpu_winograd = 0;
     v = getenv("TILEWISE_CPU_GEMM"); /* 0 never, 1 wherever it applies (model/backend.h) */
-    if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) p->runtime.cpu_gemm = atoi(v);
+    if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) o->cpu_gemm = atoi(v);
     v = getenv("TILEWISE_CPU_NHWC");
-    if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) p->runtime.cpu_nhwc = atoi(v);
+    if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) o->cpu_nhwc = atoi(v);
     v = getenv("TW_CUDA_FAIL_ALLOC_ABOVE"); /* test hook, cuda/README.md */
-    if (v && *v) p->runtime.cuda_fail_above = (size_t)strtoull(v, NULL, 10);
+    if (v && *v) o->cuda_fail_alloc_above = strtoull(v, NULL, 10);
+}
+
+/* For validate and info, which still call the internals: the knobs of
+ * env_knobs onto params (as tilewise_run applies them). */
+static void env_params(tw_run_params *p)
+{
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    env_knobs(&o);
+    if (o.tiff_direct >= 0) p->input.tiff_direct = o.tiff_direct != 0;
+    if (o.cpu_winograd >= 0) p->runtime.cpu_winograd = o.cpu_winograd != 0;
+    if (o.cpu_gemm >= 0) p->runtime.cpu_gemm = o.cpu_gemm;
+    if (o.cpu_nhwc >= 0) p->runtime.cpu_nhwc = o.cpu_nhwc;
+    if (o.cuda_fail_alloc_above) p->runtime.cuda_fail_above = (size_t)o.cuda_fail_alloc_above;
 }
 
 static int load_params(const cli_opts *o, tw_run_params *p, tw_error *err)
 {
     if (tw_workflow_load(o->workflow, o->sets, o->n_sets, p, err) != TW_OK) return fail(err);
-    env_knobs(p);
-    p->shard_index = o->shard_index;
-    p->shard_count = o->shard_count;
-    p->quiet = o->quiet;
-    p->restart = o->restart;
-    p->chunk_rows = o->chunk_rows;
-    if (o->report) snprintf(p->report_path, sizeof p->report_path, "%s", o->report);
+    env_params(p);
     return 0;
 }
 
-static void print_summary(const tw_run_result *r)
+/* What a run did, input by input (from the report's summaries). */
+static void print_summary(const tilewise_report *rep, const tilewise_run_summary *sum)
 {
-    for (int i = 0; i < r->n_inputs; i++) {
-        const tw_input_result *in = &r->inputs[i];
-        if (in->skipped[0]) {
-            printf("%s: skipped (input.on_error: skip): %s\n", in->path, in->skipped);
+    for (int i = 0; i < sum->n_inputs; i++) {
+        tilewise_input_summary in = {.size = sizeof in};
+        if (tilewise_report_input(rep, i, &in, NULL) != TILEWISE_OK) continue;
+        if (in.skipped[0]) {
+            printf("%s: skipped (input.on_error: skip): %s\n", in.path, in.skipped);
             continue;
         }
-        printf("%s: %lld tiles classified, %lld nodata, in %.2f s (%.1f tiles/s)\n", in->path,
-               (long long)in->tiles_classified, (long long)in->tiles_nodata, in->seconds,
-               in->seconds > 0 ? in->tiles_classified / in->seconds : 0.0);
+        printf("%s: %lld tiles classified, %lld nodata, in %.2f s (%.1f tiles/s)\n", in.path,
+               (long long)in.tiles_classified, (long long)in.tiles_nodata, in.seconds,
+               in.seconds > 0 ? in.tiles_classified / in.seconds : 0.0);
         printf("  classes:");
-        int64_t cells = in->nodata_cells;
-        for (int c = 0; c < r->model.n_classes; c++) cells += in->hist[c];
-        for (int c = 0; c < r->model.n_classes; c++)
-            printf(" %s %.1f%%", r->model.classes[c], cells ? 100.0 * in->hist[c] / cells : 0.0);
-        printf(", nodata %.1f%%\n", cells ? 100.0 * in->nodata_cells / cells : 0.0);
-        for (int o = 0; o < in->n_outputs; o++) printf("  wrote %s\n", in->outputs[o]);
+        int64_t cells = in.nodata_cells;
+        for (int c = 0; c < sum->n_classes; c++) cells += in.class_cells[c];
+        for (int c = 0; c < sum->n_classes; c++)
+            printf(" %s %.1f%%", sum->class_names[c],
+                   cells ? 100.0 * in.class_cells[c] / cells : 0.0);
+        printf(", nodata %.1f%%\n", cells ? 100.0 * in.nodata_cells / cells : 0.0);
+        for (int o = 0; o < in.n_outputs; o++) printf("  wrote %s\n", in.outputs[o]);
     }
 }
 
 /* The last JSON progress line: how the run ended. */
-static void progress_json_done(const tw_run_result *r, tw_status st, const tw_error *err,
-                               const char *report, double seconds)
+static void progress_json_done(const tilewise_run_summary *sum, const tilewise_error *err,
+                               double seconds)
 {
     tw_json j = tw_json_file(stderr);
     tw_json_open(&j, NULL, '{');
     tw_json_str(&j, "event", "done");
-    tw_json_str(&j, "status", st == TW_OK ? "ok" : tw_status_name(st));
-    tw_json_int(&j, "exit_code",
-                st != TW_OK                  ? tw_status_exit_code(st)
-                : r && r->inputs_skipped > 0 ? TW_EXIT_SKIPPED
-                                             : TW_EXIT_OK);
-    if (st != TW_OK) tw_json_str(&j, "message", err->msg);
-    if (r) {
-        tw_json_int(&j, "inputs", r->n_inputs);
-        tw_json_int(&j, "tiles_classified", (long long)r->tiles_classified);
-    }
+    tw_json_str(&j, "status",
+                sum->status == TILEWISE_OK ? "ok" : tilewise_status_name(sum->status));
+    tw_json_int(&j, "exit_code", sum->exit_code);
+    if (sum->status != TILEWISE_OK) tw_json_str(&j, "message", err->message);
+    tw_json_int(&j, "inputs", sum->n_inputs);
+    tw_json_int(&j, "tiles_classified", (long long)sum->tiles_classified);
     tw_json_fixed(&j, "seconds", seconds, 3);
-    tw_json_str(&j, "report", report);
+    tw_json_str(&j, "report", sum->run_json);
     tw_json_close(&j, '}');
     fputc('\n', stderr);
     fflush(stderr);
@@ -542,10 +564,10 @@ static void progress_json_done(const tw_run_result *r, tw_status st, const tw_er
 /* The library's notices and warnings: one stderr line each ("tilewise: "
  * or "tilewise: warning: "), or a JSON event with --progress=json; -q drops
  * the notices. Called from any stage thread: one locked write per line. */
-static void log_cb(tw_log_level level, const char *msg, void *user)
+static void log_cb(int level, const char *msg, void *user)
 {
     const progress_state *ps = user;
-    if (level == TW_LOG_NOTICE && ps->quiet) return;
+    if (level == TILEWISE_LOG_INFO && ps->quiet) return;
     char shown[TW_ERROR_MSG_MAX * 2]; /* a warning may name a presigned URL (io/url.h) */
     tw_url_redact(msg, shown, sizeof shown);
     msg = shown;
@@ -554,12 +576,12 @@ static void log_cb(tw_log_level level, const char *msg, void *user)
         tw_json j = tw_json_file(stderr);
         tw_json_open(&j, NULL, '{');
         tw_json_str(&j, "event", "log");
-        tw_json_str(&j, "level", level == TW_LOG_WARNING ? "warning" : "notice");
+        tw_json_str(&j, "level", level == TILEWISE_LOG_WARNING ? "warning" : "notice");
         tw_json_str(&j, "message", msg);
         tw_json_close(&j, '}');
         fputc('\n', stderr);
     } else {
-        fprintf(stderr, "tilewise: %s%s\n", level == TW_LOG_WARNING ? "warning: " : "", msg);
+        fprintf(stderr, "tilewise: %s%s\n", level == TILEWISE_LOG_WARNING ? "warning: " : "", msg);
     }
     funlockfile(stderr);
 }
@@ -574,10 +596,6 @@ static int cmd_run(int argc, char **argv)
     int rc = parse_opts(argc, argv, true, &o);
     if (rc) return rc;
     if (!o.shard_given && (rc = slurm_shard(&o))) return rc;
-    tw_error err;
-    tw_error_init(&err);
-    tw_run_params p;
-    if ((rc = load_params(&o, &p, &err))) return rc;
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -587,50 +605,45 @@ static int cmd_run(int argc, char **argv)
     sigaction(SIGUSR1, &sa, NULL);
 
     progress_state ps = {
-        .mode = o.progress, .tty = isatty(2) != 0, .last_step = -1, .quiet = p.quiet};
-    tw_run_hooks hooks = {.progress = o.progress == PROGRESS_NONE ? NULL : progress_cb,
-                          .progress_user = &ps,
-                          .tiles = tiles_cb,
-                          .stop = &g_stop,
-                          .log = {.fn = log_cb, .user = &ps}};
+        .mode = o.progress, .tty = isatty(2) != 0, .last_step = -1, .quiet = o.quiet};
+    tilewise_run_options ro;
+    tilewise_run_options_init(&ro);
+    env_knobs(&ro);
+    ro.sets = o.sets;
+    ro.n_sets = o.n_sets;
+    ro.progress = o.progress == PROGRESS_NONE ? NULL : progress_cb;
+    ro.tiles = o.progress == PROGRESS_NONE ? NULL : tiles_cb;
+    ro.log = log_cb;
+    ro.user = &ps;
+    ro.stop = &g_stop;
+    ro.shard_index = o.shard_index;
+    ro.shard_count = o.shard_count;
+    ro.chunk_rows = o.chunk_rows;
+    ro.quiet = o.quiet;
+    ro.restart = o.restart;
+    ro.report_path = o.report;
     double t0 = mono_s();
-    tw_run_result *r = NULL;
-    tw_status st = tw_run(&p, &hooks, &r, &err);
+    tilewise_report *rep = NULL;
+    tilewise_error err;
+    /* Writes run.json (also on failure, status and message inside, when the
+     * output folder exists) and --report's file. */
+    tilewise_status st = tilewise_run(o.workflow, &ro, &rep, &err);
+    if (!rep) return fail_api(&err); /* the workflow could not be read */
 
-    /* The report is written also on failure (status and message inside),
-     * as long as the output directory exists. */
-    char report[TW_PATH_MAX + 64];
-    struct stat sb;
-    if (p.shard_count > 1)
-        snprintf(report, sizeof report, "%s/run.shard%04d-of-%04d.json", p.output.dir,
-                 p.shard_index + 1, p.shard_count);
-    else
-        snprintf(report, sizeof report, "%s/run.json", p.output.dir);
-    tw_error rerr;
-    tw_error_init(&rerr);
-    /* Not over the report of the process that holds the lock. */
-    if (st != TW_ERR_LOCKED && stat(p.output.dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        tw_status rs = tw_report_write(report, &p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
-        if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
+    tilewise_run_summary sum = {.size = sizeof sum};
+    tilewise_report_summary(rep, &sum, NULL);
+    if (st == TILEWISE_OK) {
+        print_summary(rep, &sum);
+        if (sum.shard_count > 1)
+            printf("shard %d of %d done; when all are, run: tilewise merge %s\n",
+                   sum.shard_index + 1, sum.shard_count, sum.output_dir);
+        printf("report: %s\n", sum.run_json);
     }
-    if (p.report_path[0]) {
-        tw_status rs =
-            tw_report_write(p.report_path, &p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
-        if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
-    }
-    if (st == TW_OK) {
-        print_summary(r);
-        if (p.shard_count > 1)
-            printf("shard %d of %d done; when all are, run: tilewise merge %s\n", p.shard_index + 1,
-                   p.shard_count, p.output.dir);
-        printf("report: %s\n", report);
-    }
-    if (o.progress == PROGRESS_JSON) progress_json_done(r, st, &err, report, mono_s() - t0);
-    int skipped = r ? r->inputs_skipped : 0;
-    tw_run_result_destroy(r);
-    if (st == TW_OK) return skipped > 0 ? TW_EXIT_SKIPPED : TW_EXIT_OK;
+    if (o.progress == PROGRESS_JSON) progress_json_done(&sum, &err, mono_s() - t0);
+    tilewise_report_free(rep);
+    if (st == TILEWISE_OK) return sum.exit_code; /* 0, or 5: inputs were skipped */
     /* JSON mode: the done event carries the message; stderr stays JSON. */
-    return o.progress == PROGRESS_JSON ? tw_status_exit_code(st) : fail(&err);
+    return o.progress == PROGRESS_JSON ? tilewise_exit_code(st) : fail_api(&err);
 }
 
 /* ---- validate: advice on value ranges and georeferencing ---- */
@@ -818,17 +831,22 @@ static int cmd_merge(int argc, char **argv)
             return usage_error("unexpected argument '%s'", argv[i]);
     }
     if (!dir) return usage_error("merge expects OUTPUT_DIR%s", "");
-    tw_error err;
-    tw_error_init(&err);
-    tw_run_result *r = NULL;
-    tw_status st = tw_merge(dir, quiet, &r, &err);
-    if (st == TW_OK) {
-        for (int i = 0; i < r->n_inputs; i++)
-            for (int o = 0; o < r->inputs[i].n_outputs; o++)
-                printf("wrote %s\n", r->inputs[i].outputs[o]);
+    tilewise_run_options ro;
+    tilewise_run_options_init(&ro);
+    ro.quiet = quiet;
+    tilewise_report *rep = NULL;
+    tilewise_error err;
+    tilewise_status st = tilewise_merge(dir, &ro, &rep, &err);
+    tilewise_run_summary sum = {.size = sizeof sum};
+    if (st == TILEWISE_OK && tilewise_report_summary(rep, &sum, NULL) == TILEWISE_OK) {
+        for (int i = 0; i < sum.n_inputs; i++) {
+            tilewise_input_summary in = {.size = sizeof in};
+            if (tilewise_report_input(rep, i, &in, NULL) != TILEWISE_OK) continue;
+            for (int o = 0; o < in.n_outputs; o++) printf("wrote %s\n", in.outputs[o]);
+        }
     }
-    tw_run_result_destroy(r);
-    return st == TW_OK ? TW_EXIT_OK : fail(&err);
+    tilewise_report_free(rep);
+    return st == TILEWISE_OK ? TW_EXIT_OK : fail_api(&err);
 }
 
 /* ---- info ---- */
@@ -949,7 +967,7 @@ static int info_raster(const char *user_path, bool json)
     tw_error_init(&err);
     tw_raster *tr = NULL;
     tw_run_params knobs = tw_run_default_params();
-    env_knobs(&knobs);
+    env_params(&knobs);
     tw_raster_open_params op = {.tiff_direct = knobs.input.tiff_direct};
     bool usable = tw_raster_open_ex(user_path, NULL, 0, &op, &tr, &err) == TW_OK;
     tw_raster_close(tr);
