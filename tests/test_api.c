@@ -8,9 +8,16 @@
  * different summation orders; softmax outputs of this small net agree to
  * ~1e-6, so 1e-4 is a loose bound that still catches a wrong band order,
  * mean or std (those move probabilities by > 1e-2).
+ *
+ * Runs (version 1 and 2 entries) go through the sample workflow; the
+ * summaries are checked against run.json as jansson reads it, the stop flag
+ * is set from another thread and the resumed run's rasters are compared
+ * byte for byte with an uninterrupted run's.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,8 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "io/model_file.h"
 #include "io/raster.h"
@@ -267,12 +276,412 @@ static void test_run_cancel_resume(void **state)
     assert_non_null(strstr(e.message, "run.shards"));
 }
 
+/* ---- version 2: tilewise_run with options ---- */
+
+/* The sample workflow into dir: 100 tiles of 64 px at stride 32 on the
+ * 6-band Landsat sample (CPU, a batch of 4, chunks of one output row). */
+static void sample_yaml(char *yaml, size_t size, const char *dir)
+{
+    snprintf(yaml, size,
+             "input:\n  path: %s/sample_data/L7_ETMs.tif\nmodel:\n  weights: %s\n"
+             "tiling:\n  stride: 32\n  batch: 4\nruntime:\n  device: cpu\n  memory: 1GiB\n"
+             "output:\n  dir: %s\n  products: [class, prob]\n",
+             SRC, MODEL, dir);
+}
+
+/* What the tiles callback saw, per input (the sample has one). */
+typedef struct tiles_seen {
+    int calls;
+    int64_t done, total;
+    bool done_decreased;
+    char input[1024];
+} tiles_seen;
+
+static void on_tiles(int64_t done, int64_t total, const char *input, void *user)
+{
+    tiles_seen *t = user;
+    if (t->calls && done < t->done) t->done_decreased = true;
+    t->calls++;
+    t->done = done;
+    t->total = total;
+    snprintf(t->input, sizeof t->input, "%s", input);
+}
+
+static json_t *report_json(const tilewise_report *rep)
+{
+    json_error_t jerr;
+    json_t *j = json_loads(tilewise_report_json(rep), 0, &jerr);
+    assert_non_null(j);
+    return j;
+}
+
+static long long jint(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    assert_non_null(v);
+    return json_integer_value(v);
+}
+
+static void test_run_v2_tiles_and_summary(void **state)
+{
+    (void)state;
+    assert_int_equal(tilewise_api_version(), 2);
+    char dir[2048], yaml[4096];
+    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
+    sample_yaml(yaml, sizeof yaml, dir);
+    tiles_seen seen = {0};
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    assert_int_equal(o.size, sizeof o);
+    assert_int_equal(o.shard_count, 1);
+    assert_int_equal(o.cpu_gemm, -1);
+    o.yaml = yaml;
+    o.yaml_len = strlen(yaml);
+    o.tiles = on_tiles; /* without progress: still called */
+    o.user = &seen;
+    o.quiet = 1;
+    tilewise_report *rep = NULL;
+    tilewise_error e;
+    assert_int_equal(tilewise_run("<v2>", &o, &rep, &e), TILEWISE_OK);
+    json_t *j = report_json(rep);
+
+    /* The tiles callback: counted up to the input's tiles_total. */
+    json_t *in0 = json_array_get(json_object_get(j, "inputs"), 0);
+    assert_non_null(in0);
+    printf("tiles callback: %d calls, last %lld/%lld; run.json tiles_total %lld\n", seen.calls,
+           (long long)seen.done, (long long)seen.total, jint(in0, "tiles_total"));
+    assert_true(seen.calls >= 2);
+    assert_false(seen.done_decreased);
+    assert_int_equal(seen.total, jint(in0, "tiles_total"));
+    assert_int_equal(seen.done, seen.total);
+    assert_int_equal(seen.total, 100);
+    assert_non_null(strstr(seen.input, "L7_ETMs.tif"));
+
+    /* The summaries hold run.json's numbers. */
+    tilewise_run_summary s = {.size = sizeof s};
+    assert_int_equal(tilewise_report_summary(rep, &s, &e), TILEWISE_OK);
+    assert_int_equal(s.status, TILEWISE_OK);
+    assert_int_equal(s.exit_code, jint(j, "exit_code"));
+    assert_int_equal(s.n_inputs, json_array_size(json_object_get(j, "inputs")));
+    assert_int_equal(s.inputs_skipped, jint(j, "inputs_skipped"));
+    assert_int_equal(s.tiles_classified, jint(j, "tiles_classified"));
+    assert_string_equal(s.backend, json_string_value(json_object_get(j, "backend")));
+    assert_string_equal(s.output_dir, dir);
+    char run_json[2100];
+    snprintf(run_json, sizeof run_json, "%s/run.json", dir);
+    assert_string_equal(s.run_json, run_json);
+    assert_string_equal(tilewise_report_path(rep), run_json);
+    assert_int_equal(s.shard_index, 0);
+    assert_int_equal(s.shard_count, 1);
+    json_t *classes =
+        json_object_get(json_object_get(json_object_get(j, "config"), "model"), "classes");
+    assert_int_equal(s.n_classes, json_array_size(classes));
+    assert_int_equal(s.n_classes, 4);
+
+    tilewise_input_summary in = {.size = sizeof in};
+    assert_int_equal(tilewise_report_input(rep, 0, &in, &e), TILEWISE_OK);
+    assert_string_equal(in.path, json_string_value(json_object_get(in0, "path")));
+    assert_string_equal(in.skipped, "");
+    assert_int_equal(in.width, jint(in0, "width"));
+    assert_int_equal(in.height, jint(in0, "height"));
+    assert_int_equal(in.grid_width, jint(in0, "grid_width"));
+    assert_int_equal(in.grid_height, jint(in0, "grid_height"));
+    assert_int_equal(in.tiles_total, jint(in0, "tiles_total"));
+    assert_int_equal(in.tiles_classified, jint(in0, "tiles_classified"));
+    assert_int_equal(in.tiles_nodata, jint(in0, "tiles_nodata"));
+    assert_int_equal(in.tiles_read_errors, jint(in0, "tiles_read_errors"));
+    assert_int_equal(in.rows_resumed, jint(in0, "rows_resumed"));
+    assert_int_equal(in.nodata_cells, jint(in0, "nodata_cells"));
+    int64_t cells = in.nodata_cells;
+    for (int c = 0; c < s.n_classes; c++) {
+        assert_string_equal(s.class_names[c], json_string_value(json_array_get(classes, c)));
+        assert_int_equal(in.class_cells[c],
+                         jint(json_object_get(in0, "class_cells"), s.class_names[c]));
+        cells += in.class_cells[c];
+    }
+    assert_int_equal(cells, (int64_t)in.grid_width * in.grid_height);
+    json_t *outs = json_object_get(in0, "outputs");
+    assert_int_equal(in.n_outputs, json_array_size(outs));
+    assert_int_equal(in.n_outputs, 2);
+    for (int k = 0; k < in.n_outputs; k++) {
+        assert_string_equal(in.outputs[k], json_string_value(json_array_get(outs, k)));
+        assert_true(tw_test_file_exists(in.outputs[k]));
+    }
+    /* The knobs reach the backend: no Winograd and no GEMM convolutions
+     * (TILEWISE_CPU_WINOGRAD=0, TILEWISE_CPU_GEMM=0) change what it ran. */
+    char algorithms[512];
+    json_t *bs = json_object_get(j, "backend_stats");
+    snprintf(algorithms, sizeof algorithms, "%s",
+             json_string_value(json_object_get(bs, "algorithms")));
+    json_decref(j);
+    tilewise_report_free(rep);
+    o.cpu_winograd = 0;
+    o.cpu_gemm = 0;
+    o.tiles = NULL;
+    assert_int_equal(tilewise_run("<v2>", &o, &rep, &e), TILEWISE_OK);
+    j = report_json(rep);
+    bs = json_object_get(j, "backend_stats");
+    printf("default: %s\nno Winograd, no GEMM: %s\n", algorithms,
+           json_string_value(json_object_get(bs, "algorithms")));
+    assert_int_equal(jint(bs, "winograd_convs"), 0);
+    assert_non_null(
+        strstr(json_string_value(json_object_get(bs, "algorithms")), " 0 one inner product"));
+    assert_string_not_equal(json_string_value(json_object_get(bs, "algorithms")), algorithms);
+    json_decref(j);
+    tilewise_report_free(rep);
+}
+
+/* Another thread sets the stop flag once a third of the tiles are done. */
+typedef struct stopper {
+    volatile sig_atomic_t *flag;
+    int64_t done; /* written by the tiles callback (__atomic) */
+    int64_t at;
+} stopper;
+
+static void count_tiles(int64_t done, int64_t total, const char *input, void *user)
+{
+    (void)total;
+    (void)input;
+    stopper *s = user;
+    __atomic_store_n(&s->done, done, __ATOMIC_RELAXED);
+}
+
+static void *stop_thread(void *arg)
+{
+    stopper *s = arg;
+    while (__atomic_load_n(&s->done, __ATOMIC_RELAXED) < s->at) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    __atomic_store_n(s->flag, 1, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n ? *n : 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void test_run_v2_stop_flag_resumes(void **state)
+{
+    (void)state;
+    char dir[2048], ref[2100], yaml[4096];
+    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
+    snprintf(ref, sizeof ref, "%s.ref", dir);
+    sample_yaml(yaml, sizeof yaml, dir);
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    o.yaml = yaml;
+    o.yaml_len = strlen(yaml);
+    o.chunk_rows = 1;
+    o.quiet = 1;
+    tilewise_error e;
+    /* The reference: uninterrupted, moved aside (the rasters name the
+     * output folder in their metadata, so the runs share it). */
+    assert_int_equal(tilewise_run(NULL, &o, NULL, &e), TILEWISE_OK);
+    assert_int_equal(rename(dir, ref), 0);
+
+    volatile sig_atomic_t stop = 0;
+    stopper s = {.flag = &stop, .at = 34};
+    o.stop = &stop;
+    o.tiles = count_tiles;
+    o.user = &s;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stop_thread, &s), 0);
+    tilewise_report *rep = NULL;
+    tilewise_status st = tilewise_run(NULL, &o, &rep, &e);
+    pthread_join(th, NULL);
+    assert_int_equal(st, TILEWISE_CANCELLED);
+    assert_int_equal(e.exit_code, 75);
+    assert_string_equal(e.exit_class, "interrupted");
+    tilewise_run_summary sum = {.size = sizeof sum};
+    assert_int_equal(tilewise_report_summary(rep, &sum, &e), TILEWISE_OK);
+    assert_int_equal(sum.status, TILEWISE_CANCELLED);
+    assert_int_equal(sum.exit_code, 75);
+    assert_non_null(strstr(tilewise_report_json(rep), "\"status\":\"interrupted\""));
+    tilewise_report_free(rep);
+    printf("stopped after %lld of 100 tiles\n", (long long)s.done);
+    assert_true(s.done < 100);
+
+    /* The flag stays set: the library never resets it; a rerun with it
+     * cleared resumes and ends with the reference's bytes. */
+    assert_int_equal(stop, 1);
+    stop = 0;
+    assert_int_equal(tilewise_run(NULL, &o, &rep, &e), TILEWISE_OK);
+    tilewise_input_summary in = {.size = sizeof in};
+    assert_int_equal(tilewise_report_input(rep, 0, &in, &e), TILEWISE_OK);
+    printf("rerun: %d rows resumed\n", in.rows_resumed);
+    assert_true(in.rows_resumed > 0);
+    assert_int_equal(in.n_outputs, 2);
+    for (int k = 0; k < in.n_outputs; k++) {
+        const char *base = strrchr(in.outputs[k], '/') + 1;
+        char rpath[2200];
+        snprintf(rpath, sizeof rpath, "%s/%s", ref, base);
+        size_t na, nb;
+        unsigned char *a = slurp(in.outputs[k], &na), *b = slurp(rpath, &nb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na);
+        printf("%s: the resumed run's %zu bytes equal the uninterrupted run's\n", base, na);
+        free(a);
+        free(b);
+    }
+    tilewise_report_free(rep);
+}
+
+static void test_run_v2_shards_and_merge(void **state)
+{
+    (void)state;
+    char dir[2048], yaml[4096];
+    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
+    sample_yaml(yaml, sizeof yaml, dir);
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    o.yaml = yaml;
+    o.yaml_len = strlen(yaml);
+    o.quiet = 1;
+    o.shard_count = 2;
+    tilewise_error e;
+    tilewise_report *rep = NULL;
+    /* Merging before the second shard ran names what is missing. */
+    assert_int_equal(tilewise_run(NULL, &o, &rep, &e), TILEWISE_OK);
+    tilewise_run_summary s = {.size = sizeof s};
+    assert_int_equal(tilewise_report_summary(rep, &s, &e), TILEWISE_OK);
+    char path[2100];
+    snprintf(path, sizeof path, "%s/run.shard0001-of-0002.json", dir);
+    assert_string_equal(s.run_json, path);
+    assert_int_equal(s.shard_count, 2);
+    tilewise_input_summary in = {.size = sizeof in};
+    assert_int_equal(tilewise_report_input(rep, 0, &in, &e), TILEWISE_OK);
+    assert_int_equal(in.n_outputs, 0); /* parts only */
+    tilewise_report_free(rep);
+    assert_int_equal(tilewise_merge(dir, NULL, &rep, &e), TILEWISE_ERR_INPUT);
+    assert_non_null(strstr(e.message, "rows"));
+    tilewise_report_free(rep);
+
+    o.shard_index = 1;
+    assert_int_equal(tilewise_run(NULL, &o, NULL, &e), TILEWISE_OK);
+    assert_int_equal(tilewise_merge(dir, NULL, &rep, &e), TILEWISE_OK);
+    assert_string_equal(tilewise_report_json(rep), "");
+    assert_int_equal(tilewise_report_summary(rep, &s, &e), TILEWISE_OK);
+    assert_int_equal(s.n_inputs, 1);
+    assert_string_equal(s.backend, "merge");
+    assert_int_equal(tilewise_report_input(rep, 0, &in, &e), TILEWISE_OK);
+    assert_int_equal(in.n_outputs, 2);
+    assert_non_null(strstr(in.outputs[0], ".class.tif"));
+    assert_true(tw_test_file_exists(in.outputs[0]));
+    tilewise_report_free(rep);
+}
+
+static void test_run_v2_bad_arguments(void **state)
+{
+    (void)state;
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    tilewise_error e;
+    tilewise_report *rep = (tilewise_report *)&o; /* must come back NULL */
+    assert_int_equal(tilewise_run(NULL, &o, &rep, &e), TILEWISE_ERR_USAGE);
+    assert_null(rep);
+    assert_int_equal(e.exit_code, 2);
+    assert_non_null(strstr(e.message, "no workflow"));
+    const char *wf = SRC "/workflows/sample.yaml";
+
+    tilewise_run_options bad = o;
+    bad.size = 0; /* not initialized */
+    assert_int_equal(tilewise_run(wf, &bad, &rep, &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "tilewise_run_options_init"));
+    bad = o;
+    bad.n_sets = 1; /* sets NULL */
+    assert_int_equal(tilewise_run(wf, &bad, &rep, &e), TILEWISE_ERR_USAGE);
+    bad = o;
+    bad.shard_index = 2;
+    bad.shard_count = 2;
+    assert_int_equal(tilewise_run(wf, &bad, &rep, &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "shard_index 2"));
+    bad = o;
+    bad.chunk_rows = -1;
+    assert_int_equal(tilewise_run(wf, &bad, &rep, &e), TILEWISE_ERR_USAGE);
+    bad = o;
+    bad.cpu_nhwc = 2;
+    assert_int_equal(tilewise_run(wf, &bad, &rep, &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "cpu_nhwc 2"));
+    assert_null(rep);
+    /* run.* keys are options, not overrides, in version 2. */
+    const char *sets[] = {"run.quiet=true"};
+    bad = o;
+    bad.sets = sets;
+    bad.n_sets = 1;
+    assert_int_equal(tilewise_run(wf, &bad, &rep, &e), TILEWISE_ERR_CONFIG);
+    assert_null(rep);
+
+    assert_int_equal(tilewise_run_options_set(&o, "run.shard=2/3", &e), TILEWISE_OK);
+    assert_int_equal(o.shard_index, 1);
+    assert_int_equal(o.shard_count, 3);
+    assert_int_equal(tilewise_run_options_set(&o, "run.restart=true", &e), TILEWISE_OK);
+    assert_int_equal(o.restart, 1);
+    assert_int_equal(tilewise_run_options_set(&o, "run.report=/tmp/r.json", &e), TILEWISE_OK);
+    assert_string_equal(o.report_path, "/tmp/r.json");
+    assert_int_equal(tilewise_run_options_set(&o, "run.restart=yes", &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "run.restart expects true or false"));
+    assert_int_equal(tilewise_run_options_set(&o, "run.shard=0/3", &e), TILEWISE_ERR_USAGE);
+    assert_int_equal(tilewise_run_options_set(&o, "tiling.stride=3", &e), TILEWISE_ERR_USAGE);
+    assert_int_equal(tilewise_run_options_set(&o, "run.nope=1", &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "unknown key 'run.nope'"));
+    assert_int_equal(tilewise_run_options_set(NULL, "run.quiet=true", &e), TILEWISE_ERR_USAGE);
+    assert_int_equal(tilewise_run_options_set(&o, NULL, &e), TILEWISE_ERR_USAGE);
+    tilewise_run_options_init(NULL); /* harmless */
+
+    assert_int_equal(tilewise_merge(NULL, NULL, &rep, &e), TILEWISE_ERR_USAGE);
+    assert_null(rep);
+    assert_int_equal(tilewise_merge(SRC "/nope-dir", NULL, &rep, &e), TILEWISE_ERR_INPUT);
+    assert_non_null(strstr(e.message, "no shard outputs"));
+    tilewise_report_free(rep);
+
+    /* Summaries: NULL arguments, a size not set, an input out of range. */
+    tilewise_run_summary s = {.size = sizeof s};
+    assert_int_equal(tilewise_report_summary(NULL, &s, &e), TILEWISE_ERR_USAGE);
+    char dir[2048], yaml[4096];
+    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
+    sample_yaml(yaml, sizeof yaml, dir);
+    tilewise_run_options_init(&o);
+    o.yaml = yaml;
+    o.yaml_len = strlen(yaml);
+    o.quiet = 1;
+    assert_int_equal(tilewise_run(NULL, &o, &rep, &e), TILEWISE_OK);
+    assert_int_equal(tilewise_report_summary(rep, NULL, &e), TILEWISE_ERR_USAGE);
+    s.size = 0;
+    assert_int_equal(tilewise_report_summary(rep, &s, &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "size"));
+    tilewise_input_summary in = {.size = sizeof in};
+    assert_int_equal(tilewise_report_input(rep, 1, &in, &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "input 1 of 1"));
+    assert_int_equal(tilewise_report_input(rep, -1, &in, &e), TILEWISE_ERR_USAGE);
+    in.size = sizeof in - 1;
+    assert_int_equal(tilewise_report_input(rep, 0, &in, &e), TILEWISE_ERR_USAGE);
+    in.size = sizeof in;
+    assert_int_equal(tilewise_report_input(rep, 0, &in, &e), TILEWISE_OK);
+    assert_int_equal(tilewise_report_input(NULL, 0, &in, &e), TILEWISE_ERR_USAGE);
+    tilewise_report_free(rep);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_classify_matches_reference),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_run_cancel_resume),
+        cmocka_unit_test(test_run_v2_tiles_and_summary),
+        cmocka_unit_test(test_run_v2_stop_flag_resumes),
+        cmocka_unit_test(test_run_v2_shards_and_merge),
+        cmocka_unit_test(test_run_v2_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
