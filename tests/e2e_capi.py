@@ -4,7 +4,9 @@ prefix, a small C client (tests/api/client.c) compiled against the INSTALLED
 header with `pkg-config --cflags --libs tilewise`, then:
 
 * the client runs workflows/sample.yaml and writes the same bytes as
-  `tilewise run` (every .tif of the output folder), with progress calls;
+  `tilewise run` (every .tif of the output folder), with progress calls,
+  through tilewise_run_file (API version 1) and tilewise_run (version 2:
+  tiles callback up to the summary's tiles_total, summaries);
 * it opens the demo model, classifies tiles in memory (probabilities sum to
   1) and gets a usage error, with its message, for a wrong band count;
 * the installed library's soname is libtilewise.so.0 and it exports only
@@ -64,6 +66,10 @@ def main():
         syms = [s for s in syms if not s.startswith("TILEWISE_0")]
         bad = [s for s in syms if not s.startswith("tilewise_")]
         check(not bad and len(syms) >= 15, f"exports only tilewise_* ({len(syms)}; others: {bad[:5]})")
+        r = subprocess.run([os.path.join(prefix, "bin/tilewise"), "--version"],
+                           capture_output=True, text=True)
+        check(r.returncode == 0 and r.stdout.startswith("tilewise "),
+              f"the installed tilewise runs ({r.returncode}: {r.stderr[-300:]})")
         for rel in ["bin/tilewise", "share/man/man1/tilewise.1",
                     "lib/python3/dist-packages/tilewise/__init__.py",
                     "lib/python3/dist-packages/tilewise/_libpath.py",
@@ -89,6 +95,20 @@ def main():
             a = open(os.path.join(out + ".cli", name), "rb").read()
             b = open(os.path.join(out, name), "rb").read()
             check(a == b, f"{name}: the client's bytes equal the CLI's ({len(a)} bytes)", say_ok=True)
+
+        # The same through tilewise_run (version 2), into the same folder.
+        shutil.rmtree(out)
+        r = subprocess.run([client, "run2", "workflows/sample.yaml", *sets], capture_output=True,
+                           text=True, cwd=SRC)
+        print(r.stdout, end="")
+        check(r.returncode == 0, f"client run2 exits 0 ({r.returncode}: {r.stderr})")
+        check("last tiles 100/100" in r.stdout and "tiles_total 100, classified 100, 3 outputs"
+              in r.stdout, "tiles callback and input summary agree (100 tiles)")
+        check(f"exit 0, report {out}/run.json" in r.stdout, "run summary: exit code and report")
+        for name in tifs:
+            a = open(os.path.join(out + ".cli", name), "rb").read()
+            b = open(os.path.join(out, name), "rb").read()
+            check(a == b, f"{name}: run2's bytes equal the CLI's", say_ok=True)
 
         # A config error: message and exit class.
         r = subprocess.run([client, "run", "workflows/sample.yaml", "tiling.stride=33"],

@@ -111,6 +111,10 @@ def main():
         check(res["first_status"] == "interrupted", "the cancelled run's report says interrupted")
         check(res["second_status"] == "ok" and res["rows_resumed"] > 0,
               f"the rerun resumed {res['rows_resumed']} rows", say_ok=True)
+        n = res["tiles_total"]
+        check(res["last_progress_text"] == f"L7_ETMs.tif: {n}/{n} tiles",
+              f"the dialog's text counts the rerun's tiles ({res['last_progress_text']})",
+              say_ok=True)
         got = open(os.path.join(out2, "L7_ETMs.class.tif"), "rb").read()
         check(got == want2, "the resumed class raster has the uninterrupted CLI run's bytes", say_ok=True)
         cls = res["layers"].get("L7_ETMs.class.tif", {})

@@ -18,9 +18,10 @@ loader's search for libtilewise.so.0 (LD_LIBRARY_PATH, ldconfig).
 
 Errors raise tilewise.Error with .message, .status (e.g. "config error"),
 .exit_code and .exit_class ("usage", "input", "resource", "interrupted", ...),
-the same message and exit code `tilewise run` gives. Ctrl-C during run() stops
-the run at its next commit point and raises KeyboardInterrupt; run() with the
-same workflow again resumes from the committed rows.
+the same message and exit code `tilewise run` gives. Ctrl-C during run() sets
+the run's stop flag, as SIGINT does for the CLI: the run finishes the chunk of
+rows under way, commits it and stops; run() raises KeyboardInterrupt, and with
+the same workflow again resumes from the committed rows.
 """
 
 import ctypes
@@ -30,7 +31,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["run", "Model", "info", "Error", "library_path"]
+__all__ = ["run", "merge", "Model", "info", "Error", "library_path"]
 
 # ---- the library ---------------------------------------------------------
 
@@ -90,7 +91,44 @@ class _Tiles(ctypes.Structure):
 
 
 _PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p)
+_TILES = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p)
 _LOG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+class _Options(ctypes.Structure):
+    """tilewise_run_options (API version 2); its size is checked against the
+    library's (tilewise_run_options_init sets it)."""
+    _fields_ = [("size", ctypes.c_size_t), ("yaml", ctypes.c_char_p), ("yaml_len", ctypes.c_size_t),
+                ("sets", ctypes.POINTER(ctypes.c_char_p)), ("n_sets", ctypes.c_int),
+                ("progress", _PROGRESS), ("tiles", _TILES), ("log", _LOG),
+                ("user", ctypes.c_void_p), ("stop", ctypes.POINTER(ctypes.c_int)),
+                ("log_summary", ctypes.c_int), ("shard_index", ctypes.c_int),
+                ("shard_count", ctypes.c_int), ("chunk_rows", ctypes.c_int),
+                ("quiet", ctypes.c_int), ("restart", ctypes.c_int),
+                ("report_path", ctypes.c_char_p), ("tiff_direct", ctypes.c_int),
+                ("cpu_winograd", ctypes.c_int), ("cpu_gemm", ctypes.c_int),
+                ("cpu_nhwc", ctypes.c_int), ("cuda_fail_alloc_above", ctypes.c_uint64)]
+
+
+class _RunSummary(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("status", ctypes.c_int), ("exit_code", ctypes.c_int),
+                ("n_inputs", ctypes.c_int), ("inputs_skipped", ctypes.c_int),
+                ("tiles_classified", ctypes.c_int64), ("seconds", ctypes.c_double),
+                ("n_classes", ctypes.c_int), ("class_names", ctypes.POINTER(ctypes.c_char_p)),
+                ("backend", ctypes.c_char_p), ("output_dir", ctypes.c_char_p),
+                ("run_json", ctypes.c_char_p), ("shard_index", ctypes.c_int),
+                ("shard_count", ctypes.c_int)]
+
+
+class _InputSummary(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("path", ctypes.c_char_p), ("skipped", ctypes.c_char_p),
+                ("width", ctypes.c_int), ("height", ctypes.c_int), ("grid_width", ctypes.c_int),
+                ("grid_height", ctypes.c_int), ("tiles_total", ctypes.c_int64),
+                ("tiles_classified", ctypes.c_int64), ("tiles_nodata", ctypes.c_int64),
+                ("tiles_read_errors", ctypes.c_int64), ("tiles_outside_aoi", ctypes.c_int64),
+                ("rows_resumed", ctypes.c_int), ("seconds", ctypes.c_double),
+                ("class_cells", ctypes.POINTER(ctypes.c_int64)), ("nodata_cells", ctypes.c_int64),
+                ("n_outputs", ctypes.c_int), ("outputs", ctypes.POINTER(ctypes.c_char_p))]
 
 
 def _declare(lib):
@@ -103,6 +141,13 @@ def _declare(lib):
                                   ctypes.POINTER(P), E]),
         "tilewise_run_yaml": (I, [S, S, ctypes.c_size_t, ctypes.POINTER(S), I, _PROGRESS, _LOG,
                                   P, ctypes.POINTER(P), E]),
+        "tilewise_api_version": (I, []),
+        "tilewise_run_options_init": (None, [ctypes.POINTER(_Options)]),
+        "tilewise_run_options_set": (I, [ctypes.POINTER(_Options), S, E]),
+        "tilewise_run": (I, [S, ctypes.POINTER(_Options), ctypes.POINTER(P), E]),
+        "tilewise_merge": (I, [S, ctypes.POINTER(_Options), ctypes.POINTER(P), E]),
+        "tilewise_report_summary": (I, [P, ctypes.POINTER(_RunSummary), E]),
+        "tilewise_report_input": (I, [P, I, ctypes.POINTER(_InputSummary), E]),
         "tilewise_report_json": (S, [P]),
         "tilewise_report_path": (S, [P]),
         "tilewise_report_free": (None, [P]),
@@ -112,9 +157,18 @@ def _declare(lib):
         "tilewise_model_classify": (I, [P, ctypes.POINTER(_Tiles), P, P, E]),
     }
     for name, (res, args) in sig.items():
-        f = getattr(lib, name)
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise ImportError(f"{lib._name} lacks {name}: this package needs API version 2 "
+                              "(the library of the same build)") from None
         f.restype = res
         f.argtypes = args
+    o = _Options()
+    lib.tilewise_run_options_init(ctypes.byref(o))
+    if o.size != ctypes.sizeof(_Options):
+        raise ImportError(f"{lib._name}: tilewise_run_options is {o.size} bytes, this package "
+                          f"knows {ctypes.sizeof(_Options)}")
     return lib
 
 
@@ -148,7 +202,7 @@ def _raise(code, err, report=None):
                 err.exit_code, err.exit_class.decode(), report)
 
 
-def _sets(overrides):
+def _items(overrides):
     """overrides: a dict {"tiling.stride": 32} or a list of "key.path=value"."""
     if overrides is None:
         items = []
@@ -161,27 +215,48 @@ def _sets(overrides):
                 items.append(f"{k}={json.dumps(v)}")
     else:
         items = [str(s) for s in overrides]
-    arr = (ctypes.c_char_p * max(1, len(items)))(*[s.encode() for s in items])
-    return arr, len(items)
+    return items
+
+
+def _array(items):
+    return (ctypes.c_char_p * max(1, len(items)))(*[s.encode() for s in items]), len(items)
+
+
+def _sets(overrides):
+    return _array(_items(overrides))
 
 
 # ---- runs ----------------------------------------------------------------
 
 
-def run(workflow, overrides=None, progress=None, log=None):
+def run(workflow, overrides=None, progress=None, log=None, tiles=None):
     """Run a workflow; return the run report (run.json) as a dict.
 
     workflow: a path to a YAML file, YAML text (a str with a newline), or a
     dict (the workflow's keys). overrides: {"key.path": value} or a list of
-    "key.path=value" strings, as `--set`. progress: called as
-    progress(fraction, message) from a worker thread; returning False cancels
-    (resumable, raises Error with exit_class "interrupted"). log: called as
-    log(level, message) with the per-input summary lines (level 0 info, 1
-    warning). Ctrl-C stops the run at a commit point and raises
-    KeyboardInterrupt; run the same workflow again to resume.
+    "key.path=value" strings, as `--set`; the run.* keys are the command's
+    options (run.shard=I/N, run.chunk_rows=N, run.report=PATH, run.quiet=true,
+    run.restart=true). progress: called as progress(fraction, message) from a
+    worker thread; returning False cancels (resumable, raises Error with
+    exit_class "interrupted"). tiles: called as tiles(done, total, input)
+    just before each progress call (tiles of the input under way, this run's
+    share). log: called as log(level, message) with the run's notices and
+    warnings and the per-input summary lines (level 0 info, 1 warning).
+    Ctrl-C stops the run gracefully at a commit point (the stop flag, as SIGINT
+    for the CLI) and raises KeyboardInterrupt; run the same workflow again to
+    resume.
     """
     lib = _load()
-    sets, n_sets = _sets(overrides)
+    err = _Error()
+    opts = _Options()
+    lib.tilewise_run_options_init(ctypes.byref(opts))
+    items = _items(overrides)
+    keep = [s.encode() for s in items if s.startswith("run.")]  # report_path points into these
+    for kv in keep:
+        rc = lib.tilewise_run_options_set(ctypes.byref(opts), kv, ctypes.byref(err))
+        if rc != 0:
+            _raise(rc, err)
+    sets, n_sets = _array([s for s in items if not s.startswith("run.")])
     cancel = threading.Event()
     problems = []
 
@@ -195,6 +270,14 @@ def run(workflow, overrides=None, progress=None, log=None):
                 cancel.set()
         return 0 if cancel.is_set() else 1
 
+    def on_tiles(done, total, message, _user):
+        if tiles is not None and not cancel.is_set():
+            try:
+                tiles(done, total, message.decode(errors="replace") if message else "")
+            except BaseException as e:  # noqa: B902
+                problems.append(e)
+                cancel.set()
+
     def on_log(level, message, _user):
         if log is not None:
             try:
@@ -202,36 +285,33 @@ def run(workflow, overrides=None, progress=None, log=None):
             except BaseException as e:  # noqa: B902
                 problems.append(e)
 
-    cb_p, cb_l = _PROGRESS(on_progress), _LOG(on_log)
-    err = _Error()
+    stop = ctypes.c_int(0)  # sig_atomic_t
+    opts.sets, opts.n_sets = sets, n_sets
+    opts.progress, opts.tiles, opts.log = _PROGRESS(on_progress), _TILES(on_tiles), _LOG(on_log)
+    opts.stop = ctypes.pointer(stop)
+    opts.log_summary = 1
+    if isinstance(workflow, dict):
+        text, name = json.dumps(workflow).encode(), b"<dict>"
+    elif isinstance(workflow, str) and "\n" in workflow:
+        text, name = workflow.encode(), b"<string>"
+    else:
+        text, name = None, os.fsencode(workflow)
+    if text is not None:
+        opts.yaml, opts.yaml_len = text, len(text)
     rep = ctypes.c_void_p()
     out = {}
-
     done = threading.Event()
 
     def call():
         try:
-            call_library()
+            out["rc"] = lib.tilewise_run(name, ctypes.byref(opts), ctypes.byref(rep),
+                                         ctypes.byref(err))
         finally:
             done.set()
 
-    def call_library():
-        if isinstance(workflow, dict):
-            text = json.dumps(workflow).encode()
-            out["rc"] = lib.tilewise_run_yaml(b"<dict>", text, len(text), sets, n_sets, cb_p,
-                                              cb_l, None, ctypes.byref(rep), ctypes.byref(err))
-        elif isinstance(workflow, str) and "\n" in workflow:
-            text = workflow.encode()
-            out["rc"] = lib.tilewise_run_yaml(b"<string>", text, len(text), sets, n_sets, cb_p,
-                                              cb_l, None, ctypes.byref(rep), ctypes.byref(err))
-        else:
-            path = os.fsencode(workflow)
-            out["rc"] = lib.tilewise_run_file(path, sets, n_sets, cb_p, cb_l, None,
-                                              ctypes.byref(rep), ctypes.byref(err))
-
     # The run happens on a helper thread so that Ctrl-C reaches this one
     # (Python handles signals in the main thread only between bytecodes, never
-    # while a foreign call runs); the progress callback then asks to stop.
+    # while a foreign call runs); this thread then sets the stop flag.
     t = threading.Thread(target=call, name="tilewise-run", daemon=True)
     t.start()
     interrupted = False
@@ -244,7 +324,7 @@ def run(workflow, overrides=None, progress=None, log=None):
         except KeyboardInterrupt:
             # Keep waiting: the run stops at its next commit point.
             interrupted = True
-            cancel.set()
+            stop.value = 1
     report = None
     if rep.value:
         text = lib.tilewise_report_json(rep)
@@ -259,6 +339,32 @@ def run(workflow, overrides=None, progress=None, log=None):
     if rc != 0:
         _raise(rc, err, report)
     return report
+
+
+def merge(output_dir):
+    """`tilewise merge`: after sharded runs (run.shard=I/N) into output_dir,
+    check every shard finished and write the final products. Returns the
+    files written, input by input: [{"path": input, "outputs": [...]}]."""
+    lib = _load()
+    err = _Error()
+    rep = ctypes.c_void_p()
+    rc = lib.tilewise_merge(os.fsencode(output_dir), None, ctypes.byref(rep), ctypes.byref(err))
+    try:
+        if rc != 0:
+            _raise(rc, err)
+        s = _RunSummary(size=ctypes.sizeof(_RunSummary))
+        if lib.tilewise_report_summary(rep, ctypes.byref(s), ctypes.byref(err)) != 0:
+            _raise(err.status, err)
+        inputs = []
+        for i in range(s.n_inputs):
+            d = _InputSummary(size=ctypes.sizeof(_InputSummary))
+            if lib.tilewise_report_input(rep, i, ctypes.byref(d), ctypes.byref(err)) != 0:
+                _raise(err.status, err)
+            inputs.append({"path": d.path.decode(),
+                           "outputs": [d.outputs[k].decode() for k in range(d.n_outputs)]})
+        return inputs
+    finally:
+        lib.tilewise_report_free(rep)
 
 
 # ---- models --------------------------------------------------------------

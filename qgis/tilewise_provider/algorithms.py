@@ -1,7 +1,8 @@
 """tilewise:classify and tilewise:run_workflow, over the tilewise Python package.
 
 Both run what `tilewise run` runs (the same library, the same bytes): progress
-goes to the Processing dialog, Cancel stops the run at its next commit point
+goes to the Processing dialog (the bar, and the tiles done of the input under
+way as its text), Cancel stops the run at its next commit point
 (run the algorithm again with the same parameters to resume), the warnings of
 `tilewise validate` are shown before the run starts, and the class raster is
 loaded with its colours and class names, the probability raster with its band
@@ -141,6 +142,16 @@ def run_tilewise(workflow, sets, feedback):
         feedback.setProgress(100.0 * fraction)
         return not feedback.isCanceled()
 
+    shown = {}
+
+    def tiles(done, total, name):
+        # The dialog's text under the bar: the input and its tile count, at
+        # most once a percent (QGIS repaints on every call).
+        step = (os.path.basename(name), done * 100 // total if total else 0)
+        if shown.get("step") != step:
+            shown["step"] = step
+            feedback.setProgressText(f"{step[0]}: {done}/{total} tiles")
+
     def log(level, message):
         if level == 0:
             feedback.pushInfo(message)
@@ -148,7 +159,7 @@ def run_tilewise(workflow, sets, feedback):
             feedback.pushWarning(message)
 
     try:
-        return tw.run(workflow, overrides=sets, progress=progress, log=log)
+        return tw.run(workflow, overrides=sets, progress=progress, log=log, tiles=tiles)
     except tw.Error as e:
         if e.exit_class == "interrupted":
             raise QgsProcessingException(

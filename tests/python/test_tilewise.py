@@ -8,7 +8,9 @@ PYTHONPATH = python/, and the fixtures of tests/fixtures. What they show:
   classified whole equals the CLI's prob.tif at stride < tile;
 * bad input raises tilewise.Error with the message and the exit class;
 * KeyboardInterrupt mid-run stops at a commit point; run again resumes and
-  gives the bytes of an uninterrupted run.
+  gives the bytes of an uninterrupted run;
+* the tiles callback counts up to run.json's tiles_total; shards run with
+  run.shard and tilewise.merge gives the CLI's merged bytes.
 """
 import _thread
 import glob
@@ -232,3 +234,35 @@ def test_keyboard_interrupt_then_rerun_completes(tmp_path):
     rep = tilewise.run("workflows/sample.yaml", sets)
     assert rep["inputs"][0]["rows_resumed"] > 0
     assert tifs(out) == want
+
+
+def test_tiles_callback_shards_and_merge(tmp_path):
+    os.chdir(SRC)
+    out = str(tmp_path / "out")
+    sets = {"output.dir": out, "runtime.device": "cpu", "runtime.memory": "4GiB"}
+    flags = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    for shard in ("1/2", "2/2"):
+        cli("run", "workflows/sample.yaml", "-q", "--shard", shard, *flags)
+    cli("merge", "-q", out)
+    want = tifs(out)
+    assert len(want) == 3
+    shutil.rmtree(out)
+
+    seen = []
+    rep = tilewise.run("workflows/sample.yaml", dict(sets, **{"run.shard": "1/2"}),
+                       tiles=lambda done, total, name: seen.append((done, total, name)))
+    total = rep["inputs"][0]["tiles_total"]
+    assert rep["shard"] == {"index": 1, "count": 2} and 0 < total < 100
+    assert seen[0][0] == 0 and seen[-1][:2] == (total, total) and "L7_ETMs.tif" in seen[-1][2]
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.merge(out)  # shard 2 has not run
+    assert e.value.exit_class == "input" and "rows" in e.value.message
+    tilewise.run("workflows/sample.yaml", dict(sets, **{"run.shard": "2/2"}))
+    merged = tilewise.merge(out)
+    assert [os.path.basename(p) for p in merged[0]["outputs"]] == [
+        "L7_ETMs.class.tif", "L7_ETMs.prob.tif", "L7_ETMs.conf.tif"]
+    assert tifs(out) == want
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.run("workflows/sample.yaml", dict(sets, **{"run.shard": "3/2"}))
+    assert e.value.exit_class == "usage" and "run.shard" in e.value.message

@@ -25,10 +25,15 @@ class Feedback(QgsProcessingFeedback):
         self.cancel_at = cancel_at
         self.warnings = []
         self.max_progress = 0.0
+        self.texts = []
 
     def pushWarning(self, text):  # noqa: N802
         self.warnings.append(text)
         super().pushWarning(text)
+
+    def setProgressText(self, text):  # noqa: N802
+        self.texts.append(text)
+        super().setProgressText(text)
 
     def setProgress(self, p):  # noqa: N802
         self.max_progress = max(self.max_progress, p)
@@ -72,6 +77,8 @@ def main():
     with open(os.path.join(out, "run.json")) as f:
         rep = json.load(f)
     result["second_status"] = rep["status"]
+    result["tiles_total"] = rep["inputs"][0]["tiles_total"]
+    result["last_progress_text"] = fb.texts[-1] if fb.texts else None
     result["rows_resumed"] = rep["inputs"][0]["rows_resumed"]
     result["class_output"] = res.get("CLASS")
     # Layers to load on completion: what the Processing dialog loads.
