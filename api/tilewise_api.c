@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "pipeline/normalize.h"
 #include "pipeline/run.h"
+#include "workflows/validate.h"
 #include "workflows/workflow.h"
 
 /* The public values mirror the internal ones; keep them in step. */
@@ -33,7 +34,8 @@ _Static_assert(
         TILEWISE_ERR_INPUT == (int)TW_ERR_INPUT && TILEWISE_ERR_MODEL == (int)TW_ERR_MODEL &&
         TILEWISE_ERR_OUTPUT == (int)TW_ERR_OUTPUT && TILEWISE_ERR_NOMEM == (int)TW_ERR_NOMEM &&
         TILEWISE_ERR_DEVICE == (int)TW_ERR_DEVICE &&
-        TILEWISE_ERR_INTERNAL == (int)TW_ERR_INTERNAL && TILEWISE_ERR_PARTS == (int)TW_ERR_PARTS &&
+        TILEWISE_ERR_INTERNAL == (int)TW_ERR_INTERNAL &&
+        TILEWISE_ERR_REMOTE == (int)TW_ERR_REMOTE && TILEWISE_ERR_PARTS == (int)TW_ERR_PARTS &&
         TILEWISE_ERR_LOCKED == (int)TW_ERR_LOCKED,
     "tilewise_status and tw_status differ");
 _Static_assert(TILEWISE_MESSAGE_MAX == TW_ERROR_MSG_MAX, "message sizes differ");
@@ -549,6 +551,28 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
     return give(out, st, &err);
 }
 
+/* The workflow (a file, or o->yaml named `workflow`) with o's overrides,
+ * then o's options, into *p (malloc'ed; free it). */
+static tw_status load_workflow(const char *workflow, const tilewise_run_options *o,
+                               tw_run_params **p, tw_error *err)
+{
+    *p = NULL;
+    if (!workflow && !o->yaml)
+        return tw_error_set(err, TW_ERR_USAGE, "no workflow: a path, or options.yaml");
+    tw_run_params *q = malloc(sizeof *q);
+    if (!q) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    tw_status st = o->yaml ? tw_workflow_parse(workflow ? workflow : "<memory>", o->yaml,
+                                               o->yaml_len, o->sets, o->n_sets, q, err)
+                           : tw_workflow_load(workflow, o->sets, o->n_sets, q, err);
+    if (st != TW_OK) {
+        free(q);
+        return st;
+    }
+    apply_options(q, o);
+    *p = q;
+    return TW_OK;
+}
+
 tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *opts,
                              tilewise_report **report, tilewise_error *out)
 {
@@ -557,21 +581,10 @@ tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *o
     tw_error_init(&err);
     tilewise_run_options o;
     tw_status st = take_options(opts, &o, &err);
-    if (st == TW_OK && !workflow && !o.yaml)
-        st = tw_error_set(&err, TW_ERR_USAGE, "tilewise_run: no workflow path or YAML text");
     if (st != TW_OK) return give(out, st, &err);
-    tw_run_params *p = malloc(sizeof *p);
-    if (!p) return give_new(out, TW_ERR_NOMEM, "out of memory");
-    st = o.yaml ? tw_workflow_parse(workflow ? workflow : "<memory>", o.yaml, o.yaml_len, o.sets,
-                                    o.n_sets, p, &err)
-                : tw_workflow_load(workflow, o.sets, o.n_sets, p, &err);
-    tilewise_status ret;
-    if (st == TW_OK) {
-        apply_options(p, &o);
-        ret = run_params(p, &o, report, out);
-    } else {
-        ret = give(out, st, &err);
-    }
+    tw_run_params *p = NULL;
+    st = load_workflow(workflow, &o, &p, &err);
+    tilewise_status ret = st == TW_OK ? run_params(p, &o, report, out) : give(out, st, &err);
     free(p);
     return ret;
 }
@@ -598,6 +611,87 @@ tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_option
     else
         tilewise_report_free(rep);
     return give(out, st, &err);
+}
+
+/* ---- validate ---- */
+
+struct tilewise_validation {
+    char *text;
+    size_t len;
+    int n_warnings;
+    const char **warnings; /* [n_warnings], into text (the lines cut at their '\n') */
+    char *lines;           /* a copy of text, cut into lines */
+};
+
+tilewise_status tilewise_validate(const char *workflow, const tilewise_run_options *opts,
+                                  tilewise_validation **v, tilewise_error *out)
+{
+    if (v) *v = NULL;
+    tw_error err;
+    tw_error_init(&err);
+    tilewise_run_options o;
+    tw_status st = take_options(opts, &o, &err);
+    tw_run_params *p = NULL;
+    if (st == TW_OK) st = load_workflow(workflow, &o, &p, &err);
+    if (st != TW_OK) return give(out, st, &err);
+    tilewise_validation *va = calloc(1, sizeof *va);
+    FILE *f = va ? open_memstream(&va->text, &va->len) : NULL;
+    if (!f) {
+        free(va);
+        free(p);
+        return give_new(out, TW_ERR_NOMEM, "out of memory");
+    }
+    st = tw_validate_report(p, f, NULL, &err);
+    free(p);
+    if (fclose(f) != 0 && st == TW_OK) st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory");
+    /* The warning lines, as data. */
+    va->lines = va->text ? strdup(va->text) : NULL;
+    int n = 0;
+    for (const char *c = va->text; c && *c; c++) n += *c == '\n';
+    va->warnings = calloc((size_t)n + 1, sizeof *va->warnings);
+    if (!va->lines || !va->warnings) {
+        tilewise_validation_free(va);
+        return give_new(out, TW_ERR_NOMEM, "out of memory");
+    }
+    for (char *line = va->lines, *next; *line; line = next) {
+        char *nl = strchr(line, '\n');
+        next = nl ? nl + 1 : line + strlen(line);
+        if (nl) *nl = '\0';
+        if (strncmp(line, "warning", 7) == 0) {
+            const char *w = line + 7;
+            while (*w == ' ') w++;
+            va->warnings[va->n_warnings++] = w;
+        }
+    }
+    if (v)
+        *v = va;
+    else
+        tilewise_validation_free(va);
+    return give(out, st, &err);
+}
+
+const char *tilewise_validation_text(const tilewise_validation *v)
+{
+    return v && v->text ? v->text : "";
+}
+
+int tilewise_validation_warnings(const tilewise_validation *v)
+{
+    return v ? v->n_warnings : 0;
+}
+
+const char *tilewise_validation_warning(const tilewise_validation *v, int i)
+{
+    return v && i >= 0 && i < v->n_warnings ? v->warnings[i] : NULL;
+}
+
+void tilewise_validation_free(tilewise_validation *v)
+{
+    if (!v) return;
+    free(v->text);
+    free(v->lines);
+    free(v->warnings);
+    free(v);
 }
 
 /* ---- version 1 runs: tilewise_run with the run.* overrides split off ---- */

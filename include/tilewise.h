@@ -46,8 +46,10 @@ extern "C" {
  * callback, a graceful stop flag, the command line's run options and
  * tuning knobs), tilewise_run_options_init, tilewise_run_options_set,
  * tilewise_report_summary and tilewise_report_input (the run's numbers
- * without parsing JSON), tilewise_merge and tilewise_api_version. The
- * `tilewise` command runs its run and merge commands through these. */
+ * without parsing JSON), tilewise_merge, tilewise_validate (the plan and
+ * advice, warnings as data), tilewise_api_version and TILEWISE_ERR_REMOTE.
+ * The `tilewise` command runs its run, merge and validate commands through
+ * these. */
 #define TILEWISE_API_VERSION 2
 
 /* Status codes: the same values as the library's internal ones. */
@@ -62,6 +64,8 @@ typedef enum tilewise_status {
     TILEWISE_ERR_NOMEM = -6,    /* memory budget too small, allocation failed */
     TILEWISE_ERR_DEVICE = -7,   /* GPU missing or failing */
     TILEWISE_ERR_INTERNAL = -8, /* a bug: please report */
+    TILEWISE_ERR_REMOTE = -9,   /* a remote input unreachable after its retries (version 2
+                                   names it; version 1 returned it without a name) */
     TILEWISE_ERR_PARTS = -10,   /* output dir holds parts of another configuration: refused */
     TILEWISE_ERR_LOCKED = -11,  /* another process runs the same shard of the same output */
 } tilewise_status;
@@ -244,6 +248,27 @@ tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *o
  * naming the missing rows when a shard has not finished. */
 tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_options *o,
                                tilewise_report **report, tilewise_error *err);
+
+/* `tilewise validate`: check the workflow (a file, or o->yaml), its inputs
+ * and the model against each other without running the model. Of o (may be
+ * NULL) it uses yaml, sets and the tuning knobs. *v (when v is not NULL)
+ * receives the text the command prints (the plan: tiles, grid, batch,
+ * memory estimate; then advice on georeferencing, value ranges and the
+ * reader, and a last line "advice    N warnings"), also on failure as far
+ * as it got (NULL when the workflow could not be read). Advice is never an
+ * error: TILEWISE_OK means the run can start. Free *v with
+ * tilewise_validation_free. */
+typedef struct tilewise_validation tilewise_validation;
+tilewise_status tilewise_validate(const char *workflow, const tilewise_run_options *o,
+                                  tilewise_validation **v, tilewise_error *err);
+/* The whole text, lines ending in '\n'. Borrowed until free. "" for NULL. */
+const char *tilewise_validation_text(const tilewise_validation *v);
+/* The text's warning lines (those starting "warning": advice, and the
+ * plan's own), without that word and the spaces after it. i in
+ * [0, count); NULL outside. Borrowed until free. */
+int tilewise_validation_warnings(const tilewise_validation *v);
+const char *tilewise_validation_warning(const tilewise_validation *v, int i);
+void tilewise_validation_free(tilewise_validation *v);
 
 /* The run as a whole. Set size = sizeof(tilewise_run_summary) before the
  * call; the library fills what fits in size. Strings and arrays are

@@ -672,6 +672,74 @@ static void test_run_v2_bad_arguments(void **state)
     tilewise_report_free(rep);
 }
 
+static void test_validate(void **state)
+{
+    (void)state;
+    char dir[2048], yaml[4096];
+    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
+    sample_yaml(yaml, sizeof yaml, dir);
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    o.yaml = yaml;
+    o.yaml_len = strlen(yaml);
+    const char *sets[] = {"input.scale=0.001"};
+    o.sets = sets;
+    o.n_sets = 1;
+    tilewise_validation *v = NULL;
+    tilewise_error e;
+    assert_int_equal(tilewise_validate(NULL, &o, &v, &e), TILEWISE_OK);
+    const char *text = tilewise_validation_text(v);
+    printf("%s", text);
+    assert_non_null(strstr(text, "tiles 10 x 10 = 100 (tile 64, stride 32)"));
+    assert_non_null(strstr(text, "\nadvice    6 warnings\n"));
+    assert_int_equal(tilewise_validation_warnings(v), 6);
+    for (int i = 0; i < 6; i++) {
+        const char *w = tilewise_validation_warning(v, i);
+        char band[32];
+        snprintf(band, sizeof band, "L7_ETMs.tif band %d: values", i + 1);
+        assert_non_null(strstr(w, band));
+        assert_true(strncmp(w, "warning", 7) != 0 && w[0] != ' ');
+        assert_non_null(strstr(w, "is input.scale 1 meant?"));
+        assert_null(strchr(w, '\n'));
+    }
+    assert_null(tilewise_validation_warning(v, 6));
+    assert_null(tilewise_validation_warning(v, -1));
+    tilewise_validation_free(v);
+    /* Without the scale: no warnings. Not writing the output folder. */
+    o.n_sets = 0;
+    assert_int_equal(tilewise_validate(NULL, &o, &v, &e), TILEWISE_OK);
+    assert_int_equal(tilewise_validation_warnings(v), 0);
+    assert_non_null(strstr(tilewise_validation_text(v), "\nadvice    0 warnings\n"));
+    tilewise_validation_free(v);
+    assert_false(tw_test_file_exists(dir));
+
+    /* Errors: the workflow unreadable (no text), a stride the model's tile
+     * refuses, an input missing (a text as far as the plan got). */
+    const char *bad[] = {"tiling.strides=32"};
+    o.sets = bad;
+    o.n_sets = 1;
+    assert_int_equal(tilewise_validate(NULL, &o, &v, &e), TILEWISE_ERR_CONFIG);
+    assert_null(v);
+    assert_non_null(strstr(e.message, "tiling.strides"));
+    const char *stride[] = {"tiling.stride=33"};
+    o.sets = stride;
+    assert_int_equal(tilewise_validate(NULL, &o, &v, &e), TILEWISE_ERR_CONFIG);
+    assert_non_null(strstr(e.message, "does not divide tile 64"));
+    assert_null(strstr(tilewise_validation_text(v), "advice"));
+    tilewise_validation_free(v);
+    const char *nope[] = {"input.path=nope.tif"};
+    o.sets = nope;
+    assert_int_equal(tilewise_validate(NULL, &o, &v, &e), TILEWISE_ERR_INPUT);
+    assert_non_null(strstr(e.message, "nope.tif"));
+    assert_int_equal(tilewise_validation_warnings(v), 0);
+    tilewise_validation_free(v);
+    assert_int_equal(tilewise_validate(NULL, NULL, &v, &e), TILEWISE_ERR_USAGE);
+    assert_null(v);
+    assert_string_equal(tilewise_validation_text(NULL), "");
+    assert_int_equal(tilewise_validation_warnings(NULL), 0);
+    tilewise_validation_free(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -682,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_run_v2_stop_flag_resumes),
         cmocka_unit_test(test_run_v2_shards_and_merge),
         cmocka_unit_test(test_run_v2_bad_arguments),
+        cmocka_unit_test(test_validate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -496,8 +496,8 @@ static void env_knobs(tilewise_run_options *o)
     if (v && *v) o->cuda_fail_alloc_above = strtoull(v, NULL, 10);
 }
 
-/* For validate and info, which still call the internals: the knobs of
- * env_knobs onto params (as tilewise_run applies them). */
+/* For info, which still calls the internals: the knobs of env_knobs onto
+ * params (as tilewise_run applies them). */
 static void env_params(tw_run_params *p)
 {
     tilewise_run_options o;
@@ -508,13 +508,6 @@ static void env_params(tw_run_params *p)
     if (o.cpu_gemm >= 0) p->runtime.cpu_gemm = o.cpu_gemm;
     if (o.cpu_nhwc >= 0) p->runtime.cpu_nhwc = o.cpu_nhwc;
     if (o.cuda_fail_alloc_above) p->runtime.cuda_fail_above = (size_t)o.cuda_fail_alloc_above;
-}
-
-static int load_params(const cli_opts *o, tw_run_params *p, tw_error *err)
-{
-    if (tw_workflow_load(o->workflow, o->sets, o->n_sets, p, err) != TW_OK) return fail(err);
-    env_params(p);
-    return 0;
 }
 
 /* What a run did, input by input (from the report's summaries). */
@@ -646,152 +639,6 @@ static int cmd_run(int argc, char **argv)
     return o.progress == PROGRESS_JSON ? tilewise_exit_code(st) : fail_api(&err);
 }
 
-/* ---- validate: advice on value ranges and georeferencing ---- */
-
-static int g_warnings;
-
-static void advise(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void advise(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("warning   ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    g_warnings++;
-}
-
-static void check_georef(const char *path, const tw_inspect *ri, int tile)
-{
-    if (!ri->has_geotransform) {
-        advise("%s: no geotransform: the outputs will be in pixel coordinates", path);
-        return;
-    }
-    if (!ri->has_crs) {
-        advise("%s: no CRS: the outputs will have none either (assign one with "
-               "gdal_edit.py -a_srs)",
-               path);
-        return;
-    }
-    if (!ri->crs_understood) {
-        advise("%s: its CRS is not understood by GDAL", path);
-        return;
-    }
-    double px, py;
-    if (!tw_inspect_pixel_metres(ri, &px, &py)) {
-        printf("crs       %s: %s\n", path, ri->crs);
-        return;
-    }
-    const double *gt = ri->geotransform;
-    const char *unit = ri->crs_units;
-    printf("crs       %s: %s, units %s; pixel %.4g x %.4g m, a tile of %d px covers %.3g x %.3g "
-           "km\n",
-           path, ri->crs, unit, px, py, tile, tile * px / 1000, tile * py / 1000);
-    bool geographic = ri->crs_geographic;
-    if (gt[2] != 0 || gt[4] != 0)
-        advise("%s: the raster is rotated (geotransform terms %g, %g): tiles follow its pixel "
-               "grid, not north",
-               path, gt[2], gt[4]);
-    double ratio = px / py;
-    if (ratio > 1.5 || ratio < 1 / 1.5)
-        advise("%s: pixels are %.3g m wide but %.3g m high%s: the model sees stretched images "
-               "(reproject with gdalwarp -t_srs to a projected CRS)",
-               path, px, py, geographic ? " (degrees of longitude shrink with latitude)" : "");
-    if (geographic && tile * fmax(px, py) > 10000)
-        advise("%s: in a geographic CRS (%s) a tile of %d px spans about %.0f km: is that the "
-               "resolution the model was trained at?",
-               path, unit, tile, tile * fmax(px, py) / 1000);
-    if (fmin(px, py) < 0.05 || fmax(px, py) > 5000)
-        advise("%s: a pixel size of %.3g m is unusual for satellite imagery: are the CRS units "
-               "(%s) right?",
-               path, fmin(px, py) < 0.05 ? fmin(px, py) : fmax(px, py), unit);
-}
-
-static void check_values(const char *path, const char *gdal_path, const tw_resolved *m)
-{
-    int n = m->n_bands > 0 ? m->n_bands : m->in_bands;
-    int fits = 0;
-    int bands[TW_MAX_BANDS];
-    double los[TW_MAX_BANDS], his[TW_MAX_BANDS];
-    const char *hows[TW_MAX_BANDS];
-    bool oks[TW_MAX_BANDS];
-    for (int i = 0; i < n; i++) bands[i] = m->n_bands > 0 ? m->bands[i] : i + 1;
-    tw_error err;
-    tw_error_init(&err);
-    if (tw_inspect_band_ranges(gdal_path, bands, n, los, his, hows, oks, &err) != TW_OK) return;
-    for (int i = 0; i < n; i++) {
-        int band = bands[i];
-        double lo = los[i], hi = his[i];
-        const char *how = hows[i];
-        if (!hows[i]) continue; /* no such band: the run's checks say so */
-        if (!oks[i]) {
-            advise("%s band %d: cannot compute its range (no valid pixels?)", path, band);
-            continue;
-        }
-        double mean = m->mean[i], sd = m->std[i];
-        double zlo = (lo * m->scale - mean) / sd, zhi = (hi * m->scale - mean) / sd;
-        /* A network trained on (x - mean) / std sees values within a few
-         * units; ranges far outside, or squeezed to nothing, are the
-         * classic wrong-input.scale symptoms. */
-        bool far = zlo > 8 || zhi < -8;
-        bool wide = zhi - zlo > 200;
-        bool flat = hi > lo && zhi - zlo < 0.05;
-        if (!far && !wide && !flat) {
-            fits++;
-            continue;
-        }
-        char hint[96] = "";
-        double mid = (lo + hi) / 2;
-        /* Only the order of magnitude: a mid-range is not a mean. */
-        if (mid > 0 && mean > 0)
-            snprintf(hint, sizeof hint, "; is input.scale %g meant?",
-                     pow(10.0, round(log10(mean / mid))));
-        advise("%s band %d: values %g..%g (%s) x scale %g give %.3g..%.3g after the model's "
-               "mean %g / std %g, %s%s",
-               path, band, lo, hi, how, m->scale, zlo, zhi, mean, sd,
-               far    ? "far from what it was trained on"
-               : wide ? "a very wide range"
-                      : "almost constant",
-               hint);
-    }
-    printf("values    %s: %d of %d bands within a plausible range of the model's mean/std "
-           "(scale %g)\n",
-           path, fits, n, m->scale);
-}
-
-static void validate_advice(const tw_run_params *p)
-{
-    tw_error err;
-    tw_error_init(&err);
-    tw_resolved m;
-    if (tw_resolve(p, &m, &err) != TW_OK) return; /* tw_validate already accepted it */
-    /* STAC items (input.assets) are checked by tw_validate; these hints are
-     * for raster paths. */
-    for (int i = 0; i < p->input.n_paths && p->input.n_assets == 0; i++) {
-        char shown[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
-        tw_url_redact(p->input.paths[i], shown, sizeof shown);
-        if (tw_url_to_gdal(p->input.paths[i], gpath, sizeof gpath, &err) != TW_OK) continue;
-        tw_inspect *ri = NULL;
-        if (tw_inspect_raster(gpath, shown, &ri, &err) != TW_OK) continue;
-        check_georef(shown, ri, m.tile);
-        tw_inspect_destroy(ri);
-        /* Statistics read every pixel: not over the network. */
-        if (!tw_url_is_remote(p->input.paths[i])) check_values(shown, gpath, &m);
-        tw_raster *r = NULL;
-        tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
-        if (tw_raster_open_ex(p->input.paths[i], m.bands, m.n_bands, &op, &r, &err) == TW_OK) {
-            const char *why = "";
-            tw_raster_reader(r, &why);
-            if (why[0])
-                printf("reader    %s: GDAL (%s)\n", shown, why);
-            else
-                printf("reader    %s: libtiff, whole tiles decoded directly\n", shown);
-            tw_raster_close(r);
-        }
-    }
-}
-
 static int cmd_validate(int argc, char **argv)
 {
     if (help_asked(argc, argv)) {
@@ -801,15 +648,18 @@ static int cmd_validate(int argc, char **argv)
     cli_opts o;
     int rc = parse_opts(argc, argv, false, &o);
     if (rc) return rc;
-    tw_error err;
-    tw_error_init(&err);
-    tw_run_params p;
-    if ((rc = load_params(&o, &p, &err))) return rc;
-    if (tw_validate(&p, stdout, &err) != TW_OK) return fail(&err);
-    g_warnings = 0;
-    validate_advice(&p);
-    printf("advice    %d warning%s\n", g_warnings, g_warnings == 1 ? "" : "s");
-    return TW_EXIT_OK;
+    tilewise_run_options ro;
+    tilewise_run_options_init(&ro);
+    env_knobs(&ro);
+    ro.sets = o.sets;
+    ro.n_sets = o.n_sets;
+    tilewise_validation *v = NULL;
+    tilewise_error err;
+    tilewise_status st = tilewise_validate(o.workflow, &ro, &v, &err);
+    /* The plan as far as it got, then the error. */
+    fputs(tilewise_validation_text(v), stdout);
+    tilewise_validation_free(v);
+    return st == TILEWISE_OK ? TW_EXIT_OK : fail_api(&err);
 }
 
 static int cmd_merge(int argc, char **argv)

@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["run", "merge", "Model", "info", "Error", "library_path"]
+__all__ = ["run", "merge", "validate", "Model", "info", "Error", "library_path"]
 
 # ---- the library ---------------------------------------------------------
 
@@ -146,6 +146,11 @@ def _declare(lib):
         "tilewise_run_options_set": (I, [ctypes.POINTER(_Options), S, E]),
         "tilewise_run": (I, [S, ctypes.POINTER(_Options), ctypes.POINTER(P), E]),
         "tilewise_merge": (I, [S, ctypes.POINTER(_Options), ctypes.POINTER(P), E]),
+        "tilewise_validate": (I, [S, ctypes.POINTER(_Options), ctypes.POINTER(P), E]),
+        "tilewise_validation_text": (S, [P]),
+        "tilewise_validation_warnings": (I, [P]),
+        "tilewise_validation_warning": (S, [P, I]),
+        "tilewise_validation_free": (None, [P]),
         "tilewise_report_summary": (I, [P, ctypes.POINTER(_RunSummary), E]),
         "tilewise_report_input": (I, [P, I, ctypes.POINTER(_InputSummary), E]),
         "tilewise_report_json": (S, [P]),
@@ -229,6 +234,55 @@ def _sets(overrides):
 # ---- runs ----------------------------------------------------------------
 
 
+def _options(workflow, overrides):
+    """tilewise_run_options for a workflow (path, YAML text or dict) and
+    overrides; returns (options, name, kept): kept holds the buffers the
+    options point into (keep it alive until the call returns)."""
+    lib = _load()
+    opts = _Options()
+    lib.tilewise_run_options_init(ctypes.byref(opts))
+    items = _items(overrides)
+    run_opts = [s.encode() for s in items if s.startswith("run.")]  # report_path points in
+    err = _Error()
+    for kv in run_opts:
+        rc = lib.tilewise_run_options_set(ctypes.byref(opts), kv, ctypes.byref(err))
+        if rc != 0:
+            _raise(rc, err)
+    sets, n_sets = _array([s for s in items if not s.startswith("run.")])
+    opts.sets, opts.n_sets = sets, n_sets
+    if isinstance(workflow, dict):
+        text, name = json.dumps(workflow).encode(), b"<dict>"
+    elif isinstance(workflow, str) and "\n" in workflow:
+        text, name = workflow.encode(), b"<string>"
+    else:
+        text, name = None, os.fsencode(workflow)
+    if text is not None:
+        opts.yaml, opts.yaml_len = text, len(text)
+    return opts, name, (run_opts, sets, text)
+
+
+def validate(workflow, overrides=None):
+    """`tilewise validate`: check the workflow, its inputs and the model
+    against each other without running the model. Returns {"text": what the
+    command prints (plan and advice), "warnings": [the advice lines]};
+    raises Error when the run could not start."""
+    lib = _load()
+    opts, name, keep = _options(workflow, overrides)
+    err = _Error()
+    v = ctypes.c_void_p()
+    rc = lib.tilewise_validate(name, ctypes.byref(opts), ctypes.byref(v), ctypes.byref(err))
+    try:
+        text = lib.tilewise_validation_text(v).decode(errors="replace")
+        warnings = [lib.tilewise_validation_warning(v, i).decode(errors="replace")
+                    for i in range(lib.tilewise_validation_warnings(v))]
+    finally:
+        lib.tilewise_validation_free(v)
+    del keep
+    if rc != 0:
+        _raise(rc, err)
+    return {"text": text, "warnings": warnings}
+
+
 def run(workflow, overrides=None, progress=None, log=None, tiles=None):
     """Run a workflow; return the run report (run.json) as a dict.
 
@@ -248,15 +302,7 @@ def run(workflow, overrides=None, progress=None, log=None, tiles=None):
     """
     lib = _load()
     err = _Error()
-    opts = _Options()
-    lib.tilewise_run_options_init(ctypes.byref(opts))
-    items = _items(overrides)
-    keep = [s.encode() for s in items if s.startswith("run.")]  # report_path points into these
-    for kv in keep:
-        rc = lib.tilewise_run_options_set(ctypes.byref(opts), kv, ctypes.byref(err))
-        if rc != 0:
-            _raise(rc, err)
-    sets, n_sets = _array([s for s in items if not s.startswith("run.")])
+    opts, name, keep = _options(workflow, overrides)
     cancel = threading.Event()
     problems = []
 
@@ -286,18 +332,9 @@ def run(workflow, overrides=None, progress=None, log=None, tiles=None):
                 problems.append(e)
 
     stop = ctypes.c_int(0)  # sig_atomic_t
-    opts.sets, opts.n_sets = sets, n_sets
     opts.progress, opts.tiles, opts.log = _PROGRESS(on_progress), _TILES(on_tiles), _LOG(on_log)
     opts.stop = ctypes.pointer(stop)
     opts.log_summary = 1
-    if isinstance(workflow, dict):
-        text, name = json.dumps(workflow).encode(), b"<dict>"
-    elif isinstance(workflow, str) and "\n" in workflow:
-        text, name = workflow.encode(), b"<string>"
-    else:
-        text, name = None, os.fsencode(workflow)
-    if text is not None:
-        opts.yaml, opts.yaml_len = text, len(text)
     rep = ctypes.c_void_p()
     out = {}
     done = threading.Event()

@@ -10,10 +10,7 @@ names.
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 from qgis.core import (
     QgsProcessingAlgorithm,
@@ -60,34 +57,17 @@ def tilewise_module():
     raise QgsProcessingException("the tilewise Python package is not installed (cmake --install)")
 
 
-def tilewise_cli():
-    """The tilewise command (for validate): TILEWISE_BIN, this prefix's bin,
-    the source tree's build folder, PATH."""
-    for cand in (os.environ.get("TILEWISE_BIN"), os.path.join(PREFIX, "bin", "tilewise"),
-                 os.path.join(SOURCES, "build", "tilewise"), shutil.which("tilewise")):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-def push_validate_warnings(workflow_path, sets, feedback):
-    """`tilewise validate`'s warning lines as Processing warnings."""
-    exe = tilewise_cli()
-    if not exe:
-        feedback.pushInfo("tilewise command not found: validate's advice skipped")
-        return
-    args = [exe, "validate", workflow_path]
-    for s in sets:
-        if not s.startswith("run."):
-            args += ["--set", s]
+def push_validate_warnings(workflow, sets, feedback):
+    """tilewise.validate's warnings (the advice of `tilewise validate`) as
+    Processing warnings. A workflow that cannot start is left to the run,
+    which raises with the message."""
+    tw = tilewise_module()
     try:
-        r = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        feedback.pushInfo(f"tilewise validate did not run: {e}")
+        advice = tw.validate(workflow, overrides=sets)
+    except tw.Error:
         return
-    for line in (r.stdout + r.stderr).splitlines():
-        if line.startswith("warning") or ": warning:" in line:
-            feedback.pushWarning(line)
+    for line in advice["warnings"]:
+        feedback.pushWarning(line)
 
 
 def legend_of(path, report=None):
@@ -266,13 +246,7 @@ class ClassifyAlgorithm(_Base):
             workflow["tiling"]["stride"] = stride
         if not workflow["tiling"]:
             del workflow["tiling"]
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            json.dump(workflow, f)  # JSON is YAML
-            wf_path = f.name
-        try:
-            push_validate_warnings(wf_path, [], feedback)
-        finally:
-            os.unlink(wf_path)
+        push_validate_warnings(workflow, [], feedback)
         report = run_tilewise(workflow, [], feedback)
         results = {"OUTPUT_FOLDER": folder,
                    "REPORT": os.path.join(workflow["output"]["dir"], "run.json")}

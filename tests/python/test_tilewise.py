@@ -9,6 +9,7 @@ PYTHONPATH = python/, and the fixtures of tests/fixtures. What they show:
 * bad input raises tilewise.Error with the message and the exit class;
 * KeyboardInterrupt mid-run stops at a commit point; run again resumes and
   gives the bytes of an uninterrupted run;
+* validate gives the CLI's text and its warnings as a list;
 * the tiles callback counts up to run.json's tiles_total; shards run with
   run.shard and tilewise.merge gives the CLI's merged bytes.
 """
@@ -266,3 +267,21 @@ def test_tiles_callback_shards_and_merge(tmp_path):
     with pytest.raises(tilewise.Error) as e:
         tilewise.run("workflows/sample.yaml", dict(sets, **{"run.shard": "3/2"}))
     assert e.value.exit_class == "usage" and "run.shard" in e.value.message
+
+
+def test_validate_gives_the_cli_text_and_warnings(tmp_path):
+    os.chdir(SRC)
+    sets = {"output.dir": str(tmp_path / "out"), "input.scale": 0.001, "runtime.memory": "4GiB"}
+    flags = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    want = cli("validate", "workflows/sample.yaml", *flags).stdout
+    got = tilewise.validate("workflows/sample.yaml", sets)
+
+    def steady(text):  # the memory lines hold the process's own size
+        return [l for l in text.splitlines() if not l.startswith(("memory", "          worst"))]
+
+    assert steady(got["text"]) == steady(want) and len(steady(want)) > 5
+    assert len(got["warnings"]) == 6 and all("is input.scale 1 meant" in w for w in got["warnings"])
+    assert got["text"].endswith("advice    6 warnings\n")
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.validate("workflows/sample.yaml", {"tiling.stride": 33})
+    assert e.value.exit_class == "usage" and "tiling.stride" in e.value.message
