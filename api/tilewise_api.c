@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cpl_conv.h>
+
 #include "io/model_file.h"
 #include "model/backend.h"
 #include "model/resnet.h"
@@ -24,6 +26,7 @@
 #include "core/error.h"
 #include "pipeline/normalize.h"
 #include "pipeline/run.h"
+#include "workflows/info.h"
 #include "workflows/validate.h"
 #include "workflows/workflow.h"
 
@@ -105,6 +108,13 @@ static tilewise_status give_new(tilewise_error *out, tw_status st, const char *f
     va_end(ap);
     tw_error_set(&e, st, "%s", msg);
     return give(out, st, &e);
+}
+
+tilewise_status tilewise_config_set(const char *key, const char *value, tilewise_error *out)
+{
+    if (!key || !*key) return give_new(out, TW_ERR_USAGE, "tilewise_config_set: no key");
+    CPLSetConfigOption(key, value);
+    return give(out, TW_OK, NULL);
 }
 
 /* ---- a small JSON writer into a growing string ---- */
@@ -692,6 +702,39 @@ void tilewise_validation_free(tilewise_validation *v)
     free(v->lines);
     free(v->warnings);
     free(v);
+}
+
+/* ---- info ---- */
+
+tilewise_status tilewise_info(const char *path, const tilewise_run_options *opts, int json,
+                              char **text, tilewise_error *out)
+{
+    if (text) *text = NULL;
+    tw_error err;
+    tw_error_init(&err);
+    tilewise_run_options o;
+    tw_status st = take_options(opts, &o, &err);
+    if (st == TW_OK && (!path || !text))
+        st = tw_error_set(&err, TW_ERR_USAGE, "tilewise_info: no path or no place for the text");
+    if (st != TW_OK) return give(out, st, &err);
+    tw_run_params d = tw_run_default_params();
+    apply_options(&d, &o);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return give_new(out, TW_ERR_NOMEM, "out of memory");
+    st = tw_info_write(path, json != 0, d.input.tiff_direct, f, &err);
+    if (fclose(f) != 0 && st == TW_OK) st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK)
+        *text = buf;
+    else
+        free(buf);
+    return give(out, st, &err);
+}
+
+void tilewise_string_free(char *s)
+{
+    free(s);
 }
 
 /* ---- version 1 runs: tilewise_run with the run.* overrides split off ---- */

@@ -47,9 +47,10 @@ extern "C" {
  * tuning knobs), tilewise_run_options_init, tilewise_run_options_set,
  * tilewise_report_summary and tilewise_report_input (the run's numbers
  * without parsing JSON), tilewise_merge, tilewise_validate (the plan and
- * advice, warnings as data), tilewise_api_version and TILEWISE_ERR_REMOTE.
- * The `tilewise` command runs its run, merge and validate commands through
- * these. */
+ * advice, warnings as data), tilewise_info (a raster or a model file
+ * described), tilewise_config_set (the CLI's --config), tilewise_api_version
+ * and TILEWISE_ERR_REMOTE. The `tilewise`
+ * command runs its run, merge, validate and info commands through these. */
 #define TILEWISE_API_VERSION 2
 
 /* Status codes: the same values as the library's internal ones. */
@@ -106,6 +107,13 @@ enum { TILEWISE_LOG_INFO = 0, TILEWISE_LOG_WARNING = 1 };
  * the run interrupted) as WARNING. May be called from the run's worker
  * threads, possibly from two at once: make it thread-safe. */
 typedef void (*tilewise_log_fn)(int level, const char *message, void *user);
+
+/* A GDAL configuration option for this process, as `tilewise --config KEY
+ * VALUE` and GDAL's tools take it (CPLSetConfigOption): AWS_PROFILE,
+ * GDAL_HTTP_TIMEOUT, GDAL_HTTP_MAX_RETRY, ... for remote inputs (io/url.h
+ * reads them). value NULL unsets it. Call it before a run, not while one
+ * runs. TILEWISE_ERR_USAGE for a NULL or empty key. */
+tilewise_status tilewise_config_set(const char *key, const char *value, tilewise_error *err);
 
 /* ---- running workflows ---- */
 
@@ -269,6 +277,21 @@ const char *tilewise_validation_text(const tilewise_validation *v);
 int tilewise_validation_warnings(const tilewise_validation *v);
 const char *tilewise_validation_warning(const tilewise_validation *v, int i);
 void tilewise_validation_free(tilewise_validation *v);
+
+/* `tilewise info`: describe a raster (any GDAL path, https:// and s3:// as
+ * a run opens them: driver, size, CRS, pixel size, layout, per-band type,
+ * nodata, statistics, whether tilewise can read it and why not, where a
+ * class map's legend lives) or a model file (.h5, .hdf5, .safetensors:
+ * architecture, bands, classes, parameters, normalization, tile, sha256).
+ * json 0: the command's text; non-zero: `info --json`'s one JSON object.
+ * Of o (may be NULL) it uses tiff_direct. *text (malloc'ed, free it with
+ * tilewise_string_free) is NULL on error. Errors: TILEWISE_ERR_INPUT (a file
+ * that cannot be opened, also a remote raster that could not be reached),
+ * TILEWISE_ERR_MODEL, TILEWISE_ERR_USAGE (NULL path or text). */
+tilewise_status tilewise_info(const char *path, const tilewise_run_options *o, int json,
+                              char **text, tilewise_error *err);
+/* Free a string the library returned as `char **`. Accepts NULL. */
+void tilewise_string_free(char *s);
 
 /* The run as a whole. Set size = sizeof(tilewise_run_summary) before the
  * call; the library fills what fits in size. Strings and arrays are

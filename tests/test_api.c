@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include <cmocka.h>
+#include <cpl_conv.h>
 #include <jansson.h>
 
 #include "io/model_file.h"
@@ -740,6 +741,46 @@ static void test_validate(void **state)
     tilewise_validation_free(NULL);
 }
 
+static void test_info_and_config(void **state)
+{
+    (void)state;
+    tilewise_error e;
+    char *text = NULL;
+    assert_int_equal(tilewise_info(SRC "/sample_data/L7_ETMs.tif", NULL, 1, &text, &e),
+                     TILEWISE_OK);
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "type")), "raster");
+    assert_int_equal(jint(j, "width"), 349);
+    assert_int_equal(jint(j, "height"), 352);
+    assert_int_equal(jint(j, "band_count"), 6);
+    assert_true(json_is_true(json_object_get(j, "usable")));
+    json_decref(j);
+    tilewise_string_free(text);
+    assert_int_equal(tilewise_info(MODEL, NULL, 0, &text, &e), TILEWISE_OK);
+    assert_non_null(strstr(text, "arch:       resnet18"));
+    assert_non_null(strstr(text, "water, dense_vegetation"));
+    tilewise_string_free(text);
+
+    assert_int_equal(tilewise_info(SRC "/nope.tif", NULL, 0, &text, &e), TILEWISE_ERR_INPUT);
+    assert_null(text);
+    assert_non_null(strstr(e.message, "nope.tif: cannot open"));
+    assert_int_equal(tilewise_info(SRC "/sample_data/README.md", NULL, 0, &text, &e),
+                     TILEWISE_ERR_INPUT);
+    assert_non_null(strstr(e.message, "not a raster GDAL can open"));
+    assert_int_equal(tilewise_info(NULL, NULL, 0, &text, &e), TILEWISE_ERR_USAGE);
+    assert_int_equal(tilewise_info(MODEL, NULL, 0, NULL, &e), TILEWISE_ERR_USAGE);
+    tilewise_string_free(NULL);
+
+    assert_int_equal(tilewise_config_set("TILEWISE_TEST_OPTION", "42", &e), TILEWISE_OK);
+    assert_string_equal(CPLGetConfigOption("TILEWISE_TEST_OPTION", ""), "42");
+    assert_int_equal(tilewise_config_set("TILEWISE_TEST_OPTION", NULL, &e), TILEWISE_OK);
+    assert_null(CPLGetConfigOption("TILEWISE_TEST_OPTION", NULL));
+    assert_int_equal(tilewise_config_set("", "1", &e), TILEWISE_ERR_USAGE);
+    assert_int_equal(tilewise_config_set(NULL, "1", &e), TILEWISE_ERR_USAGE);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -751,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_run_v2_shards_and_merge),
         cmocka_unit_test(test_run_v2_bad_arguments),
         cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_info_and_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,39 +9,30 @@
  *   tilewise COMMAND --help, tilewise help COMMAND, tilewise --version
  *
  * The only place that chooses an exit code (see README.md, "Exit codes"),
- * and the only one that prints progress. run and merge are clients of the
- * public C API (include/tilewise.h: tilewise_run, tilewise_merge, the
- * report's summaries), as any program linking libtilewise is; validate and
- * info still call the internals. validate's value-range and CRS checks live
- * here too: they are advice for a person, printed, never errors, so the
- * library stays free of printing.
+ * and the only one that prints progress. run, merge, validate and info are
+ * clients of the public C API (include/tilewise.h: tilewise_run,
+ * tilewise_merge, tilewise_validate, tilewise_info, the report's
+ * summaries), as any program linking libtilewise is: this file turns
+ * arguments and environment knobs into tilewise_run_options and prints
+ * what comes back. submit (workflows/submit.c) is the CLI's own.
  */
 #include <malloc.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <cpl_conv.h>
 #include <gdal.h>
 
-#include "io/inspect.h"
-#include "io/legend.h"
-#include "io/model_file.h"
-#include "io/raster.h"
 #include "io/url.h"
-#include "model/resnet.h"
 #include "pipeline/json.h"
-#include "pipeline/run.h"
+#include "core/error.h"
+#include "core/params.h"
 #include "tilewise.h"
 #include "workflows/submit.h"
-#include "workflows/workflow.h"
 
 #define MAX_SETS 128
 
@@ -175,24 +166,14 @@ static int usage_error(const char *fmt, const char *arg)
 }
 
 /* "tilewise: STATUS: MESSAGE" on stderr; returns the exit code. */
-static int fail_with(int status, const char *message)
+static int fail(const tilewise_error *err)
 {
     /* Messages name inputs redacted where they are made (io/url.h); this
      * catches one that quotes a URL from elsewhere. */
     char msg[TW_ERROR_MSG_MAX];
-    tw_url_redact(message, msg, sizeof msg);
-    fprintf(stderr, "tilewise: %s: %s\n", tilewise_status_name(status), msg);
-    return tilewise_exit_code(status);
-}
-
-static int fail(const tw_error *err)
-{
-    return fail_with(err->status, err->msg);
-}
-
-static int fail_api(const tilewise_error *err)
-{
-    return fail_with(err->status, err->message);
+    tw_url_redact(err->message, msg, sizeof msg);
+    fprintf(stderr, "tilewise: %s: %s\n", tilewise_status_name(err->status), msg);
+    return tilewise_exit_code(err->status);
 }
 
 /* --help or -h among a subcommand's arguments, not as the value of an
@@ -496,20 +477,6 @@ static void env_knobs(tilewise_run_options *o)
     if (v && *v) o->cuda_fail_alloc_above = strtoull(v, NULL, 10);
 }
 
-/* For info, which still calls the internals: the knobs of env_knobs onto
- * params (as tilewise_run applies them). */
-static void env_params(tw_run_params *p)
-{
-    tilewise_run_options o;
-    tilewise_run_options_init(&o);
-    env_knobs(&o);
-    if (o.tiff_direct >= 0) p->input.tiff_direct = o.tiff_direct != 0;
-    if (o.cpu_winograd >= 0) p->runtime.cpu_winograd = o.cpu_winograd != 0;
-    if (o.cpu_gemm >= 0) p->runtime.cpu_gemm = o.cpu_gemm;
-    if (o.cpu_nhwc >= 0) p->runtime.cpu_nhwc = o.cpu_nhwc;
-    if (o.cuda_fail_alloc_above) p->runtime.cuda_fail_above = (size_t)o.cuda_fail_alloc_above;
-}
-
 /* What a run did, input by input (from the report's summaries). */
 static void print_summary(const tilewise_report *rep, const tilewise_run_summary *sum)
 {
@@ -621,7 +588,7 @@ static int cmd_run(int argc, char **argv)
     /* Writes run.json (also on failure, status and message inside, when the
      * output folder exists) and --report's file. */
     tilewise_status st = tilewise_run(o.workflow, &ro, &rep, &err);
-    if (!rep) return fail_api(&err); /* the workflow could not be read */
+    if (!rep) return fail(&err); /* the workflow could not be read */
 
     tilewise_run_summary sum = {.size = sizeof sum};
     tilewise_report_summary(rep, &sum, NULL);
@@ -636,7 +603,7 @@ static int cmd_run(int argc, char **argv)
     tilewise_report_free(rep);
     if (st == TILEWISE_OK) return sum.exit_code; /* 0, or 5: inputs were skipped */
     /* JSON mode: the done event carries the message; stderr stays JSON. */
-    return o.progress == PROGRESS_JSON ? tilewise_exit_code(st) : fail_api(&err);
+    return o.progress == PROGRESS_JSON ? tilewise_exit_code(st) : fail(&err);
 }
 
 static int cmd_validate(int argc, char **argv)
@@ -659,7 +626,7 @@ static int cmd_validate(int argc, char **argv)
     /* The plan as far as it got, then the error. */
     fputs(tilewise_validation_text(v), stdout);
     tilewise_validation_free(v);
-    return st == TILEWISE_OK ? TW_EXIT_OK : fail_api(&err);
+    return st == TILEWISE_OK ? TW_EXIT_OK : fail(&err);
 }
 
 static int cmd_merge(int argc, char **argv)
@@ -696,264 +663,7 @@ static int cmd_merge(int argc, char **argv)
         }
     }
     tilewise_report_free(rep);
-    return st == TILEWISE_OK ? TW_EXIT_OK : fail_api(&err);
-}
-
-/* ---- info ---- */
-
-static bool looks_like_model(const char *path)
-{
-    const char *dot = strrchr(path, '.');
-    if (!dot) return false;
-    return strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 || strcmp(dot, ".safetensors") == 0;
-}
-
-static int info_model(const char *path, bool json)
-{
-    tw_error err;
-    tw_error_init(&err);
-    tw_model_file *mf = NULL;
-    if (tw_model_file_load(path, &mf, &err) != TW_OK) return fail(&err);
-    tw_resnet *net = NULL;
-    if (tw_resnet_create(mf, mf->arch, &net, &err) != TW_OK) {
-        tw_model_file_destroy(mf);
-        return fail(&err);
-    }
-    long long params = 0;
-    for (int i = 0; i < mf->n_tensors; i++)
-        if (!strstr(mf->tensors[i].name, "running_") && !strstr(mf->tensors[i].name, "num_batches"))
-            params += mf->tensors[i].numel;
-    if (json) {
-        char arch[32];
-        snprintf(arch, sizeof arch, "resnet%d", net->depth);
-        tw_json j = tw_json_file(stdout);
-        tw_json_open(&j, NULL, '{');
-        tw_json_str(&j, "type", "model");
-        tw_json_str(&j, "path", path);
-        tw_json_str(&j, "arch", arch);
-        tw_json_open(&j, "blocks", '[');
-        for (int i = 0; i < 4; i++) tw_json_int(&j, NULL, net->stage_blocks[i]);
-        tw_json_close(&j, ']');
-        tw_json_int(&j, "in_bands", net->in_bands);
-        tw_json_open(&j, "bands", '[');
-        for (int i = 0; i < mf->n_bands; i++) tw_json_int(&j, NULL, mf->bands[i]);
-        tw_json_close(&j, ']');
-        tw_json_int(&j, "n_classes", net->n_classes);
-        tw_json_open(&j, "classes", '[');
-        for (int i = 0; i < mf->n_classes; i++) tw_json_str(&j, NULL, mf->classes[i]);
-        tw_json_close(&j, ']');
-        tw_json_int(&j, "features", net->feat_dim);
-        tw_json_int(&j, "parameters", params);
-        tw_json_num(&j, "scale", mf->scale);
-        tw_json_open(&j, "mean", '[');
-        for (int i = 0; i < mf->n_mean; i++) tw_json_real(&j, NULL, mf->mean[i], 9);
-        tw_json_close(&j, ']');
-        tw_json_open(&j, "std", '[');
-        for (int i = 0; i < mf->n_std; i++) tw_json_real(&j, NULL, mf->std[i], 9);
-        tw_json_close(&j, ']');
-        if (mf->tile)
-            tw_json_int(&j, "tile", mf->tile);
-        else
-            tw_json_null(&j, "tile");
-        tw_json_str(&j, "sha256", mf->sha256);
-        tw_json_close(&j, '}');
-        printf("\n");
-    } else {
-        printf("model:      %s\n", path);
-        printf("arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
-               net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0], net->stage_blocks[1],
-               net->stage_blocks[2], net->stage_blocks[3]);
-        printf("bands:      %d", net->in_bands);
-        if (mf->n_bands) {
-            printf(" (raster bands");
-            for (int i = 0; i < mf->n_bands; i++) printf(" %d", mf->bands[i]);
-            printf(")");
-        }
-        printf("\nclasses:    %d", net->n_classes);
-        for (int i = 0; i < mf->n_classes; i++) printf("%s%s", i ? ", " : " (", mf->classes[i]);
-        printf("%s\n", mf->n_classes ? ")" : "");
-        printf("features:   %d\n", net->feat_dim);
-        printf("parameters: %lld\n", params);
-        if (!isnan(mf->scale)) printf("scale:      %g\n", mf->scale);
-        if (mf->n_mean) {
-            printf("mean:      ");
-            for (int i = 0; i < mf->n_mean; i++) printf(" %g", mf->mean[i]);
-            printf("\n");
-        }
-        if (mf->n_std) {
-            printf("std:       ");
-            for (int i = 0; i < mf->n_std; i++) printf(" %g", mf->std[i]);
-            printf("\n");
-        }
-        if (!mf->n_mean && !mf->n_std)
-            printf("normalize:  not in the file (give model.mean and model.std)\n");
-        if (mf->tile) printf("tile:       %d\n", mf->tile);
-        printf("sha256:     %s\n", mf->sha256);
-    }
-    tw_resnet_destroy(net);
-    tw_model_file_destroy(mf);
-    return TW_EXIT_OK;
-}
-
-static int info_raster(const char *user_path, bool json)
-{
-    /* https:// and s3:// as the run opens them; shown with credentials
-     * redacted (io/url.h). */
-    char path[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
-    tw_url_redact(user_path, path, sizeof path);
-    tw_error uerr;
-    tw_error_init(&uerr);
-    if (tw_url_to_gdal(user_path, gpath, sizeof gpath, &uerr) != TW_OK) return fail(&uerr);
-    tw_inspect *ri = NULL;
-    if (tw_inspect_raster(gpath, path, &ri, &uerr) != TW_OK) {
-        fprintf(stderr, "tilewise: %s: %s\n",
-                tw_url_is_remote(user_path) && tw_url_transient(uerr.msg) ? "network error"
-                                                                          : "input error",
-                uerr.msg);
-        return TW_EXIT_INPUT;
-    }
-    /* Whether tilewise itself accepts it (all bands one supported type). */
-    tw_error err;
-    tw_error_init(&err);
-    tw_raster *tr = NULL;
-    tw_run_params knobs = tw_run_default_params();
-    env_params(&knobs);
-    tw_raster_open_params op = {.tiff_direct = knobs.input.tiff_direct};
-    bool usable = tw_raster_open_ex(user_path, NULL, 0, &op, &tr, &err) == TW_OK;
-    tw_raster_close(tr);
-
-    int w = ri->width, h = ri->height, nb = ri->band_count;
-    const char *dname = ri->driver;
-    const double *gt = ri->geotransform;
-    bool has_gt = ri->has_geotransform;
-    const char *crs = ri->crs, *kind = ri->crs_kind, *unit_buf = ri->crs_units;
-    double mx = ri->metres_x, my = ri->metres_y;
-    const char *ovr_layout = ri->layout[0] ? ri->layout : NULL;
-    const char *compression = ri->compression[0] ? ri->compression : NULL;
-
-    tw_json j = tw_json_file(stdout);
-    if (json) {
-        tw_json_open(&j, NULL, '{');
-        tw_json_str(&j, "type", "raster");
-        tw_json_str(&j, "path", path);
-        tw_json_str(&j, "driver", dname);
-        tw_json_int(&j, "width", w);
-        tw_json_int(&j, "height", h);
-        tw_json_int(&j, "band_count", nb);
-        tw_json_str(&j, "crs", crs);
-        tw_json_str(&j, "crs_kind", kind);
-        tw_json_str(&j, "crs_units", unit_buf);
-        if (has_gt) {
-            tw_json_open(&j, "geotransform", '[');
-            for (int i = 0; i < 6; i++) tw_json_real(&j, NULL, gt[i], 17);
-            tw_json_close(&j, ']');
-        } else {
-            tw_json_null(&j, "geotransform");
-        }
-        if (has_gt && unit_buf[0]) {
-            tw_json_open(&j, "pixel_size_m", '[');
-            tw_json_num(&j, NULL, hypot(gt[1], gt[4]) * mx);
-            tw_json_num(&j, NULL, hypot(gt[2], gt[5]) * my);
-            tw_json_close(&j, ']');
-        } else {
-            tw_json_null(&j, "pixel_size_m");
-        }
-        tw_json_str(&j, "layout", ovr_layout ? ovr_layout : "");
-        tw_json_str(&j, "compression", compression ? compression : "");
-        tw_json_bool(&j, "usable", usable);
-        if (!usable) tw_json_str(&j, "problem", err.msg);
-        tw_json_open(&j, "bands", '[');
-    } else {
-        printf("raster:     %s (%s)\n", path, dname);
-        printf("size:       %d x %d pixels, %d band%s\n", w, h, nb, nb == 1 ? "" : "s");
-        if (kind[0])
-            printf("crs:        %s, %s%s%s\n", crs, kind, unit_buf[0] ? ", units " : "", unit_buf);
-        else
-            printf("crs:        %s\n", crs);
-        if (has_gt) {
-            printf("origin:     %.10g, %.10g\n", gt[0], gt[3]);
-            printf("pixel:      %.10g x %.10g", gt[1], gt[5]);
-            if (gt[2] != 0 || gt[4] != 0) printf(" (rotated: %g, %g)", gt[2], gt[4]);
-            if (unit_buf[0] && strcmp(kind, "projected") != 0)
-                printf(" %s (about %.4g x %.4g m)", unit_buf, hypot(gt[1], gt[4]) * mx,
-                       hypot(gt[2], gt[5]) * my);
-            else if (unit_buf[0])
-                printf(" %s", unit_buf);
-            printf("\n");
-        } else {
-            printf("pixel:      no geotransform (pixel coordinates)\n");
-        }
-        if (ovr_layout || compression)
-            printf("layout:     %s%s%s\n", ovr_layout ? ovr_layout : "",
-                   ovr_layout && compression ? ", " : "", compression ? compression : "");
-        if (usable)
-            printf("usable:     yes\n");
-        else
-            printf("usable:     no: %s\n", err.msg);
-    }
-    for (int i = 1; i <= nb; i++) {
-        const tw_inspect_band *ib = &ri->bands[i - 1];
-        int bw = ib->block_w, bh = ib->block_h, has_nd = ib->has_nodata;
-        double nd = ib->nodata;
-        const char *type = ib->type, *desc = ib->description, *ci = ib->color;
-        int n_ovr = ib->overviews;
-        double lo = ib->min, hi = ib->max;
-        bool stats = ib->has_stats;
-        if (json) {
-            tw_json_open(&j, NULL, '{');
-            tw_json_int(&j, "band", i);
-            tw_json_str(&j, "type", type);
-            tw_json_open(&j, "block", '[');
-            tw_json_int(&j, NULL, bw);
-            tw_json_int(&j, NULL, bh);
-            tw_json_close(&j, ']');
-            if (has_nd)
-                tw_json_num(&j, "nodata", nd);
-            else
-                tw_json_null(&j, "nodata");
-            tw_json_str(&j, "description", desc);
-            tw_json_str(&j, "color", ci);
-            tw_json_int(&j, "overviews", n_ovr);
-            if (stats) {
-                tw_json_num(&j, "min", lo);
-                tw_json_num(&j, "max", hi);
-            }
-            tw_json_close(&j, '}');
-        } else {
-            printf("band %-5d  %s, block %d x %d, nodata ", i, type, bw, bh);
-            if (has_nd)
-                printf("%.17g", nd);
-            else
-                printf("none");
-            printf(", %s", ci);
-            if (desc && desc[0]) printf(", \"%s\"", desc);
-            if (n_ovr) printf(", %d overview%s", n_ovr, n_ovr == 1 ? "" : "s");
-            if (stats) printf(", min %g max %g", lo, hi);
-            printf("\n");
-        }
-    }
-    if (!json && tw_url_is_remote(user_path)) {
-        int64_t bytes = -1, reqs = -1;
-        tw_error cerr;
-        tw_error_init(&cerr);
-        if (tw_url_read_cost(gpath, 0, h, 0, &bytes, &reqs, &cerr) == TW_OK && bytes >= 0)
-            printf("reading:    remote; all of it takes at least %lld range requests, %lld bytes\n",
-                   (long long)reqs + 2, (long long)bytes);
-        else
-            printf("reading:    remote; cost unknown (not a tiled GeoTIFF/COG)\n");
-    }
-    char legend[1536];
-    bool has_legend = tw_legend_note(path, legend, sizeof legend);
-    if (json) {
-        tw_json_close(&j, ']');
-        if (has_legend) tw_json_str(&j, "legend", legend);
-        tw_json_close(&j, '}');
-        printf("\n");
-    } else if (has_legend) {
-        printf("legend:     %s\n", legend);
-    }
-    tw_inspect_destroy(ri);
-    return TW_EXIT_OK;
+    return st == TILEWISE_OK ? TW_EXIT_OK : fail(&err);
 }
 
 static int cmd_info(int argc, char **argv)
@@ -975,17 +685,22 @@ static int cmd_info(int argc, char **argv)
             return usage_error("info expects one FILE, got also '%s'", argv[i]);
     }
     if (!path) return usage_error("info expects one FILE%s", "");
-    /* GDAL opens /vsicurl/, https://, s3:// and other virtual paths that
-     * fopen does not. */
-    if (strncmp(path, "/vsi", 4) != 0 && !tw_url_is_remote(path)) {
-        FILE *f = fopen(path, "rb");
-        if (!f) {
-            fprintf(stderr, "tilewise: input error: %s: cannot open\n", path);
-            return TW_EXIT_INPUT;
-        }
-        fclose(f);
+    tilewise_run_options ro;
+    tilewise_run_options_init(&ro);
+    env_knobs(&ro); /* TILEWISE_TIFF_DIRECT decides what "usable" means */
+    char *text = NULL;
+    tilewise_error err;
+    tilewise_status st = tilewise_info(path, &ro, json, &text, &err);
+    if (text) fputs(text, stdout);
+    tilewise_string_free(text);
+    if (st == TILEWISE_OK) return TW_EXIT_OK;
+    /* A remote raster that could not be reached is an input error to
+     * info (exit 3), named as what it is. */
+    if (st == TILEWISE_ERR_INPUT && tw_url_is_remote(path) && tw_url_transient(err.message)) {
+        fprintf(stderr, "tilewise: network error: %s\n", err.message);
+        return TW_EXIT_INPUT;
     }
-    return looks_like_model(path) ? info_model(path, json) : info_raster(path, json);
+    return fail(&err);
 }
 
 static int print_help(const char *cmd)
@@ -1029,7 +744,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--config") == 0) {
             if (i + 2 >= argc) return usage_error("--config needs KEY VALUE%s", "");
-            CPLSetConfigOption(argv[i + 1], argv[i + 2]);
+            tilewise_config_set(argv[i + 1], argv[i + 2], NULL);
             i += 2;
             continue;
         }
