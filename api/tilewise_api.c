@@ -495,6 +495,21 @@ static tw_status backend_for(const tw_run_params *p, tw_backend *be, tw_error *e
     return tw_backend_create_ex(p->runtime.device, &bp, be, err);
 }
 
+/* The end of a run or merge: rep (may be NULL: out of memory) with the
+ * final status to the caller's *report (or freed), the status returned. */
+static tilewise_status hand_over(tilewise_report *rep, tilewise_report **report, tw_status st,
+                                 tw_error *err, tilewise_error *out)
+{
+    if (!rep && report && st == TW_OK)
+        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory for the report");
+    if (rep) rep->status = st;
+    if (report)
+        *report = rep;
+    else
+        tilewise_report_free(rep);
+    return give(out, st, err);
+}
+
 /* Run parsed params; write run.json as the CLI does: in the output folder
  * when it exists (not over the report of the process holding the lock),
  * else to a temporary file only to return it. */
@@ -551,14 +566,7 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
     if (o->log_summary && st == TW_OK && r) log_summary(r, o->log, o->user);
     if (o->log_summary && st == TW_CANCELLED)
         logf_(o->log, o->user, TILEWISE_LOG_WARNING, "%s", err.msg);
-    if (!rep && report && st == TW_OK)
-        st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory for the run report");
-    if (rep) rep->status = st;
-    if (report)
-        *report = rep;
-    else
-        tilewise_report_free(rep);
-    return give(out, st, &err);
+    return hand_over(rep, report, st, &err, out);
 }
 
 /* The workflow (a file, or o->yaml named `workflow`) with o's overrides,
@@ -612,15 +620,7 @@ tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_option
     if (st != TW_OK) return give(out, st, &err);
     tw_run_result *r = NULL;
     st = tw_merge(output_dir, o.quiet != 0, &r, &err);
-    tilewise_report *rep = report_new(r, output_dir, "", 0, 1);
-    if (!rep && report && st == TW_OK)
-        st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory for the merge report");
-    if (rep) rep->status = st;
-    if (report)
-        *report = rep;
-    else
-        tilewise_report_free(rep);
-    return give(out, st, &err);
+    return hand_over(report_new(r, output_dir, "", 0, 1), report, st, &err, out);
 }
 
 /* ---- validate ---- */

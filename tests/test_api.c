@@ -290,6 +290,17 @@ static void sample_yaml(char *yaml, size_t size, const char *dir)
              SRC, MODEL, dir);
 }
 
+/* Options for the sample workflow into a fresh DIR/out (dir[2048], yaml[4096]). */
+static void sample_options(tilewise_run_options *o, char *dir, char *yaml)
+{
+    snprintf(dir, 2048, "%s/out", tw_test_tmpdir());
+    sample_yaml(yaml, 4096, dir);
+    tilewise_run_options_init(o);
+    o->yaml = yaml;
+    o->yaml_len = strlen(yaml);
+    o->quiet = 1;
+}
+
 /* What the tiles callback saw, per input (the sample has one). */
 typedef struct tiles_seen {
     int calls;
@@ -328,19 +339,14 @@ static void test_run_v2_tiles_and_summary(void **state)
     (void)state;
     assert_int_equal(tilewise_api_version(), 2);
     char dir[2048], yaml[4096];
-    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
-    sample_yaml(yaml, sizeof yaml, dir);
     tiles_seen seen = {0};
     tilewise_run_options o;
-    tilewise_run_options_init(&o);
+    sample_options(&o, dir, yaml);
     assert_int_equal(o.size, sizeof o);
     assert_int_equal(o.shard_count, 1);
     assert_int_equal(o.cpu_gemm, -1);
-    o.yaml = yaml;
-    o.yaml_len = strlen(yaml);
     o.tiles = on_tiles; /* without progress: still called */
     o.user = &seen;
-    o.quiet = 1;
     tilewise_report *rep = NULL;
     tilewise_error e;
     assert_int_equal(tilewise_run("<v2>", &o, &rep, &e), TILEWISE_OK);
@@ -476,15 +482,10 @@ static void test_run_v2_stop_flag_resumes(void **state)
 {
     (void)state;
     char dir[2048], ref[2100], yaml[4096];
-    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
-    snprintf(ref, sizeof ref, "%s.ref", dir);
-    sample_yaml(yaml, sizeof yaml, dir);
     tilewise_run_options o;
-    tilewise_run_options_init(&o);
-    o.yaml = yaml;
-    o.yaml_len = strlen(yaml);
+    sample_options(&o, dir, yaml);
+    snprintf(ref, sizeof ref, "%s.ref", dir);
     o.chunk_rows = 1;
-    o.quiet = 1;
     tilewise_error e;
     /* The reference: uninterrupted, moved aside (the rasters name the
      * output folder in their metadata, so the runs share it). */
@@ -542,13 +543,8 @@ static void test_run_v2_shards_and_merge(void **state)
 {
     (void)state;
     char dir[2048], yaml[4096];
-    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
-    sample_yaml(yaml, sizeof yaml, dir);
     tilewise_run_options o;
-    tilewise_run_options_init(&o);
-    o.yaml = yaml;
-    o.yaml_len = strlen(yaml);
-    o.quiet = 1;
+    sample_options(&o, dir, yaml);
     o.shard_count = 2;
     tilewise_error e;
     tilewise_report *rep = NULL;
@@ -650,12 +646,7 @@ static void test_run_v2_bad_arguments(void **state)
     tilewise_run_summary s = {.size = sizeof s};
     assert_int_equal(tilewise_report_summary(NULL, &s, &e), TILEWISE_ERR_USAGE);
     char dir[2048], yaml[4096];
-    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
-    sample_yaml(yaml, sizeof yaml, dir);
-    tilewise_run_options_init(&o);
-    o.yaml = yaml;
-    o.yaml_len = strlen(yaml);
-    o.quiet = 1;
+    sample_options(&o, dir, yaml);
     assert_int_equal(tilewise_run(NULL, &o, &rep, &e), TILEWISE_OK);
     assert_int_equal(tilewise_report_summary(rep, NULL, &e), TILEWISE_ERR_USAGE);
     s.size = 0;
@@ -677,12 +668,8 @@ static void test_validate(void **state)
 {
     (void)state;
     char dir[2048], yaml[4096];
-    snprintf(dir, sizeof dir, "%s/out", tw_test_tmpdir());
-    sample_yaml(yaml, sizeof yaml, dir);
     tilewise_run_options o;
-    tilewise_run_options_init(&o);
-    o.yaml = yaml;
-    o.yaml_len = strlen(yaml);
+    sample_options(&o, dir, yaml);
     const char *sets[] = {"input.scale=0.001"};
     o.sets = sets;
     o.n_sets = 1;
