@@ -1,9 +1,13 @@
 /* tilewise.h - the public C API of tilewise (libtilewise.so, pkg-config tilewise).
  *
- * What it offers, over the same code the `tilewise` command runs:
+ * What it offers, over the same code the `tilewise` command runs (the
+ * command is itself a client of this header):
  *   - run a workflow (a YAML file, or YAML text in memory) with `key.path=value`
  *     overrides, a GDALProgressFunc-shaped progress callback that can cancel,
- *     and a log callback; get the run report (run.json) back as JSON text;
+ *     a tiles callback, a log callback and a stop flag a signal handler may
+ *     set, with the command line's options; get the run report (run.json)
+ *     back as JSON text and as summaries; merge shards; validate a workflow
+ *     (its advice as data); describe a raster or a model file;
  *   - open a model file, describe it (JSON), and classify tiles already in
  *     memory (raw pixels of any GDAL data type, optional nodata value and
  *     validity mask) into probabilities and embeddings, in batches that fit a
@@ -24,7 +28,9 @@
  *   - Strings returned as `const char *` are borrowed: they stay valid until
  *     the handle they came from is closed or freed.
  *   - A handle may be used by one thread at a time; distinct handles may be
- *     used from distinct threads.
+ *     used from distinct threads. Callbacks run on the run's worker threads.
+ *     The only thing a signal handler may do with this API is store to a
+ *     run's stop flag (tilewise_run_options.stop).
  *
  * ABI: the soname is libtilewise.so.0; only functions and types named
  * tilewise_* / TILEWISE_* are exported. Structs passed in carry no pointers to
@@ -49,8 +55,8 @@ extern "C" {
  * without parsing JSON), tilewise_merge, tilewise_validate (the plan and
  * advice, warnings as data), tilewise_info (a raster or a model file
  * described), tilewise_config_set (the CLI's --config), tilewise_api_version
- * and TILEWISE_ERR_REMOTE. The `tilewise`
- * command runs its run, merge, validate and info commands through these. */
+ * and TILEWISE_ERR_REMOTE. The `tilewise` command runs its run, merge,
+ * validate and info commands through these. */
 #define TILEWISE_API_VERSION 2
 
 /* Status codes: the same values as the library's internal ones. */
@@ -102,17 +108,17 @@ typedef int (*tilewise_progress_fn)(double complete, const char *message, void *
 
 enum { TILEWISE_LOG_INFO = 0, TILEWISE_LOG_WARNING = 1 };
 /* Messages of a run (one line, no newline): notices (what was chosen for
- * the user: a fallback, a lowered batch) and the per-input summary at the
- * end as INFO; warnings (something to look at: an unreadable tile skipped,
- * the run interrupted) as WARNING. May be called from the run's worker
- * threads, possibly from two at once: make it thread-safe. */
+ * the user: a fallback, a lowered batch) as INFO; warnings (something to
+ * look at: an unreadable tile skipped, an input skipped) as WARNING; with
+ * tilewise_run_file/_yaml (or log_summary) also the per-input summary at the
+ * end as INFO and an interruption as WARNING. May be called from the run's
+ * worker threads, possibly from two at once: make it thread-safe. */
 typedef void (*tilewise_log_fn)(int level, const char *message, void *user);
 
 /* A GDAL configuration option for this process, as `tilewise --config KEY
  * VALUE` and GDAL's tools take it (CPLSetConfigOption): AWS_PROFILE,
- * GDAL_HTTP_TIMEOUT, GDAL_HTTP_MAX_RETRY, ... for remote inputs (io/url.h
- * reads them). value NULL unsets it. Call it before a run, not while one
- * runs. TILEWISE_ERR_USAGE for a NULL or empty key. */
+ * GDAL_HTTP_TIMEOUT, GDAL_HTTP_MAX_RETRY, ... for remote inputs. value NULL unsets it. Call it
+ * before a run, not while one runs. TILEWISE_ERR_USAGE for a NULL or empty key. */
 tilewise_status tilewise_config_set(const char *key, const char *value, tilewise_error *err);
 
 /* ---- running workflows ---- */
