@@ -65,12 +65,14 @@
 #include <dnnl_debug.h>
 
 #include "model/backend.h"
+#include "model/winograd.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 
 enum { N_ACT = 4 };
 /* storage ids: 0..N_ACT-1 are the activation buffers */
-enum { BUF_IN_USER = N_ACT, BUF_IN_BLK, BUF_DEQ, BUF_FEAT, BUF_COUNT };
+/* BUF_WINO_V / _M: the Winograd domain's input and output (LOWER_WINO) */
+enum { BUF_IN_USER = N_ACT, BUF_IN_BLK, BUF_DEQ, BUF_FEAT, BUF_WINO_V, BUF_WINO_M, BUF_COUNT };
 
 typedef enum { L_CONV, L_POOL, L_REORDER } layer_kind;
 
@@ -81,7 +83,9 @@ typedef enum { NUM_F32, NUM_BF16, NUM_INT8, NUM_MODES } num_mode;
 typedef enum {
     LOWER_NONE,  /* a oneDNN convolution */
     LOWER_DENSE, /* one inner product per tile: the whole map times its Toeplitz matrix */
-    LOWER_ROWS   /* 1x1 stride 1, nhwc: one inner product, the batch's pixels as rows */
+    LOWER_ROWS,  /* 1x1 stride 1, nhwc: one inner product, the batch's pixels as rows */
+    LOWER_WINO   /* 3x3 stride 1, nhwc: Winograd F(4,3), model/winograd.c's transforms
+                    around one batched matmul (CPUs where oneDNN has no Winograd) */
 } lowering;
 
 typedef struct layer {
@@ -94,6 +98,7 @@ typedef struct layer {
     float src_scale;
     float *w_scale;
     bool relu; /* convs: ends in a ReLU (its int8 output is u8) */
+    bool sum;  /* convs: adds the old destination (the residual) */
     lowering lower;
     dnnl_memory_desc_t in4, out4; /* LOWER_DENSE: the 4-d layouts the matrix maps between */
 } layer;
@@ -109,8 +114,12 @@ typedef struct plan {
     bool wino;
     /* NUM_F32: activations in nhwc (cpu_nhwc; AVX2-class CPUs by default) */
     bool nhwc;
+    /* NUM_F32, nhwc, no oneDNN Winograd: 3x3 stride-1 convs on maps of at
+     * least 4x4 run as LOWER_WINO (this tree's F(4,3)) */
+    bool wino_own;
     int gemm;   /* the cpu_gemm knob: -1 measured rule, 0 never, 1 wherever it applies */
     int n_gemm; /* convolutions lowered to an inner product */
+    int n_wino; /* convolutions lowered to LOWER_WINO */
     /* NUM_INT8: the quantization range of the input ([0]) and of each conv's
      * output in plan order ([1 + i]); NULL: every range is 1 (sizing only) */
     const float *amax;
@@ -121,8 +130,18 @@ typedef struct plan {
     dnnl_memory_desc_t in_md;    /* the caller's NCHW float input */
 } plan;
 
+/* An op is a oneDNN primitive, or one of LOWER_WINO's two transforms. */
+typedef enum { OP_PRIM, OP_WINO_IN, OP_WINO_OUT } op_kind;
+
 typedef struct op {
-    dnnl_primitive_t prim;
+    op_kind kind;
+    dnnl_primitive_t prim; /* OP_PRIM */
+    /* OP_WINO_*: nhwc activations [n][h][h][ch] <-> the Winograd domain */
+    const float *from;
+    float *to;
+    const float *bias; /* OP_WINO_OUT */
+    int n, h, ch;
+    bool sum, relu;
     int nargs;
     dnnl_exec_arg_t args[6];
     bool conv;
@@ -162,6 +181,7 @@ typedef struct cpu_ctx {
     const tw_resnet *net;    /* kept for the int8 rebuild (the caller owns it) */
     probe probes[NUM_MODES]; /* can oneDNN run bf16 / int8 here (mode_supported) */
     bool wino;               /* fp32 plans use Winograd (use_winograd, asked once) */
+    bool wino_own;           /* ... or, without it, LOWER_WINO (the cpu_winograd knob) */
     bool nhwc;               /* fp32 plans keep activations in nhwc (the cpu_nhwc knob) */
     int gemm;                /* the cpu_gemm knob */
     int n_conv;
@@ -376,7 +396,15 @@ static dnnl_dim_t act_offset(const dnnl_memory_desc_t *md, dnnl_dim_t c, dnnl_di
 static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
                                 const dnnl_memory_desc_t *out4, int oh)
 {
-    if (p->mode != NUM_F32 || p->gemm == 0) return LOWER_NONE;
+    if (p->mode != NUM_F32) return LOWER_NONE;
+    /* Winograd wherever it has a whole 4x4 output tile to fill: on AVX2,
+     * 1.9-2.6x faster than oneDNN's direct kernels from 4x4 to 56x56 maps,
+     * 1.1x on 7x7 (bench/RESULTS.md, issue 20); on 2x2 maps the dense
+     * GEMM below does fewer multiply-adds */
+    if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && oh >= TW_WINO_OUT &&
+        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4))
+        return LOWER_WINO;
+    if (p->gemm == 0) return LOWER_NONE;
     if (c->k == 1 && c->stride == 1 && c->pad == 0 && is_nhwc(&in->md) && is_nhwc(out4) &&
         (p->gemm == 1 || oh <= 2))
         return LOWER_ROWS;
@@ -394,6 +422,27 @@ static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv 
                                 const act *in, const dnnl_memory_desc_t *out4,
                                 const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd)
 {
+    if (lw == LOWER_WINO) {
+        /* [36][rows][Cin] . [36][Cin][Cout], weights in the layout oneDNN
+         * picks; bias, residual and ReLU are the output transform's */
+        dnnl_dim_t rows = (dnnl_dim_t)tw_wino_rows(p->batch, in->h);
+        dnnl_memory_desc_t a, w, d;
+        dnnl_dims_t ad = {TW_WINO_POINTS, rows, c->cin}, wd = {TW_WINO_POINTS, c->cin, c->cout},
+                    dd = {TW_WINO_POINTS, rows, c->cout};
+        dnnl_primitive_attr_t plain;
+        dnnl_status_t s = dnnl_primitive_attr_create(&plain);
+        if (s != dnnl_success) return s;
+        s = dnnl_primitive_attr_set_scratchpad_mode(plain, dnnl_scratchpad_mode_user);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&a, 3, ad, dnnl_f32, dnnl_abc);
+        if (s == dnnl_success)
+            s = dnnl_memory_desc_init_by_tag(&w, 3, wd, dnnl_f32, dnnl_format_tag_any);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&d, 3, dd, dnnl_f32, dnnl_abc);
+        dnnl_matmul_desc_t md;
+        if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &a, &w, NULL, &d);
+        if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &md, plain, eng, NULL);
+        dnnl_primitive_attr_destroy(plain);
+        return s;
+    }
     dnnl_dim_t rows = p->batch, ks = tile_elems(&in->md), kd = tile_elems(out4);
     if (lw == LOWER_ROWS) {
         rows = (dnnl_dim_t)p->batch * in->h * in->h;
@@ -489,7 +538,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
      * nChw16c / nChw8c like its input where the channels fill the blocks */
     dnnl_memory_desc_t out4 = dst_md;
     lowering lw = LOWER_NONE;
-    if (!in_any && p->mode == NUM_F32 && p->gemm != 0) {
+    if (!in_any && p->mode == NUM_F32 && (p->gemm != 0 || p->wino_own)) {
         if (!into && dst_md.format_kind == dnnl_format_kind_any) {
             const dnnl_blocking_desc_t *ib = &in->md.format_desc.blocking;
             int blk = ib->inner_nblks == 1 && ib->inner_idxs[0] == 1 ? (int)ib->inner_blks[0] : 0;
@@ -563,11 +612,34 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     if (st != TW_OK) goto fail;
     p->layers[p->n_layers - 1].src_scale = src_scale;
     p->layers[p->n_layers - 1].relu = relu;
+    p->layers[p->n_layers - 1].sum = into != NULL;
     p->layers[p->n_layers - 1].w_scale = w_scale;
     p->layers[p->n_layers - 1].lower = lw;
     p->layers[p->n_layers - 1].in4 = in->md;
     p->layers[p->n_layers - 1].out4 = out4;
     const dnnl_memory_desc_t *wq, *bq, *dq;
+    if (lw == LOWER_WINO) {
+        /* U, the bias (kept by the output transform), the two Winograd
+         * domain buffers; U is made in activation buffer 0 (unused until
+         * the first batch), then reordered, as the dense matrix below */
+        if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK) return st;
+        size_t rows = tw_wino_rows(n, in->h), ub = dnnl_memory_desc_get_size(wq);
+        p->weight_bytes += alloc_size(ub) + alloc_size((size_t)c->cout * sizeof(float));
+        size_t vb = TW_WINO_POINTS * rows * (size_t)c->cin * sizeof(float);
+        size_t mb = TW_WINO_POINTS * rows * (size_t)c->cout * sizeof(float);
+        size_t plain = TW_WINO_POINTS * (size_t)c->cin * c->cout * sizeof(float);
+        if (vb > p->buf_bytes[BUF_WINO_V]) p->buf_bytes[BUF_WINO_V] = vb;
+        if (mb > p->buf_bytes[BUF_WINO_M]) p->buf_bytes[BUF_WINO_M] = mb;
+        if (plain > p->buf_bytes[0]) p->buf_bytes[0] = plain;
+        p->n_wino++;
+        out->md = out4;
+        out->buf = dst;
+        out->c = c->cout;
+        out->h = oh;
+        out->scale = dst_scale;
+        note_size(p, dst, &out->md);
+        return TW_OK;
+    }
     if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
         (st = query_md(pd, dnnl_query_weights_md, 1, &bq, err)) != TW_OK ||
         (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
@@ -689,6 +761,7 @@ static tw_status plan_build(plan *p, const cpu_ctx *c, const tw_resnet *net, int
     p->mode = mode;
     p->wino = mode == NUM_F32 && c->wino;
     p->nhwc = mode == NUM_F32 && !p->wino && c->nhwc;
+    p->wino_own = p->nhwc && c->wino_own;
     p->gemm = mode == NUM_F32 ? c->gemm : 0;
     p->amax = amax;
     p->batch = batch;
@@ -798,7 +871,8 @@ static void set_threads(const cpu_ctx *c)
 
 static void release(cpu_ctx *c)
 {
-    for (int i = 0; i < c->n_ops; i++) dnnl_primitive_destroy(c->ops[i].prim);
+    for (int i = 0; i < c->n_ops; i++)
+        if (c->ops[i].prim) dnnl_primitive_destroy(c->ops[i].prim);
     for (int i = 0; i < c->n_mems; i++) dnnl_memory_destroy(c->mems[i]);
     for (int i = 0; i < c->n_allocs; i++) tw_free(c->allocs[i]);
     tw_free(c->ops);
@@ -830,6 +904,34 @@ static tw_status new_mem(cpu_ctx *c, const dnnl_memory_desc_t *md, void *handle,
         return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: memory table full");
     DNNL_TRY(dnnl_memory_create(out, md, c->eng, handle), "memory create");
     c->mems[c->n_mems++] = *out;
+    return TW_OK;
+}
+
+/* Reorder memory `from` (layout from_md) into `to` (to_md) now, scaling
+ * output channel o by oscale[o] when n_oscale > 0 (int8 weights). */
+static tw_status reorder_once(cpu_ctx *c, dnnl_memory_t from, const dnnl_memory_desc_t *from_md,
+                              dnnl_memory_t to, const dnnl_memory_desc_t *to_md,
+                              const float *oscale, int n_oscale, tw_error *err)
+{
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_primitive_attr_t attr;
+    attr_spec as = {
+        .n_oscale = n_oscale, .oscale_mask = 1 << 0, .oscale = oscale, .own_scratch = true};
+    tw_status st = make_attr(&as, &attr, err);
+    if (st != TW_OK) return st;
+    dnnl_status_t s =
+        dnnl_reorder_primitive_desc_create(&rpd, from_md, c->eng, to_md, c->eng, attr);
+    dnnl_primitive_attr_destroy(attr);
+    if (s == dnnl_success) s = dnnl_primitive_create(&r, rpd);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+        s = dnnl_primitive_execute(r, c->stream, 2, args);
+    }
+    if (s == dnnl_success) s = dnnl_stream_wait(c->stream);
+    if (r) dnnl_primitive_destroy(r);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (s != dnnl_success) return dnnl_fail(err, s, "weights reorder");
     return TW_OK;
 }
 
@@ -881,29 +983,85 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
     dnnl_memory_t um;
     /* the reorder only reads the source: the cast drops const for the C API */
     DNNL_TRY(dnnl_memory_create(&um, &umd, c->eng, (void *)wsrc), "weights memory");
-    dnnl_primitive_desc_t rpd = NULL;
-    dnnl_primitive_t r = NULL;
-    dnnl_primitive_attr_t attr;
-    attr_spec as = {.n_oscale = l->w_scale ? cv->cout : 0,
-                    .oscale_mask = 1 << 0,
-                    .oscale = l->w_scale,
-                    .own_scratch = true};
-    if ((st = make_attr(&as, &attr, err)) != TW_OK) {
-        dnnl_memory_destroy(um);
-        return st;
-    }
-    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&rpd, &umd, c->eng, wmd, c->eng, attr);
-    dnnl_primitive_attr_destroy(attr);
-    if (s == dnnl_success) s = dnnl_primitive_create(&r, rpd);
-    if (s == dnnl_success) {
-        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, um}, {DNNL_ARG_TO, *wm}};
-        s = dnnl_primitive_execute(r, c->stream, 2, args);
-    }
-    if (s == dnnl_success) s = dnnl_stream_wait(c->stream);
-    if (r) dnnl_primitive_destroy(r);
-    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    st = reorder_once(c, um, &umd, *wm, wmd, l->w_scale, l->w_scale ? cv->cout : 0, err);
     dnnl_memory_destroy(um);
-    if (s != dnnl_success) return dnnl_fail(err, s, "weights reorder");
+    return st;
+}
+
+/* The scratchpad argument of pd's primitive, when it has one. */
+static tw_status scratch_arg(cpu_ctx *c, const_dnnl_primitive_desc_t pd, op *o, tw_error *err)
+{
+    const dnnl_memory_desc_t *spmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (!spmd || dnnl_memory_desc_get_size(spmd) == 0) return TW_OK;
+    dnnl_memory_t spm;
+    tw_status st = new_mem(c, spmd, c->scratch, &spm, err);
+    if (st == TW_OK) o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, spm};
+    return st;
+}
+
+/* The three ops of LOWER_WINO layer l: V from the source activation, the
+ * matmul with U (made here: plain [36][Cin][Cout] in buffer 0, reordered
+ * into the layout the matmul chose), y from M with bias, sum and ReLU. */
+static tw_status build_wino(cpu_ctx *c, const layer *l, tw_resnet *consume, tw_error *err)
+{
+    const tw_conv *cv = l->conv;
+    if (!cv->w || !cv->b)
+        return tw_error_set(err, TW_ERR_NOMEM,
+                            "out of memory for the CPU weights (the model's own copy was "
+                            "already released: give the run a smaller tiling.batch)");
+    int n = (int)l->in4.dims[0], h = (int)l->in4.dims[2];
+    const dnnl_memory_desc_t *vmd, *wmd, *mmd;
+    tw_status st;
+    if ((st = query_md(l->pd, dnnl_query_src_md, 0, &vmd, err)) != TW_OK ||
+        (st = query_md(l->pd, dnnl_query_weights_md, 0, &wmd, err)) != TW_OK ||
+        (st = query_md(l->pd, dnnl_query_dst_md, 0, &mmd, err)) != TW_OK)
+        return st;
+    float *bias = ws_alloc(c, (size_t)cv->cout * sizeof *bias);
+    void *w = ws_alloc(c, dnnl_memory_desc_get_size(wmd));
+    if (!bias || !w) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU weights");
+    memcpy(bias, cv->b, (size_t)cv->cout * sizeof *bias);
+    tw_wino_weights(cv->w, cv->cout, cv->cin, c->buf[0]);
+    dnnl_memory_t um, wm, vm, mm;
+    dnnl_memory_desc_t umd;
+    dnnl_dims_t ud = {TW_WINO_POINTS, cv->cin, cv->cout};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&umd, 3, ud, dnnl_f32, dnnl_abc), "U md");
+    if ((st = new_mem(c, &umd, c->buf[0], &um, err)) != TW_OK ||
+        (st = new_mem(c, wmd, w, &wm, err)) != TW_OK ||
+        (st = reorder_once(c, um, &umd, wm, wmd, NULL, 0, err)) != TW_OK)
+        return st;
+    if (consume) tw_resnet_release_conv(consume, cv);
+    if ((st = new_mem(c, vmd, c->buf[BUF_WINO_V], &vm, err)) != TW_OK ||
+        (st = new_mem(c, mmd, c->buf[BUF_WINO_M], &mm, err)) != TW_OK)
+        return st;
+
+    op *in = &c->ops[c->n_ops++];
+    *in = (op){.kind = OP_WINO_IN,
+               .from = c->buf[l->src],
+               .to = c->buf[BUF_WINO_V],
+               .n = n,
+               .h = h,
+               .ch = cv->cin};
+    op *mul = &c->ops[c->n_ops];
+    DNNL_TRY(dnnl_primitive_create(&mul->prim, l->pd), "primitive create");
+    c->n_ops++;
+    mul->args[mul->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, vm};
+    mul->args[mul->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, wm};
+    mul->args[mul->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, mm};
+    if ((st = scratch_arg(c, l->pd, mul, err)) != TW_OK) return st;
+    op *out = &c->ops[c->n_ops++];
+    *out = (op){.kind = OP_WINO_OUT,
+                .from = c->buf[BUF_WINO_M],
+                .to = c->buf[l->dst],
+                .bias = bias,
+                .n = n,
+                .h = h,
+                .ch = cv->cout,
+                .sum = l->sum,
+                .relu = l->relu,
+                .conv = true,
+                .levels = l->relu ? 255 : 127,
+                .dst = c->buf[l->dst],
+                .dst_floats = (size_t)n * h * h * cv->cout};
     return TW_OK;
 }
 
@@ -914,7 +1072,8 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
 static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, const plan *p,
                        tw_error *err)
 {
-    c->ops = tw_calloc(TW_MEM_OTHER, (size_t)p->n_layers, sizeof *c->ops);
+    /* a LOWER_WINO layer is three ops: transform, matmul, transform */
+    c->ops = tw_calloc(TW_MEM_OTHER, (size_t)p->n_layers * 3, sizeof *c->ops);
     c->stats.winograd_convs = 0;
     c->cap_mems = p->n_layers * 6 + 4;
     c->mems = tw_calloc(TW_MEM_OTHER, (size_t)c->cap_mems, sizeof *c->mems);
@@ -942,6 +1101,10 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
     tw_status st;
     for (int i = 0; i < p->n_layers; i++) {
         const layer *l = &p->layers[i];
+        if (l->lower == LOWER_WINO) {
+            if ((st = build_wino(c, l, consume, err)) != TW_OK) return st;
+            continue;
+        }
         op *o = &c->ops[c->n_ops];
         DNNL_TRY(dnnl_primitive_create(&o->prim, l->pd), "primitive create");
         c->n_ops++;
@@ -974,18 +1137,13 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
             o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, wm};
             o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
         }
-        const dnnl_memory_desc_t *spmd =
-            dnnl_primitive_desc_query_md(l->pd, dnnl_query_scratchpad_md, 0);
-        if (spmd && dnnl_memory_desc_get_size(spmd) > 0) {
-            dnnl_memory_t spm;
-            st = new_mem(c, spmd, c->scratch, &spm, err);
-            if (st != TW_OK) return st;
-            o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, spm};
-        }
+        if ((st = scratch_arg(c, l->pd, o, err)) != TW_OK) return st;
     }
     if (!c->in_mem) return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: no input layer");
-    if (p->n_gemm && c->buf[0]) memset(c->buf[0], 0, p->buf_bytes[0]); /* held matrices */
+    /* buffer 0 held the dense matrices or U: zero again */
+    if ((p->n_gemm || p->n_wino) && c->buf[0]) memset(c->buf[0], 0, p->buf_bytes[0]);
     c->stats.gemm_convs = p->n_gemm;
+    c->stats.winograd_convs += p->n_wino;
     return TW_OK;
 nomem:
     return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU backend workspace");
@@ -1164,10 +1322,13 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     c->feat_dim = net->feat_dim;
     c->n_classes = net->n_classes;
     snprintf(c->stats.algorithms, sizeof c->stats.algorithms,
-             "%d of %d convolutions Winograd F(4,3), %d one inner product (GEMM), the rest "
+             "%d of %d convolutions Winograd F(4,3)%s, %d one inner product (GEMM), the rest "
              "oneDNN's direct kernels%s",
-             c->stats.winograd_convs, c->n_conv, c->stats.gemm_convs,
-             c->mode == NUM_F32 && !c->wino && c->nhwc ? " (nhwc)" : "");
+             c->stats.winograd_convs, c->n_conv,
+             c->stats.winograd_convs == 0 ? ""
+             : c->wino                    ? " (oneDNN's kernel)"
+                                          : " (model/winograd.c around a oneDNN matmul)",
+             c->stats.gemm_convs, c->mode == NUM_F32 && !c->wino && c->nhwc ? " (nhwc)" : "");
     c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
                          : mode == NUM_INT8 ? TW_PREC_INT8
                                             : TW_PREC_FP32;
@@ -1234,8 +1395,16 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
     tw_status st = set_input(c, b, err);
     if (st != TW_OK) return st;
     for (int i = 0, k = 0; i < c->n_ops; i++) {
-        DNNL_TRY(dnnl_primitive_execute(c->ops[i].prim, c->stream, c->ops[i].nargs, c->ops[i].args),
-                 "execute");
+        const op *o = &c->ops[i];
+        if (o->kind == OP_PRIM) {
+            DNNL_TRY(dnnl_primitive_execute(o->prim, c->stream, o->nargs, o->args), "execute");
+        } else {
+            DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
+            if (o->kind == OP_WINO_IN)
+                tw_wino_input(o->from, o->n, o->h, o->ch, o->to);
+            else
+                tw_wino_output(o->from, o->n, o->h, o->ch, o->bias, o->sum, o->relu, o->to);
+        }
         if (amax && c->ops[i].conv) {
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
             amax[++k] = choose_range(c->ops[i].dst, c->ops[i].dst_floats, c->ops[i].levels);
@@ -1397,7 +1566,9 @@ tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out
         cpu_destroy(c);
         return dnnl_fail(err, s, "CPU engine/stream create");
     }
-    c->wino = params->cpu_winograd && use_winograd(c->eng);
+    c->wino = params->cpu_winograd == TW_CPU_WINOGRAD_AUTO && use_winograd(c->eng);
+    c->wino_own = params->cpu_winograd == TW_CPU_WINOGRAD_OWN ||
+                  (params->cpu_winograd == TW_CPU_WINOGRAD_AUTO && !c->wino);
     /* nhwc where oneDNN has no AVX-512 kernels: its AVX2 kernels run it as
      * fast as nChw8c, and it lets the last stage's 1x1 convs run as GEMMs
      * (LOWER_ROWS; bench/RESULTS.md, issue 20) */

@@ -60,10 +60,12 @@ static void reserve_params(tw_resnet *net, int tile, int max_batch, const tw_bac
 }
 
 /* The ways the backend can compute fp32 (check_vs_pytorch's variants): as
- * it chooses; direct convolutions only; and each GEMM lowering forced
+ * it chooses; direct convolutions only; each GEMM lowering forced
  * wherever it applies (cpu_gemm 1), on nhwc activations (dense and rows)
- * and on the blocked ones with Winograd (dense). */
-enum { V_DEFAULT, V_DIRECT, V_GEMM_NHWC, V_GEMM_BLOCKED, N_VARIANTS };
+ * and on the blocked ones with Winograd (dense); and this tree's Winograd
+ * (model/winograd.c) on any CPU, which by default runs only where oneDNN
+ * has none (AVX2). */
+enum { V_DEFAULT, V_DIRECT, V_GEMM_NHWC, V_GEMM_BLOCKED, V_WINO_OWN, N_VARIANTS };
 
 static tw_backend_params variant_params(int v)
 {
@@ -74,6 +76,10 @@ static tw_backend_params variant_params(int v)
     if (v == V_GEMM_NHWC || v == V_GEMM_BLOCKED) bp.cpu_gemm = 1;
     if (v == V_GEMM_NHWC) bp.cpu_nhwc = 1;
     if (v == V_GEMM_BLOCKED) bp.cpu_nhwc = 0;
+    if (v == V_WINO_OWN) {
+        bp.cpu_winograd = TW_CPU_WINOGRAD_OWN;
+        bp.cpu_nhwc = 1;
+    }
     return bp;
 }
 
@@ -82,6 +88,7 @@ static const char *variant_name(int v)
     return v == V_DEFAULT     ? "default"
            : v == V_DIRECT    ? "cpu_winograd false, cpu_gemm 0"
            : v == V_GEMM_NHWC ? "cpu_gemm 1, cpu_nhwc 1, cpu_winograd false"
+           : v == V_WINO_OWN  ? "cpu_winograd own, cpu_nhwc 1"
                               : "cpu_gemm 1, cpu_nhwc 0";
 }
 
@@ -183,13 +190,18 @@ static void check_vs_pytorch(const char *model, const char *tag, int n_variants)
             assert_int_equal(stats.gemm_convs, 0);
         else
             assert_true(stats.gemm_convs >= (net->bottleneck ? 2 : 3));
-        if (v >= V_GEMM_NHWC || getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA"))
-            ; /* forced lowerings, or oneDNN told to use fewer ISA extensions than the CPU has */
-        else if (v == V_DIRECT || !cpu_has_avx512_core())
+        if (v == V_DIRECT)
             assert_int_equal(stats.winograd_convs, 0);
-        else /* every 3x3 stride-1 conv on a map of >= 4 x 4 (stages 1-3 at 64 px):
-              * ResNet-18 4 + 3 + 3, ResNet-50 3 + 3 + 5 */
+        else if (v == V_DEFAULT || v == V_WINO_OWN)
+            /* every 3x3 stride-1 conv on a map of >= 4 x 4 (stages 1-3 at
+             * 64 px: ResNet-18 4 + 3 + 3, ResNet-50 3 + 3 + 5), by oneDNN's
+             * kernel (AVX-512) or this tree's (AVX2, or forced) */
             assert_int_equal(stats.winograd_convs, net->bottleneck ? 11 : 10);
+        if (v == V_DEFAULT && cpu_has_avx512_core() && !getenv("ONEDNN_MAX_CPU_ISA") &&
+            !getenv("DNNL_MAX_CPU_ISA"))
+            assert_non_null(strstr(stats.algorithms, "Winograd F(4,3) (oneDNN's kernel)"));
+        else if (v == V_DEFAULT || v == V_WINO_OWN)
+            assert_non_null(strstr(stats.algorithms, "Winograd F(4,3) (model/winograd.c"));
         float *p = calloc((size_t)8 * k, sizeof(float)), *e = calloc((size_t)8 * fd, sizeof(float));
         /* short batches (1 and 3 < max_batch 8), then a full one read in place */
         infer_chunks(&be, net, x, 64, (const int[]){1, 3, 3, 1}, 4, p, e);

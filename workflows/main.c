@@ -470,7 +470,8 @@ static void env_knobs(tw_run_params *p)
     const char *v = getenv("TILEWISE_TIFF_DIRECT");
     if (v && strcmp(v, "0") == 0) p->input.tiff_direct = false;
     v = getenv("TILEWISE_CPU_WINOGRAD");
-    if (v && strcmp(v, "0") == 0) p->runtime.cpu_winograd = false;
+    if (v && strcmp(v, "0") == 0) p->runtime.cpu_winograd = 0;
+    if (v && strcmp(v, "own") == 0) p->runtime.cpu_winograd = 2;
     v = getenv("TILEWISE_CPU_GEMM"); /* 0 never, 1 wherever it applies (model/backend.h) */
     if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) p->runtime.cpu_gemm = atoi(v);
     v = getenv("TILEWISE_CPU_NHWC");
