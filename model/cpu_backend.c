@@ -1482,8 +1482,14 @@ enum { CPU_LAST_STAGE_PIXELS = 128, CPU_MAX_BATCH = 64 };
 
 static int cpu_auto_batch(void *ctx, int tile)
 {
-    (void)ctx;
+    const cpu_ctx *c = ctx;
     long side = (tile + 31) / 32, b = 1;
+    /* Without oneDNN's AVX-512 kernels (the nhwc plans, model/winograd.c)
+     * the last stage's 3x3 convs on maps of 2x2 or less are one GEMM with
+     * a row per tile (LOWER_DENSE), too thin at 32 rows: batches of 64 ran
+     * ResNet-18 12 % and ResNet-50 5 % faster at 64 px (AVX2, 2 threads,
+     * bench/RESULTS.md) for 15-26 MiB more workspace */
+    if (c->wino_own && c->nhwc && side <= 2) return CPU_MAX_BATCH;
     while (b < CPU_MAX_BATCH && b * side * side < CPU_LAST_STAGE_PIXELS) b *= 2;
     return (int)b;
 }

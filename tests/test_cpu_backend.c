@@ -445,19 +445,28 @@ static void test_bf16_refused_where_slower(void **state)
 }
 
 /* batch: auto's bound: the smallest power of two with >= 128 pixels in
- * the last stage's maps (tile/32 wide), at most 64 */
+ * the last stage's maps (tile/32 wide), at most 64; on the nhwc plans with
+ * this tree's Winograd (AVX2 CPUs), 64 where those maps are 2x2 or less */
 static void test_auto_batch(void **state)
 {
     (void)state;
-    tw_backend be;
-    tw_error err;
-    tw_error_init(&err);
-    assert_int_equal(tw_backend_create("cpu", 1, true, &be, &err), TW_OK);
-    const int tiles[][2] = {{16, 64}, {32, 64}, {33, 32}, {64, 32}, {65, 16}, {128, 8},
-                            {224, 4}, {256, 2}, {257, 2}, {352, 2}, {353, 1}, {2048, 1}};
-    for (size_t i = 0; i < sizeof tiles / sizeof *tiles; i++)
-        assert_int_equal(be.i->auto_batch(be.ctx, tiles[i][0]), tiles[i][1]);
-    be.i->destroy(be.ctx);
+    const int blocked[][2] = {{16, 64}, {32, 64}, {33, 32}, {64, 32}, {65, 16}, {128, 8},
+                              {224, 4}, {256, 2}, {257, 2}, {352, 2}, {353, 1}, {2048, 1}};
+    const int nhwc[][2] = {{16, 64}, {32, 64}, {33, 64}, {64, 64}, {65, 16}, {224, 4}};
+    for (int own = 0; own < 2; own++) {
+        tw_backend be;
+        tw_error err;
+        tw_error_init(&err);
+        tw_backend_params bp = tw_backend_default_params();
+        bp.threads = 1;
+        bp.cpu_winograd = own ? TW_CPU_WINOGRAD_OWN : TW_CPU_WINOGRAD_OFF;
+        bp.cpu_nhwc = own;
+        assert_int_equal(tw_backend_create_ex("cpu", &bp, &be, &err), TW_OK);
+        const int(*t)[2] = own ? nhwc : blocked;
+        size_t n = own ? sizeof nhwc / sizeof *nhwc : sizeof blocked / sizeof *blocked;
+        for (size_t i = 0; i < n; i++) assert_int_equal(be.i->auto_batch(be.ctx, t[i][0]), t[i][1]);
+        be.i->destroy(be.ctx);
+    }
 }
 
 int main(void)
