@@ -223,10 +223,12 @@ static void wino(int n, int ci, int co, int h, dnnl_format_tag_t wtag, const cha
 
 static void run(cand *c)
 {
-    if (c->wino) tw_wino_input(c->x, c->n, c->h, c->ci, c->v);
+    if (c->wino) tw_wino_input(c->x, c->n, c->h, c->ci, tw_wino_rows(c->n, c->h), c->v);
     dnnl_primitive_execute(c->prim, strm, c->nargs, c->args);
     dnnl_stream_wait(strm);
-    if (c->wino) tw_wino_output(c->mm, c->n, c->h, c->co, c->bias, false, true, c->y);
+    if (c->wino)
+        tw_wino_output(c->mm, c->n, c->h, c->co, tw_wino_rows(c->n, c->h), c->bias, false, true,
+                       c->y);
 }
 
 int main(int argc, char **argv)

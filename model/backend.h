@@ -62,6 +62,9 @@ typedef struct tw_backend_stats {
     tw_precision precision;   /* what the backend really computes in (it may fall back) */
     int winograd_convs;       /* convolutions run as Winograd F(4,3) (CPU, fp32; 0 elsewhere) */
     int gemm_convs;           /* convolutions run as one inner product (CPU GEMM lowerings) */
+    int lowerings_refused;    /* CPU lowerings (Winograd matmul, GEMM) left to direct kernels
+                                 because their GEMM gave a tile other bits in another place
+                                 of the batch (model/cpu_backend.c, rows_independent) */
 } tw_backend_stats;
 
 struct tw_backend_i {

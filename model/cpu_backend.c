@@ -103,6 +103,20 @@ typedef struct layer {
     dnnl_memory_desc_t in4, out4; /* LOWER_DENSE: the 4-d layouts the matrix maps between */
 } layer;
 
+/* rows_independent's answers by GEMM shape: a run plans the same shapes for
+ * the budget's estimates and again for reserve, which must agree. */
+enum { MEMO_MAX = 64 };
+typedef struct gemm_shape {
+    int lw;
+    bool sum;
+    dnnl_dim_t mats, rows, k, cols;
+    bool ok;
+} gemm_shape;
+typedef struct gemm_memo {
+    int n;
+    gemm_shape e[MEMO_MAX];
+} gemm_memo;
+
 typedef struct plan {
     layer *layers;
     int n_layers, cap;
@@ -120,6 +134,11 @@ typedef struct plan {
     int gemm;   /* the cpu_gemm knob: -1 measured rule, 0 never, 1 wherever it applies */
     int n_gemm; /* convolutions lowered to an inner product */
     int n_wino; /* convolutions lowered to LOWER_WINO */
+    /* each lowering's GEMM is run on a probe first and kept only when a
+     * tile's results do not depend on its place in the batch
+     * (rows_independent, remembered in memo); n_refused counts those that did */
+    gemm_memo *memo;
+    int n_refused;
     /* NUM_INT8: the quantization range of the input ([0]) and of each conv's
      * output in plan order ([1 + i]); NULL: every range is 1 (sizing only) */
     const float *amax;
@@ -141,6 +160,7 @@ typedef struct op {
     float *to;
     const float *bias; /* OP_WINO_OUT */
     int n, h, ch;
+    size_t stride; /* rows of each Winograd plane (tw_wino_stride) */
     bool sum, relu;
     int nargs;
     dnnl_exec_arg_t args[6];
@@ -185,6 +205,8 @@ typedef struct cpu_ctx {
     bool nhwc;               /* fp32 plans keep activations in nhwc (the cpu_nhwc knob) */
     int gemm;                /* the cpu_gemm knob */
     int n_conv;
+    int n_refused;  /* lowerings refused at reserve (plan.n_refused) */
+    gemm_memo memo; /* rows_independent's answers, for every plan of this backend */
     tw_backend_stats stats;
 } cpu_ctx;
 
@@ -401,9 +423,10 @@ static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
      * 1.9-2.6x faster than oneDNN's direct kernels from 4x4 to 56x56 maps,
      * 1.1x on 7x7 (bench/RESULTS.md, issue 20); on 2x2 maps the dense
      * GEMM below does fewer multiply-adds */
+    size_t rows = tw_wino_rows(p->batch, oh);
     if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && oh >= TW_WINO_OUT &&
-        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4))
-        return LOWER_WINO;
+        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4) && tw_wino_stride(rows) <= 2 * rows)
+        return LOWER_WINO; /* (not where padding the rows would double the work) */
     if (p->gemm == 0) return LOWER_NONE;
     if (c->k == 1 && c->stride == 1 && c->pad == 0 && is_nhwc(&in->md) && is_nhwc(out4) &&
         (p->gemm == 1 || oh <= 2))
@@ -425,7 +448,7 @@ static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv 
     if (lw == LOWER_WINO) {
         /* [36][rows][Cin] . [36][Cin][Cout], weights in the layout oneDNN
          * picks; bias, residual and ReLU are the output transform's */
-        dnnl_dim_t rows = (dnnl_dim_t)tw_wino_rows(p->batch, in->h);
+        dnnl_dim_t rows = (dnnl_dim_t)tw_wino_stride(tw_wino_rows(p->batch, in->h));
         dnnl_memory_desc_t a, w, d;
         dnnl_dims_t ad = {TW_WINO_POINTS, rows, c->cin}, wd = {TW_WINO_POINTS, c->cin, c->cout},
                     dd = {TW_WINO_POINTS, rows, c->cout};
@@ -461,6 +484,113 @@ static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv 
         s = dnnl_inner_product_forward_desc_init(&d, dnnl_forward_inference, &src, &w, &b, &dst);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &d, attr, eng, NULL);
     return s;
+}
+
+/* Whether the GEMM of lowering primitive pd ([batch][rows][k] . weights ->
+ * [batch][rows][n], or the same without the batch dimension) gives each row
+ * the same bits wherever it sits among the rows. A tile's place in a batch
+ * differs between one run, its shards and a resumed run, which must all
+ * write the same bytes; oneDNN's AVX2 GEMM (gemm:jit) computes some rows
+ * with a kernel that orders the sums differently (e.g. the last 2 of 8 or
+ * of 32 rows: seen with [36][8][256] . [36][256][256]). Checked once at
+ * reserve on a probe: every row is moved down by one, which brings rows
+ * across any boundary between such kernels, and the outputs are compared
+ * bit for bit. False also when the probe cannot run (no memory). */
+static bool rows_independent(dnnl_engine_t eng, const_dnnl_primitive_desc_t pd)
+{
+    /* src, weights, dst (both passes), scratchpad, bias (the inner
+     * products have one; the matmul a zero-sized md) */
+    const dnnl_query_t q[6] = {dnnl_query_src_md, dnnl_query_weights_md,    dnnl_query_dst_md,
+                               dnnl_query_dst_md, dnnl_query_scratchpad_md, dnnl_query_weights_md};
+    const int qi[6] = {0, 0, 0, 0, 0, 1};
+    const int argk[6] = {DNNL_ARG_SRC,        DNNL_ARG_WEIGHTS, DNNL_ARG_DST, 0,
+                         DNNL_ARG_SCRATCHPAD, DNNL_ARG_BIAS};
+    const dnnl_memory_desc_t *md[6];
+    size_t bytes[6];
+    for (int i = 0; i < 6; i++) {
+        md[i] = dnnl_primitive_desc_query_md(pd, q[i], qi[i]);
+        bytes[i] = md[i] ? dnnl_memory_desc_get_size(md[i]) : 0;
+    }
+    if (!bytes[0] || !bytes[1] || !bytes[2] || md[0]->ndims < 2) return false;
+    int nd = md[0]->ndims;
+    size_t rows = (size_t)md[0]->dims[nd - 2], k = (size_t)md[0]->dims[nd - 1];
+    size_t n = (size_t)md[2]->dims[nd - 1], mats = 1;
+    for (int i = 0; i < nd - 2; i++) mats *= (size_t)md[0]->dims[i];
+    float *buf[6] = {NULL}, *row = tw_alloc(TW_MEM_OTHER, k * sizeof(float));
+    dnnl_memory_t mem[6] = {NULL};
+    dnnl_primitive_t prim = NULL;
+    dnnl_stream_t strm = NULL;
+    bool same = false, ok = rows >= 2 && row;
+    for (int i = 0; i < 6 && ok; i++) {
+        if (!bytes[i]) continue;
+        ok = (buf[i] = tw_alloc(TW_MEM_OTHER, bytes[i])) != NULL;
+        /* dst zeroed (a residual lowering adds the old one), bias zero */
+        if (ok) memset(buf[i], 0, bytes[i]);
+        if (ok && i != 3) ok = dnnl_memory_create(&mem[i], md[i], eng, buf[i]) == dnnl_success;
+    }
+    if (ok) {
+        uint32_t r = 12345;
+        for (int i = 0; i < 2; i++)
+            for (size_t j = 0; j < bytes[i] / sizeof(float); j++) {
+                r = r * 1664525u + 1013904223u;
+                buf[i][j] = (float)(r >> 8) * (1.0f / 16777216.0f) - 0.5f;
+            }
+        ok = dnnl_primitive_create(&prim, pd) == dnnl_success &&
+             dnnl_stream_create(&strm, eng, dnnl_stream_default_flags) == dnnl_success;
+    }
+    dnnl_exec_arg_t args[6];
+    int nargs = 0;
+    for (int i = 0; i < 6 && ok; i++)
+        if (mem[i]) args[nargs++] = (dnnl_exec_arg_t){argk[i], mem[i]};
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        if (pass == 1) {
+            /* rows down by one in each matrix: row i -> i + 1, the last -> 0 */
+            for (size_t m = 0; m < mats; m++) {
+                float *a = buf[0] + m * rows * k;
+                memcpy(row, a + (rows - 1) * k, k * sizeof(float));
+                memmove(a + k, a, (rows - 1) * k * sizeof(float));
+                memcpy(a, row, k * sizeof(float));
+            }
+            ok = dnnl_memory_set_data_handle(mem[2], buf[3]) == dnnl_success;
+        }
+        ok = ok && dnnl_primitive_execute(prim, strm, nargs, args) == dnnl_success &&
+             dnnl_stream_wait(strm) == dnnl_success;
+    }
+    if (ok) {
+        same = true;
+        for (size_t m = 0; m < mats && same; m++)
+            for (size_t i = 0; i < rows && same; i++)
+                same = memcmp(buf[2] + (m * rows + i) * n, buf[3] + (m * rows + (i + 1) % rows) * n,
+                              n * sizeof(float)) == 0;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+        tw_free(buf[i]);
+    }
+    if (prim) dnnl_primitive_destroy(prim);
+    if (strm) dnnl_stream_destroy(strm);
+    tw_free(row);
+    return same;
+}
+
+/* rows_independent(pd), remembered by shape in memo (may be NULL). */
+static bool gemm_kept(gemm_memo *memo, dnnl_engine_t eng, const_dnnl_primitive_desc_t pd, int lw,
+                      bool sum)
+{
+    const dnnl_memory_desc_t *s = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *d = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    if (!s || !d || s->ndims < 2) return false;
+    int nd = s->ndims;
+    dnnl_dim_t mats = nd == 3 ? s->dims[0] : 1, rows = s->dims[nd - 2], k = s->dims[nd - 1],
+               cols = d->dims[nd - 1];
+    for (int i = 0; memo && i < memo->n; i++)
+        if (memo->e[i].lw == lw && memo->e[i].sum == sum && memo->e[i].mats == mats &&
+            memo->e[i].rows == rows && memo->e[i].k == k && memo->e[i].cols == cols)
+            return memo->e[i].ok;
+    bool ok = rows_independent(eng, pd);
+    if (memo && memo->n < MEMO_MAX)
+        memo->e[memo->n++] = (gemm_shape){lw, sum, mats, rows, k, cols, ok};
+    return ok;
 }
 
 /* The Toeplitz matrix [kd][ks] and bias [kd] of conv c between layouts in4
@@ -593,6 +723,11 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     dnnl_status_t s = dnnl_unimplemented;
     if (lw != LOWER_NONE) {
         s = lowered_pd(p, eng, c, lw, in, &out4, attr, &pd);
+        if (s == dnnl_success && !gemm_kept(p->memo, eng, pd, lw, into != NULL)) {
+            dnnl_primitive_desc_destroy(pd);
+            p->n_refused++;
+            s = dnnl_unimplemented;
+        }
         if (s != dnnl_success) lw = LOWER_NONE; /* none here: the convolution */
     }
     if (lw == LOWER_NONE) s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
@@ -623,7 +758,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
          * domain buffers; U is made in activation buffer 0 (unused until
          * the first batch), then reordered, as the dense matrix below */
         if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK) return st;
-        size_t rows = tw_wino_rows(n, in->h), ub = dnnl_memory_desc_get_size(wq);
+        size_t rows = tw_wino_stride(tw_wino_rows(n, in->h)), ub = dnnl_memory_desc_get_size(wq);
         p->weight_bytes += alloc_size(ub) + alloc_size((size_t)c->cout * sizeof(float));
         size_t vb = TW_WINO_POINTS * rows * (size_t)c->cin * sizeof(float);
         size_t mb = TW_WINO_POINTS * rows * (size_t)c->cout * sizeof(float);
@@ -753,12 +888,13 @@ static bool use_winograd(dnnl_engine_t eng)
     return true;
 }
 
-static tw_status plan_build(plan *p, const cpu_ctx *c, const tw_resnet *net, int tile, int batch,
+static tw_status plan_build(plan *p, cpu_ctx *c, const tw_resnet *net, int tile, int batch,
                             num_mode mode, const float *amax, tw_error *err)
 {
     dnnl_engine_t eng = c->eng;
     memset(p, 0, sizeof *p);
     p->mode = mode;
+    p->memo = &c->memo;
     p->wino = mode == NUM_F32 && c->wino;
     p->nhwc = mode == NUM_F32 && !p->wino && c->nhwc;
     p->wino_own = p->nhwc && c->wino_own;
@@ -1010,6 +1146,7 @@ static tw_status build_wino(cpu_ctx *c, const layer *l, tw_resnet *consume, tw_e
                             "out of memory for the CPU weights (the model's own copy was "
                             "already released: give the run a smaller tiling.batch)");
     int n = (int)l->in4.dims[0], h = (int)l->in4.dims[2];
+    size_t stride = tw_wino_stride(tw_wino_rows(n, h));
     const dnnl_memory_desc_t *vmd, *wmd, *mmd;
     tw_status st;
     if ((st = query_md(l->pd, dnnl_query_src_md, 0, &vmd, err)) != TW_OK ||
@@ -1039,6 +1176,7 @@ static tw_status build_wino(cpu_ctx *c, const layer *l, tw_resnet *consume, tw_e
                .from = c->buf[l->src],
                .to = c->buf[BUF_WINO_V],
                .n = n,
+               .stride = stride,
                .h = h,
                .ch = cv->cin};
     op *mul = &c->ops[c->n_ops];
@@ -1054,6 +1192,7 @@ static tw_status build_wino(cpu_ctx *c, const layer *l, tw_resnet *consume, tw_e
                 .to = c->buf[l->dst],
                 .bias = bias,
                 .n = n,
+                .stride = stride,
                 .h = h,
                 .ch = cv->cout,
                 .sum = l->sum,
@@ -1218,7 +1357,7 @@ static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume
     plan p;
     tw_status st = plan_build(&p, c, net, tile, batch, mode, amax, err);
     if (st == TW_OK) st = build(c, net, consume, &p, err);
-    int n_conv = p.n_conv;
+    int n_conv = p.n_conv, n_refused = p.n_refused;
     plan_free(&p);
     if (st != TW_OK) {
         release(c);
@@ -1226,6 +1365,8 @@ static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume
     }
     c->mode = mode;
     c->n_conv = n_conv;
+    c->n_refused = n_refused;
+    c->stats.lowerings_refused = n_refused;
     c->reserved = true;
     return TW_OK;
 }
@@ -1323,12 +1464,13 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     c->n_classes = net->n_classes;
     snprintf(c->stats.algorithms, sizeof c->stats.algorithms,
              "%d of %d convolutions Winograd F(4,3)%s, %d one inner product (GEMM), the rest "
-             "oneDNN's direct kernels%s",
+             "oneDNN's direct kernels%s; %d lowerings refused (tile place-dependent)",
              c->stats.winograd_convs, c->n_conv,
              c->stats.winograd_convs == 0 ? ""
              : c->wino                    ? " (oneDNN's kernel)"
                                           : " (model/winograd.c around a oneDNN matmul)",
-             c->stats.gemm_convs, c->mode == NUM_F32 && !c->wino && c->nhwc ? " (nhwc)" : "");
+             c->stats.gemm_convs, c->mode == NUM_F32 && !c->wino && c->nhwc ? " (nhwc)" : "",
+             c->n_refused);
     c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
                          : mode == NUM_INT8 ? TW_PREC_INT8
                                             : TW_PREC_FP32;
@@ -1401,9 +1543,10 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
         } else {
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
             if (o->kind == OP_WINO_IN)
-                tw_wino_input(o->from, o->n, o->h, o->ch, o->to);
+                tw_wino_input(o->from, o->n, o->h, o->ch, o->stride, o->to);
             else
-                tw_wino_output(o->from, o->n, o->h, o->ch, o->bias, o->sum, o->relu, o->to);
+                tw_wino_output(o->from, o->n, o->h, o->ch, o->stride, o->bias, o->sum, o->relu,
+                               o->to);
         }
         if (amax && c->ops[i].conv) {
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");

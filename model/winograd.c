@@ -116,14 +116,14 @@ static void input_row(const float *x, int h, int c, int img, int ty, int tx, siz
     }
 }
 
-void tw_wino_input(const float *x, int n, int h, int c, float *v)
+void tw_wino_input(const float *x, int n, int h, int c, size_t stride, float *v)
 {
     int t = tw_wino_tiles(h);
     long rows = (long)tw_wino_rows(n, h);
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
         int img = (int)(r / ((long)t * t)), rest = (int)(r % ((long)t * t));
-        input_row(x, h, c, img, rest / t, rest % t, (size_t)rows, (size_t)r, v);
+        input_row(x, h, c, img, rest / t, rest % t, stride, (size_t)r, v);
     }
 }
 
@@ -170,14 +170,14 @@ static void output_row(const float *m, int h, int c, int img, int ty, int tx, si
     }
 }
 
-void tw_wino_output(const float *m, int n, int h, int c, const float *bias, bool sum, bool relu,
-                    float *y)
+void tw_wino_output(const float *m, int n, int h, int c, size_t stride, const float *bias, bool sum,
+                    bool relu, float *y)
 {
     int t = tw_wino_tiles(h);
     long rows = (long)tw_wino_rows(n, h);
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
         int img = (int)(r / ((long)t * t)), rest = (int)(r % ((long)t * t));
-        output_row(m, h, c, img, rest / t, rest % t, (size_t)rows, (size_t)r, bias, sum, relu, y);
+        output_row(m, h, c, img, rest / t, rest % t, stride, (size_t)r, bias, sum, relu, y);
     }
 }

@@ -23,7 +23,10 @@
  *
  * Layouts (row r = (image * t + tile_y) * t + tile_x):
  *   x, y: nhwc [n][h][h][C] fp32
- *   V:    [36][rows][Cin],  U: [36][Cin][Cout],  M: [36][rows][Cout]
+ *   V:    [36][stride][Cin],  U: [36][Cin][Cout],  M: [36][stride][Cout]
+ * where stride >= rows is the caller's: rows past `rows` are not touched
+ * (the CPU backend pads the products to a row count that oneDNN's GEMM
+ * computes alike for every row; see tw_wino_stride).
  *
  * The transforms allocate nothing, take no locks and split their work over
  * OpenMP threads by rows; each output element is computed by one thread in a
@@ -50,18 +53,27 @@ static inline size_t tw_wino_rows(int n, int h)
     return (size_t)n * t * t;
 }
 
+/* The row stride the CPU backend gives V and M: rows rounded up to 16, at
+ * least 64 (oneDNN 2.6's AVX2 GEMM computes the last rows of a product of
+ * 8 or 32 rows with another kernel, whose sums differ in the last bit). */
+static inline size_t tw_wino_stride(size_t rows)
+{
+    size_t s = (rows + 15) / 16 * 16;
+    return s < 64 ? 64 : s;
+}
+
 /* U [36][cin][cout] from w [cout][cin][3][3] (OIHW). Cannot fail. */
 void tw_wino_weights(const float *w, int cout, int cin, float *u);
 
-/* V [36][rows][c] from x, nhwc [n][h][h][c], rows = tw_wino_rows(n, h);
- * pixels outside the map (padding, and the part of the last tiles beyond
- * it) read as 0. Cannot fail. */
-void tw_wino_input(const float *x, int n, int h, int c, float *v);
+/* V [36][stride][c] from x, nhwc [n][h][h][c]: rows 0 .. tw_wino_rows(n, h)
+ * - 1 of each plane; pixels outside the map (padding, and the part of the
+ * last tiles beyond it) read as 0. Cannot fail. */
+void tw_wino_input(const float *x, int n, int h, int c, size_t stride, float *v);
 
-/* y, nhwc [n][h][h][c], from M [36][rows][c]: y = A^T m A + bias[c], plus
+/* y, nhwc [n][h][h][c], from M [36][stride][c]: y = A^T m A + bias[c], plus
  * the old y where `sum` (a residual add), then max(0, .) where `relu`. Only
  * the h x h pixels are written. Cannot fail. */
-void tw_wino_output(const float *m, int n, int h, int c, const float *bias, bool sum, bool relu,
-                    float *y);
+void tw_wino_output(const float *m, int n, int h, int c, size_t stride, const float *bias, bool sum,
+                    bool relu, float *y);
 
 #endif

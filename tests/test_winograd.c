@@ -32,25 +32,30 @@ typedef struct conv_case {
 static void by_winograd(const conv_case *k, const float *x, const float *w, const float *bias,
                         float *y)
 {
-    size_t rows = tw_wino_rows(k->n, k->h);
+    /* planes 3 rows longer than needed: rows past `rows` stay untouched */
+    size_t rows = tw_wino_rows(k->n, k->h), stride = rows + 3;
     float *u = malloc((size_t)TW_WINO_POINTS * k->cin * k->cout * sizeof *u);
-    float *v = malloc((size_t)TW_WINO_POINTS * rows * k->cin * sizeof *v);
-    float *m = malloc((size_t)TW_WINO_POINTS * rows * k->cout * sizeof *m);
+    float *v = malloc((size_t)TW_WINO_POINTS * stride * k->cin * sizeof *v);
+    float *m = malloc((size_t)TW_WINO_POINTS * stride * k->cout * sizeof *m);
     assert_non_null(u);
     assert_non_null(v);
     assert_non_null(m);
     tw_wino_weights(w, k->cout, k->cin, u);
-    tw_wino_input(x, k->n, k->h, k->cin, v);
+    for (size_t i = 0; i < (size_t)TW_WINO_POINTS * stride * k->cin; i++) v[i] = NAN;
+    for (size_t i = 0; i < (size_t)TW_WINO_POINTS * stride * k->cout; i++) m[i] = NAN;
+    tw_wino_input(x, k->n, k->h, k->cin, stride, v);
     for (int p = 0; p < TW_WINO_POINTS; p++)
-        for (size_t r = 0; r < rows; r++)
+        for (size_t r = 0; r < stride; r++)
             for (int o = 0; o < k->cout; o++) {
                 double s = 0;
                 for (int i = 0; i < k->cin; i++)
-                    s += (double)v[((size_t)p * rows + r) * k->cin + i] *
+                    s += (double)v[((size_t)p * stride + r) * k->cin + i] *
                          u[((size_t)p * k->cin + i) * k->cout + o];
-                m[((size_t)p * rows + r) * k->cout + o] = (float)s;
+                /* rows past `rows` were not written: still NaN */
+                if (r >= rows) assert_true(isnan(s));
+                if (r < rows) m[((size_t)p * stride + r) * k->cout + o] = (float)s;
             }
-    tw_wino_output(m, k->n, k->h, k->cout, bias, k->sum, k->relu, y);
+    tw_wino_output(m, k->n, k->h, k->cout, stride, bias, k->sum, k->relu, y);
     free(u);
     free(v);
     free(m);
@@ -161,11 +166,11 @@ static void test_threads_equal(void **state)
     for (size_t i = 0; i < nx; i++) y1[i] = y2[i] = x[i] = frand();
     for (int i = 0; i < c; i++) bias[i] = frand();
     omp_set_num_threads(1);
-    tw_wino_input(x, n, h, c, v1);
-    tw_wino_output(v1, n, h, c, bias, true, true, y1);
+    tw_wino_input(x, n, h, c, rows, v1);
+    tw_wino_output(v1, n, h, c, rows, bias, true, true, y1);
     omp_set_num_threads(2);
-    tw_wino_input(x, n, h, c, v2);
-    tw_wino_output(v2, n, h, c, bias, true, true, y2);
+    tw_wino_input(x, n, h, c, rows, v2);
+    tw_wino_output(v2, n, h, c, rows, bias, true, true, y2);
     assert_memory_equal(v1, v2, (size_t)TW_WINO_POINTS * rows * c * sizeof *v1);
     assert_memory_equal(y1, y2, nx * sizeof *y1);
     free(x);
