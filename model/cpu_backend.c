@@ -9,7 +9,13 @@
  * F(4,3), which reads and writes only nChw16c, so every conv writes that
  * layout (oneDNN's direct kernels are as fast on it; see use_winograd); each
  * layer's source is the previous layer's chosen destination, so no reorders
- * appear between layers. The same plan
+ * appear between layers. Where oneDNN has no Winograd kernel (AVX2), fp32
+ * keeps activations in nhwc and runs those convs as model/winograd.c's
+ * F(4,3) transforms around one oneDNN batched matmul (LOWER_WINO); with the
+ * GEMM lowerings below, each such lowering is kept only when its matrix
+ * product gives a tile the same bits wherever it sits in the batch
+ * (rows_independent: shards and resumed runs must write one run's bytes).
+ * The same plan
  * gives workspace_bytes() its number (sizes queried from oneDNN, nothing
  * allocated) and reserve() its primitives, so the two cannot drift apart.
  *
