@@ -478,16 +478,17 @@ static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv 
         ks = c->cin;
         kd = c->cout;
     }
+    /* a matmul [rows][ks] . [ks][kd] + bias[1][kd] (weights made from the
+     * plain [kd][ks] matrix: the ba layout of [ks][kd]) */
     dnnl_memory_desc_t src, w, b, dst;
-    dnnl_dims_t sd = {rows, ks}, wd = {kd, ks}, bd = {kd}, dd = {rows, kd};
+    dnnl_dims_t sd = {rows, ks}, wd = {ks, kd}, bd = {1, kd}, dd = {rows, kd};
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_f32, dnnl_ab);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&w, 2, wd, dnnl_f32, dnnl_format_tag_any);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 2, bd, dnnl_f32, dnnl_ab);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
-    dnnl_inner_product_desc_t d;
-    if (s == dnnl_success)
-        s = dnnl_inner_product_forward_desc_init(&d, dnnl_forward_inference, &src, &w, &b, &dst);
+    dnnl_matmul_desc_t d;
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&d, &src, &w, &b, &dst);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &d, attr, eng, NULL);
     return s;
 }
@@ -1090,10 +1091,11 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
     dnnl_format_tag_t wtag = dnnl_oihw;
     const float *wsrc = cv0->w;
     if (l->lower != LOWER_NONE) {
+        /* [kd][ks] in memory: the matmul's [ks][kd] weights in layout ba */
         wnd = 2;
-        wtag = dnnl_ab;
-        wd[0] = l->lower == LOWER_ROWS ? cv0->cout : tile_elems(&l->out4);
-        wd[1] = l->lower == LOWER_ROWS ? cv0->cin : tile_elems(&l->in4);
+        wtag = dnnl_ba;
+        wd[1] = l->lower == LOWER_ROWS ? cv0->cout : tile_elems(&l->out4);
+        wd[0] = l->lower == LOWER_ROWS ? cv0->cin : tile_elems(&l->in4);
         if (l->lower == LOWER_DENSE) wsrc = c->buf[0]; /* filled below, sized by the plan */
     }
     const tw_conv *cv = l->conv;
