@@ -444,10 +444,9 @@ static tw_status take_options(const tilewise_run_options *in, tilewise_run_optio
     const int knobs[] = {o->tiff_direct, o->cpu_winograd, o->cpu_gemm, o->cpu_nhwc};
     static const char *const names[] = {"tiff_direct", "cpu_winograd", "cpu_gemm", "cpu_nhwc"};
     for (int k = 0; k < 4; k++)
-        if (knobs[k] < -1 || knobs[k] > 1)
-            return tw_error_set(err, TW_ERR_USAGE,
-                                "tilewise_run_options: %s %d (-1 default, 0 or 1)", names[k],
-                                knobs[k]);
+        if (knobs[k] < -1 || knobs[k] > (k == 1 ? 2 : 1))
+            return tw_error_set(err, TW_ERR_USAGE, "tilewise_run_options: %s %d (-1 default, %s)",
+                                names[k], knobs[k], k == 1 ? "0, 1 or 2" : "0 or 1");
     return TW_OK;
 }
 
@@ -461,7 +460,7 @@ static void apply_options(tw_run_params *p, const tilewise_run_options *o)
     p->restart = o->restart != 0;
     if (o->report_path) snprintf(p->report_path, sizeof p->report_path, "%s", o->report_path);
     if (o->tiff_direct >= 0) p->input.tiff_direct = o->tiff_direct != 0;
-    if (o->cpu_winograd >= 0) p->runtime.cpu_winograd = o->cpu_winograd != 0;
+    if (o->cpu_winograd >= 0) p->runtime.cpu_winograd = o->cpu_winograd;
     if (o->cpu_gemm >= 0) p->runtime.cpu_gemm = o->cpu_gemm;
     if (o->cpu_nhwc >= 0) p->runtime.cpu_nhwc = o->cpu_nhwc;
     if (o->cuda_fail_alloc_above) p->runtime.cuda_fail_above = (size_t)o->cuda_fail_alloc_above;

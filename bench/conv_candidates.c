@@ -3,7 +3,7 @@
  * alternate round by round and each keeps its best call; load then hits
  * them alike.
  *
- *   gcc -O2 bench/conv_candidates.c -ldnnl -o conv_candidates
+ *   gcc -O3 -fopenmp -I. bench/conv_candidates.c model/winograd.c -ldnnl -o conv_candidates
  *   OMP_NUM_THREADS=2 ./conv_candidates N CIN COUT H K STRIDE [ROUNDS=30]
  *   (ONEDNN_MAX_CPU_ISA=AVX2 for the AVX2 stand-in on an AVX-512 machine)
  *
@@ -18,6 +18,8 @@
  *     multiply-adds, since its padding taps vanish);
  *   - "rows": a 1x1 stride-1 conv as an inner product with the batch's
  *     pixels as rows (nhwc activations: [N H W] x [Cin] times [Cin] x [Cout]);
+ *   - "wino" (3x3 stride 1): Winograd F(4,3) with this tree's transforms
+ *     (model/winograd.c) around one oneDNN batched matmul, nhwc in and out;
  *   - each inner product twice: weights in the layout oneDNN picks, and in
  *     plain [out][in] order ("w:ab", what the backend can fill in place).
  * Prints per candidate: name, oneDNN's implementation, best ms per call (wall
@@ -31,6 +33,8 @@
 #include <time.h>
 
 #include <dnnl.h>
+
+#include "model/winograd.h"
 
 #define MAXC 24
 
@@ -49,6 +53,10 @@ typedef struct cand {
     int nargs;
     dnnl_exec_arg_t args[5];
     double best_wall, best_cpu;
+    /* "wino": the two transforms around the matmul (model/winograd.c) */
+    bool wino;
+    int n, h, ci, co;
+    float *x, *v, *mm, *y, *bias;
 } cand;
 
 static cand g_c[MAXC];
@@ -157,6 +165,72 @@ static void ip(const char *name, long rows, long k, long nout, dnnl_format_tag_t
     dnnl_primitive_attr_destroy(attr);
 }
 
+static float *filled(size_t n)
+{
+    float *p = malloc(n * sizeof *p);
+    for (size_t j = 0; j < n; j++) p[j] = (float)(j % 13) * 0.01f;
+    return p;
+}
+
+/* Winograd F(4,3) of our own transforms around one oneDNN batched matmul
+ * [36][rows][cin] . [36][cin][cout] (weights in the layout oneDNN picks). */
+static void wino(int n, int ci, int co, int h, dnnl_format_tag_t wtag, const char *name)
+{
+    long rows = (long)tw_wino_rows(n, h);
+    dnnl_memory_desc_t a, w, d;
+    dnnl_dims_t ad = {TW_WINO_POINTS, rows, ci}, wd = {TW_WINO_POINTS, ci, co},
+                dd = {TW_WINO_POINTS, rows, co};
+    dnnl_memory_desc_init_by_tag(&a, 3, ad, dnnl_f32, dnnl_abc);
+    dnnl_memory_desc_init_by_tag(&w, 3, wd, dnnl_f32, wtag);
+    dnnl_memory_desc_init_by_tag(&d, 3, dd, dnnl_f32, dnnl_abc);
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd;
+    if (dnnl_matmul_desc_init(&md, &a, &w, NULL, &d) != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &md, NULL, eng, NULL) != dnnl_success)
+        return;
+    cand *c = &g_c[g_n];
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    const char *impl = "";
+    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    snprintf(c->impl, sizeof c->impl, "matmul %s", impl);
+    const dnnl_query_t q[3] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md};
+    const int arg[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    c->x = filled((size_t)n * h * h * ci);
+    c->y = filled((size_t)n * h * h * co);
+    c->bias = filled((size_t)co);
+    for (int i = 0; i < 3; i++) {
+        dnnl_memory_create(&c->m[i], dnnl_primitive_desc_query_md(pd, q[i], 0), eng,
+                           DNNL_MEMORY_ALLOCATE);
+        c->args[c->nargs++] = (dnnl_exec_arg_t){arg[i], c->m[i]};
+    }
+    dnnl_memory_get_data_handle(c->m[0], (void **)&c->v);
+    dnnl_memory_get_data_handle(c->m[2], (void **)&c->mm);
+    float *wp;
+    dnnl_memory_get_data_handle(c->m[1], (void **)&wp);
+    size_t wn = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, q[1], 0)) / 4;
+    for (size_t j = 0; j < wn; j++) wp[j] = (float)(j % 7) * 0.01f;
+    if (dnnl_primitive_create(&c->prim, pd) != dnnl_success) return;
+    dnnl_primitive_desc_destroy(pd);
+    c->wino = true;
+    c->n = n;
+    c->h = h;
+    c->ci = ci;
+    c->co = co;
+    c->best_wall = c->best_cpu = 1e30;
+    g_n++;
+}
+
+static void run(cand *c)
+{
+    if (c->wino) tw_wino_input(c->x, c->n, c->h, c->ci, tw_wino_rows(c->n, c->h), c->v);
+    dnnl_primitive_execute(c->prim, strm, c->nargs, c->args);
+    dnnl_stream_wait(strm);
+    if (c->wino)
+        tw_wino_output(c->mm, c->n, c->h, c->co, tw_wino_rows(c->n, c->h), c->bias, false, true,
+                       c->y);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 7) {
@@ -183,6 +257,10 @@ int main(int argc, char **argv)
         ip("rows nhwc", (long)n * h * h, ci, co, dnnl_format_tag_any);
         ip("rows nhwc w:ab", (long)n * h * h, ci, co, dnnl_ab);
     }
+    if (k == 3 && st == 1) {
+        wino(n, ci, co, h, dnnl_format_tag_any, "wino F(4,3)");
+        wino(n, ci, co, h, dnnl_abc, "wino F(4,3) w:abc");
+    }
     double flops = 2.0 * n * ci * co * k * k * oh * oh;
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < g_n; i++) {
@@ -190,8 +268,7 @@ int main(int argc, char **argv)
             int calls = r == 0 ? 1 : 3;
             for (int j = 0; j < calls; j++) {
                 double w0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_PROCESS_CPUTIME_ID);
-                dnnl_primitive_execute(c->prim, strm, c->nargs, c->args);
-                dnnl_stream_wait(strm);
+                run(c);
                 double w1 = clk(CLOCK_MONOTONIC), c1 = clk(CLOCK_PROCESS_CPUTIME_ID);
                 if (r > 0 && w1 - w0 < c->best_wall) c->best_wall = w1 - w0;
                 if (r > 0 && c1 - c0 < c->best_cpu) c->best_cpu = c1 - c0;

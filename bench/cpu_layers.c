@@ -11,9 +11,9 @@
  * With "ab": three backends in one process, batches alternating between
  * them (so that the machine's load hits each alike), and each one's best
  * batch printed: "before" (cpu_gemm 0, cpu_nhwc 0: the code before issue
- * 20), "dense" (GEMM lowerings by the rule, activations as before) and
- * "after" (the defaults). Lines: "tw_ab NAME best_cpu_ms=.. best_wall_ms=..
- * tiles_per_s=..".
+ * 20), "dense" (GEMM lowerings by the rule, activations as before),
+ * "nowino" (the defaults with cpu_winograd off) and "after" (the defaults). Lines: "tw_ab NAME
+ * best_cpu_ms=.. best_wall_ms=.. tiles_per_s=..".
  *
  * Prints "tw_layers arch=.. tile=.. batch=.. isa=..", then per batch
  * "tw_iter I cpu_s=S wall_s=W" after oneDNN's lines for that batch, where
@@ -39,9 +39,11 @@ static double clk(clockid_t id)
 
 static int ab(tw_resnet *net, tw_backend_params bp, int tile, int batch, int iters)
 {
-    enum { NV = 3 };
-    const char *name[NV] = {"before", "dense", "after"};
-    const int gemm[NV] = {0, -1, -1}, nhwc[NV] = {0, 0, -1};
+    enum { NV = 4 };
+    const char *name[NV] = {"before", "dense", "nowino", "after"};
+    const int gemm[NV] = {0, -1, -1, -1}, nhwc[NV] = {0, 0, -1, -1};
+    /* nowino: the defaults without Winograd (oneDNN's or model/winograd.c's) */
+    const int wino[NV] = {bp.cpu_winograd, bp.cpu_winograd, TW_CPU_WINOGRAD_OFF, bp.cpu_winograd};
     tw_backend be[NV];
     tw_error err;
     tw_error_init(&err);
@@ -49,6 +51,7 @@ static int ab(tw_resnet *net, tw_backend_params bp, int tile, int batch, int ite
     for (int i = 0; i < NV; i++) {
         bp.cpu_gemm = gemm[i];
         bp.cpu_nhwc = nhwc[i];
+        bp.cpu_winograd = wino[i];
         if (tw_backend_create_ex("cpu", &bp, &be[i], &err) != TW_OK) return 1;
         if (mb <= 0) mb = be[i].i->auto_batch(be[i].ctx, tile);
         int b = mb;
@@ -108,7 +111,8 @@ int main(int argc, char **argv)
     tw_backend_params bp = tw_backend_default_params();
     bp.threads = threads;
     const char *wino = getenv("TILEWISE_CPU_WINOGRAD");
-    if (wino && strcmp(wino, "0") == 0) bp.cpu_winograd = false;
+    if (wino && strcmp(wino, "0") == 0) bp.cpu_winograd = TW_CPU_WINOGRAD_OFF;
+    if (wino && strcmp(wino, "own") == 0) bp.cpu_winograd = TW_CPU_WINOGRAD_OWN;
     const char *v = getenv("TILEWISE_CPU_GEMM");
     if (v && *v) bp.cpu_gemm = atoi(v);
     v = getenv("TILEWISE_CPU_NHWC");

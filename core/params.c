@@ -20,7 +20,7 @@ tw_run_params tw_run_default_params(void)
     p.input.nodata_auto = true;
     p.input.on_error = TW_ON_ERROR_FAIL;
     p.input.tiff_direct = true;
-    p.runtime.cpu_winograd = true;
+    p.runtime.cpu_winograd = 1;
     /* GDAL waits 0.5 s, then 2-2.5x longer after each retry: 8 retries span
      * 2-8 minutes of outage before a tile gives up. */
     p.input.retries = 8;

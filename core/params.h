@@ -105,7 +105,7 @@ typedef struct tw_runtime_params {
     int threads;   /* 0: auto (all cores) */
     int readers;   /* reader workers; 0: auto (tw_run_readers) */
     /* knobs the CLI fills from its environment (tilewise.1 ENVIRONMENT) */
-    bool cpu_winograd;      /* TILEWISE_CPU_WINOGRAD=0: false */
+    int cpu_winograd;       /* TILEWISE_CPU_WINOGRAD=0|1|own (tw_backend_params); 1 auto */
     int cpu_gemm;           /* TILEWISE_CPU_GEMM=0|1 (tw_backend_params.cpu_gemm); -1 auto */
     int cpu_nhwc;           /* TILEWISE_CPU_NHWC=0|1 (tw_backend_params.cpu_nhwc); -1 auto */
     size_t cuda_fail_above; /* TW_CUDA_FAIL_ALLOC_ABOVE: a test hook, 0 off */

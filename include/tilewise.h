@@ -217,7 +217,10 @@ typedef struct tilewise_run_options {
      * ENVIRONMENT); -1 (default) leaves the library's choice. */
     int tiff_direct;  /* 0: GDAL decodes every input (TILEWISE_TIFF_DIRECT=0); 1: libtiff
                          decodes plain tiled GeoTIFFs (the default) */
-    int cpu_winograd; /* 0: no Winograd convolutions on the CPU (TILEWISE_CPU_WINOGRAD=0) */
+    int cpu_winograd; /* 0: no Winograd convolutions on the CPU (TILEWISE_CPU_WINOGRAD=0);
+                         1: oneDNN's where it has them (AVX-512), tilewise's elsewhere;
+                         2: tilewise's everywhere (TILEWISE_CPU_WINOGRAD=own; with
+                         cpu_nhwc 1 on AVX-512 CPUs) */
     int cpu_gemm;     /* 0 never, 1 wherever it applies: the CPU's GEMM convolutions
                          (TILEWISE_CPU_GEMM) */
     int cpu_nhwc;     /* 0 or 1: the CPU's NHWC layout (TILEWISE_CPU_NHWC) */

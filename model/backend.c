@@ -43,7 +43,7 @@ tw_status tw_backend_register(const char *device, tw_backend_create_fn create, t
 tw_backend_params tw_backend_default_params(void)
 {
     return (tw_backend_params){.threads = 0,
-                               .cpu_winograd = true,
+                               .cpu_winograd = TW_CPU_WINOGRAD_AUTO,
                                .cpu_gemm = -1,
                                .cpu_nhwc = -1,
                                .cuda_fail_above = 0,

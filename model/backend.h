@@ -62,6 +62,9 @@ typedef struct tw_backend_stats {
     tw_precision precision;   /* what the backend really computes in (it may fall back) */
     int winograd_convs;       /* convolutions run as Winograd F(4,3) (CPU, fp32; 0 elsewhere) */
     int gemm_convs;           /* convolutions run as one inner product (CPU GEMM lowerings) */
+    int lowerings_refused;    /* CPU lowerings (Winograd matmul, GEMM) left to direct kernels
+                                 because their GEMM gave a tile other bits in another place
+                                 of the batch (model/cpu_backend.c, rows_independent) */
 } tw_backend_stats;
 
 struct tw_backend_i {
@@ -133,11 +136,17 @@ typedef struct tw_backend {
     int batch_halvings;     /* by tw_backend_reserve, over the backend's life */
 } tw_backend;
 
+enum { TW_CPU_WINOGRAD_OFF = 0, TW_CPU_WINOGRAD_AUTO = 1, TW_CPU_WINOGRAD_OWN = 2 };
+
 /* Knobs of a backend, filled by the caller (the CLI from its command line
  * and environment); the library reads no environment variable. */
 typedef struct tw_backend_params {
-    int threads;       /* CPU threads; 0 = all cores */
-    bool cpu_winograd; /* fp32 3x3 convolutions as Winograd where oneDNN has it */
+    int threads; /* CPU threads; 0 = all cores */
+    /* fp32 3x3 stride-1 convolutions as Winograd F(4,3): TW_CPU_WINOGRAD_AUTO
+     * (the default) oneDNN's kernel where it has one (AVX-512), else this
+     * tree's (model/winograd.c, on nhwc activations); _OFF never; _OWN this
+     * tree's everywhere (tests and benchmarks; needs cpu_nhwc 1 on AVX-512) */
+    int cpu_winograd;
     /* fp32 convolutions lowered to one oneDNN inner product (GEMM) per layer
      * (model/cpu_backend.c, "GEMM lowerings"): -1 where bench/RESULTS.md
      * measured them faster (the default), 0 never, 1 wherever they apply

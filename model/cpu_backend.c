@@ -9,7 +9,13 @@
  * F(4,3), which reads and writes only nChw16c, so every conv writes that
  * layout (oneDNN's direct kernels are as fast on it; see use_winograd); each
  * layer's source is the previous layer's chosen destination, so no reorders
- * appear between layers. The same plan
+ * appear between layers. Where oneDNN has no Winograd kernel (AVX2), fp32
+ * keeps activations in nhwc and runs those convs as model/winograd.c's
+ * F(4,3) transforms around one oneDNN batched matmul (LOWER_WINO); with the
+ * GEMM lowerings below, each such lowering is kept only when its matrix
+ * product gives a tile the same bits wherever it sits in the batch
+ * (rows_independent: shards and resumed runs must write one run's bytes).
+ * The same plan
  * gives workspace_bytes() its number (sizes queried from oneDNN, nothing
  * allocated) and reserve() its primitives, so the two cannot drift apart.
  *
@@ -65,12 +71,14 @@
 #include <dnnl_debug.h>
 
 #include "model/backend.h"
+#include "model/winograd.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 
 enum { N_ACT = 4 };
 /* storage ids: 0..N_ACT-1 are the activation buffers */
-enum { BUF_IN_USER = N_ACT, BUF_IN_BLK, BUF_DEQ, BUF_FEAT, BUF_COUNT };
+/* BUF_WINO_V / _M: the Winograd domain's input and output (LOWER_WINO) */
+enum { BUF_IN_USER = N_ACT, BUF_IN_BLK, BUF_DEQ, BUF_FEAT, BUF_WINO_V, BUF_WINO_M, BUF_COUNT };
 
 typedef enum { L_CONV, L_POOL, L_REORDER } layer_kind;
 
@@ -81,7 +89,9 @@ typedef enum { NUM_F32, NUM_BF16, NUM_INT8, NUM_MODES } num_mode;
 typedef enum {
     LOWER_NONE,  /* a oneDNN convolution */
     LOWER_DENSE, /* one inner product per tile: the whole map times its Toeplitz matrix */
-    LOWER_ROWS   /* 1x1 stride 1, nhwc: one inner product, the batch's pixels as rows */
+    LOWER_ROWS,  /* 1x1 stride 1, nhwc: one inner product, the batch's pixels as rows */
+    LOWER_WINO   /* 3x3 stride 1, nhwc: Winograd F(4,3), model/winograd.c's transforms
+                    around one batched matmul (CPUs where oneDNN has no Winograd) */
 } lowering;
 
 typedef struct layer {
@@ -94,9 +104,24 @@ typedef struct layer {
     float src_scale;
     float *w_scale;
     bool relu; /* convs: ends in a ReLU (its int8 output is u8) */
+    bool sum;  /* convs: adds the old destination (the residual) */
     lowering lower;
     dnnl_memory_desc_t in4, out4; /* LOWER_DENSE: the 4-d layouts the matrix maps between */
 } layer;
+
+/* rows_independent's answers by GEMM shape: a run plans the same shapes for
+ * the budget's estimates and again for reserve, which must agree. */
+enum { MEMO_MAX = 64 };
+typedef struct gemm_shape {
+    int lw;
+    bool sum;
+    dnnl_dim_t mats, rows, k, cols;
+    bool ok;
+} gemm_shape;
+typedef struct gemm_memo {
+    int n;
+    gemm_shape e[MEMO_MAX];
+} gemm_memo;
 
 typedef struct plan {
     layer *layers;
@@ -109,8 +134,17 @@ typedef struct plan {
     bool wino;
     /* NUM_F32: activations in nhwc (cpu_nhwc; AVX2-class CPUs by default) */
     bool nhwc;
+    /* NUM_F32, nhwc, no oneDNN Winograd: 3x3 stride-1 convs on maps of at
+     * least 4x4 run as LOWER_WINO (this tree's F(4,3)) */
+    bool wino_own;
     int gemm;   /* the cpu_gemm knob: -1 measured rule, 0 never, 1 wherever it applies */
     int n_gemm; /* convolutions lowered to an inner product */
+    int n_wino; /* convolutions lowered to LOWER_WINO */
+    /* each lowering's GEMM is run on a probe first and kept only when a
+     * tile's results do not depend on its place in the batch
+     * (rows_independent, remembered in memo); n_refused counts those that did */
+    gemm_memo *memo;
+    int n_refused;
     /* NUM_INT8: the quantization range of the input ([0]) and of each conv's
      * output in plan order ([1 + i]); NULL: every range is 1 (sizing only) */
     const float *amax;
@@ -121,8 +155,19 @@ typedef struct plan {
     dnnl_memory_desc_t in_md;    /* the caller's NCHW float input */
 } plan;
 
+/* An op is a oneDNN primitive, or one of LOWER_WINO's two transforms. */
+typedef enum { OP_PRIM, OP_WINO_IN, OP_WINO_OUT } op_kind;
+
 typedef struct op {
-    dnnl_primitive_t prim;
+    op_kind kind;
+    dnnl_primitive_t prim; /* OP_PRIM */
+    /* OP_WINO_*: nhwc activations [n][h][h][ch] <-> the Winograd domain */
+    const float *from;
+    float *to;
+    const float *bias; /* OP_WINO_OUT */
+    int n, h, ch;
+    size_t stride; /* rows of each Winograd plane (tw_wino_stride) */
+    bool sum, relu;
     int nargs;
     dnnl_exec_arg_t args[6];
     bool conv;
@@ -162,9 +207,12 @@ typedef struct cpu_ctx {
     const tw_resnet *net;    /* kept for the int8 rebuild (the caller owns it) */
     probe probes[NUM_MODES]; /* can oneDNN run bf16 / int8 here (mode_supported) */
     bool wino;               /* fp32 plans use Winograd (use_winograd, asked once) */
+    bool wino_own;           /* ... or, without it, LOWER_WINO (the cpu_winograd knob) */
     bool nhwc;               /* fp32 plans keep activations in nhwc (the cpu_nhwc knob) */
     int gemm;                /* the cpu_gemm knob */
     int n_conv;
+    int n_refused;  /* lowerings refused at reserve (plan.n_refused) */
+    gemm_memo memo; /* rows_independent's answers, for every plan of this backend */
     tw_backend_stats stats;
 } cpu_ctx;
 
@@ -376,7 +424,16 @@ static dnnl_dim_t act_offset(const dnnl_memory_desc_t *md, dnnl_dim_t c, dnnl_di
 static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
                                 const dnnl_memory_desc_t *out4, int oh)
 {
-    if (p->mode != NUM_F32 || p->gemm == 0) return LOWER_NONE;
+    if (p->mode != NUM_F32) return LOWER_NONE;
+    /* Winograd wherever it has a whole 4x4 output tile to fill: on AVX2,
+     * 1.9-2.6x faster than oneDNN's direct kernels from 4x4 to 56x56 maps,
+     * 1.1x on 7x7 (bench/RESULTS.md, issue 20); on 2x2 maps the dense
+     * GEMM below does fewer multiply-adds */
+    size_t rows = tw_wino_rows(p->batch, oh);
+    if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && oh >= TW_WINO_OUT &&
+        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4) && tw_wino_stride(rows) <= 2 * rows)
+        return LOWER_WINO; /* (not where padding the rows would double the work) */
+    if (p->gemm == 0) return LOWER_NONE;
     if (c->k == 1 && c->stride == 1 && c->pad == 0 && is_nhwc(&in->md) && is_nhwc(out4) &&
         (p->gemm == 1 || oh <= 2))
         return LOWER_ROWS;
@@ -394,24 +451,153 @@ static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv 
                                 const act *in, const dnnl_memory_desc_t *out4,
                                 const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd)
 {
+    if (lw == LOWER_WINO) {
+        /* [36][rows][Cin] . [36][Cin][Cout], weights in the layout oneDNN
+         * picks; bias, residual and ReLU are the output transform's */
+        dnnl_dim_t rows = (dnnl_dim_t)tw_wino_stride(tw_wino_rows(p->batch, in->h));
+        dnnl_memory_desc_t a, w, d;
+        dnnl_dims_t ad = {TW_WINO_POINTS, rows, c->cin}, wd = {TW_WINO_POINTS, c->cin, c->cout},
+                    dd = {TW_WINO_POINTS, rows, c->cout};
+        dnnl_primitive_attr_t plain;
+        dnnl_status_t s = dnnl_primitive_attr_create(&plain);
+        if (s != dnnl_success) return s;
+        s = dnnl_primitive_attr_set_scratchpad_mode(plain, dnnl_scratchpad_mode_user);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&a, 3, ad, dnnl_f32, dnnl_abc);
+        if (s == dnnl_success)
+            s = dnnl_memory_desc_init_by_tag(&w, 3, wd, dnnl_f32, dnnl_format_tag_any);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&d, 3, dd, dnnl_f32, dnnl_abc);
+        dnnl_matmul_desc_t md;
+        if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &a, &w, NULL, &d);
+        if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &md, plain, eng, NULL);
+        dnnl_primitive_attr_destroy(plain);
+        return s;
+    }
     dnnl_dim_t rows = p->batch, ks = tile_elems(&in->md), kd = tile_elems(out4);
     if (lw == LOWER_ROWS) {
         rows = (dnnl_dim_t)p->batch * in->h * in->h;
         ks = c->cin;
         kd = c->cout;
     }
+    /* a matmul [rows][ks] . [ks][kd] + bias[1][kd] (weights made from the
+     * plain [kd][ks] matrix: the ba layout of [ks][kd]) */
     dnnl_memory_desc_t src, w, b, dst;
-    dnnl_dims_t sd = {rows, ks}, wd = {kd, ks}, bd = {kd}, dd = {rows, kd};
+    dnnl_dims_t sd = {rows, ks}, wd = {ks, kd}, bd = {1, kd}, dd = {rows, kd};
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_f32, dnnl_ab);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&w, 2, wd, dnnl_f32, dnnl_format_tag_any);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 2, bd, dnnl_f32, dnnl_ab);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
-    dnnl_inner_product_desc_t d;
-    if (s == dnnl_success)
-        s = dnnl_inner_product_forward_desc_init(&d, dnnl_forward_inference, &src, &w, &b, &dst);
+    dnnl_matmul_desc_t d;
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&d, &src, &w, &b, &dst);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &d, attr, eng, NULL);
     return s;
+}
+
+/* Whether the GEMM of lowering primitive pd ([batch][rows][k] . weights ->
+ * [batch][rows][n], or the same without the batch dimension) gives each row
+ * the same bits wherever it sits among the rows. A tile's place in a batch
+ * differs between one run, its shards and a resumed run, which must all
+ * write the same bytes; oneDNN's AVX2 GEMM (gemm:jit) computes some rows
+ * with a kernel that orders the sums differently (e.g. the last 2 of 8 or
+ * of 32 rows: seen with [36][8][256] . [36][256][256]). Checked once at
+ * reserve on a probe: every row is moved down by one, which brings rows
+ * across any boundary between such kernels, and the outputs are compared
+ * bit for bit. False also when the probe cannot run (no memory). */
+static bool rows_independent(dnnl_engine_t eng, const_dnnl_primitive_desc_t pd)
+{
+    /* src, weights, dst (both passes), scratchpad, bias (the inner
+     * products have one; the matmul a zero-sized md) */
+    const dnnl_query_t q[6] = {dnnl_query_src_md, dnnl_query_weights_md,    dnnl_query_dst_md,
+                               dnnl_query_dst_md, dnnl_query_scratchpad_md, dnnl_query_weights_md};
+    const int qi[6] = {0, 0, 0, 0, 0, 1};
+    const int argk[6] = {DNNL_ARG_SRC,        DNNL_ARG_WEIGHTS, DNNL_ARG_DST, 0,
+                         DNNL_ARG_SCRATCHPAD, DNNL_ARG_BIAS};
+    const dnnl_memory_desc_t *md[6];
+    size_t bytes[6];
+    for (int i = 0; i < 6; i++) {
+        md[i] = dnnl_primitive_desc_query_md(pd, q[i], qi[i]);
+        bytes[i] = md[i] ? dnnl_memory_desc_get_size(md[i]) : 0;
+    }
+    if (!bytes[0] || !bytes[1] || !bytes[2] || md[0]->ndims < 2) return false;
+    int nd = md[0]->ndims;
+    size_t rows = (size_t)md[0]->dims[nd - 2], k = (size_t)md[0]->dims[nd - 1];
+    size_t n = (size_t)md[2]->dims[nd - 1], mats = 1;
+    for (int i = 0; i < nd - 2; i++) mats *= (size_t)md[0]->dims[i];
+    float *buf[6] = {NULL}, *row = tw_alloc(TW_MEM_OTHER, k * sizeof(float));
+    dnnl_memory_t mem[6] = {NULL};
+    dnnl_primitive_t prim = NULL;
+    dnnl_stream_t strm = NULL;
+    bool same = false, ok = rows >= 2 && row;
+    for (int i = 0; i < 6 && ok; i++) {
+        if (!bytes[i]) continue;
+        ok = (buf[i] = tw_alloc(TW_MEM_OTHER, bytes[i])) != NULL;
+        /* dst zeroed (a residual lowering adds the old one), bias zero */
+        if (ok) memset(buf[i], 0, bytes[i]);
+        if (ok && i != 3) ok = dnnl_memory_create(&mem[i], md[i], eng, buf[i]) == dnnl_success;
+    }
+    if (ok) {
+        uint32_t r = 12345;
+        for (int i = 0; i < 2; i++)
+            for (size_t j = 0; j < bytes[i] / sizeof(float); j++) {
+                r = r * 1664525u + 1013904223u;
+                buf[i][j] = (float)(r >> 8) * (1.0f / 16777216.0f) - 0.5f;
+            }
+        ok = dnnl_primitive_create(&prim, pd) == dnnl_success &&
+             dnnl_stream_create(&strm, eng, dnnl_stream_default_flags) == dnnl_success;
+    }
+    dnnl_exec_arg_t args[6];
+    int nargs = 0;
+    for (int i = 0; i < 6 && ok; i++)
+        if (mem[i]) args[nargs++] = (dnnl_exec_arg_t){argk[i], mem[i]};
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        if (pass == 1) {
+            /* rows down by one in each matrix: row i -> i + 1, the last -> 0 */
+            for (size_t m = 0; m < mats; m++) {
+                float *a = buf[0] + m * rows * k;
+                memcpy(row, a + (rows - 1) * k, k * sizeof(float));
+                memmove(a + k, a, (rows - 1) * k * sizeof(float));
+                memcpy(a, row, k * sizeof(float));
+            }
+            ok = dnnl_memory_set_data_handle(mem[2], buf[3]) == dnnl_success;
+        }
+        ok = ok && dnnl_primitive_execute(prim, strm, nargs, args) == dnnl_success &&
+             dnnl_stream_wait(strm) == dnnl_success;
+    }
+    if (ok) {
+        same = true;
+        for (size_t m = 0; m < mats && same; m++)
+            for (size_t i = 0; i < rows && same; i++)
+                same = memcmp(buf[2] + (m * rows + i) * n, buf[3] + (m * rows + (i + 1) % rows) * n,
+                              n * sizeof(float)) == 0;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+        tw_free(buf[i]);
+    }
+    if (prim) dnnl_primitive_destroy(prim);
+    if (strm) dnnl_stream_destroy(strm);
+    tw_free(row);
+    return same;
+}
+
+/* rows_independent(pd), remembered by shape in memo (may be NULL). */
+static bool gemm_kept(gemm_memo *memo, dnnl_engine_t eng, const_dnnl_primitive_desc_t pd, int lw,
+                      bool sum)
+{
+    const dnnl_memory_desc_t *s = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *d = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    if (!s || !d || s->ndims < 2) return false;
+    int nd = s->ndims;
+    dnnl_dim_t mats = nd == 3 ? s->dims[0] : 1, rows = s->dims[nd - 2], k = s->dims[nd - 1],
+               cols = d->dims[nd - 1];
+    for (int i = 0; memo && i < memo->n; i++)
+        if (memo->e[i].lw == lw && memo->e[i].sum == sum && memo->e[i].mats == mats &&
+            memo->e[i].rows == rows && memo->e[i].k == k && memo->e[i].cols == cols)
+            return memo->e[i].ok;
+    bool ok = rows_independent(eng, pd);
+    if (memo && memo->n < MEMO_MAX)
+        memo->e[memo->n++] = (gemm_shape){lw, sum, mats, rows, k, cols, ok};
+    return ok;
 }
 
 /* The Toeplitz matrix [kd][ks] and bias [kd] of conv c between layouts in4
@@ -489,7 +675,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
      * nChw16c / nChw8c like its input where the channels fill the blocks */
     dnnl_memory_desc_t out4 = dst_md;
     lowering lw = LOWER_NONE;
-    if (!in_any && p->mode == NUM_F32 && p->gemm != 0) {
+    if (!in_any && p->mode == NUM_F32 && (p->gemm != 0 || p->wino_own)) {
         if (!into && dst_md.format_kind == dnnl_format_kind_any) {
             const dnnl_blocking_desc_t *ib = &in->md.format_desc.blocking;
             int blk = ib->inner_nblks == 1 && ib->inner_idxs[0] == 1 ? (int)ib->inner_blks[0] : 0;
@@ -544,6 +730,11 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     dnnl_status_t s = dnnl_unimplemented;
     if (lw != LOWER_NONE) {
         s = lowered_pd(p, eng, c, lw, in, &out4, attr, &pd);
+        if (s == dnnl_success && !gemm_kept(p->memo, eng, pd, lw, into != NULL)) {
+            dnnl_primitive_desc_destroy(pd);
+            p->n_refused++;
+            s = dnnl_unimplemented;
+        }
         if (s != dnnl_success) lw = LOWER_NONE; /* none here: the convolution */
     }
     if (lw == LOWER_NONE) s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
@@ -563,11 +754,34 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     if (st != TW_OK) goto fail;
     p->layers[p->n_layers - 1].src_scale = src_scale;
     p->layers[p->n_layers - 1].relu = relu;
+    p->layers[p->n_layers - 1].sum = into != NULL;
     p->layers[p->n_layers - 1].w_scale = w_scale;
     p->layers[p->n_layers - 1].lower = lw;
     p->layers[p->n_layers - 1].in4 = in->md;
     p->layers[p->n_layers - 1].out4 = out4;
     const dnnl_memory_desc_t *wq, *bq, *dq;
+    if (lw == LOWER_WINO) {
+        /* U, the bias (kept by the output transform), the two Winograd
+         * domain buffers; U is made in activation buffer 0 (unused until
+         * the first batch), then reordered, as the dense matrix below */
+        if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK) return st;
+        size_t rows = tw_wino_stride(tw_wino_rows(n, in->h)), ub = dnnl_memory_desc_get_size(wq);
+        p->weight_bytes += alloc_size(ub) + alloc_size((size_t)c->cout * sizeof(float));
+        size_t vb = TW_WINO_POINTS * rows * (size_t)c->cin * sizeof(float);
+        size_t mb = TW_WINO_POINTS * rows * (size_t)c->cout * sizeof(float);
+        size_t plain = TW_WINO_POINTS * (size_t)c->cin * c->cout * sizeof(float);
+        if (vb > p->buf_bytes[BUF_WINO_V]) p->buf_bytes[BUF_WINO_V] = vb;
+        if (mb > p->buf_bytes[BUF_WINO_M]) p->buf_bytes[BUF_WINO_M] = mb;
+        if (plain > p->buf_bytes[0]) p->buf_bytes[0] = plain;
+        p->n_wino++;
+        out->md = out4;
+        out->buf = dst;
+        out->c = c->cout;
+        out->h = oh;
+        out->scale = dst_scale;
+        note_size(p, dst, &out->md);
+        return TW_OK;
+    }
     if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
         (st = query_md(pd, dnnl_query_weights_md, 1, &bq, err)) != TW_OK ||
         (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
@@ -681,14 +895,16 @@ static bool use_winograd(dnnl_engine_t eng)
     return true;
 }
 
-static tw_status plan_build(plan *p, const cpu_ctx *c, const tw_resnet *net, int tile, int batch,
+static tw_status plan_build(plan *p, cpu_ctx *c, const tw_resnet *net, int tile, int batch,
                             num_mode mode, const float *amax, tw_error *err)
 {
     dnnl_engine_t eng = c->eng;
     memset(p, 0, sizeof *p);
     p->mode = mode;
+    p->memo = &c->memo;
     p->wino = mode == NUM_F32 && c->wino;
     p->nhwc = mode == NUM_F32 && !p->wino && c->nhwc;
+    p->wino_own = p->nhwc && c->wino_own;
     p->gemm = mode == NUM_F32 ? c->gemm : 0;
     p->amax = amax;
     p->batch = batch;
@@ -798,7 +1014,8 @@ static void set_threads(const cpu_ctx *c)
 
 static void release(cpu_ctx *c)
 {
-    for (int i = 0; i < c->n_ops; i++) dnnl_primitive_destroy(c->ops[i].prim);
+    for (int i = 0; i < c->n_ops; i++)
+        if (c->ops[i].prim) dnnl_primitive_destroy(c->ops[i].prim);
     for (int i = 0; i < c->n_mems; i++) dnnl_memory_destroy(c->mems[i]);
     for (int i = 0; i < c->n_allocs; i++) tw_free(c->allocs[i]);
     tw_free(c->ops);
@@ -833,6 +1050,34 @@ static tw_status new_mem(cpu_ctx *c, const dnnl_memory_desc_t *md, void *handle,
     return TW_OK;
 }
 
+/* Reorder memory `from` (layout from_md) into `to` (to_md) now, scaling
+ * output channel o by oscale[o] when n_oscale > 0 (int8 weights). */
+static tw_status reorder_once(cpu_ctx *c, dnnl_memory_t from, const dnnl_memory_desc_t *from_md,
+                              dnnl_memory_t to, const dnnl_memory_desc_t *to_md,
+                              const float *oscale, int n_oscale, tw_error *err)
+{
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_primitive_attr_t attr;
+    attr_spec as = {
+        .n_oscale = n_oscale, .oscale_mask = 1 << 0, .oscale = oscale, .own_scratch = true};
+    tw_status st = make_attr(&as, &attr, err);
+    if (st != TW_OK) return st;
+    dnnl_status_t s =
+        dnnl_reorder_primitive_desc_create(&rpd, from_md, c->eng, to_md, c->eng, attr);
+    dnnl_primitive_attr_destroy(attr);
+    if (s == dnnl_success) s = dnnl_primitive_create(&r, rpd);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+        s = dnnl_primitive_execute(r, c->stream, 2, args);
+    }
+    if (s == dnnl_success) s = dnnl_stream_wait(c->stream);
+    if (r) dnnl_primitive_destroy(r);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (s != dnnl_success) return dnnl_fail(err, s, "weights reorder");
+    return TW_OK;
+}
+
 /* Reorder the folded OIHW weights of conv into the layout of its primitive
  * and keep them; the bias is copied as is. */
 static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, dnnl_memory_t *bm,
@@ -846,10 +1091,11 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
     dnnl_format_tag_t wtag = dnnl_oihw;
     const float *wsrc = cv0->w;
     if (l->lower != LOWER_NONE) {
+        /* [kd][ks] in memory: the matmul's [ks][kd] weights in layout ba */
         wnd = 2;
-        wtag = dnnl_ab;
-        wd[0] = l->lower == LOWER_ROWS ? cv0->cout : tile_elems(&l->out4);
-        wd[1] = l->lower == LOWER_ROWS ? cv0->cin : tile_elems(&l->in4);
+        wtag = dnnl_ba;
+        wd[1] = l->lower == LOWER_ROWS ? cv0->cout : tile_elems(&l->out4);
+        wd[0] = l->lower == LOWER_ROWS ? cv0->cin : tile_elems(&l->in4);
         if (l->lower == LOWER_DENSE) wsrc = c->buf[0]; /* filled below, sized by the plan */
     }
     const tw_conv *cv = l->conv;
@@ -881,29 +1127,88 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
     dnnl_memory_t um;
     /* the reorder only reads the source: the cast drops const for the C API */
     DNNL_TRY(dnnl_memory_create(&um, &umd, c->eng, (void *)wsrc), "weights memory");
-    dnnl_primitive_desc_t rpd = NULL;
-    dnnl_primitive_t r = NULL;
-    dnnl_primitive_attr_t attr;
-    attr_spec as = {.n_oscale = l->w_scale ? cv->cout : 0,
-                    .oscale_mask = 1 << 0,
-                    .oscale = l->w_scale,
-                    .own_scratch = true};
-    if ((st = make_attr(&as, &attr, err)) != TW_OK) {
-        dnnl_memory_destroy(um);
-        return st;
-    }
-    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&rpd, &umd, c->eng, wmd, c->eng, attr);
-    dnnl_primitive_attr_destroy(attr);
-    if (s == dnnl_success) s = dnnl_primitive_create(&r, rpd);
-    if (s == dnnl_success) {
-        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, um}, {DNNL_ARG_TO, *wm}};
-        s = dnnl_primitive_execute(r, c->stream, 2, args);
-    }
-    if (s == dnnl_success) s = dnnl_stream_wait(c->stream);
-    if (r) dnnl_primitive_destroy(r);
-    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    st = reorder_once(c, um, &umd, *wm, wmd, l->w_scale, l->w_scale ? cv->cout : 0, err);
     dnnl_memory_destroy(um);
-    if (s != dnnl_success) return dnnl_fail(err, s, "weights reorder");
+    return st;
+}
+
+/* The scratchpad argument of pd's primitive, when it has one. */
+static tw_status scratch_arg(cpu_ctx *c, const_dnnl_primitive_desc_t pd, op *o, tw_error *err)
+{
+    const dnnl_memory_desc_t *spmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (!spmd || dnnl_memory_desc_get_size(spmd) == 0) return TW_OK;
+    dnnl_memory_t spm;
+    tw_status st = new_mem(c, spmd, c->scratch, &spm, err);
+    if (st == TW_OK) o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, spm};
+    return st;
+}
+
+/* The three ops of LOWER_WINO layer l: V from the source activation, the
+ * matmul with U (made here: plain [36][Cin][Cout] in buffer 0, reordered
+ * into the layout the matmul chose), y from M with bias, sum and ReLU. */
+static tw_status build_wino(cpu_ctx *c, const layer *l, tw_resnet *consume, tw_error *err)
+{
+    const tw_conv *cv = l->conv;
+    if (!cv->w || !cv->b)
+        return tw_error_set(err, TW_ERR_NOMEM,
+                            "out of memory for the CPU weights (the model's own copy was "
+                            "already released: give the run a smaller tiling.batch)");
+    int n = (int)l->in4.dims[0], h = (int)l->in4.dims[2];
+    size_t stride = tw_wino_stride(tw_wino_rows(n, h));
+    const dnnl_memory_desc_t *vmd, *wmd, *mmd;
+    tw_status st;
+    if ((st = query_md(l->pd, dnnl_query_src_md, 0, &vmd, err)) != TW_OK ||
+        (st = query_md(l->pd, dnnl_query_weights_md, 0, &wmd, err)) != TW_OK ||
+        (st = query_md(l->pd, dnnl_query_dst_md, 0, &mmd, err)) != TW_OK)
+        return st;
+    float *bias = ws_alloc(c, (size_t)cv->cout * sizeof *bias);
+    void *w = ws_alloc(c, dnnl_memory_desc_get_size(wmd));
+    if (!bias || !w) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU weights");
+    memcpy(bias, cv->b, (size_t)cv->cout * sizeof *bias);
+    tw_wino_weights(cv->w, cv->cout, cv->cin, c->buf[0]);
+    dnnl_memory_t um, wm, vm, mm;
+    dnnl_memory_desc_t umd;
+    dnnl_dims_t ud = {TW_WINO_POINTS, cv->cin, cv->cout};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&umd, 3, ud, dnnl_f32, dnnl_abc), "U md");
+    if ((st = new_mem(c, &umd, c->buf[0], &um, err)) != TW_OK ||
+        (st = new_mem(c, wmd, w, &wm, err)) != TW_OK ||
+        (st = reorder_once(c, um, &umd, wm, wmd, NULL, 0, err)) != TW_OK)
+        return st;
+    if (consume) tw_resnet_release_conv(consume, cv);
+    if ((st = new_mem(c, vmd, c->buf[BUF_WINO_V], &vm, err)) != TW_OK ||
+        (st = new_mem(c, mmd, c->buf[BUF_WINO_M], &mm, err)) != TW_OK)
+        return st;
+
+    op *in = &c->ops[c->n_ops++];
+    *in = (op){.kind = OP_WINO_IN,
+               .from = c->buf[l->src],
+               .to = c->buf[BUF_WINO_V],
+               .n = n,
+               .stride = stride,
+               .h = h,
+               .ch = cv->cin};
+    op *mul = &c->ops[c->n_ops];
+    DNNL_TRY(dnnl_primitive_create(&mul->prim, l->pd), "primitive create");
+    c->n_ops++;
+    mul->args[mul->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, vm};
+    mul->args[mul->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, wm};
+    mul->args[mul->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, mm};
+    if ((st = scratch_arg(c, l->pd, mul, err)) != TW_OK) return st;
+    op *out = &c->ops[c->n_ops++];
+    *out = (op){.kind = OP_WINO_OUT,
+                .from = c->buf[BUF_WINO_M],
+                .to = c->buf[l->dst],
+                .bias = bias,
+                .n = n,
+                .stride = stride,
+                .h = h,
+                .ch = cv->cout,
+                .sum = l->sum,
+                .relu = l->relu,
+                .conv = true,
+                .levels = l->relu ? 255 : 127,
+                .dst = c->buf[l->dst],
+                .dst_floats = (size_t)n * h * h * cv->cout};
     return TW_OK;
 }
 
@@ -914,7 +1219,8 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
 static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, const plan *p,
                        tw_error *err)
 {
-    c->ops = tw_calloc(TW_MEM_OTHER, (size_t)p->n_layers, sizeof *c->ops);
+    /* a LOWER_WINO layer is three ops: transform, matmul, transform */
+    c->ops = tw_calloc(TW_MEM_OTHER, (size_t)p->n_layers * 3, sizeof *c->ops);
     c->stats.winograd_convs = 0;
     c->cap_mems = p->n_layers * 6 + 4;
     c->mems = tw_calloc(TW_MEM_OTHER, (size_t)c->cap_mems, sizeof *c->mems);
@@ -942,6 +1248,10 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
     tw_status st;
     for (int i = 0; i < p->n_layers; i++) {
         const layer *l = &p->layers[i];
+        if (l->lower == LOWER_WINO) {
+            if ((st = build_wino(c, l, consume, err)) != TW_OK) return st;
+            continue;
+        }
         op *o = &c->ops[c->n_ops];
         DNNL_TRY(dnnl_primitive_create(&o->prim, l->pd), "primitive create");
         c->n_ops++;
@@ -974,18 +1284,13 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
             o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, wm};
             o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
         }
-        const dnnl_memory_desc_t *spmd =
-            dnnl_primitive_desc_query_md(l->pd, dnnl_query_scratchpad_md, 0);
-        if (spmd && dnnl_memory_desc_get_size(spmd) > 0) {
-            dnnl_memory_t spm;
-            st = new_mem(c, spmd, c->scratch, &spm, err);
-            if (st != TW_OK) return st;
-            o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, spm};
-        }
+        if ((st = scratch_arg(c, l->pd, o, err)) != TW_OK) return st;
     }
     if (!c->in_mem) return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: no input layer");
-    if (p->n_gemm && c->buf[0]) memset(c->buf[0], 0, p->buf_bytes[0]); /* held matrices */
+    /* buffer 0 held the dense matrices or U: zero again */
+    if ((p->n_gemm || p->n_wino) && c->buf[0]) memset(c->buf[0], 0, p->buf_bytes[0]);
     c->stats.gemm_convs = p->n_gemm;
+    c->stats.winograd_convs += p->n_wino;
     return TW_OK;
 nomem:
     return tw_error_set(err, TW_ERR_NOMEM, "out of memory for the CPU backend workspace");
@@ -1060,7 +1365,7 @@ static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume
     plan p;
     tw_status st = plan_build(&p, c, net, tile, batch, mode, amax, err);
     if (st == TW_OK) st = build(c, net, consume, &p, err);
-    int n_conv = p.n_conv;
+    int n_conv = p.n_conv, n_refused = p.n_refused;
     plan_free(&p);
     if (st != TW_OK) {
         release(c);
@@ -1068,6 +1373,8 @@ static tw_status build_mode(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume
     }
     c->mode = mode;
     c->n_conv = n_conv;
+    c->n_refused = n_refused;
+    c->stats.lowerings_refused = n_refused;
     c->reserved = true;
     return TW_OK;
 }
@@ -1164,10 +1471,14 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     c->feat_dim = net->feat_dim;
     c->n_classes = net->n_classes;
     snprintf(c->stats.algorithms, sizeof c->stats.algorithms,
-             "%d of %d convolutions Winograd F(4,3), %d one inner product (GEMM), the rest "
-             "oneDNN's direct kernels%s",
-             c->stats.winograd_convs, c->n_conv, c->stats.gemm_convs,
-             c->mode == NUM_F32 && !c->wino && c->nhwc ? " (nhwc)" : "");
+             "%d of %d convolutions Winograd F(4,3)%s, %d one inner product (GEMM), the rest "
+             "oneDNN's direct kernels%s; %d lowerings refused (tile place-dependent)",
+             c->stats.winograd_convs, c->n_conv,
+             c->stats.winograd_convs == 0 ? ""
+             : c->wino                    ? " (oneDNN's kernel)"
+                                          : " (model/winograd.c around a oneDNN matmul)",
+             c->stats.gemm_convs, c->mode == NUM_F32 && !c->wino && c->nhwc ? " (nhwc)" : "",
+             c->n_refused);
     c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
                          : mode == NUM_INT8 ? TW_PREC_INT8
                                             : TW_PREC_FP32;
@@ -1234,8 +1545,17 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
     tw_status st = set_input(c, b, err);
     if (st != TW_OK) return st;
     for (int i = 0, k = 0; i < c->n_ops; i++) {
-        DNNL_TRY(dnnl_primitive_execute(c->ops[i].prim, c->stream, c->ops[i].nargs, c->ops[i].args),
-                 "execute");
+        const op *o = &c->ops[i];
+        if (o->kind == OP_PRIM) {
+            DNNL_TRY(dnnl_primitive_execute(o->prim, c->stream, o->nargs, o->args), "execute");
+        } else {
+            DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
+            if (o->kind == OP_WINO_IN)
+                tw_wino_input(o->from, o->n, o->h, o->ch, o->stride, o->to);
+            else
+                tw_wino_output(o->from, o->n, o->h, o->ch, o->stride, o->bias, o->sum, o->relu,
+                               o->to);
+        }
         if (amax && c->ops[i].conv) {
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
             amax[++k] = choose_range(c->ops[i].dst, c->ops[i].dst_floats, c->ops[i].levels);
@@ -1313,8 +1633,14 @@ enum { CPU_LAST_STAGE_PIXELS = 128, CPU_MAX_BATCH = 64 };
 
 static int cpu_auto_batch(void *ctx, int tile)
 {
-    (void)ctx;
+    const cpu_ctx *c = ctx;
     long side = (tile + 31) / 32, b = 1;
+    /* Without oneDNN's AVX-512 kernels (the nhwc plans, model/winograd.c)
+     * the last stage's 3x3 convs on maps of 2x2 or less are one GEMM with
+     * a row per tile (LOWER_DENSE), too thin at 32 rows: batches of 64 ran
+     * ResNet-18 12 % and ResNet-50 5 % faster at 64 px (AVX2, 2 threads,
+     * bench/RESULTS.md) for 15-26 MiB more workspace */
+    if (c->wino_own && c->nhwc && side <= 2) return CPU_MAX_BATCH;
     while (b < CPU_MAX_BATCH && b * side * side < CPU_LAST_STAGE_PIXELS) b *= 2;
     return (int)b;
 }
@@ -1397,7 +1723,9 @@ tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out
         cpu_destroy(c);
         return dnnl_fail(err, s, "CPU engine/stream create");
     }
-    c->wino = params->cpu_winograd && use_winograd(c->eng);
+    c->wino = params->cpu_winograd == TW_CPU_WINOGRAD_AUTO && use_winograd(c->eng);
+    c->wino_own = params->cpu_winograd == TW_CPU_WINOGRAD_OWN ||
+                  (params->cpu_winograd == TW_CPU_WINOGRAD_AUTO && !c->wino);
     /* nhwc where oneDNN has no AVX-512 kernels: its AVX2 kernels run it as
      * fast as nChw8c, and it lets the last stage's 1x1 convs run as GEMMs
      * (LOWER_ROWS; bench/RESULTS.md, issue 20) */

@@ -195,6 +195,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         tw_json_int(&j, "batch_halvings", r->backend_stats.batch_halvings);
         tw_json_str(&j, "precision", tw_precision_name(r->backend_stats.precision));
         tw_json_int(&j, "winograd_convs", r->backend_stats.winograd_convs);
+        tw_json_int(&j, "lowerings_refused", r->backend_stats.lowerings_refused);
         tw_json_int(&j, "unfused_convs", r->backend_stats.unfused_convs);
         tw_json_str(&j, "device", r->backend_stats.device);
         tw_json_str(&j, "library", r->backend_stats.library);

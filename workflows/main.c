@@ -469,6 +469,7 @@ static void env_knobs(tilewise_run_options *o)
     if (v && strcmp(v, "0") == 0) o->tiff_direct = 0;
     v = getenv("TILEWISE_CPU_WINOGRAD");
     if (v && strcmp(v, "0") == 0) o->cpu_winograd = 0;
+    if (v && strcmp(v, "own") == 0) o->cpu_winograd = 2;
     v = getenv("TILEWISE_CPU_GEMM"); /* 0 never, 1 wherever it applies (model/backend.h) */
     if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) o->cpu_gemm = atoi(v);
     v = getenv("TILEWISE_CPU_NHWC");
