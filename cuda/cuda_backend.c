@@ -9,6 +9,10 @@
  * once, in reserve), that layer runs cudnnConvolutionForward plus our own
  * epilogue kernel instead.
  *
+ * The graph (the order of the layers, their shapes, which of the three
+ * activation buffers each reads, adds and writes) is tw_resnet_walk's
+ * (model/resnet.h), as in the CPU backend and the reference.
+ *
  * Memory: reserve() computes every buffer's size, allocates ONE device arena
  * (weights, three activation buffers, the input, two raw-pixel slots, outputs,
  * conv workspace) and never allocates again. On an allocation failure it
@@ -79,7 +83,9 @@ typedef struct cuda_layer {
     int cin; /* input channels on the device (stem: padded) */
     int in_h, in_w, out_h, out_w;
     bool relu;
-    bool fused; /* run with cudnnConvolutionBiasActivationForward */
+    int buf_src, buf_dst, buf_add; /* activation buffers (tw_resnet_op.buf_*): -1 for the
+                                      input (x_dev) and for no shortcut */
+    bool fused;                    /* run with cudnnConvolutionBiasActivationForward */
     cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
     cudnnFilterDescriptor_t w_desc;
     cudnnConvolutionDescriptor_t conv_desc;
@@ -123,7 +129,8 @@ typedef struct cuda_ctx {
     cuda_layer *layers;
     int n_layers;
     int pool_h, pool_w, final_h, final_w;
-    size_t max_act; /* largest activation of one tile, elements */
+    int pool_after, pool_src, pool_dst, final_buf; /* net_shape's */
+    size_t max_act;                                /* largest activation of one tile, elements */
     void *arena;
     size_t arena_bytes;
     void *act[3], *x_dev, *raw_dev[CHUNKS], *ws;
@@ -173,29 +180,17 @@ static size_t align_up(size_t v)
     return (v + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
 }
 
-static int conv_out(int in, const tw_conv *c)
-{
-    return (in + 2 * c->pad - c->k) / c->stride + 1;
-}
-
-/* torchvision's maxpool 3x3, stride 2, padding 1 */
-static int pool_out(int in)
-{
-    return (in + 2 - 3) / 2 + 1;
-}
-
 static int round_up_int(int v, int m)
 {
     return (v + m - 1) / m * m;
 }
 
-typedef void (*visit_fn)(void *user, int index, const tw_conv *conv, const char *name, int cin,
-                         int in_h, int in_w, int out_h, int out_w, bool relu);
-
 typedef struct net_shape {
     int n_layers;
-    int stem_h, stem_w, pool_h, pool_w, final_h, final_w;
-    size_t max_act; /* elements per tile */
+    int pool_after; /* conv layers before the max pool (the stem) */
+    int pool_h, pool_w, final_h, final_w;
+    int pool_src, pool_dst, final_buf; /* activation buffers (tw_resnet_op.buf_*) */
+    size_t max_act;                    /* elements per tile */
 } net_shape;
 
 static void bump_act(net_shape *s, int c, int h, int w)
@@ -204,77 +199,57 @@ static void bump_act(net_shape *s, int c, int h, int w)
     if (e > s->max_act) s->max_act = e;
 }
 
-/* Visit every convolution in forward order (stem; per block c1, c2, [c3],
- * [downsample]) and compute the shapes. visit may be NULL. forward() walks
- * the layers in this same order. */
-static void walk_net(const tw_resnet *net, int tile, int cin_pad, visit_fn visit, void *user,
-                     net_shape *s)
-{
-    memset(s, 0, sizeof *s);
-    char name[48];
-    int idx = 0;
-    int h = conv_out(tile, &net->stem), w = conv_out(tile, &net->stem);
-    if (visit) visit(user, idx, &net->stem, "conv1", cin_pad, tile, tile, h, w, true);
-    idx++;
-    s->stem_h = h;
-    s->stem_w = w;
-    bump_act(s, net->stem.cout, h, w);
-    h = pool_out(h);
-    w = pool_out(w);
-    s->pool_h = h;
-    s->pool_w = w;
-    bump_act(s, net->stem.cout, h, w);
-    int stage = 0, in_stage = 0;
-    for (int bi = 0; bi < net->n_blocks; bi++) {
-        while (stage < 3 && in_stage >= net->stage_blocks[stage]) {
-            stage++;
-            in_stage = 0;
-        }
-        const tw_block *b = &net->blocks[bi];
-        const tw_conv *main_path[3] = {&b->c1, &b->c2, net->bottleneck ? &b->c3 : NULL};
-        int ch = h, cw = w;
-        for (int k = 0; k < 3 && main_path[k]; k++) {
-            const tw_conv *c = main_path[k];
-            int oh = conv_out(ch, c), ow = conv_out(cw, c);
-            snprintf(name, sizeof name, "layer%d.%d.conv%d", stage + 1, in_stage, k + 1);
-            if (visit) visit(user, idx, c, name, c->cin, ch, cw, oh, ow, true);
-            idx++;
-            bump_act(s, c->cout, oh, ow);
-            ch = oh;
-            cw = ow;
-        }
-        if (b->has_down) {
-            int oh = conv_out(h, &b->down), ow = conv_out(w, &b->down);
-            snprintf(name, sizeof name, "layer%d.%d.downsample.0", stage + 1, in_stage);
-            if (visit) visit(user, idx, &b->down, name, b->down.cin, h, w, oh, ow, false);
-            idx++;
-            bump_act(s, b->down.cout, oh, ow);
-        }
-        h = ch;
-        w = cw;
-        in_stage++;
-    }
-    s->n_layers = idx;
-    s->final_h = h;
-    s->final_w = w;
-}
-
 static size_t layer_weight_bytes(const tw_conv *c, int cin, size_t esize)
 {
     return align_up((size_t)c->cout * (size_t)c->k * (size_t)c->k * (size_t)cin * esize) +
            align_up((size_t)c->cout * esize);
 }
 
-typedef struct weight_sum {
-    size_t esize, bytes;
-} weight_sum;
+/* What the device needs from the walk (tw_resnet_walk): the shapes, the
+ * bytes of the weights and, when layers is given, every conv as a layer in
+ * walk order (forward() runs them in that order). */
+typedef struct shape_walk {
+    int cin_pad; /* the stem's input channels on the device */
+    size_t esize;
+    cuda_layer *layers; /* NULL: count and measure only */
+    net_shape s;
+    size_t weight_bytes;
+} shape_walk;
 
-static void visit_weight_bytes(void *user, int index, const tw_conv *conv, const char *name,
-                               int cin, int in_h, int in_w, int out_h, int out_w, bool relu)
+static tw_status shape_op(void *user, const tw_resnet_op *op, tw_error *err)
 {
-    (void)index, (void)name, (void)in_h, (void)in_w, (void)out_h, (void)out_w, (void)relu;
-    weight_sum *ws = user;
-    ws->bytes += layer_weight_bytes(conv, cin, ws->esize);
+    (void)err;
+    shape_walk *w = user;
+    net_shape *s = &w->s;
+    if (op->kind == TW_RESNET_OP_MAXPOOL) {
+        s->pool_after = s->n_layers;
+        s->pool_h = s->pool_w = op->h_out;
+        s->pool_src = op->buf_src;
+        s->pool_dst = op->buf_dst;
+        bump_act(s, op->c_out, op->h_out, op->h_out);
+    }
+    if (op->kind == TW_RESNET_OP_AVGPOOL) {
+        s->final_h = s->final_w = op->h_in;
+        s->final_buf = op->buf_src;
+    }
+    if (!op->conv) return TW_OK;
+    int cin = op->kind == TW_RESNET_OP_STEM ? w->cin_pad : op->c_in;
+    bump_act(s, op->c_out, op->h_out, op->h_out);
+    w->weight_bytes += layer_weight_bytes(op->conv, cin, w->esize);
+    if (w->layers) {
+        cuda_layer *L = &w->layers[s->n_layers];
+        snprintf(L->name, sizeof L->name, "%s", op->name);
+        L->conv = op->conv;
+        L->cin = cin;
+        L->in_h = L->in_w = op->h_in;
+        L->out_h = L->out_w = op->h_out;
+        L->relu = op->relu;
+        L->buf_src = op->buf_src;
+        L->buf_dst = op->buf_dst;
+        L->buf_add = op->buf_add;
+    }
+    s->n_layers++;
+    return TW_OK;
 }
 
 /* Byte sizes of the arena's regions for one (batch, chunk) choice. */
@@ -298,11 +273,11 @@ static arena_plan plan_arena(const tw_resnet *net, int tile, int max_batch, int 
     arena_plan p;
     memset(&p, 0, sizeof p);
     int cin_pad = round_up_int(net->in_bands, CIN_ALIGN);
-    net_shape s;
-    weight_sum wsum = {esize, 0};
-    walk_net(net, tile, cin_pad, visit_weight_bytes, &wsum, &s);
+    shape_walk w = {.cin_pad = cin_pad, .esize = esize};
+    (void)tw_resnet_walk(net, tile, shape_op, &w, NULL); /* shape_op cannot fail */
+    const net_shape s = w.s;
     size_t hw = (size_t)tile * (size_t)tile;
-    p.weights = wsum.bytes;
+    p.weights = w.weight_bytes;
     p.fc_w = align_up((size_t)net->n_classes * (size_t)net->feat_dim * sizeof(float));
     p.fc_b = align_up((size_t)net->n_classes * sizeof(float));
     p.act = align_up(s.max_act * (size_t)chunk * esize);
@@ -338,25 +313,6 @@ static void release_reservation(cuda_ctx *ctx)
     ctx->n_layers = 0;
     ctx->reserved = false;
     ctx->net = NULL;
-}
-
-typedef struct layer_builder {
-    cuda_ctx *ctx;
-} layer_builder;
-
-static void visit_fill_layer(void *user, int index, const tw_conv *conv, const char *name, int cin,
-                             int in_h, int in_w, int out_h, int out_w, bool relu)
-{
-    cuda_ctx *ctx = ((layer_builder *)user)->ctx;
-    cuda_layer *L = &ctx->layers[index];
-    snprintf(L->name, sizeof L->name, "%s", name);
-    L->conv = conv;
-    L->cin = cin;
-    L->in_h = in_h;
-    L->in_w = in_w;
-    L->out_h = out_h;
-    L->out_w = out_w;
-    L->relu = relu;
 }
 
 static tw_status create_layer_descriptors(cuda_ctx *ctx, tw_error *err)
@@ -542,59 +498,25 @@ static tw_status run_conv(cuda_ctx *ctx, cuda_layer *L, const void *x, const voi
     return TW_OK;
 }
 
-static int other_buffer(int a, int b)
-{
-    for (int i = 0; i < 3; i++)
-        if (i != a && i != b) return i;
-    return -1; /* unreachable: three buffers, at most two excluded */
-}
-
 /* The network from ctx->x_dev (n_pad tiles, NHWC) to the features of the
  * last stage; returns (in *out_buf) the activation buffer holding them.
- * Three buffers suffice: a block needs its input (or shortcut), one
- * intermediate and its output at any time. */
+ * Each layer reads, adds and writes the buffers the walk gave it (three
+ * suffice: tw_resnet_op.buf_*); the max pool runs after the stem. */
 static tw_status run_network(cuda_ctx *ctx, int n_pad, int *out_buf, tw_error *err)
 {
-    const tw_resnet *net = ctx->net;
     const float one = 1.0f, zero = 0.0f;
-    tw_status st = run_conv(ctx, &ctx->layers[0], ctx->x_dev, NULL, ctx->act[0], n_pad, err);
-    if (st != TW_OK) return st;
-    TW_CUDNN_CHECK(cudnnPoolingForward(ctx->cudnn, ctx->pool_desc, &one, ctx->pool_in_desc,
-                                       ctx->act[0], &zero, ctx->pool_out_desc, ctx->act[1]));
-    int cur = 1, l = 1;
-    for (int bi = 0; bi < net->n_blocks; bi++) {
-        const tw_block *b = &net->blocks[bi];
-        cuda_layer *c1 = &ctx->layers[l++];
-        cuda_layer *c2 = &ctx->layers[l++];
-        cuda_layer *c3 = net->bottleneck ? &ctx->layers[l++] : NULL;
-        cuda_layer *down = b->has_down ? &ctx->layers[l++] : NULL;
-        int t1 = other_buffer(cur, -1);
-        if ((st = run_conv(ctx, c1, ctx->act[cur], NULL, ctx->act[t1], n_pad, err)) != TW_OK)
-            return st;
-        int last_in = t1;
-        cuda_layer *last = c2;
-        if (c3) {
-            int t2 = other_buffer(cur, t1);
-            if ((st = run_conv(ctx, c2, ctx->act[t1], NULL, ctx->act[t2], n_pad, err)) != TW_OK)
-                return st;
-            last_in = t2;
-            last = c3;
-        }
-        int sc = cur;
-        if (down) {
-            /* The block input is dead after this conv, so its buffer is free
-             * for the shortcut or the output. */
-            sc = other_buffer(cur, last_in);
-            if ((st = run_conv(ctx, down, ctx->act[cur], NULL, ctx->act[sc], n_pad, err)) != TW_OK)
-                return st;
-        }
-        int out = other_buffer(last_in, sc);
-        if ((st = run_conv(ctx, last, ctx->act[last_in], ctx->act[sc], ctx->act[out], n_pad,
-                           err)) != TW_OK)
-            return st;
-        cur = out;
+    for (int i = 0; i < ctx->n_layers; i++) {
+        cuda_layer *L = &ctx->layers[i];
+        const void *x = L->buf_src >= 0 ? ctx->act[L->buf_src] : ctx->x_dev;
+        const void *z = L->buf_add >= 0 ? ctx->act[L->buf_add] : NULL;
+        tw_status st = run_conv(ctx, L, x, z, ctx->act[L->buf_dst], n_pad, err);
+        if (st != TW_OK) return st;
+        if (i + 1 == ctx->pool_after)
+            TW_CUDNN_CHECK(cudnnPoolingForward(ctx->cudnn, ctx->pool_desc, &one, ctx->pool_in_desc,
+                                               ctx->act[ctx->pool_src], &zero, ctx->pool_out_desc,
+                                               ctx->act[ctx->pool_dst]));
     }
-    *out_buf = cur;
+    *out_buf = ctx->final_buf;
     return TW_OK;
 }
 
@@ -835,16 +757,22 @@ static tw_status cuda_reserve(void *vctx, tw_resnet *net, int tile, int batch, t
     ctx->net = net;
     ctx->tile = tile;
     ctx->cin_pad = round_up_int(net->in_bands, CIN_ALIGN);
-    net_shape s;
-    walk_net(net, tile, ctx->cin_pad, NULL, NULL, &s);
-    ctx->layers = tw_calloc(TW_MEM_OTHER, (size_t)s.n_layers, sizeof *ctx->layers);
+    shape_walk w = {.cin_pad = ctx->cin_pad, .esize = ctx->esize};
+    (void)tw_resnet_walk(net, tile, shape_op, &w, NULL); /* count the layers */
+    ctx->layers = tw_calloc(TW_MEM_OTHER, (size_t)w.s.n_layers, sizeof *ctx->layers);
     if (!ctx->layers) {
         ctx->net = NULL;
-        return tw_error_set(err, TW_ERR_NOMEM, "cuda backend: no memory for %d layers", s.n_layers);
+        return tw_error_set(err, TW_ERR_NOMEM, "cuda backend: no memory for %d layers",
+                            w.s.n_layers);
     }
-    ctx->n_layers = s.n_layers;
-    layer_builder lb = {ctx};
-    walk_net(net, tile, ctx->cin_pad, visit_fill_layer, &lb, &s);
+    ctx->n_layers = w.s.n_layers;
+    w = (shape_walk){.cin_pad = ctx->cin_pad, .esize = ctx->esize, .layers = ctx->layers};
+    (void)tw_resnet_walk(net, tile, shape_op, &w, NULL); /* shape_op cannot fail */
+    const net_shape s = w.s;
+    ctx->pool_after = s.pool_after;
+    ctx->pool_src = s.pool_src;
+    ctx->pool_dst = s.pool_dst;
+    ctx->final_buf = s.final_buf;
     ctx->pool_h = s.pool_h;
     ctx->pool_w = s.pool_w;
     ctx->final_h = s.final_h;

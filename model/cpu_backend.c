@@ -895,10 +895,110 @@ static bool use_winograd(dnnl_engine_t eng)
     return true;
 }
 
+/* plan_build's walk (tw_resnet_walk): the activations by value, and the
+ * activation buffers a block's values hold so far. */
+typedef struct plan_walk {
+    plan *p;
+    dnnl_engine_t eng;
+    act v[TW_RESNET_VAL_COUNT];
+    unsigned busy;
+} plan_walk;
+
+static tw_status plan_op(void *user, const tw_resnet_op *op, tw_error *err)
+{
+    plan_walk *w = user;
+    plan *p = w->p;
+    dnnl_engine_t eng = w->eng;
+    int batch = p->batch;
+    act *x = &w->v[op->dst];
+    tw_status st;
+    switch (op->kind) {
+    case TW_RESNET_OP_STEM: {
+        st = plan_conv(p, eng, op->conv, &w->v[op->src], true, NULL, 0, op->relu, x, err);
+        if (st != TW_OK) return st;
+        /* the stem chose its input layout; convert the caller's NCHW when it differs */
+        layer *stem = &p->layers[p->n_layers - 1];
+        const dnnl_memory_desc_t *want;
+        if ((st = query_md(stem->pd, dnnl_query_src_md, 0, &want, err)) != TW_OK) return st;
+        if (!dnnl_memory_desc_equal(want, &p->in_md)) {
+            /* (in int8 this reorder also quantizes, by the stem's source scale) */
+            float in_scale = stem->src_scale;
+            stem->src = BUF_IN_BLK;
+            /* the reorder runs first: swap it in front of the stem */
+            st = plan_reorder(p, eng, &p->in_md, BUF_IN_USER, want, BUF_IN_BLK, in_scale, err);
+            if (st != TW_OK) return st;
+            layer t = p->layers[p->n_layers - 1];
+            p->layers[p->n_layers - 1] = p->layers[p->n_layers - 2];
+            p->layers[p->n_layers - 2] = t;
+        }
+        return TW_OK;
+    }
+    case TW_RESNET_OP_MAXPOOL:
+        st = plan_pool(p, eng, &w->v[op->src], false, 1, x, err);
+        if (st != TW_OK) return st;
+        if (p->nhwc && !is_nhwc(&x->md)) {
+            /* the stem has no nhwc kernel for a few input bands (oneDNN would
+             * run its reference code): it writes its blocked layout, and the
+             * pooled map is reordered once (counted in bench/RESULTS.md) */
+            dnnl_memory_desc_t nhwc;
+            dnnl_dims_t xd = {batch, x->c, x->h, x->h};
+            DNNL_TRY(dnnl_memory_desc_init_by_tag(&nhwc, 4, xd, dnnl_f32, dnnl_nhwc), "nhwc md");
+            st = plan_reorder(p, eng, &x->md, x->buf, &nhwc, 0, 1.0f, err);
+            if (st != TW_OK) return st;
+            x->md = nhwc;
+            x->buf = 0;
+        }
+        w->busy = 1u << x->buf; /* the first block's input */
+        return TW_OK;
+    case TW_RESNET_OP_SHORTCUT:
+    case TW_RESNET_OP_CONV:
+        st = plan_conv(p, eng, op->conv, &w->v[op->src], false, NULL, free_buf(w->busy), op->relu,
+                       x, err);
+        if (st != TW_OK) return st;
+        w->busy |= 1u << x->buf;
+        return TW_OK;
+    case TW_RESNET_OP_RESIDUAL: {
+        /* the sum post-op adds into the shortcut's storage: the block's output */
+        act into = w->v[op->add];
+        st = plan_conv(p, eng, op->conv, &w->v[op->src], false, &into, 0, op->relu, x, err);
+        if (st != TW_OK) return st;
+        w->busy = 1u << x->buf; /* the next block's input */
+        return TW_OK;
+    }
+    case TW_RESNET_OP_AVGPOOL: {
+        act in = w->v[op->src];
+        if (p->mode == NUM_INT8) {
+            /* average in fp32: dequantize the last activation first (channels
+             * last, which oneDNN's pooling handles without its reference code) */
+            dnnl_memory_desc_t deq;
+            dnnl_dims_t xd = {batch, in.c, in.h, in.h};
+            DNNL_TRY(dnnl_memory_desc_init_by_tag(&deq, 4, xd, dnnl_f32, dnnl_nhwc), "deq md");
+            st = plan_reorder(p, eng, &in.md, in.buf, &deq, BUF_DEQ, 1.0f / in.scale, err);
+            if (st != TW_OK) return st;
+            in.md = deq;
+            in.buf = BUF_DEQ;
+        }
+        /* global average pool in the blocked layout (a plain-layout destination
+         * would send oneDNN to its slow reference pooling), then a small reorder
+         * brings the features back as plain fp32 [n][C] (nchw with 1x1) */
+        act pooled;
+        st =
+            plan_pool(p, eng, &in, true, free_buf(in.buf < N_ACT ? 1u << in.buf : 0), &pooled, err);
+        if (st != TW_OK) return st;
+        dnnl_memory_desc_t feat_md;
+        dnnl_dims_t fdims = {batch, pooled.c, 1, 1};
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&feat_md, 4, fdims, dnnl_f32, dnnl_nchw), "feat md");
+        return plan_reorder(p, eng, &pooled.md, pooled.buf, &feat_md, BUF_FEAT, 1.0f, err);
+    }
+    case TW_RESNET_OP_FC:
+        return TW_OK; /* the head runs on the host after the plan (tw_resnet_head) */
+    }
+    return TW_OK;
+}
+
 static tw_status plan_build(plan *p, cpu_ctx *c, const tw_resnet *net, int tile, int batch,
                             num_mode mode, const float *amax, tw_error *err)
 {
-    dnnl_engine_t eng = c->eng;
     memset(p, 0, sizeof *p);
     p->mode = mode;
     p->memo = &c->memo;
@@ -910,86 +1010,14 @@ static tw_status plan_build(plan *p, cpu_ctx *c, const tw_resnet *net, int tile,
     p->batch = batch;
     p->tile = tile;
     p->feat_dim = net->feat_dim;
-    tw_status st;
     dnnl_dims_t id = {batch, net->in_bands, tile, tile};
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&p->in_md, 4, id, dnnl_f32, dnnl_nchw), "input md");
     p->buf_bytes[BUF_IN_USER] = dnnl_memory_desc_get_size(&p->in_md);
 
-    act in = {.md = p->in_md, .buf = BUF_IN_USER, .c = net->in_bands, .h = tile, .scale = 1}, x, y;
-    st = plan_conv(p, eng, &net->stem, &in, true, NULL, 0, true, &y, err);
-    if (st != TW_OK) return st;
-    /* the stem chose its input layout; convert the caller's NCHW when it differs */
-    layer *stem = &p->layers[p->n_layers - 1];
-    const dnnl_memory_desc_t *want;
-    if ((st = query_md(stem->pd, dnnl_query_src_md, 0, &want, err)) != TW_OK) return st;
-    if (!dnnl_memory_desc_equal(want, &p->in_md)) {
-        /* (in int8 this reorder also quantizes, by the stem's source scale) */
-        float in_scale = stem->src_scale;
-        stem->src = BUF_IN_BLK;
-        /* the reorder runs first: swap it in front of the stem */
-        st = plan_reorder(p, eng, &p->in_md, BUF_IN_USER, want, BUF_IN_BLK, in_scale, err);
-        if (st != TW_OK) return st;
-        layer t = p->layers[p->n_layers - 1];
-        p->layers[p->n_layers - 1] = p->layers[p->n_layers - 2];
-        p->layers[p->n_layers - 2] = t;
-    }
-    st = plan_pool(p, eng, &y, false, 1, &x, err);
-    if (st != TW_OK) return st;
-    if (p->nhwc && !is_nhwc(&x.md)) {
-        /* the stem has no nhwc kernel for a few input bands (oneDNN would
-         * run its reference code): it writes its blocked layout, and the
-         * pooled map is reordered once (counted in bench/RESULTS.md) */
-        dnnl_memory_desc_t nhwc;
-        dnnl_dims_t xd = {batch, x.c, x.h, x.h};
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&nhwc, 4, xd, dnnl_f32, dnnl_nhwc), "nhwc md");
-        st = plan_reorder(p, eng, &x.md, x.buf, &nhwc, 0, 1.0f, err);
-        if (st != TW_OK) return st;
-        x.md = nhwc;
-        x.buf = 0;
-    }
-
-    for (int bi = 0; bi < net->n_blocks; bi++) {
-        const tw_block *b = &net->blocks[bi];
-        unsigned busy = 1u << x.buf;
-        act sc = x, t1, t2;
-        if (b->has_down) {
-            st = plan_conv(p, eng, &b->down, &x, false, NULL, free_buf(busy), false, &sc, err);
-            if (st != TW_OK) return st;
-            busy |= 1u << sc.buf;
-        }
-        st = plan_conv(p, eng, &b->c1, &x, false, NULL, free_buf(busy), true, &t1, err);
-        if (st != TW_OK) return st;
-        busy |= 1u << t1.buf;
-        if (net->bottleneck) {
-            st = plan_conv(p, eng, &b->c2, &t1, false, NULL, free_buf(busy), true, &t2, err);
-            if (st != TW_OK) return st;
-            st = plan_conv(p, eng, &b->c3, &t2, false, &sc, 0, true, &x, err);
-        } else {
-            st = plan_conv(p, eng, &b->c2, &t1, false, &sc, 0, true, &x, err);
-        }
-        if (st != TW_OK) return st;
-    }
-    if (mode == NUM_INT8) {
-        /* average in fp32: dequantize the last activation first (channels
-         * last, which oneDNN's pooling handles without its reference code) */
-        dnnl_memory_desc_t deq;
-        dnnl_dims_t xd = {batch, x.c, x.h, x.h};
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&deq, 4, xd, dnnl_f32, dnnl_nhwc), "deq md");
-        st = plan_reorder(p, eng, &x.md, x.buf, &deq, BUF_DEQ, 1.0f / x.scale, err);
-        if (st != TW_OK) return st;
-        x.md = deq;
-        x.buf = BUF_DEQ;
-    }
-    /* global average pool in the blocked layout (a plain-layout destination
-     * would send oneDNN to its slow reference pooling), then a small reorder
-     * brings the features back as plain fp32 [n][C] (nchw with 1x1) */
-    act pooled;
-    st = plan_pool(p, eng, &x, true, free_buf(x.buf < N_ACT ? 1u << x.buf : 0), &pooled, err);
-    if (st != TW_OK) return st;
-    dnnl_memory_desc_t feat_md;
-    dnnl_dims_t fdims = {batch, pooled.c, 1, 1};
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&feat_md, 4, fdims, dnnl_f32, dnnl_nchw), "feat md");
-    return plan_reorder(p, eng, &pooled.md, pooled.buf, &feat_md, BUF_FEAT, 1.0f, err);
+    plan_walk w = {.p = p, .eng = c->eng};
+    w.v[TW_RESNET_VAL_IN] =
+        (act){.md = p->in_md, .buf = BUF_IN_USER, .c = net->in_bands, .h = tile, .scale = 1};
+    return tw_resnet_walk(net, tile, plan_op, &w, err);
 }
 
 /* Total bytes reserve() takes for this plan (all through tw_alloc). */

@@ -3,7 +3,8 @@
  * Plain loops, one image at a time, NCHW: each convolution output is one dot
  * product of the weights with the gathered receptive field. It is the
  * definition of what the fast backends must compute, so it favours being
- * obviously right over being fast; images run in parallel (OpenMP).
+ * obviously right over being fast; images run in parallel (OpenMP). The
+ * graph is tw_resnet_walk's (resnet.h), as in the backends.
  */
 #include <float.h>
 #include <math.h>
@@ -74,92 +75,78 @@ static void maxpool3s2p1(const float *in, int ch, int ih, int iw, float *out, in
             }
 }
 
-/* Largest activation and largest gathered receptive-field matrix (elements,
- * one image) of the whole graph. */
-static size_t max_activation(const tw_resnet *net, int tile, size_t *max_col)
+/* Sizes the walk needs: the largest activation and the largest gathered
+ * receptive-field matrix (elements, one image). */
+typedef struct ref_sizes {
+    size_t act, col;
+} ref_sizes;
+
+static tw_status size_op(void *user, const tw_resnet_op *op, tw_error *err)
 {
-    int h = tw_resnet_out_size(tile, 7, 2, 3);
-    size_t m = (size_t)net->stem.cout * h * h;
-    *max_col = (size_t)h * h * net->stem.cin * 49;
-    h = tw_resnet_out_size(h, 3, 2, 1);
-    for (int i = 0; i < net->n_blocks; i++) {
-        const tw_block *b = &net->blocks[i];
-        const tw_conv *cs[4] = {&b->c1, &b->c2, net->bottleneck ? &b->c3 : NULL,
-                                b->has_down ? &b->down : NULL};
-        int hin = h;
-        for (int j = 0; j < 4; j++) {
-            if (!cs[j]) continue;
-            int src_h = (j == 3) ? hin : h;
-            int oh = tw_resnet_out_size(src_h, cs[j]->k, cs[j]->stride, cs[j]->pad);
-            size_t e = (size_t)cs[j]->cout * oh * oh;
-            if (e > m) m = e;
-            size_t ce = (size_t)oh * oh * cs[j]->cin * cs[j]->k * cs[j]->k;
-            if (ce > *max_col) *max_col = ce;
-            if (j < 3) h = oh;
-        }
+    (void)err;
+    ref_sizes *s = user;
+    if (!op->conv && op->kind != TW_RESNET_OP_MAXPOOL) return TW_OK;
+    size_t plane = (size_t)op->h_out * (size_t)op->h_out;
+    size_t e = (size_t)op->c_out * plane;
+    if (e > s->act) s->act = e;
+    if (op->conv) {
+        size_t ce = plane * (size_t)op->c_in * (size_t)op->conv->k * (size_t)op->conv->k;
+        if (ce > s->col) s->col = ce;
     }
-    return m;
+    return TW_OK;
 }
 
-/* One image: x [bands][tile][tile] -> probs [classes], emb [feat_dim] or NULL.
- * buf: four activation buffers of cap floats; col and feat as sized by the caller. */
-static void forward_one(const tw_resnet *net, const float *x, int tile, float *buf[4], float *col,
-                        float *feat, float *probs, float *emb)
+/* One image on its way through the walk. */
+typedef struct ref_image {
+    const tw_resnet *net;
+    const float *x; /* [bands][tile][tile] */
+    float *buf[3];  /* the walk's three activation buffers */
+    float *col, *feat;
+    float *probs, *emb; /* [classes], [feat_dim] or NULL */
+} ref_image;
+
+static tw_status forward_op(void *user, const tw_resnet_op *op, tw_error *err)
 {
-    /* buffers: cur = block input, t1/t2 = inner results, sc = shortcut */
-    float *cur = buf[0], *t1 = buf[1], *t2 = buf[2], *sc = buf[3];
-    int h = tw_resnet_out_size(tile, 7, 2, 3);
-    conv2d(&net->stem, x, tile, tile, t1, h, h, true, col);
-    int hp = tw_resnet_out_size(h, 3, 2, 1);
-    maxpool3s2p1(t1, net->stem.cout, h, h, cur, hp, hp);
-    h = hp;
-    int ch = net->stem.cout;
-
-    for (int bi = 0; bi < net->n_blocks; bi++) {
-        const tw_block *b = &net->blocks[bi];
-        const tw_conv *last = net->bottleneck ? &b->c3 : &b->c2;
-        int h1 = tw_resnet_out_size(h, b->c1.k, b->c1.stride, b->c1.pad);
-        conv2d(&b->c1, cur, h, h, t1, h1, h1, true, col);
-        int h2 = tw_resnet_out_size(h1, b->c2.k, b->c2.stride, b->c2.pad);
-        float *y;
-        if (net->bottleneck) {
-            conv2d(&b->c2, t1, h1, h1, t2, h2, h2, true, col);
-            conv2d(&b->c3, t2, h2, h2, t1, h2, h2, false, col);
-            y = t1;
-        } else {
-            conv2d(&b->c2, t1, h1, h1, t2, h2, h2, false, col);
-            y = t2;
-        }
-        const float *s = cur;
-        if (b->has_down) {
-            conv2d(&b->down, cur, h, h, sc, h2, h2, false, col);
-            s = sc;
-        }
-        size_t e = (size_t)last->cout * h2 * h2;
+    (void)err;
+    ref_image *im = user;
+    const float *src = op->buf_src >= 0 ? im->buf[op->buf_src] : im->x;
+    float *dst = op->buf_dst >= 0 ? im->buf[op->buf_dst] : NULL;
+    switch (op->kind) {
+    case TW_RESNET_OP_STEM:
+    case TW_RESNET_OP_SHORTCUT:
+    case TW_RESNET_OP_CONV:
+        conv2d(op->conv, src, op->h_in, op->h_in, dst, op->h_out, op->h_out, op->relu, im->col);
+        break;
+    case TW_RESNET_OP_RESIDUAL: {
+        /* the conv, then the shortcut added, then the ReLU */
+        conv2d(op->conv, src, op->h_in, op->h_in, dst, op->h_out, op->h_out, false, im->col);
+        const float *s = im->buf[op->buf_add];
+        size_t e = (size_t)op->c_out * op->h_out * op->h_out;
         for (size_t i = 0; i < e; i++) {
-            float v = y[i] + s[i];
-            y[i] = v > 0.0f ? v : 0.0f;
+            float v = dst[i] + s[i];
+            dst[i] = v > 0.0f ? v : 0.0f;
         }
-        /* the block output becomes the next block's input */
-        float *old = cur;
-        cur = y;
-        if (y == t1)
-            t1 = old;
-        else
-            t2 = old;
-        h = h2;
-        ch = last->cout;
+        break;
     }
-
-    /* global average pool in double, then the head every backend shares */
-    size_t hw = (size_t)h * h;
-    for (int c = 0; c < ch; c++) {
-        double acc = 0.0;
-        for (size_t i = 0; i < hw; i++) acc += cur[(size_t)c * hw + i];
-        feat[c] = (float)(acc / (double)hw);
-        if (emb) emb[c] = feat[c];
+    case TW_RESNET_OP_MAXPOOL:
+        maxpool3s2p1(src, op->c_in, op->h_in, op->h_in, dst, op->h_out, op->h_out);
+        break;
+    case TW_RESNET_OP_AVGPOOL: {
+        /* in double, then the head every backend shares */
+        size_t hw = (size_t)op->h_in * op->h_in;
+        for (int c = 0; c < op->c_in; c++) {
+            double acc = 0.0;
+            for (size_t i = 0; i < hw; i++) acc += src[(size_t)c * hw + i];
+            im->feat[c] = (float)(acc / (double)hw);
+            if (im->emb) im->emb[c] = im->feat[c];
+        }
+        break;
     }
-    tw_resnet_head(net->fc_w, net->fc_b, net->n_classes, ch, feat, 1, probs);
+    case TW_RESNET_OP_FC:
+        tw_resnet_head(im->net->fc_w, im->net->fc_b, op->c_out, op->c_in, im->feat, 1, im->probs);
+        break;
+    }
+    return TW_OK;
 }
 
 tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile, float *probs,
@@ -169,14 +156,15 @@ tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int
     if (tile < 1 || h_stem < 1 || tw_resnet_out_size(h_stem, 3, 2, 1) < 1)
         return tw_error_set(err, TW_ERR_INPUT, "tile size %d is too small for a ResNet", tile);
     if (n < 1) return TW_OK;
-    size_t col_cap;
-    size_t cap = max_activation(net, tile, &col_cap);
+    ref_sizes sz = {0, 0};
+    (void)tw_resnet_walk(net, tile, size_op, &sz, err); /* size_op cannot fail */
+    size_t cap = sz.act, col_cap = sz.col;
     /* images are independent: one per thread, each with its own scratch (one
      * parallel region, rather than a barrier after every small layer) */
     int nt = omp_get_max_threads();
     if (nt > n) nt = n;
     size_t per_thread =
-        (4 * cap + col_cap) * sizeof(float) + (size_t)net->feat_dim * sizeof(double);
+        (3 * cap + col_cap) * sizeof(float) + (size_t)net->feat_dim * sizeof(double);
     per_thread = (per_thread + 63) & ~(size_t)63; /* each thread's part starts aligned */
     char *scratch = tw_alloc(TW_MEM_WORKSPACE, (size_t)nt * per_thread);
     if (!scratch)
@@ -189,10 +177,14 @@ tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int
         char *mine = scratch + (size_t)omp_get_thread_num() * per_thread;
         float *feat = (float *)mine;
         float *f = (float *)(mine + (size_t)net->feat_dim * sizeof(double));
-        float *buf[4] = {f, f + cap, f + 2 * cap, f + 3 * cap};
-        forward_one(net, x + (size_t)img * in_elems, tile, buf, f + 4 * cap, feat,
-                    probs + (size_t)img * net->n_classes,
-                    emb ? emb + (size_t)img * net->feat_dim : NULL);
+        ref_image im = {.net = net,
+                        .x = x + (size_t)img * in_elems,
+                        .buf = {f, f + cap, f + 2 * cap},
+                        .col = f + 3 * cap,
+                        .feat = feat,
+                        .probs = probs + (size_t)img * net->n_classes,
+                        .emb = emb ? emb + (size_t)img * net->feat_dim : NULL};
+        (void)tw_resnet_walk(net, tile, forward_op, &im, NULL); /* forward_op cannot fail */
     }
     tw_free(scratch);
     return TW_OK;

@@ -369,3 +369,125 @@ void tw_resnet_head(const float *fc_w, const float *fc_b, int n_classes, int fea
             probs[(size_t)t * n_classes + j] = (float)(logit[j] / sum);
     }
 }
+
+/* ---- the walk ---- */
+
+/* The lowest of three buffers that is neither a nor b. */
+static int third_buffer(int a, int b)
+{
+    for (int i = 0; i < 3; i++)
+        if (i != a && i != b) return i;
+    return -1; /* unreachable: a and b exclude at most two */
+}
+
+typedef struct walk {
+    tw_resnet_visit_fn visit;
+    void *user;
+    tw_error *err;
+    int buf[TW_RESNET_VAL_COUNT]; /* value -> activation buffer 0..2; -1 outside them */
+} walk;
+
+/* op as convolution c of a map c->cin x h_in x h_in. */
+static void conv_op(tw_resnet_op *op, tw_resnet_op_kind kind, const tw_conv *c, tw_resnet_val src,
+                    tw_resnet_val dst, int block, int h_in)
+{
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->conv = c;
+    op->src = src;
+    op->dst = dst;
+    op->add = TW_RESNET_VAL_NONE;
+    op->relu = kind != TW_RESNET_OP_SHORTCUT;
+    op->block = block;
+    op->c_in = c->cin;
+    op->h_in = h_in;
+    op->c_out = c->cout;
+    op->h_out = tw_resnet_out_size(h_in, c->k, c->stride, c->pad);
+}
+
+/* op as a step without weights (pools, head). */
+static void plain_op(tw_resnet_op *op, tw_resnet_op_kind kind, tw_resnet_val src, tw_resnet_val dst,
+                     int c_in, int h_in, int c_out, int h_out, const char *name)
+{
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->src = src;
+    op->dst = dst;
+    op->add = TW_RESNET_VAL_NONE;
+    op->block = -1;
+    op->c_in = c_in;
+    op->h_in = h_in;
+    op->c_out = c_out;
+    op->h_out = h_out;
+    snprintf(op->name, sizeof op->name, "%s", name);
+}
+
+/* Give op its buffers and visit it. keep: a buffer op must not write (the
+ * shortcut a later RESIDUAL adds), or -1. */
+static tw_status emit(walk *w, tw_resnet_op *op, int keep)
+{
+    op->buf_src = w->buf[op->src];
+    op->buf_add = op->add == TW_RESNET_VAL_NONE ? -1 : w->buf[op->add];
+    if (op->dst == TW_RESNET_VAL_FEAT || op->dst == TW_RESNET_VAL_PROBS) {
+        op->buf_dst = -1;
+    } else {
+        op->buf_dst = third_buffer(op->buf_src, keep);
+        w->buf[op->dst] = op->buf_dst;
+    }
+    return w->visit(w->user, op, w->err);
+}
+
+tw_status tw_resnet_walk(const tw_resnet *net, int tile, tw_resnet_visit_fn visit, void *user,
+                         tw_error *err)
+{
+    walk w = {.visit = visit, .user = user, .err = err};
+    for (int v = 0; v < TW_RESNET_VAL_COUNT; v++) w.buf[v] = -1;
+    tw_resnet_op op;
+    conv_op(&op, TW_RESNET_OP_STEM, &net->stem, TW_RESNET_VAL_IN, TW_RESNET_VAL_STEM, -1, tile);
+    snprintf(op.name, sizeof op.name, "conv1");
+    tw_status st = emit(&w, &op, -1);
+    if (st != TW_OK) return st;
+    int ch = op.c_out, h = op.h_out;
+    plain_op(&op, TW_RESNET_OP_MAXPOOL, TW_RESNET_VAL_STEM, TW_RESNET_VAL_X, ch, h, ch,
+             tw_resnet_out_size(h, 3, 2, 1), "maxpool");
+    if ((st = emit(&w, &op, -1)) != TW_OK) return st;
+    h = op.h_out;
+
+    int stage = 0, in_stage = 0;
+    for (int bi = 0; bi < net->n_blocks; bi++, in_stage++) {
+        while (stage < 3 && in_stage >= net->stage_blocks[stage]) {
+            stage++;
+            in_stage = 0;
+        }
+        const tw_block *b = &net->blocks[bi];
+        tw_resnet_val sc = b->has_down ? TW_RESNET_VAL_SC : TW_RESNET_VAL_X;
+        if (b->has_down) {
+            conv_op(&op, TW_RESNET_OP_SHORTCUT, &b->down, TW_RESNET_VAL_X, TW_RESNET_VAL_SC, bi, h);
+            snprintf(op.name, sizeof op.name, "layer%d.%d.downsample.0", stage + 1, in_stage);
+            if ((st = emit(&w, &op, -1)) != TW_OK) return st;
+        }
+        const tw_conv *path[3] = {&b->c1, &b->c2, net->bottleneck ? &b->c3 : NULL};
+        int n_path = net->bottleneck ? 3 : 2;
+        static const tw_resnet_val outs[2] = {TW_RESNET_VAL_T1, TW_RESNET_VAL_T2};
+        tw_resnet_val y = TW_RESNET_VAL_X;
+        int hy = h;
+        for (int k = 0; k < n_path; k++) {
+            bool last = k == n_path - 1;
+            conv_op(&op, last ? TW_RESNET_OP_RESIDUAL : TW_RESNET_OP_CONV, path[k], y,
+                    last ? TW_RESNET_VAL_X : outs[k], bi, hy);
+            if (last) op.add = sc;
+            snprintf(op.name, sizeof op.name, "layer%d.%d.conv%d", stage + 1, in_stage, k + 1);
+            if ((st = emit(&w, &op, w.buf[sc])) != TW_OK) return st;
+            y = op.dst;
+            hy = op.h_out;
+            ch = op.c_out;
+        }
+        h = hy;
+    }
+    plain_op(&op, TW_RESNET_OP_AVGPOOL, TW_RESNET_VAL_X, TW_RESNET_VAL_FEAT, ch, h, ch, 1,
+             "avgpool");
+    if ((st = emit(&w, &op, -1)) != TW_OK) return st;
+    plain_op(&op, TW_RESNET_OP_FC, TW_RESNET_VAL_FEAT, TW_RESNET_VAL_PROBS, ch, 1, net->n_classes,
+             1, "fc");
+    return emit(&w, &op, -1);
+}

@@ -13,6 +13,8 @@
  *                   [basic: y = c2(y)]; s = has_down ? down(x) : x; x = relu(y + s)
  *   f = global average pool(x) -> feat_dim features ("embeddings")
  *   logits = fc_w f + fc_b; probs = softmax(logits)
+ * tw_resnet_walk hands these steps, with their shapes, to every backend and
+ * to the reference, so the graph is written down once, here.
  */
 #ifndef TW_RESNET_H
 #define TW_RESNET_H
@@ -74,5 +76,75 @@ void tw_resnet_head(const float *fc_w, const float *fc_b, int n_classes, int fea
 /* Spatial size after the stem+maxpool and each stage, for an input of tile
  * pixels (used for workspace estimates). */
 int tw_resnet_out_size(int in, int k, int stride, int pad);
+
+/* ---- The forward graph, walked once for every backend ---- */
+
+/* What one step of the forward pass computes. */
+typedef enum {
+    TW_RESNET_OP_STEM,     /* conv1 (bn1 folded) + ReLU: IN -> STEM */
+    TW_RESNET_OP_MAXPOOL,  /* 3x3 max pool, stride 2, padding 1: STEM -> X */
+    TW_RESNET_OP_SHORTCUT, /* a block's projection (downsample.0, bn folded), no ReLU: X -> SC */
+    TW_RESNET_OP_CONV,     /* a block's inner conv + ReLU: conv1 X -> T1; a bottleneck's
+                              conv2 T1 -> T2 */
+    TW_RESNET_OP_RESIDUAL, /* a block's last conv (basic conv2, bottleneck conv3), plus the
+                              shortcut (add), then ReLU: T1 or T2 -> X */
+    TW_RESNET_OP_AVGPOOL,  /* global average pool: X -> FEAT (feat_dim, the embeddings) */
+    TW_RESNET_OP_FC        /* the head, fc + softmax (tw_resnet_head): FEAT -> PROBS */
+} tw_resnet_op_kind;
+
+/* The values the steps pass on (an op's src, dst, add). X is a block's
+ * input and, once its RESIDUAL has run, its output. */
+typedef enum {
+    TW_RESNET_VAL_NONE = -1,
+    TW_RESNET_VAL_IN,    /* the input tiles: in_bands x tile x tile */
+    TW_RESNET_VAL_STEM,  /* the stem's output */
+    TW_RESNET_VAL_X,     /* the running activation */
+    TW_RESNET_VAL_SC,    /* a block's projected shortcut */
+    TW_RESNET_VAL_T1,    /* a block's conv1 output */
+    TW_RESNET_VAL_T2,    /* a bottleneck's conv2 output */
+    TW_RESNET_VAL_FEAT,  /* pooled features, feat_dim per tile */
+    TW_RESNET_VAL_PROBS, /* class probabilities, n_classes per tile */
+    TW_RESNET_VAL_COUNT
+} tw_resnet_val;
+
+typedef struct tw_resnet_op {
+    tw_resnet_op_kind kind;
+    const tw_conv *conv; /* STEM, SHORTCUT, CONV, RESIDUAL: the folded conv; else NULL */
+    tw_resnet_val src;   /* what the op reads */
+    tw_resnet_val dst;   /* what it writes */
+    tw_resnet_val add;   /* RESIDUAL: the shortcut added before the ReLU (SC with a
+                            projection, else X itself); else TW_RESNET_VAL_NONE */
+    bool relu;           /* a ReLU ends the op (for RESIDUAL: after the add) */
+    int block;           /* index into net->blocks; -1 outside the blocks */
+    int c_in, h_in;      /* input channels and side: maps are square, as tiles are */
+    int c_out, h_out;    /* output channels and side (AVGPOOL: 1x1; FC: n_classes) */
+    /* The same dataflow in three activation buffers 0..2, chosen so that no
+     * op writes over its own input or over a shortcut still to be added
+     * (for a backend that keeps activations that way: CUDA, the reference);
+     * -1 for a value outside them (IN, FEAT, PROBS, no add). */
+    int buf_src, buf_dst, buf_add;
+    char name[48]; /* torchvision's module: "conv1", "maxpool", "layer2.0.conv1",
+                      "layer2.0.downsample.0", "avgpool", "fc" */
+} tw_resnet_op;
+
+/* Called once per op; a status other than TW_OK stops the walk. */
+typedef tw_status (*tw_resnet_visit_fn)(void *user, const tw_resnet_op *op, tw_error *err);
+
+/* Walk the forward pass of net for tiles of tile x tile pixels, calling
+ * visit(user, op, err) for each op in the order every backend computes
+ * them:
+ *   STEM, MAXPOOL,
+ *   per block: [SHORTCUT (a projection)], CONV (conv1), [CONV (conv2 of a
+ *              bottleneck)], RESIDUAL,
+ *   AVGPOOL, FC.
+ * The projection comes first so that a backend can add the residual into
+ * the shortcut's storage (oneDNN's sum post-op): the CPU plan's primitives
+ * are in this order. Shapes follow tw_resnet_out_size; for a tile too small
+ * they can reach 0 or below: the walk does not fail on them, a visitor that
+ * needs a real map checks. Returns TW_OK, or the first status visit
+ * returned that was not TW_OK. op is valid during the call only. Allocates
+ * nothing; thread-safe (net is only read). */
+tw_status tw_resnet_walk(const tw_resnet *net, int tile, tw_resnet_visit_fn visit, void *user,
+                         tw_error *err);
 
 #endif

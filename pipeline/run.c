@@ -1,11 +1,14 @@
-/* run.c - see run.h */
+/* run.c - the run driver (run.h): the model resolved against the config and
+ * every input checked before any work (the prepare steps of run_internal.h,
+ * which validate.c shares), the backend reserved, then for each input: the
+ * shard's segments left to compute, its parts and manifest (resume.h), the
+ * stage workers (stages.c) and, once the whole grid is committed, the final
+ * products (tw_merge_assemble, merge.c). */
 #include "pipeline/run.h"
 
 #include <errno.h>
 #include <gdal.h>
-#include <libgen.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,9 +19,6 @@
 #include "io/raster.h"
 #include "io/stac.h"
 #include "io/url.h"
-#include "io/resample.h"
-#include "io/tiletable.h"
-#include "io/writer.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/fileio.h"
@@ -26,6 +26,7 @@
 #include "pipeline/plan.h"
 #include "pipeline/resume.h"
 #include "pipeline/preflight.h"
+#include "pipeline/run_internal.h"
 #include "pipeline/stages.h"
 #include "pipeline/stitch.h"
 
@@ -150,23 +151,6 @@ static tw_status aoi_for(const tw_run_params *p, const tw_resolved *m, const tw_
     return st;
 }
 
-/* Output file stem of an input: its file name without the extension (nor
- * a URL's query string: url.h). */
-static void input_stem(const char *path, char *out, size_t size)
-{
-    tw_url_stem(path, out, size);
-}
-
-typedef struct input_info {
-    tw_raster_info info;
-    int bands;
-    bool mask;             /* reads also read a mask band */
-    bool skipped;          /* unopenable, input.on_error: skip */
-    int64_t aoi_tiles;     /* tiles touching input.aoi (-1: no AOI) */
-    int64_t all_tiles;     /* tiles of the full plan */
-    char skip_reason[512]; /* why */
-} input_info;
-
 /* A band selection the raster cannot give: name both sides. */
 static tw_status band_mismatch(const tw_run_params *p, const tw_resolved *m, const char *src,
                                const char *shown, tw_error *err)
@@ -246,9 +230,9 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
             tw_aoi_destroy(aoi);
         }
         char si[256], sj[256];
-        input_stem(p->input.paths[i], si, sizeof si);
+        tw_run_input_stem(p->input.paths[i], si, sizeof si);
         for (int j = 0; j < i; j++) {
-            input_stem(p->input.paths[j], sj, sizeof sj);
+            tw_run_input_stem(p->input.paths[j], sj, sizeof sj);
             if (strcmp(si, sj) == 0) {
                 tw_url_redact(p->input.paths[j], shown_j, sizeof shown_j);
                 return tw_error_set(err, TW_ERR_CONFIG,
@@ -279,48 +263,10 @@ static tw_status make_dirs(const char *dir, tw_error *err)
     return TW_OK;
 }
 
-/* ------------------------------------------------------------------------ */
-
-typedef struct run_ctx {
-    const tw_run_params *p;
-    const tw_run_hooks *hooks;
-    tw_resolved m;
-    tw_resnet *net;
-    tw_backend be;
-    bool have_be;
-    bool told_pinned; /* the pinned-memory fallback was said */
-    tw_budget bud;
-    input_info *infos;
-    tw_stac **stacs;      /* [n_paths]: STAC items as VRTs (input.assets), else NULL */
-    const char **sources; /* [n_paths]: what tw_raster_open opens */
-    tw_url_saved *net_saved;
-    tw_preflight_warnings warn;
-    char config_json[16384];
-} run_ctx;
-
 /* Where the run's notices and warnings go: the hooks' log, or nowhere. */
 static const tw_log *run_log(const run_ctx *c)
 {
     return c->hooks ? &c->hooks->log : NULL;
-}
-
-static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, double gt[6])
-{
-    const double *g = info->geotransform;
-    double S = pl->stride;
-    gt[0] = g[0];
-    gt[1] = g[1] * S;
-    gt[2] = g[2] * S;
-    gt[3] = g[3];
-    gt[4] = g[4] * S;
-    gt[5] = g[5] * S;
-}
-
-/* Whether chunks keep per-tile records: the tile table and the GeoPackage
- * are both made from them. */
-static bool keeps_tiles(unsigned products)
-{
-    return (products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG)) != 0;
 }
 
 /* What the outputs of an input depend on: if any of it changes between an
@@ -347,7 +293,8 @@ static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char
                      path, info->width, info->height, tw_dtype_name(info->dtype), m->model_sha256,
                      m->tile, m->stride, edges[p->tiling.edge], plan->grid_w, plan->grid_h,
                      m->scale, nodata, p->tiling.max_nodata_fraction, precs[p->runtime.precision],
-                     (p->output.products & TW_PRODUCT_EMB) != 0, keeps_tiles(p->output.products));
+                     (p->output.products & TW_PRODUCT_EMB) != 0,
+                     tw_run_keeps_tiles(p->output.products));
     for (int i = 0; i < m->n_bands && n > 0 && (size_t)n < size; i++)
         n += snprintf(buf + n, size - (size_t)n, " %d", m->bands[i]);
     if (m->n_bands == 0 && n > 0 && (size_t)n < size)
@@ -381,125 +328,13 @@ static int chunk_rows_for(const tw_plan *plan)
     return rows;
 }
 
-static void writer_params_for(const run_ctx *c, const tw_raster_info *info, const tw_plan *plan,
-                              const char *stem, tw_writer_params *wp)
-{
-    const tw_run_params *p = c->p;
-    memset(wp, 0, sizeof *wp);
-    wp->dir = p->output.dir;
-    wp->stem = stem;
-    wp->grid_w = plan->grid_w;
-    wp->grid_h = plan->grid_h;
-    wp->crs_wkt = info->crs_wkt;
-    wp->n_classes = c->m.n_classes;
-    wp->class_names = (const char(*)[TW_NAME_MAX])c->m.classes;
-    wp->products = p->output.products;
-    wp->prob_type = p->output.prob_type;
-    wp->format = p->output.format;
-    wp->creation_options = (const char(*)[128])p->output.creation_options;
-    wp->n_creation_options = p->output.n_creation_options;
-    wp->metadata_json = c->config_json;
-    if (p->model.n_colors > 0) {
-        wp->colors = (const unsigned char(*)[3])p->model.colors;
-        wp->n_colors = p->model.n_colors;
-    }
-    output_geotransform(info, plan, wp->geotransform);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Assembly: committed chunks into the final products (run and merge).      */
-
-static tw_status assemble(const tw_run_params *p, const tw_resolved *m, const tw_raster_info *info,
-                          const char *config_json, tw_parts *parts, tw_input_result *res,
-                          tw_error *err)
-{
-    tw_plan plan;
-    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
-                                &plan, err);
-    if (st != TW_OK) return st;
-    run_ctx tmp;
-    memset(&tmp, 0, sizeof tmp);
-    tmp.p = p;
-    tmp.m = *m;
-    snprintf(tmp.config_json, sizeof tmp.config_json, "%s", config_json);
-    tw_writer_params wp;
-    writer_params_for(&tmp, info, &plan, res->stem, &wp);
-    bool rasters =
-        (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF)) != 0;
-    bool table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
-    char tpath[TW_PATH_MAX + 300];
-    snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
-    tw_tiletable_params tp = {
-        .path = tpath,
-        .n_classes = m->n_classes,
-        .class_names = (const char(*)[TW_NAME_MAX])m->classes,
-        .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? m->feat_dim : 0,
-        .tile = m->tile,
-        .stride = m->stride,
-        .crs_wkt = info->crs_wkt,
-    };
-    memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
-    bool gpkg = (p->output.products & TW_PRODUCT_TILES_GPKG) != 0;
-    char gpath[TW_PATH_MAX + 300];
-    snprintf(gpath, sizeof gpath, "%s/%s.tiles.gpkg", p->output.dir, res->stem);
-    tw_gpkg_params gp = {
-        .path = gpath,
-        .n_classes = m->n_classes,
-        .class_names = (const char(*)[TW_NAME_MAX])m->classes,
-        .tile = m->tile,
-        .crs_wkt = info->crs_wkt,
-    };
-    memcpy(gp.geotransform, info->geotransform, sizeof gp.geotransform);
-    memset(res->hist, 0, sizeof res->hist);
-    res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
-    if (rasters && p->output.resolution == TW_RESOLUTION_INPUT) {
-        /* The cell grid's probabilities first (float32, in the parts
-         * directory), then resampled onto the input's grid. */
-        char cdir[TW_PATH_MAX + 300], cells[TW_PATH_MAX + 400];
-        snprintf(cdir, sizeof cdir, "%s/.tilewise/%s", p->output.dir, res->stem);
-        tw_writer_params cw = wp;
-        cw.dir = cdir;
-        cw.stem = "cells";
-        cw.products = TW_PRODUCT_PROB;
-        cw.prob_type = TW_PROB_FLOAT32;
-        cw.format = TW_FORMAT_GTIFF;
-        cw.creation_options = NULL;
-        cw.n_creation_options = 0;
-        st = tw_parts_assemble(parts, &cw, table ? &tp : NULL, gpkg ? &gp : NULL, res->hist,
-                               &res->nodata_cells, err);
-        tw_writer_product_path(cdir, "cells", "prob", cells, sizeof cells);
-        tw_writer_params iw = wp;
-        iw.grid_w = info->width;
-        iw.grid_h = info->height;
-        memcpy(iw.geotransform, info->geotransform, sizeof iw.geotransform);
-        if (st == TW_OK) st = tw_resample_to_input(cells, &iw, NULL, NULL, err);
-    } else {
-        st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, gpkg ? &gp : NULL,
-                               res->hist, &res->nodata_cells, err);
-    }
-    if (st == TW_OK) st = tw_parts_remove(parts, err);
-    if (st != TW_OK) return st;
-    res->n_outputs = 0;
-    static const struct {
-        unsigned bit;
-        const char *name;
-    } prods[] = {{TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "conf"}};
-    for (int i = 0; i < 3; i++)
-        if (p->output.products & prods[i].bit)
-            tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
-                                   res->outputs[res->n_outputs++], sizeof res->outputs[0]);
-    if (table) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
-    if (gpkg) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", gpath);
-    return TW_OK;
-}
-
 static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *err)
 {
     const tw_run_params *p = c->p;
     const tw_raster_info *info = &c->infos[idx].info;
     double t0 = tw_clock_now();
     tw_url_redact(p->input.paths[idx], res->path, sizeof res->path);
-    input_stem(p->input.paths[idx], res->stem, sizeof res->stem);
+    tw_run_input_stem(p->input.paths[idx], res->stem, sizeof res->stem);
     res->width = info->width;
     res->height = info->height;
 
@@ -509,7 +344,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st != TW_OK) return st;
     res->grid_w = plan.grid_w;
     res->grid_h = plan.grid_h;
-    bool want_table = keeps_tiles(p->output.products);
+    bool want_table = tw_run_keeps_tiles(p->output.products);
 
     tw_pipe pp;
     memset(&pp, 0, sizeof pp);
@@ -646,7 +481,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
 
     /* Whole grid committed (one run, or the last of the shards): assemble. */
     if (st == TW_OK && p->shard_count == 1)
-        st = assemble(c->p, &c->m, info, c->config_json, pp.parts, res, err);
+        st = tw_merge_assemble(c->p, &c->m, info, c->config_json, pp.parts, res, err);
     tw_parts_close(pp.parts);
     tw_aoi_destroy(aoi);
     res->seconds = tw_clock_now() - t0;
@@ -666,7 +501,7 @@ int tw_run_readers(const tw_run_params *p, const tw_backend *be)
     return n < 1 ? 1 : (n > 8 ? 8 : (int)n);
 }
 
-static void ctx_release(run_ctx *c)
+void tw_run_ctx_release(run_ctx *c)
 {
     for (int i = 0; c->stacs && i < c->p->input.n_paths; i++) tw_stac_destroy(c->stacs[i]);
     tw_free(c->stacs);
@@ -690,7 +525,7 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
     for (int i = 0; st == TW_OK && i < n; i++) {
         wh[i] = c->infos[i].skipped ? 0 : c->infos[i].info.width;
         wh[n + i] = c->infos[i].info.height;
-        input_stem(p->input.paths[i], stems[i], sizeof stems[i]);
+        tw_run_input_stem(p->input.paths[i], stems[i], sizeof stems[i]);
     }
     tw_preflight_params pf = {
         .run = p,
@@ -718,10 +553,10 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
     return st;
 }
 
-/* The model against the config and every input against the model (STAC
- * items opened, GDAL's network settings applied): what does not depend on
- * the machine. Shared by prepare and tw_check_inputs. */
-static tw_status prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *err)
+/* ------------------------------------------------------------------------ */
+/* Preparing a run (run_internal.h): shared with validate.c.                */
+
+tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *err)
 {
     if (p->input.n_paths <= 0)
         return tw_error_set(err, TW_ERR_CONFIG, "input.path: no input raster given");
@@ -740,7 +575,7 @@ static tw_status prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
     if (!c->infos || !c->stacs || !c->sources)
         return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     /* GDAL's HTTP retries and read-ahead for this run (url.h); restored by
-     * ctx_release. */
+     * tw_run_ctx_release. */
     tw_url_settings net = tw_url_default_settings(p->input.retries, p->input.retry_delay);
     tw_url_settings_apply(&net, &c->net_saved);
     for (int i = 0; i < p->input.n_paths; i++) {
@@ -755,12 +590,10 @@ static tw_status prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
     return check_inputs(p, &c->m, c->sources, c->infos, err);
 }
 
-/* Everything up to (not including) the backend's reserve: model, inputs,
- * backend, budget. Shared by run and validate. */
-static tw_status prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
+tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
 {
     size_t base = tw_rss_now();
-    tw_status st = prepare_inputs(c, p, err);
+    tw_status st = tw_run_prepare_inputs(c, p, err);
     if (st == TW_OK) st = preflight(c, p, err);
     if (st != TW_OK) return st;
 
@@ -837,7 +670,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
     }
     c->p = p;
     c->hooks = hooks;
-    tw_status st = prepare(c, p, p->quiet, err);
+    tw_status st = tw_run_prepare(c, p, p->quiet, err);
     if (st == TW_OK) /* skipped inputs are said before the work starts */
         for (int i = 0; i < p->input.n_paths; i++)
             if (c->infos[i].skipped) {
@@ -882,7 +715,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         if (c->infos[i].skipped) {
             tw_input_result *in = &r->inputs[i];
             tw_url_redact(p->input.paths[i], in->path, sizeof in->path);
-            input_stem(p->input.paths[i], in->stem, sizeof in->stem);
+            tw_run_input_stem(p->input.paths[i], in->stem, sizeof in->stem);
             snprintf(in->skipped, sizeof in->skipped, "%.500s", c->infos[i].skip_reason);
             r->inputs_skipped++;
             continue;
@@ -891,7 +724,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         r->tiles_classified += r->inputs[i].tiles_classified;
     }
     if (c->have_be) tw_backend_get_stats(&c->be, &r->backend_stats);
-    ctx_release(c);
+    tw_run_ctx_release(c);
     tw_free(c);
     r->seconds = tw_clock_now() - t0;
     r->peak_rss = tw_rss_peak();
@@ -922,194 +755,4 @@ tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, con
                             tw_resolved *m, tw_error *err)
 {
     return resolve_model(p, mf, net, m, err);
-}
-
-/* validate's line on what reading a remote input costs for the plan: the
- * bytes of the blocks its tile rows touch and about how many range
- * requests (url.h), per object for a STAC item's VRT. */
-static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
-{
-    int T = plan->tile, S = plan->stride;
-    int y0 = tw_axis_pos(&plan->y, T, S, plan->ty_begin);
-    int y1 = plan->ty_end > plan->ty_begin ? tw_axis_pos(&plan->y, T, S, plan->ty_end - 1) + T : y0;
-    int64_t bytes = 0, reqs = 0;
-    int n_obj = c->stacs[i] ? c->p->input.n_assets : 1;
-    for (int k = 0; k < n_obj; k++) {
-        char gpath[TW_PATH_MAX + 16];
-        const char *src = c->stacs[i] ? tw_stac_asset(c->stacs[i], k) : c->p->input.paths[i];
-        int64_t b = -1, r = -1;
-        tw_error e;
-        tw_error_init(&e);
-        if (tw_url_to_gdal(src, gpath, sizeof gpath, &e) != TW_OK ||
-            tw_url_read_cost(gpath, y0, y1, 0, &b, &r, &e) != TW_OK || b < 0) {
-            bytes = -1;
-            break;
-        }
-        bytes += b;
-        reqs += r + 2; /* and the HEAD and header read of each object */
-    }
-    char b1[32];
-    if (bytes < 0)
-        fprintf(out, "reading   remote; its cost is unknown (not a tiled GeoTIFF/COG)\n");
-    else
-        fprintf(out,
-                "reading   remote: at least %lld range requests, %s (the blocks of rows %d-%d, "
-                "read once; input.retries %d)\n",
-                (long long)reqs, tw_format_bytes((size_t)bytes, b1, sizeof b1), y0,
-                y1 < c->infos[i].info.height ? y1 : c->infos[i].info.height, c->p->input.retries);
-}
-
-tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
-{
-    run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
-    if (!c) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    c->p = p;
-    tw_status st = prepare_inputs(c, p, err);
-    ctx_release(c);
-    tw_free(c);
-    return st;
-}
-
-tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
-{
-    run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
-    if (!c) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    c->p = p;
-    tw_status st = prepare(c, p, true, err);
-    if (st == TW_OK) {
-        char b1[32], b2[32], b3[32];
-        const tw_budget *b = &c->bud;
-        fprintf(out, "model     %s: %s, %d bands, %d classes, %d features (sha256 %.12s)\n",
-                p->model.weights, c->m.arch, c->m.in_bands, c->m.n_classes, c->m.feat_dim,
-                c->m.model_sha256);
-        fprintf(out, "backend   %s, precision %s\n", c->be.i->name,
-                tw_precision_name(p->runtime.precision));
-        for (int i = 0; i < p->input.n_paths; i++) {
-            const tw_raster_info *info = &c->infos[i].info;
-            if (c->infos[i].skipped) {
-                char shown[TW_URL_SHOWN_MAX];
-                tw_url_redact(p->input.paths[i], shown, sizeof shown);
-                fprintf(out, "input     %s: skipped (input.on_error: skip): %s\n", shown,
-                        c->infos[i].skip_reason);
-                continue;
-            }
-            tw_plan plan;
-            st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
-                              p->shard_index, p->shard_count, &plan, err);
-            if (st != TW_OK) break;
-            char shown[TW_URL_SHOWN_MAX];
-            tw_url_redact(p->input.paths[i], shown, sizeof shown);
-            fprintf(out,
-                    "input     %s: %d x %d, %d bands %s; tiles %d x %d = %lld (tile %d, stride "
-                    "%d); output grid %d x %d\n",
-                    shown, info->width, info->height, c->infos[i].bands, tw_dtype_name(info->dtype),
-                    plan.x.n_pos, plan.ty_end - plan.ty_begin, (long long)plan.n_tiles, plan.tile,
-                    plan.stride, plan.grid_w, plan.row_end - plan.row_begin);
-            bool remote = tw_url_is_remote(p->input.paths[i]);
-            for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
-                remote = remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
-            if (remote) remote_cost(c, i, &plan, out);
-            if (c->infos[i].aoi_tiles >= 0)
-                fprintf(out,
-                        "aoi       %s: %lld of %lld tiles touch %s; the others are not "
-                        "computed (nodata)\n",
-                        shown, (long long)c->infos[i].aoi_tiles, (long long)c->infos[i].all_tiles,
-                        p->input.aoi);
-        }
-        if (st == TW_OK) {
-            fprintf(out, "batch     %d tiles, %d slots of %s\n", b->batch, b->n_slots,
-                    tw_format_bytes(b->slot_bytes, b1, sizeof b1));
-            char b9[32], items[512];
-            fprintf(out, "readers   %d, each with a read strip of %d x %d pixels (%s in all)\n",
-                    b->readers, b->read_strip_w, c->m.tile,
-                    tw_format_bytes(b->read, b9, sizeof b9));
-            fprintf(out, "memory    estimate %s of %s: %s\n",
-                    tw_format_bytes(b->estimate, b2, sizeof b2),
-                    tw_format_bytes(p->runtime.memory, b3, sizeof b3),
-                    tw_budget_breakdown(b, false, items, sizeof items));
-            fprintf(out, "          worst case %s (GDAL cache limit %s)\n",
-                    tw_format_bytes(b->total, b1, sizeof b1),
-                    tw_format_bytes(b->gdal_cache, b2, sizeof b2));
-            for (int i = 0; i < c->warn.n; i++) fprintf(out, "warning   %s\n", c->warn.msg[i]);
-            fprintf(out, "ok\n");
-        }
-    }
-    ctx_release(c);
-    tw_free(c);
-    return st;
-}
-
-tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err)
-{
-    double t0 = tw_clock_now();
-    tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
-    char(*stems)[256] = tw_calloc(TW_MEM_OTHER, TW_MAX_INPUTS, 256);
-    tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
-    if (result) *result = r;
-    tw_status st = TW_OK;
-    if (!r || !stems || !mf) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    int n = st == TW_OK ? tw_parts_list(out_dir, stems, TW_MAX_INPUTS) : 0;
-    if (st == TW_OK && n <= 0)
-        st = tw_error_set(err, TW_ERR_INPUT,
-                          "%s: no shard outputs to merge (no %s/.tilewise/ parts)", out_dir,
-                          out_dir);
-    if (st == TW_OK) {
-        r->inputs = tw_calloc(TW_MEM_OTHER, (size_t)n, sizeof(tw_input_result));
-        if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    }
-    for (int i = 0; st == TW_OK && i < n; i++) {
-        char mpath[TW_PATH_MAX + 400];
-        st = tw_manifest_path(out_dir, stems[i], mpath, sizeof mpath, err);
-        if (st == TW_OK) st = tw_manifest_read(mpath, stems[i], mf, err);
-        if (st != TW_OK) break;
-        /* The parts live where the shards wrote them: this directory. */
-        snprintf(mf->p.output.dir, sizeof mf->p.output.dir, "%s", out_dir);
-        if (i == 0) {
-            r->model = mf->m;
-            snprintf(r->backend, sizeof r->backend, "merge");
-        }
-        tw_input_result *res = &r->inputs[r->n_inputs++];
-        snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[0]);
-        for (int k = 0; k < mf->p.input.n_paths; k++) {
-            char stem[256];
-            input_stem(mf->p.input.paths[k], stem, sizeof stem);
-            if (strcmp(stem, stems[i]) == 0)
-                snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[k]);
-        }
-        snprintf(res->stem, sizeof res->stem, "%s", stems[i]);
-        tw_plan plan;
-        st = tw_plan_make(mf->info.width, mf->info.height, mf->m.tile, mf->m.stride,
-                          mf->p.tiling.edge, 0, 1, &plan, err);
-        if (st != TW_OK) break;
-        res->width = mf->info.width;
-        res->height = mf->info.height;
-        res->grid_w = plan.grid_w;
-        res->grid_h = plan.grid_h;
-        bool emb = (mf->p.output.products & TW_PRODUCT_EMB) != 0;
-        tw_parts_params pp = {
-            .out_dir = out_dir,
-            .stem = stems[i],
-            .fingerprint = mf->fingerprint,
-            .grid_w = plan.grid_w,
-            .grid_h = plan.grid_h,
-            .n_classes = mf->m.n_classes,
-            .feat_dim = emb ? mf->m.feat_dim : 0,
-            .tiles = keeps_tiles(mf->p.output.products),
-            .shard_index = 0,
-            .shard_count = 1,
-            .merge_only = true,
-        };
-        tw_parts *parts = NULL;
-        st = tw_parts_open(&pp, quiet, &parts, err);
-        if (st == TW_OK) st = assemble(&mf->p, &mf->m, &mf->info, mf->config_json, parts, res, err);
-        tw_parts_close(parts);
-    }
-    tw_free(stems);
-    tw_free(mf);
-    if (r) {
-        r->seconds = tw_clock_now() - t0;
-        r->peak_rss = tw_rss_peak();
-    }
-    if (!result) tw_run_result_destroy(r);
-    return st;
 }

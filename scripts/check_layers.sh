@@ -8,7 +8,9 @@
 #   cuda/      core/, io/, model/, cuda/      (behind the backend seam)
 #   pipeline/  core/, io/, model/, pipeline/
 #   workflows/ core/, io/, model/, pipeline/, workflows/
-# (tests/, fuzz/, bench/ may include anything.) Prints one line per
+# (tests/, fuzz/, bench/ may include anything.) A private header,
+# pipeline/*_internal.h, is included from pipeline/ only, wherever the
+# includer lives (tests/ and the bindings too). Prints one line per
 # violation - FILE:LINE: who may not include what - and exits 1 if any.
 set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -38,6 +40,16 @@ for layer in core io model cuda pipeline workflows; do
              sed -E 's/^([0-9]+):.*"([a-z_]*)\/$/\1:\2/')
   done < <(find "$root/$layer" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) -print0)
 done
+while IFS= read -r -d '' f; do
+  rel=${f#"$root"/}
+  case "$rel" in pipeline/*) continue ;; esac
+  while IFS=: read -r line target; do
+    echo "$rel:$line: $target is private to pipeline/ (include run.h or another public header)"
+    bad=$((bad + 1))
+  done < <(grep -n -o '^[[:space:]]*#[[:space:]]*include[[:space:]]*"pipeline/[a-z_]*_internal\.h"' "$f" |
+           sed -E 's/^([0-9]+):.*"(pipeline\/[a-z_]*_internal\.h)"$/\1:\2/')
+done < <(find "$root" \( -name 'build*' -o -name '.git' \) -prune -o -type f \
+           \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cc' -o -name '*.cpp' \) -print0)
 if [ $bad -gt 0 ]; then
   echo "check_layers: $bad include(s) break the layering (DESIGN.md, Layout)"
   exit 1

@@ -22,9 +22,8 @@ import tempfile
 
 import numpy as np
 
-FIX = os.environ.get("TW_FIXTURES")
-SRC = os.environ.get("TW_SOURCE_DIR")
-BIN = os.environ.get("TW_BIN")
+from e2eutil import BIN, FIX, SRC, finished_products
+
 sys.path.insert(0, os.path.join(SRC or ".", "tests", "bad_inputs"))
 sys.path.insert(0, os.path.join(SRC or ".", "tools"))
 
@@ -492,26 +491,6 @@ def read_only_dir(tmp):
     return None
 
 
-def finished_products(outdir):
-    """Files under final names that GDAL opens (or a run.json saying ok)."""
-    from osgeo import gdal
-    found = []
-    for path in glob.glob(os.path.join(outdir, "*")):
-        name = os.path.basename(path)
-        if name.endswith(".part") or name.startswith(".") or os.path.isdir(path):
-            continue
-        if name.endswith(".json"):
-            with open(path) as f:
-                if json.load(f).get("status") == "ok":
-                    found.append(name)
-            continue
-        gdal.PushErrorHandler("CPLQuietErrorHandler")
-        ds = gdal.OpenEx(path)
-        gdal.PopErrorHandler()
-        found.append(name + (" (GDAL opens it)" if ds is not None else ""))
-    return found
-
-
 def run_case(c, tmp):
     out = f"{tmp}/out"
     shutil.rmtree(out, ignore_errors=True)
@@ -565,7 +544,7 @@ def run_case(c, tmp):
             problems.append(f"{len(lines)} lines on stderr")
         if c["needle"] not in r.stderr:
             problems.append(f"message lacks '{c['needle']}'")
-        left = finished_products(out) if os.path.isdir(out) else []
+        left = finished_products(out, every_file=True) if os.path.isdir(out) else []
         if left:
             problems.append(f"left finished-looking outputs {left}")
     else:

@@ -34,9 +34,8 @@ import time
 
 import numpy as np
 
-FIX = os.environ.get("TW_FIXTURES")
-SRC = os.environ.get("TW_SOURCE_DIR")
-BIN = os.environ.get("TW_BIN")
+from e2eutil import BIN, FIX, SRC, committed_rows, finished_products, write_workflow
+
 sys.path.insert(0, os.path.join(SRC or ".", "tests", "bad_inputs"))
 
 EXIT_INPUT, EXIT_RESOURCE = 3, 4
@@ -51,25 +50,8 @@ def check(cond, what):
 
 
 def workflow(path, raster, out, stride=64, extra="", out_extra=""):
-    with open(path, "w") as f:
-        f.write(f"""input:
-  path: {raster}
-{extra}model:
-  weights: {FIX}/resnet18_6b_7c.safetensors
-  mean: [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
-  std: [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
-tiling:
-  tile: 64
-  stride: {stride}
-  batch: 8
-runtime:
-  device: cpu
-  memory: 512MiB
-  threads: 1
-output:
-  dir: {out}
-  products: [class, prob]
-{out_extra}""")
+    write_workflow(path, out, raster, out_extra, stride=stride, products="[class, prob]", batch=8,
+                   threads=1, memory="512MiB", input_extra=extra)
 
 
 def outputs(out, stem):
@@ -80,26 +62,6 @@ def outputs(out, stem):
 
 def same_outputs(a, b):
     return all(np.array_equal(a[p], b[p]) for p in ("class", "prob"))
-
-
-def finished_products(out):
-    """Names under final names: products GDAL opens, or a run.json saying ok."""
-    from osgeo import gdal
-    found = []
-    for path in glob.glob(os.path.join(out, "*")):
-        name = os.path.basename(path)
-        if name.startswith(".") or name.endswith(".part") or os.path.isdir(path):
-            continue
-        if name.endswith(".json"):
-            with open(path) as f:
-                if json.load(f).get("status") == "ok":
-                    found.append(name)
-            continue
-        gdal.PushErrorHandler("CPLQuietErrorHandler")
-        if gdal.OpenEx(path) is not None:
-            found.append(name)
-        gdal.PopErrorHandler()
-    return found
 
 
 def run(wf, *args):
@@ -122,17 +84,6 @@ def expect_error(r, code, needles, out, what):
         check(n in r.stderr, f"{what}: message names '{n}'")
     left = finished_products(out) if os.path.isdir(out) else []
     check(not left, f"{what}: no finished-looking output ({left})")
-
-
-def committed_rows(out):
-    n = 0
-    for j in glob.glob(f"{out}/.tilewise/*/journal.*"):
-        with open(j) as f:
-            for line in f:
-                if line.startswith("rows "):
-                    r0, r1 = map(int, line.split()[1:3])
-                    n += r1 - r0
-    return n
 
 
 # ------------------------------------------------------------------------

@@ -28,31 +28,14 @@ import time
 
 import numpy as np
 
-from e2eutil import BIN, FIX, SRC, check, gdal_or_skip
+from e2eutil import BIN, SRC, check, gdal_or_skip, write_workflow
 
 EXIT_PARTS, EXIT_LOCKED, EXIT_INTERRUPTED = 6, 7, 75
 
 
 def workflow(path, out, stride=32, extra=""):
-    with open(path, "w") as f:
-        f.write(f"""input:
-  path: {SRC}/sample_data/L7_ETMs.tif
-model:
-  weights: {FIX}/resnet18_6b_7c.safetensors
-  mean: [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
-  std: [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
-tiling:
-  tile: 64
-  stride: {stride}
-  batch: 8
-runtime:
-  device: cpu
-  memory: 1GiB
-  threads: 1
-output:
-  dir: {out}
-  products: [class, prob]
-{extra}""")
+    write_workflow(path, out, f"{SRC}/sample_data/L7_ETMs.tif", extra, stride=stride,
+                   products="[class, prob]", batch=8, threads=1)
 
 
 def run(*args, **kw):

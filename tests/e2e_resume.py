@@ -10,7 +10,6 @@ to one uninterrupted, unsharded run.
 * SIGTERM: exit with the resumable code (75) within 30 s, having committed the
   chunk under way; the rerun completes identically.
 """
-import glob
 import os
 import signal
 import subprocess
@@ -20,32 +19,14 @@ import time
 
 import numpy as np
 
-FIX = os.environ.get("TW_FIXTURES")
-SRC = os.environ.get("TW_SOURCE_DIR")
-BIN = os.environ.get("TW_BIN")
+from e2eutil import BIN, FIX, SRC, committed_rows, write_workflow
+
 EXIT_INTERRUPTED = 75
 
 
 def workflow(path, out, stride, products="[class, prob, tiles]"):
-    with open(path, "w") as f:
-        f.write(f"""input:
-  path: {SRC}/sample_data/L7_ETMs.tif
-model:
-  weights: {FIX}/resnet18_6b_7c.safetensors
-  mean: [79.0, 67.5, 64.4, 60.0, 80.0, 60.0]
-  std: [14.7, 16.4, 21.6, 15.0, 25.0, 20.0]
-tiling:
-  tile: 64
-  stride: {stride}
-  batch: 8
-runtime:
-  device: cpu
-  memory: 1GiB
-  threads: 1
-output:
-  dir: {out}
-  products: {products}
-""")
+    write_workflow(path, out, f"{SRC}/sample_data/L7_ETMs.tif", stride=stride, products=products,
+                   batch=8, threads=1)
 
 
 def read_outputs(out):
@@ -76,17 +57,6 @@ def same(a, b):
     if not (np.array_equal(oa[ia], ob[ib]) and np.array_equal(pa[ia], pb[ib])):
         return "tile tables differ"
     return None
-
-
-def committed_rows(out):
-    n = 0
-    for j in glob.glob(f"{out}/.tilewise/*/journal.*"):
-        with open(j) as f:
-            for line in f:
-                if line.startswith("rows "):
-                    r0, r1 = map(int, line.split()[1:3])
-                    n += r1 - r0
-    return n
 
 
 def main():

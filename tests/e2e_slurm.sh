@@ -67,6 +67,52 @@ fail=0
 check() { # check CONDITION_STATUS MESSAGE
   if [ "$1" -eq 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi
 }
+submit_array() { # submit_array ARGS...: `tilewise submit ARGS`; sets sub_out, array_id, merge_id
+  sub_out=$("$TW_BIN" submit "$@")
+  local rc=$?
+  array_id=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+  merge_id=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
+  [ -n "$array_id" ] && job_ids+=("$array_id") # cancelled on exit
+  [ -n "$merge_id" ] && job_ids+=("$merge_id")
+  return $rc
+}
+wait_jobs() { # wait_jobs JOB_IDS [STATES]: until the jobs left the queue (those states), WAIT_S at most
+  local deadline=$(($(date +%s) + WAIT_S))
+  while [ -n "$(squeue -h -j "$1" ${2:+-t "$2"} 2>/dev/null)" ]; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "jobs still queued after $WAIT_S s:"
+      squeue
+      break
+    fi
+    sleep 1
+  done
+}
+task_states() { # task_states JOB_ID: its tasks counted by state and exit code, e.g. " 4 COMPLETED 0:0"
+  scontrol show job -o "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]* .* ExitCode=[0-9:]*' |
+    sed 's/JobState=\([A-Z_]*\) .* ExitCode=\([0-9:]*\)/\1 \2/' | sort | uniq -c | tr -s ' '
+}
+same_as_ref() { # same_as_ref REF_DIR OUT_DIR: class and prob rasters identical, georeferencing too
+  "$PY" - "$1" "$2" <<'EOF'
+import sys
+import numpy as np
+from osgeo import gdal
+gdal.UseExceptions()
+ref, out = sys.argv[1], sys.argv[2]
+bad = []
+for prod in ("class", "prob"):
+    a = gdal.Open(f"{ref}/L7_ETMs.{prod}.tif")
+    b = gdal.Open(f"{out}/L7_ETMs.{prod}.tif")
+    if (a.GetGeoTransform(), a.GetProjection(), a.RasterXSize, a.RasterYSize, a.RasterCount) != \
+       (b.GetGeoTransform(), b.GetProjection(), b.RasterXSize, b.RasterYSize, b.RasterCount):
+        bad.append(f"{prod}: georeferencing or size differs")
+    x, y = a.ReadAsArray(), b.ReadAsArray()
+    if not np.array_equal(x, y):
+        bad.append(f"{prod}: {int((x != y).sum())} values differ")
+    print(f"     {prod}: {x.shape} {x.dtype}, {'identical' if np.array_equal(x, y) else 'DIFFERENT'}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+EOF
+}
 
 work="$tmp/work dir it's \$HOME"
 mkdir -p "$work" || exit 1
@@ -101,36 +147,21 @@ check $? "reference run"
 wf="flow 'q' \$x.yaml"
 write_workflow "$wf" "unused"
 out_rel="out \"1\" \$y"
-sub_out=$("$TW_BIN" submit "$wf" --array 4 --set "output.dir=$out_rel")
+submit_array "$wf" --array 4 --set "output.dir=$out_rel"
 rc=$?
 echo "$sub_out"
 check $rc "tilewise submit exit 0"
-array_id=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
-merge_id=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
 [ -n "$array_id" ] && [ -n "$merge_id" ]
 check $? "job ids printed (array '$array_id', merge '$merge_id')"
-[ -n "$array_id" ] && job_ids+=("$array_id")
-[ -n "$merge_id" ] && job_ids+=("$merge_id")
 out="$work/$out_rel"
 logs="$out/.tilewise-slurm"
 
 # Bounded wait for both jobs to leave the queue.
-if [ ${#job_ids[@]} -eq 2 ]; then
-  deadline=$(($(date +%s) + WAIT_S))
-  while [ -n "$(squeue -h -j "$array_id,$merge_id" 2>/dev/null)" ]; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-      echo "jobs still queued after $WAIT_S s:"
-      squeue
-      break
-    fi
-    sleep 1
-  done
-fi
+[ ${#job_ids[@]} -eq 2 ] && wait_jobs "$array_id,$merge_id"
 t_done=$(date +%s)
 
 # Every task and the merge COMPLETED with exit 0 (records kept MinJobAge=600 s).
-states=$(scontrol show job -o "$array_id" 2>/dev/null | grep -o 'JobState=[A-Z_]* .* ExitCode=[0-9:]*' |
-  sed 's/JobState=\([A-Z_]*\) .* ExitCode=\([0-9:]*\)/\1 \2/' | sort | uniq -c | tr -s ' ')
+states=$(task_states "$array_id")
 [ "$states" = " 4 COMPLETED 0:0" ]
 check $? "4 array tasks COMPLETED 0:0 (got '$states')"
 mstate=$(scontrol show job -o "$merge_id" 2>/dev/null | grep -o 'JobState=[A-Z_]*')
@@ -150,26 +181,7 @@ n_logs=$(ls "$logs"/tilewise-"$array_id"_[0-3].err 2>/dev/null | wc -l)
 [ "$n_logs" -eq 4 ]
 check $? "a log per task under .tilewise-slurm ($n_logs of 4)"
 
-"$PY" - "$tmp/ref" "$out" <<'EOF'
-import sys
-import numpy as np
-from osgeo import gdal
-gdal.UseExceptions()
-ref, out = sys.argv[1], sys.argv[2]
-bad = []
-for prod in ("class", "prob"):
-    a = gdal.Open(f"{ref}/L7_ETMs.{prod}.tif")
-    b = gdal.Open(f"{out}/L7_ETMs.{prod}.tif")
-    if (a.GetGeoTransform(), a.GetProjection(), a.RasterXSize, a.RasterYSize, a.RasterCount) != \
-       (b.GetGeoTransform(), b.GetProjection(), b.RasterXSize, b.RasterYSize, b.RasterCount):
-        bad.append(f"{prod}: georeferencing or size differs")
-    x, y = a.ReadAsArray(), b.ReadAsArray()
-    if not np.array_equal(x, y):
-        bad.append(f"{prod}: {int((x != y).sum())} values differ")
-    print(f"     {prod}: {x.shape} {x.dtype}, {'identical' if np.array_equal(x, y) else 'DIFFERENT'}")
-print("\n".join(bad))
-sys.exit(1 if bad else 0)
-EOF
+same_as_ref "$tmp/ref" "$out"
 check $? "4-task SLURM array + merge job == single run (class and prob rasters)"
 
 # ---- Part 2: SLURM's time-limit warning, for real. USR1 to the batch shell of
@@ -181,13 +193,9 @@ write_workflow ref8.yaml "$tmp/ref8"
 "$TW_BIN" run ref8.yaml -q --set tiling.stride=8 >/dev/null
 check $? "reference run, stride 8"
 out2="$work/out2"
-sub_out=$("$TW_BIN" submit "$wf" --array 2 --chunk-rows 1 --set "output.dir=out2" \
-  --set tiling.stride=8)
+submit_array "$wf" --array 2 --chunk-rows 1 --set "output.dir=out2" --set tiling.stride=8
 check $? "tilewise submit (stride 8, --chunk-rows 1)"
-id2=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
-mid2=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
-[ -n "$id2" ] && job_ids+=("$id2")
-[ -n "$mid2" ] && job_ids+=("$mid2")
+id2=$array_id mid2=$merge_id
 # Bounded waits: task 0 has committed a row...
 committed=1
 for _ in $(seq 1 600); do
@@ -207,15 +215,7 @@ done
 check $requeued "task 0 requeued itself after USR1"
 scontrol update JobId="${id2}_0" StartTime=now+3 >/dev/null 2>&1
 # ...and everything finishes.
-deadline=$(($(date +%s) + WAIT_S))
-while [ -n "$(squeue -h -j "$id2,$mid2" 2>/dev/null)" ]; do
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "jobs still queued after $WAIT_S s:"
-    squeue
-    break
-  fi
-  sleep 1
-done
+wait_jobs "$id2,$mid2"
 states=$(scontrol show job -o "$id2" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | sort | uniq -c | tr -s ' ')
 [ "$states" = " 2 JobState=COMPLETED" ]
 check $? "both tasks COMPLETED after the requeue (got '$states')"
@@ -228,18 +228,7 @@ check $? "task 0's log: interrupted, requeued (appended across runs)"
 resumed=$(grep -o '"rows_resumed": *[0-9]*' "$out2/run.shard0001-of-0002.json" 2>/dev/null | grep -o '[0-9]*$')
 [ "${resumed:-0}" -gt 0 ]
 check $? "the rerun resumed from committed rows (rows_resumed ${resumed:-none})"
-"$PY" - "$tmp/ref8" "$out2" <<'EOF2'
-import sys
-import numpy as np
-from osgeo import gdal
-gdal.UseExceptions()
-for prod in ("class", "prob"):
-    a = gdal.Open(f"{sys.argv[1]}/L7_ETMs.{prod}.tif").ReadAsArray()
-    b = gdal.Open(f"{sys.argv[2]}/L7_ETMs.{prod}.tif").ReadAsArray()
-    if not np.array_equal(a, b):
-        print(f"{prod} differs")
-        sys.exit(1)
-EOF2
+same_as_ref "$tmp/ref8" "$out2"
 check $? "USR1 + requeue + resume + merge == single run (stride 8)"
 t2_done=$(date +%s)
 
@@ -251,19 +240,11 @@ out3="$work/out3"
 "$TW_BIN" run "$wf" -q --shard 1/2 --set "output.dir=out3" >/dev/null
 check $? "shard 1/2 run by hand (stride 32)"
 sum_before=$(cat "$out3"/.tilewise/L7_ETMs/rows-*.bin | md5sum)
-sub_out=$("$TW_BIN" submit "$wf" --array 2 --set "output.dir=out3" --set tiling.stride=16)
+submit_array "$wf" --array 2 --set "output.dir=out3" --set tiling.stride=16
 check $? "tilewise submit with tiling.stride=16 over stride-32 parts"
-id3=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
-mid3=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
-[ -n "$id3" ] && job_ids+=("$id3")
-[ -n "$mid3" ] && job_ids+=("$mid3")
-deadline=$(($(date +%s) + WAIT_S))
-while [ -n "$(squeue -h -j "$id3" -t PD,R,CG 2>/dev/null)" ]; do
-  [ "$(date +%s)" -ge "$deadline" ] && break
-  sleep 1
-done
-states=$(scontrol show job -o "$id3" 2>/dev/null | grep -o 'JobState=[A-Z_]* .* ExitCode=[0-9:]*' |
-  sed 's/JobState=\([A-Z_]*\) .* ExitCode=\([0-9:]*\)/\1 \2/' | sort | uniq -c | tr -s ' ')
+id3=$array_id mid3=$merge_id
+wait_jobs "$id3" PD,R,CG # its merge job waits on afterok: it never runs
+states=$(task_states "$id3")
 [ "$states" = " 2 FAILED 6:0" ]
 check $? "both tasks refused with exit 6 (got '$states')"
 grep -qs 'tiling.stride: 16 now, 32 in the parts' "$out3"/.tilewise-slurm/tilewise-"${id3}"_0.err
@@ -273,29 +254,10 @@ check $? "shard 1's committed chunks are byte for byte intact"
 [ ! -e "$out3/L7_ETMs.class.tif" ]
 check $? "no merge ran on the refused array"
 scancel "$mid3" 2>/dev/null
-sub_out=$("$TW_BIN" submit "$wf" --array 2 --set "output.dir=out3")
+submit_array "$wf" --array 2 --set "output.dir=out3"
 check $? "tilewise submit with the original configuration"
-id4=$(sed -n 's/^array job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
-mid4=$(sed -n 's/^merge job \([0-9][0-9]*\):.*/\1/p' <<<"$sub_out")
-[ -n "$id4" ] && job_ids+=("$id4")
-[ -n "$mid4" ] && job_ids+=("$mid4")
-deadline=$(($(date +%s) + WAIT_S))
-while [ -n "$(squeue -h -j "$id4,$mid4" 2>/dev/null)" ]; do
-  [ "$(date +%s)" -ge "$deadline" ] && break
-  sleep 1
-done
-"$PY" - "$tmp/ref" "$out3" <<'EOF3'
-import sys
-import numpy as np
-from osgeo import gdal
-gdal.UseExceptions()
-for prod in ("class", "prob"):
-    a = gdal.Open(f"{sys.argv[1]}/L7_ETMs.{prod}.tif").ReadAsArray()
-    b = gdal.Open(f"{sys.argv[2]}/L7_ETMs.{prod}.tif").ReadAsArray()
-    if not np.array_equal(a, b):
-        print(f"{prod} differs")
-        sys.exit(1)
-EOF3
+wait_jobs "$array_id,$merge_id"
+same_as_ref "$tmp/ref" "$out3"
 check $? "the original configuration resumes; merge == single run"
 
 if [ $fail -ne 0 ]; then

@@ -109,19 +109,26 @@ static void expect_rect(const tw_aoi *a, double px0, double py0, double px1, dou
     assert_int_equal(tw_aoi_count(a), n);
 }
 
-static void same_crs(void **state)
+/* The AOI of a rectangle in pixels (written in EPSG:epsg as name) on the
+ * test raster, checked tile by tile. The caller destroys it. */
+static tw_aoi *rect_aoi(const char *name, int epsg, double px0, double py0, double px1, double py1)
 {
-    (void)state;
-    GDALAllRegister();
-    const char *dir = tw_test_tmpdir();
     tw_raster_info info = raster(true);
     tw_aoi_geometry g = geometry();
     tw_error err;
     tw_error_init(&err);
     tw_aoi *a = NULL;
-    const char *p = write_rect(dir, "utm.geojson", 32633, 100, 50, 300, 130);
-    assert_int_equal(tw_aoi_create(p, &info, &g, &a, &err), TW_OK);
-    expect_rect(a, 100, 50, 300, 130);
+    const char *p = write_rect(tw_test_tmpdir(), name, epsg, px0, py0, px1, py1);
+    if (tw_aoi_create(p, &info, &g, &a, &err) != TW_OK) fail_msg("%s: %s", name, err.msg);
+    expect_rect(a, px0, py0, px1, py1);
+    return a;
+}
+
+static void same_crs(void **state)
+{
+    (void)state;
+    GDALAllRegister();
+    tw_aoi *a = rect_aoi("utm.geojson", 32633, 100, 50, 300, 130);
     assert_int_equal(tw_aoi_count(a), 4 * 3);
     assert_false(tw_aoi_tile(a, -1, 0));
     assert_false(tw_aoi_tile(a, 0, N));
@@ -131,22 +138,9 @@ static void same_crs(void **state)
 static void other_crs(void **state)
 {
     (void)state;
-    const char *dir = tw_test_tmpdir();
-    tw_raster_info info = raster(true);
-    tw_aoi_geometry g = geometry();
-    tw_error err;
-    tw_error_init(&err);
-    tw_aoi *a = NULL;
-    const char *p = write_rect(dir, "wgs84.geojson", 4326, 100, 50, 300, 130);
-    assert_int_equal(tw_aoi_create(p, &info, &g, &a, &err), TW_OK);
-    expect_rect(a, 100, 50, 300, 130);
-    tw_aoi_destroy(a);
+    tw_aoi_destroy(rect_aoi("wgs84.geojson", 4326, 100, 50, 300, 130));
     /* partly outside the raster: only the tiles inside count */
-    p = write_rect(dir, "edge.geojson", 4326, 500, 600, 900, 900);
-    tw_error_init(&err);
-    assert_int_equal(tw_aoi_create(p, &info, &g, &a, &err), TW_OK);
-    expect_rect(a, 500, 600, 900, 900);
-    tw_aoi_destroy(a);
+    tw_aoi_destroy(rect_aoi("edge.geojson", 4326, 500, 600, 900, 900));
 }
 
 static void errors(void **state)

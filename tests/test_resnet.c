@@ -1,6 +1,7 @@
 /* test_resnet.c - the ResNet graph: depth inference, BN folding, error
- * messages for inconsistent weights, and the C reference forward pass
- * against PyTorch (fixtures from tests/fixtures/fx_models.py). */
+ * messages for inconsistent weights, the walk every backend plans from, and
+ * the C reference forward pass against PyTorch (fixtures from
+ * tests/fixtures/fx_models.py). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -237,6 +238,152 @@ static void test_bad_values(void **state)
 
 /* ---- reference forward vs PyTorch ---- */
 
+/* ---- tw_resnet_walk ---- */
+
+enum { MAX_OPS = 256 };
+
+typedef struct walk_log {
+    tw_resnet_op ops[MAX_OPS];
+    int n;
+    int stop_at; /* fail at this op (-1: never) */
+} walk_log;
+
+static tw_status log_op(void *user, const tw_resnet_op *op, tw_error *err)
+{
+    walk_log *l = user;
+    if (l->n < MAX_OPS) l->ops[l->n] = *op;
+    if (l->n++ == l->stop_at) return tw_error_set(err, TW_ERR_INTERNAL, "stopped at %s", op->name);
+    return TW_OK;
+}
+
+static void expect_op(const walk_log *l, int i, tw_resnet_op_kind kind, const char *name,
+                      const tw_conv *conv)
+{
+    if (i >= l->n) fail_msg("op %d (%s): the walk stopped after %d ops", i, name, l->n);
+    const tw_resnet_op *op = &l->ops[i];
+    if (op->kind != kind || strcmp(op->name, name) != 0 || op->conv != conv)
+        fail_msg("op %d: kind %d '%s', expected kind %d '%s' (or another conv)", i, op->kind,
+                 op->name, kind, name);
+}
+
+/* The walk of a synthetic net against what its tensors say, in the order
+ * the CPU plan needs (a block's projection first); then its dataflow: each
+ * op reads the value last written, of the shape it says, and in the three
+ * buffers no op overwrites a value a later op still reads. */
+static void check_walk(const int blocks[4], int bottleneck, int tile, int last_h)
+{
+    synth s;
+    assert_int_equal(synth_resnet(&s, blocks, bottleneck, 3, 8, 4, 21), 0);
+    tw_error err;
+    tw_error_init(&err);
+    tw_resnet *net = NULL;
+    assert_int_equal(tw_resnet_create(&s.mf, "", &net, &err), TW_OK);
+    walk_log *l = calloc(1, sizeof *l);
+    assert_non_null(l);
+    l->stop_at = -1;
+    assert_int_equal(tw_resnet_walk(net, tile, log_op, l, &err), TW_OK);
+
+    int i = 0, bi = 0;
+    expect_op(l, i++, TW_RESNET_OP_STEM, "conv1", &net->stem);
+    expect_op(l, i++, TW_RESNET_OP_MAXPOOL, "maxpool", NULL);
+    for (int st = 0; st < 4; st++)
+        for (int k = 0; k < blocks[st]; k++, bi++) {
+            const tw_block *b = &net->blocks[bi];
+            char n[96];
+            snprintf(n, sizeof n, "layer%d.%d.downsample.0.weight", st + 1, k);
+            if (synth_find(&s, n)) {
+                n[strlen(n) - strlen(".weight")] = '\0';
+                expect_op(l, i++, TW_RESNET_OP_SHORTCUT, n, &b->down);
+            }
+            snprintf(n, sizeof n, "layer%d.%d.conv1", st + 1, k);
+            expect_op(l, i++, TW_RESNET_OP_CONV, n, &b->c1);
+            snprintf(n, sizeof n, "layer%d.%d.conv2", st + 1, k);
+            expect_op(l, i++, bottleneck ? TW_RESNET_OP_CONV : TW_RESNET_OP_RESIDUAL, n, &b->c2);
+            if (bottleneck) {
+                snprintf(n, sizeof n, "layer%d.%d.conv3", st + 1, k);
+                expect_op(l, i++, TW_RESNET_OP_RESIDUAL, n, &b->c3);
+            }
+        }
+    expect_op(l, i++, TW_RESNET_OP_AVGPOOL, "avgpool", NULL);
+    expect_op(l, i++, TW_RESNET_OP_FC, "fc", NULL);
+    assert_int_equal(l->n, i);
+
+    int c[TW_RESNET_VAL_COUNT], h[TW_RESNET_VAL_COUNT], where[TW_RESNET_VAL_COUNT];
+    int held[3] = {-1, -1, -1};
+    bool have[TW_RESNET_VAL_COUNT] = {false};
+    have[TW_RESNET_VAL_IN] = true;
+    c[TW_RESNET_VAL_IN] = net->in_bands;
+    h[TW_RESNET_VAL_IN] = tile;
+    where[TW_RESNET_VAL_IN] = -1;
+    for (int j = 0; j < l->n; j++) {
+        const tw_resnet_op *op = &l->ops[j];
+        const char *nm = op->name;
+        if (!have[op->src] || c[op->src] != op->c_in || h[op->src] != op->h_in)
+            fail_msg("%s reads value %d as %dx%d", nm, op->src, op->c_in, op->h_in);
+        if (op->buf_src != where[op->src] || (op->buf_src >= 0 && held[op->buf_src] != op->src))
+            fail_msg("%s reads buffer %d, which no longer holds value %d", nm, op->buf_src,
+                     op->src);
+        if (op->conv) {
+            const tw_conv *cv = op->conv;
+            assert_int_equal(op->c_in, cv->cin);
+            assert_int_equal(op->c_out, cv->cout);
+            assert_int_equal(op->h_out, (op->h_in + 2 * cv->pad - cv->k) / cv->stride + 1);
+            assert_int_equal(op->relu, op->kind != TW_RESNET_OP_SHORTCUT);
+        }
+        if ((op->kind == TW_RESNET_OP_RESIDUAL) != (op->add != TW_RESNET_VAL_NONE))
+            fail_msg("%s: add %d", nm, op->add);
+        if (op->add != TW_RESNET_VAL_NONE) {
+            if (!have[op->add] || c[op->add] != op->c_out || h[op->add] != op->h_out)
+                fail_msg("%s adds value %d of another shape", nm, op->add);
+            if (op->buf_add != where[op->add] || held[op->buf_add] != op->add)
+                fail_msg("%s adds buffer %d, which no longer holds value %d", nm, op->buf_add,
+                         op->add);
+            assert_int_equal(op->add,
+                             net->blocks[op->block].has_down ? TW_RESNET_VAL_SC : TW_RESNET_VAL_X);
+        } else {
+            assert_int_equal(op->buf_add, -1);
+        }
+        bool outside = op->dst == TW_RESNET_VAL_FEAT || op->dst == TW_RESNET_VAL_PROBS;
+        if (outside) {
+            assert_int_equal(op->buf_dst, -1);
+        } else {
+            if (op->buf_dst < 0 || op->buf_dst > 2 || op->buf_dst == op->buf_src ||
+                op->buf_dst == op->buf_add)
+                fail_msg("%s writes buffer %d (reads %d, adds %d)", nm, op->buf_dst, op->buf_src,
+                         op->buf_add);
+            held[op->buf_dst] = op->dst;
+        }
+        where[op->dst] = op->buf_dst;
+        have[op->dst] = true;
+        c[op->dst] = op->c_out;
+        h[op->dst] = op->h_out;
+    }
+    const tw_resnet_op *avg = &l->ops[l->n - 2], *fc = &l->ops[l->n - 1];
+    assert_int_equal(avg->c_in, net->feat_dim);
+    assert_int_equal(avg->h_in, last_h);
+    assert_int_equal(fc->c_in, net->feat_dim);
+    assert_int_equal(fc->c_out, net->n_classes);
+
+    /* a visitor's failure stops the walk and is its result */
+    memset(l, 0, sizeof *l);
+    l->stop_at = 3;
+    tw_error_init(&err);
+    assert_int_equal(tw_resnet_walk(net, tile, log_op, l, &err), TW_ERR_INTERNAL);
+    assert_int_equal(l->n, 4);
+    assert_non_null(strstr(err.msg, l->ops[3].name));
+    free(l);
+    tw_resnet_destroy(net);
+    synth_free(&s);
+}
+
+static void test_walk(void **state)
+{
+    (void)state;
+    check_walk(k_r18, 0, 64, 2);  /* basic blocks, projections in stages 2-4 */
+    check_walk(k_r34, 1, 64, 2);  /* ResNet-50: a projection in every stage */
+    check_walk(k_r34, 0, 224, 7); /* ResNet-34 at ImageNet's size */
+}
+
 static int argmax(const float *p, int k)
 {
     int best = 0;
@@ -341,17 +488,12 @@ static void test_ref_tiny_tile(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_depth_inference),
-        cmocka_unit_test(test_unknown_layout),
-        cmocka_unit_test(test_strides_and_fold),
-        cmocka_unit_test(test_arch_mismatch),
-        cmocka_unit_test(test_missing_tensors),
-        cmocka_unit_test(test_wrong_shapes),
-        cmocka_unit_test(test_bad_values),
-        cmocka_unit_test(test_ref_tiny_tile),
-        cmocka_unit_test(test_ref_resnet18_safetensors),
-        cmocka_unit_test(test_ref_resnet18_bundle),
-        cmocka_unit_test(test_ref_resnet50),
+        cmocka_unit_test(test_depth_inference),     cmocka_unit_test(test_unknown_layout),
+        cmocka_unit_test(test_strides_and_fold),    cmocka_unit_test(test_arch_mismatch),
+        cmocka_unit_test(test_missing_tensors),     cmocka_unit_test(test_wrong_shapes),
+        cmocka_unit_test(test_bad_values),          cmocka_unit_test(test_walk),
+        cmocka_unit_test(test_ref_tiny_tile),       cmocka_unit_test(test_ref_resnet18_safetensors),
+        cmocka_unit_test(test_ref_resnet18_bundle), cmocka_unit_test(test_ref_resnet50),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,209 @@
+/* merge.c - the final products of an input from its committed chunks:
+ * tw_merge_assemble (run_internal.h; the last step of a run that covers the
+ * whole grid) and `tilewise merge` (tw_merge, run.h) after sharded runs. */
+#include "pipeline/run.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "io/resample.h"
+#include "io/tiletable.h"
+#include "io/writer.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "pipeline/parts.h"
+#include "pipeline/plan.h"
+#include "pipeline/resume.h"
+#include "pipeline/run_internal.h"
+
+static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, double gt[6])
+{
+    const double *g = info->geotransform;
+    double S = pl->stride;
+    gt[0] = g[0];
+    gt[1] = g[1] * S;
+    gt[2] = g[2] * S;
+    gt[3] = g[3];
+    gt[4] = g[4] * S;
+    gt[5] = g[5] * S;
+}
+
+/* The writer's params for the final products of an input: its outputs in
+ * p->output.dir, named stem.*, on the plan's cell grid. Borrows every
+ * pointer (m's class names, config_json). */
+static void writer_params_for(const tw_run_params *p, const tw_resolved *m, const char *config_json,
+                              const tw_raster_info *info, const tw_plan *plan, const char *stem,
+                              tw_writer_params *wp)
+{
+    memset(wp, 0, sizeof *wp);
+    wp->dir = p->output.dir;
+    wp->stem = stem;
+    wp->grid_w = plan->grid_w;
+    wp->grid_h = plan->grid_h;
+    wp->crs_wkt = info->crs_wkt;
+    wp->n_classes = m->n_classes;
+    wp->class_names = (const char(*)[TW_NAME_MAX])m->classes;
+    wp->products = p->output.products;
+    wp->prob_type = p->output.prob_type;
+    wp->format = p->output.format;
+    wp->creation_options = (const char(*)[128])p->output.creation_options;
+    wp->n_creation_options = p->output.n_creation_options;
+    wp->metadata_json = config_json;
+    if (p->model.n_colors > 0) {
+        wp->colors = (const unsigned char(*)[3])p->model.colors;
+        wp->n_colors = p->model.n_colors;
+    }
+    output_geotransform(info, plan, wp->geotransform);
+}
+
+tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
+                            const tw_raster_info *info, const char *config_json, tw_parts *parts,
+                            tw_input_result *res, tw_error *err)
+{
+    tw_plan plan;
+    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
+                                &plan, err);
+    if (st != TW_OK) return st;
+    tw_writer_params wp;
+    writer_params_for(p, m, config_json, info, &plan, res->stem, &wp);
+    bool rasters =
+        (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF)) != 0;
+    bool table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
+    char tpath[TW_PATH_MAX + 300];
+    snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
+    tw_tiletable_params tp = {
+        .path = tpath,
+        .n_classes = m->n_classes,
+        .class_names = (const char(*)[TW_NAME_MAX])m->classes,
+        .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? m->feat_dim : 0,
+        .tile = m->tile,
+        .stride = m->stride,
+        .crs_wkt = info->crs_wkt,
+    };
+    memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
+    bool gpkg = (p->output.products & TW_PRODUCT_TILES_GPKG) != 0;
+    char gpath[TW_PATH_MAX + 300];
+    snprintf(gpath, sizeof gpath, "%s/%s.tiles.gpkg", p->output.dir, res->stem);
+    /* The GeoPackage holds the table's tiles as polygons: its grid is the table's. */
+    tw_gpkg_params gp = {.path = gpath, .tile = tp.tile, .crs_wkt = tp.crs_wkt};
+    gp.n_classes = tp.n_classes;
+    gp.class_names = tp.class_names;
+    memcpy(gp.geotransform, tp.geotransform, sizeof gp.geotransform);
+    memset(res->hist, 0, sizeof res->hist);
+    res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
+    if (rasters && p->output.resolution == TW_RESOLUTION_INPUT) {
+        /* The cell grid's probabilities first (float32, in the parts
+         * directory), then resampled onto the input's grid. */
+        char cdir[TW_PATH_MAX + 300], cells[TW_PATH_MAX + 400];
+        snprintf(cdir, sizeof cdir, "%s/.tilewise/%s", p->output.dir, res->stem);
+        tw_writer_params cw = wp;
+        cw.dir = cdir;
+        cw.stem = "cells";
+        cw.products = TW_PRODUCT_PROB;
+        cw.prob_type = TW_PROB_FLOAT32;
+        cw.format = TW_FORMAT_GTIFF;
+        cw.creation_options = NULL;
+        cw.n_creation_options = 0;
+        st = tw_parts_assemble(parts, &cw, table ? &tp : NULL, gpkg ? &gp : NULL, res->hist,
+                               &res->nodata_cells, err);
+        tw_writer_product_path(cdir, "cells", "prob", cells, sizeof cells);
+        tw_writer_params iw = wp;
+        iw.grid_w = info->width;
+        iw.grid_h = info->height;
+        memcpy(iw.geotransform, info->geotransform, sizeof iw.geotransform);
+        if (st == TW_OK) st = tw_resample_to_input(cells, &iw, NULL, NULL, err);
+    } else {
+        st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, gpkg ? &gp : NULL,
+                               res->hist, &res->nodata_cells, err);
+    }
+    if (st == TW_OK) st = tw_parts_remove(parts, err);
+    if (st != TW_OK) return st;
+    res->n_outputs = 0;
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } prods[] = {{TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "conf"}};
+    for (int i = 0; i < 3; i++)
+        if (p->output.products & prods[i].bit)
+            tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
+                                   res->outputs[res->n_outputs++], sizeof res->outputs[0]);
+    if (table) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
+    if (gpkg) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", gpath);
+    return TW_OK;
+}
+
+tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err)
+{
+    double t0 = tw_clock_now();
+    tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
+    char(*stems)[256] = tw_calloc(TW_MEM_OTHER, TW_MAX_INPUTS, 256);
+    tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+    if (result) *result = r;
+    tw_status st = TW_OK;
+    if (!r || !stems || !mf) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    int n = st == TW_OK ? tw_parts_list(out_dir, stems, TW_MAX_INPUTS) : 0;
+    if (st == TW_OK && n <= 0)
+        st = tw_error_set(err, TW_ERR_INPUT,
+                          "%s: no shard outputs to merge (no %s/.tilewise/ parts)", out_dir,
+                          out_dir);
+    if (st == TW_OK) {
+        r->inputs = tw_calloc(TW_MEM_OTHER, (size_t)n, sizeof(tw_input_result));
+        if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; st == TW_OK && i < n; i++) {
+        char mpath[TW_PATH_MAX + 400];
+        st = tw_manifest_path(out_dir, stems[i], mpath, sizeof mpath, err);
+        if (st == TW_OK) st = tw_manifest_read(mpath, stems[i], mf, err);
+        if (st != TW_OK) break;
+        /* The parts live where the shards wrote them: this directory. */
+        snprintf(mf->p.output.dir, sizeof mf->p.output.dir, "%s", out_dir);
+        if (i == 0) {
+            r->model = mf->m;
+            snprintf(r->backend, sizeof r->backend, "merge");
+        }
+        tw_input_result *res = &r->inputs[r->n_inputs++];
+        snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[0]);
+        for (int k = 0; k < mf->p.input.n_paths; k++) {
+            char stem[256];
+            tw_run_input_stem(mf->p.input.paths[k], stem, sizeof stem);
+            if (strcmp(stem, stems[i]) == 0)
+                snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[k]);
+        }
+        snprintf(res->stem, sizeof res->stem, "%s", stems[i]);
+        tw_plan plan;
+        st = tw_plan_make(mf->info.width, mf->info.height, mf->m.tile, mf->m.stride,
+                          mf->p.tiling.edge, 0, 1, &plan, err);
+        if (st != TW_OK) break;
+        res->width = mf->info.width;
+        res->height = mf->info.height;
+        res->grid_w = plan.grid_w;
+        res->grid_h = plan.grid_h;
+        bool emb = (mf->p.output.products & TW_PRODUCT_EMB) != 0;
+        tw_parts_params pp = {
+            .out_dir = out_dir,
+            .stem = stems[i],
+            .fingerprint = mf->fingerprint,
+            .grid_w = plan.grid_w,
+            .grid_h = plan.grid_h,
+            .n_classes = mf->m.n_classes,
+            .feat_dim = emb ? mf->m.feat_dim : 0,
+            .tiles = tw_run_keeps_tiles(mf->p.output.products),
+            .shard_index = 0,
+            .shard_count = 1,
+            .merge_only = true,
+        };
+        tw_parts *parts = NULL;
+        st = tw_parts_open(&pp, quiet, &parts, err);
+        if (st == TW_OK)
+            st = tw_merge_assemble(&mf->p, &mf->m, &mf->info, mf->config_json, parts, res, err);
+        tw_parts_close(parts);
+    }
+    tw_free(stems);
+    tw_free(mf);
+    if (r) {
+        r->seconds = tw_clock_now() - t0;
+        r->peak_rss = tw_rss_peak();
+    }
+    if (!result) tw_run_result_destroy(r);
+    return st;
+}

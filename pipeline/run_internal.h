@@ -1,0 +1,100 @@
+/* run_internal.h - what the run driver (run.c), `validate` (validate.c) and
+ * `merge` (merge.c) share: the prepared run, the steps that prepare it, and
+ * the assembly of an input's committed chunks into its final products.
+ *
+ * Private to pipeline/: it is not installed and nothing outside pipeline/
+ * includes it (scripts/check_layers.sh refuses it). The public entry
+ * points stay in run.h.
+ */
+#ifndef TW_RUN_INTERNAL_H
+#define TW_RUN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/raster.h"
+#include "io/stac.h"
+#include "io/url.h"
+#include "model/backend.h"
+#include "model/resnet.h"
+#include "core/error.h"
+#include "core/params.h"
+#include "pipeline/budget.h"
+#include "pipeline/parts.h"
+#include "pipeline/preflight.h"
+#include "pipeline/run.h"
+
+/* What the checks found out about one input, before any work. */
+typedef struct input_info {
+    tw_raster_info info;
+    int bands;
+    bool mask;             /* reads also read a mask band */
+    bool skipped;          /* unopenable, input.on_error: skip */
+    int64_t aoi_tiles;     /* tiles touching input.aoi (-1: no AOI) */
+    int64_t all_tiles;     /* tiles of the full plan */
+    char skip_reason[512]; /* why */
+} input_info;
+
+/* A prepared run: calloc it, set p (and hooks for a run), then prepare it;
+ * tw_run_ctx_release frees what the steps opened (not the struct). */
+typedef struct run_ctx {
+    const tw_run_params *p;
+    const tw_run_hooks *hooks;
+    tw_resolved m;
+    tw_resnet *net;
+    tw_backend be;
+    bool have_be;
+    bool told_pinned; /* the pinned-memory fallback was said */
+    tw_budget bud;
+    input_info *infos;
+    tw_stac **stacs;      /* [n_paths]: STAC items as VRTs (input.assets), else NULL */
+    const char **sources; /* [n_paths]: what tw_raster_open opens */
+    tw_url_saved *net_saved;
+    tw_preflight_warnings warn;
+    char config_json[16384];
+} run_ctx;
+
+/* The model against the config and every input against the model: loads
+ * the model file and builds c->net, resolves c->m, opens STAC items
+ * (c->stacs, c->sources), applies GDAL's network settings for the run and
+ * fills c->infos. What does not depend on the machine (tw_check_inputs).
+ * On error the message is in err and c holds what was opened so far. */
+tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *err);
+
+/* Everything up to (not including) the backend's reserve: the inputs as
+ * above, the output checks (warnings in c->warn), the backend (c->be; its
+ * notices go to the hooks' log unless quiet) and the memory budget (c->bud)
+ * over the widest input. Shared by tw_run and tw_validate. */
+tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err);
+
+/* Free what the prepare steps opened (STAC items, the backend, the net,
+ * the input infos) and restore GDAL's network settings. c itself is the
+ * caller's. Cannot fail. */
+void tw_run_ctx_release(run_ctx *c);
+
+/* Output file stem of an input: its file name without the extension (nor
+ * a URL's query string: url.h). */
+static inline void tw_run_input_stem(const char *path, char *out, size_t size)
+{
+    tw_url_stem(path, out, size);
+}
+
+/* Whether chunks keep per-tile records: the tile table and the GeoPackage
+ * are both made from them. */
+static inline bool tw_run_keeps_tiles(unsigned products)
+{
+    return (products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG)) != 0;
+}
+
+/* (merge.c) Every row of parts is committed: write the input's final
+ * products as p asks (rasters on the cell grid or resampled onto the
+ * input's, the tile table, the GeoPackage) into p->output.dir as
+ * res->stem.*, with config_json as their metadata, then remove the parts.
+ * Fills res->hist, res->nodata_cells and res->outputs. p, m, info and
+ * config_json are borrowed; parts stays the caller's to close. */
+tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
+                            const tw_raster_info *info, const char *config_json, tw_parts *parts,
+                            tw_input_result *res, tw_error *err);
+
+#endif
