@@ -759,7 +759,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     p->layers[p->n_layers - 1].lower = lw;
     p->layers[p->n_layers - 1].in4 = in->md;
     p->layers[p->n_layers - 1].out4 = out4;
-    const dnnl_memory_desc_t *wq, *bq, *dq;
+    const dnnl_memory_desc_t *wq, *bq, *dq = NULL;
     if (lw == LOWER_WINO) {
         /* U, the bias (kept by the output transform), the two Winograd
          * domain buffers; U is made in activation buffer 0 (unused until
@@ -774,28 +774,22 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
         if (mb > p->buf_bytes[BUF_WINO_M]) p->buf_bytes[BUF_WINO_M] = mb;
         if (plain > p->buf_bytes[0]) p->buf_bytes[0] = plain;
         p->n_wino++;
-        out->md = out4;
-        out->buf = dst;
-        out->c = c->cout;
-        out->h = oh;
-        out->scale = dst_scale;
-        note_size(p, dst, &out->md);
-        return TW_OK;
+    } else {
+        if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
+            (st = query_md(pd, dnnl_query_weights_md, 1, &bq, err)) != TW_OK ||
+            (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
+            return st;
+        p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(wq));
+        p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(bq));
+        if (lw == LOWER_DENSE) {
+            /* reserve builds the Toeplitz matrix in plain [kd][ks] order in
+             * activation buffer 0 (unused until the first batch), then
+             * reorders it into the layout the matmul chose */
+            size_t mb = (size_t)tile_elems(&in->md) * (size_t)tile_elems(&out4) * sizeof(float);
+            if (mb > p->buf_bytes[0]) p->buf_bytes[0] = mb;
+        }
+        if (lw != LOWER_NONE) p->n_gemm++;
     }
-    if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
-        (st = query_md(pd, dnnl_query_weights_md, 1, &bq, err)) != TW_OK ||
-        (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
-        return st;
-    p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(wq));
-    p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(bq));
-    if (lw == LOWER_DENSE) {
-        /* reserve builds the Toeplitz matrix in plain [kd][ks] order in
-         * activation buffer 0 (unused until the first batch), then
-         * reorders it into the layout the inner product chose */
-        size_t mb = (size_t)tile_elems(&in->md) * (size_t)tile_elems(&out4) * sizeof(float);
-        if (mb > p->buf_bytes[0]) p->buf_bytes[0] = mb;
-    }
-    if (lw != LOWER_NONE) p->n_gemm++;
     out->md = lw == LOWER_NONE ? *dq : out4;
     out->buf = dst;
     out->c = c->cout;
