@@ -53,7 +53,7 @@ static int ab(tw_resnet *net, tw_backend_params bp, int tile, int batch, int ite
         bp.cpu_nhwc = nhwc[i];
         bp.cpu_winograd = wino[i];
         if (tw_backend_create_ex("cpu", &bp, &be[i], &err) != TW_OK) return 1;
-        if (mb <= 0) mb = be[i].i->auto_batch(be[i].ctx, tile);
+        if (mb <= 0) mb = be[i].i->auto_batch(be[i].ctx, net, tile);
         int b = mb;
         if (tw_backend_reserve(&be[i], net, tile, &b, TW_PREC_FP32, false, NULL, &err) != TW_OK) {
             fprintf(stderr, "%s\n", err.msg);
@@ -123,7 +123,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
-    if (batch <= 0) batch = be.i->auto_batch(be.ctx, tile);
+    if (batch <= 0) batch = be.i->auto_batch(be.ctx, net, tile);
     int mb = batch;
     /* TW_PRECISION=bf16|int8: that precision (int8 calibrates on the first batch) */
     const char *pv = getenv("TW_PRECISION");

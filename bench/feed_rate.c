@@ -50,9 +50,10 @@ static size_t null_workspace(void *ctx, const tw_resnet *net, int tile, int max_
     (void)ctx, (void)net, (void)tile, (void)max_batch, (void)prec;
     return 0;
 }
-static int null_auto_batch(void *ctx, int tile)
+static int null_auto_batch(void *ctx, const tw_resnet *net, int tile)
 {
     (void)ctx;
+    (void)net;
     return tile >= 128 ? 256 : 1024; /* the CUDA backend's batches in the GPU benchmarks */
 }
 static bool null_supports(void *ctx, const tw_resnet *net, int tile, tw_precision want,

@@ -1042,9 +1042,10 @@ static void cuda_host_free(void *vctx, void *p)
 }
 
 /* Large batches keep the GPU busy; the budget bounds them by memory. */
-static int cuda_auto_batch(void *vctx, int tile)
+static int cuda_auto_batch(void *vctx, const tw_resnet *net, int tile)
 {
     (void)vctx;
+    (void)net;
     (void)tile;
     return 256;
 }

@@ -74,10 +74,10 @@ struct tw_backend_i {
      * allocating. Used by the budget to pick batch: auto. */
     size_t (*workspace_bytes)(void *ctx, const tw_resnet *net, int tile, int max_batch,
                               tw_precision prec);
-    /* batch: auto's upper bound for tiles of tile x tile pixels: the batch
-     * beyond which this backend gets no faster, only bigger (the budget
-     * may lower it further). */
-    int (*auto_batch)(void *ctx, int tile);
+    /* batch: auto's upper bound for net on tiles of tile x tile pixels:
+     * the batch beyond which this backend gets no faster, only bigger (the
+     * budget may lower it further). */
+    int (*auto_batch)(void *ctx, const tw_resnet *net, int tile);
     /* What this backend computes in when runtime.precision is `want`, for
      * this net and tile: true with *runs_as (== want, or the precision it
      * falls back to, with the reason in why), or false when it refuses want

@@ -1653,16 +1653,18 @@ static tw_status cpu_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
  * batches of 4 to 8 as of 32, or faster, for 300 MiB less. */
 enum { CPU_LAST_STAGE_PIXELS = 128, CPU_MAX_BATCH = 64 };
 
-static int cpu_auto_batch(void *ctx, int tile)
+static int cpu_auto_batch(void *ctx, const tw_resnet *net, int tile)
 {
     const cpu_ctx *c = ctx;
     long side = (tile + 31) / 32, b = 1;
     /* Without oneDNN's AVX-512 kernels (the nhwc plans, model/winograd.c)
      * the last stage's 3x3 convs on maps of 2x2 or less are one GEMM with
      * a row per tile (LOWER_DENSE), too thin at 32 rows: batches of 64 ran
-     * ResNet-18 12 % and ResNet-50 5 % faster at 64 px (AVX2, 2 threads,
-     * bench/RESULTS.md) for 15-26 MiB more workspace */
-    if (c->wino_own && c->nhwc && side <= 2) return CPU_MAX_BATCH;
+     * ResNet-18 12 % faster at 64 px (AVX2, 2 threads, bench/RESULTS.md)
+     * for 15 MiB more workspace. ResNet-50 ran 10 % faster end to end (296
+     * vs 268 tiles/s) but its peak RSS went from 257 to 322 MiB, over half
+     * the PyTorch loop's (issue 5): it keeps 32 (tiling.batch: 64 for speed). */
+    if (c->wino_own && c->nhwc && side <= 2 && !(net && net->bottleneck)) return CPU_MAX_BATCH;
     while (b < CPU_MAX_BATCH && b * side * side < CPU_LAST_STAGE_PIXELS) b *= 2;
     return (int)b;
 }

@@ -644,7 +644,7 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .feat_dim = c->m.feat_dim,
         .want_emb = (p->output.products & TW_PRODUCT_EMB) != 0,
         .fixed_batch = p->tiling.batch,
-        .max_auto_batch = c->be.i->auto_batch(c->be.ctx, c->m.tile),
+        .max_auto_batch = c->be.i->auto_batch(c->be.ctx, c->net, c->m.tile),
         .raster_w = wi->width,
         .block_w = wi->block_w,
         .block_h = wi->block_h,

@@ -30,7 +30,7 @@ static void assert_complete(const tw_backend *be)
     assert_non_null(be->i->wants_raw);
     assert_non_null(be->i->get_stats);
     assert_non_null(be->i->destroy);
-    assert_true(be->i->auto_batch(be->ctx, 64) >= 1);
+    assert_true(be->i->auto_batch(be->ctx, NULL, 64) >= 1);
 }
 
 static void test_cpu_and_auto(void **state)

@@ -47,10 +47,10 @@ static size_t a_workspace(void *ctx, const tw_resnet *net, int tile, int max_bat
     async_ctx *a = ctx;
     return a->inner.i->workspace_bytes(a->inner.ctx, net, tile, max_batch, prec);
 }
-static int a_auto_batch(void *ctx, int tile)
+static int a_auto_batch(void *ctx, const tw_resnet *net, int tile)
 {
     async_ctx *a = ctx;
-    return a->inner.i->auto_batch(a->inner.ctx, tile);
+    return a->inner.i->auto_batch(a->inner.ctx, net, tile);
 }
 static bool a_supports(void *ctx, const tw_resnet *net, int tile, tw_precision want,
                        tw_precision *runs_as, char *why, size_t why_size)
