@@ -988,7 +988,8 @@ static tw_status reserve(tilewise_model *mo, int T, tw_error *err)
     tw_precision prec = mo->p.runtime.precision;
     size_t weights = mo->net->weight_bytes;
     if (be->i->consumes_weights(be->ctx, prec)) weights *= 2; /* the net's and the backend's */
-    int batch = mo->p.tiling.batch > 0 ? mo->p.tiling.batch : be->i->auto_batch(be->ctx, mo->net, T);
+    int batch =
+        mo->p.tiling.batch > 0 ? mo->p.tiling.batch : be->i->auto_batch(be->ctx, mo->net, T);
     if (batch < 1) batch = 1;
     size_t total = mo->p.runtime.memory;
     for (;;) {
