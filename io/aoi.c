@@ -12,6 +12,7 @@
 #include <ogr_srs_api.h>
 
 #include "core/alloc.h"
+#include "io/gdal_msgs.h"
 
 #define AOI_MAX_CELLS ((int64_t)16 << 20)
 
@@ -20,17 +21,6 @@ struct tw_aoi {
     uint8_t *inside; /* [n_y][n_x] */
     int64_t count;
 };
-
-typedef struct aoi_msg {
-    char text[400];
-} aoi_msg;
-
-static void CPL_STDCALL keep_first(CPLErr cls, CPLErrorNum no, const char *msg)
-{
-    (void)no;
-    aoi_msg *m = CPLGetErrorHandlerUserData();
-    if (m && cls >= CE_Failure && !m->text[0]) snprintf(m->text, sizeof m->text, "%s", msg);
-}
 
 /* Every geometry of every layer, cloned and reprojected into raster_srs
  * (NULL: no CRS; the geometries are taken as they are). */
@@ -102,13 +92,13 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
 {
     *out = NULL;
     if (!GDALGetDriverByName("MEM")) GDALAllRegister();
-    aoi_msg msg = {{0}};
-    CPLPushErrorHandlerEx(keep_first, &msg);
+    tw_gdal_msgs msg;
+    tw_gdal_capture_begin(&msg);
     GDALDatasetH ds = GDALOpenEx(path, GDAL_OF_VECTOR | GDAL_OF_READONLY, NULL, NULL, NULL);
-    CPLPopErrorHandler();
+    tw_gdal_capture_end();
     if (!ds)
         return tw_error_set(err, TW_ERR_INPUT, "input.aoi: cannot open %s as a vector file%s%s",
-                            path, msg.text[0] ? ": " : "", msg.text);
+                            path, msg.failure[0] ? ": " : "", msg.failure);
 
     OGRSpatialReferenceH rsrs = NULL;
     if (info->crs_wkt[0]) {
@@ -164,16 +154,15 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
         } else {
             for (int i = 0; i < n_geoms; i++) burn[i] = 1.0;
             char **ropts = CSLSetNameValue(NULL, "ALL_TOUCHED", "TRUE");
-            msg.text[0] = '\0';
-            CPLPushErrorHandlerEx(keep_first, &msg);
+            tw_gdal_capture_begin(&msg);
             CPLErr e = GDALRasterizeGeometries(mem, 1, &band, n_geoms, geoms, NULL, NULL, burn,
                                                ropts, NULL, NULL);
-            CPLPopErrorHandler();
+            tw_gdal_capture_end();
             CSLDestroy(ropts);
             tw_free(burn);
             if (e != CE_None)
                 st = tw_error_set(err, TW_ERR_INPUT, "input.aoi: %s: cannot rasterize: %s", path,
-                                  msg.text);
+                                  msg.failure);
         }
     }
     if (st == TW_OK && GDALRasterIO(GDALGetRasterBand(mem, 1), GF_Read, 0, 0, (int)gw, (int)gh,

@@ -10,17 +10,7 @@
 #include <gdal_utils.h>
 
 #include "core/alloc.h"
-
-typedef struct rs_msg {
-    char text[400];
-} rs_msg;
-
-static void CPL_STDCALL keep_first(CPLErr cls, CPLErrorNum no, const char *msg)
-{
-    (void)no;
-    rs_msg *m = CPLGetErrorHandlerUserData();
-    if (m && cls >= CE_Failure && !m->text[0]) snprintf(m->text, sizeof m->text, "%s", msg);
-}
+#include "io/gdal_msgs.h"
 
 tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *wp, int64_t *hist,
                                int64_t *nodata_pixels, tw_error *err)
@@ -31,13 +21,13 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
                             "output.resolution: input needs a north-up raster (its geotransform "
                             "is rotated); use output.resolution: cells");
     const int W = wp->grid_w, H = wp->grid_h, C = wp->n_classes;
-    rs_msg msg = {{0}};
-    CPLPushErrorHandlerEx(keep_first, &msg);
+    tw_gdal_msgs msg;
+    tw_gdal_capture_begin(&msg);
     GDALDatasetH src = GDALOpen(cells_prob, GA_ReadOnly);
     GDALDatasetH vrt = NULL;
     tw_status st = TW_OK;
     if (!src) {
-        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot reopen %s: %s", cells_prob, msg.text);
+        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot reopen %s: %s", cells_prob, msg.failure);
     } else {
         /* The input's extent at its size: output pixel (x, y) samples the
          * cell grid at its own centre. */
@@ -57,9 +47,9 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
         GDALWarpAppOptionsFree(o);
         if (!vrt)
             st = tw_error_set(err, TW_ERR_OUTPUT, "cannot resample %s to the input's grid: %s",
-                              cells_prob, msg.text);
+                              cells_prob, msg.failure);
     }
-    CPLPopErrorHandler();
+    tw_gdal_capture_end();
 
     /* Strips of about 8 MiB of probabilities. */
     int rows = (int)((8u << 20) / ((size_t)W * (size_t)C * sizeof(float) + 1));
@@ -76,15 +66,14 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
     if (st == TW_OK) st = tw_writer_create(wp, &w, err);
     for (int r = 0; st == TW_OK && r < H; r += rows) {
         int n = H - r < rows ? H - r : rows;
-        msg.text[0] = '\0';
-        CPLPushErrorHandlerEx(keep_first, &msg);
+        tw_gdal_capture_begin(&msg);
         CPLErr e = GDALDatasetRasterIO(vrt, GF_Read, 0, r, W, n, probs, W, n, GDT_Float32, C, NULL,
                                        (int)(C * sizeof(float)), (GSpacing)W * C * sizeof(float),
                                        sizeof(float));
-        CPLPopErrorHandler();
+        tw_gdal_capture_end();
         if (e != CE_None) {
             st = tw_error_set(err, TW_ERR_OUTPUT, "cannot resample rows %d..%d of %s: %s", r,
-                              r + n - 1, cells_prob, msg.text);
+                              r + n - 1, cells_prob, msg.failure);
             break;
         }
         for (size_t q = 0; q < (size_t)n * W; q++) {

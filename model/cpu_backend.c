@@ -166,7 +166,7 @@ typedef struct op {
     float *to;
     const float *bias; /* OP_WINO_OUT */
     int n, h, ch;
-    size_t stride; /* rows of each Winograd plane (tw_wino_stride) */
+    size_t stride; /* rows of each Winograd plane (wino_stride) */
     bool sum, relu;
     int nargs;
     dnnl_exec_arg_t args[6];
@@ -420,6 +420,17 @@ static dnnl_dim_t act_offset(const dnnl_memory_desc_t *md, dnnl_dim_t c, dnnl_di
     return off + inner;
 }
 
+/* The rows LOWER_WINO gives each of its 36 products: the tiles' rows
+ * rounded up to 16, at least 64. oneDNN 2.6's AVX2 GEMM computes the last
+ * rows of a product of 8 or 32 rows with another kernel, whose sums differ
+ * in the last bit (see rows_independent); padded so, it computes every row
+ * alike. The padding rows stay zero. */
+static size_t wino_stride(size_t rows)
+{
+    size_t s = (rows + 15) / 16 * 16;
+    return s < 64 ? 64 : s;
+}
+
 /* The lowering of conv c (input `in`, output layout out4, oh x oh) in plan p. */
 static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
                                 const dnnl_memory_desc_t *out4, int oh)
@@ -431,7 +442,7 @@ static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
      * GEMM below does fewer multiply-adds */
     size_t rows = tw_wino_rows(p->batch, oh);
     if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && oh >= TW_WINO_OUT &&
-        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4) && tw_wino_stride(rows) <= 2 * rows)
+        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4) && wino_stride(rows) <= 2 * rows)
         return LOWER_WINO; /* (not where padding the rows would double the work) */
     if (p->gemm == 0) return LOWER_NONE;
     if (c->k == 1 && c->stride == 1 && c->pad == 0 && is_nhwc(&in->md) && is_nhwc(out4) &&
@@ -454,7 +465,7 @@ static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv 
     if (lw == LOWER_WINO) {
         /* [36][rows][Cin] . [36][Cin][Cout], weights in the layout oneDNN
          * picks; bias, residual and ReLU are the output transform's */
-        dnnl_dim_t rows = (dnnl_dim_t)tw_wino_stride(tw_wino_rows(p->batch, in->h));
+        dnnl_dim_t rows = (dnnl_dim_t)wino_stride(tw_wino_rows(p->batch, in->h));
         dnnl_memory_desc_t a, w, d;
         dnnl_dims_t ad = {TW_WINO_POINTS, rows, c->cin}, wd = {TW_WINO_POINTS, c->cin, c->cout},
                     dd = {TW_WINO_POINTS, rows, c->cout};
@@ -765,7 +776,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
          * domain buffers; U is made in activation buffer 0 (unused until
          * the first batch), then reordered, as the dense matrix below */
         if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK) return st;
-        size_t rows = tw_wino_stride(tw_wino_rows(n, in->h)), ub = dnnl_memory_desc_get_size(wq);
+        size_t rows = wino_stride(tw_wino_rows(n, in->h)), ub = dnnl_memory_desc_get_size(wq);
         p->weight_bytes += alloc_size(ub) + alloc_size((size_t)c->cout * sizeof(float));
         size_t vb = TW_WINO_POINTS * rows * (size_t)c->cin * sizeof(float);
         size_t mb = TW_WINO_POINTS * rows * (size_t)c->cout * sizeof(float);
@@ -1072,6 +1083,15 @@ static tw_status new_mem(cpu_ctx *c, const dnnl_memory_desc_t *md, void *handle,
     return TW_OK;
 }
 
+/* A conv whose weights the net no longer holds: an earlier reserve
+ * consumed them (see build) and a retry cannot make them again. */
+static tw_status weights_gone(tw_error *err)
+{
+    return tw_error_set(err, TW_ERR_NOMEM,
+                        "out of memory for the CPU weights (the model's own copy was "
+                        "already released: give the run a smaller tiling.batch)");
+}
+
 /* Reorder memory `from` (layout from_md) into `to` (to_md) now, scaling
  * output channel o by oscale[o] when n_oscale > 0 (int8 weights). */
 static tw_status reorder_once(cpu_ctx *c, dnnl_memory_t from, const dnnl_memory_desc_t *from_md,
@@ -1121,10 +1141,7 @@ static tw_status prepare_weights(cpu_ctx *c, const layer *l, dnnl_memory_t *wm, 
         if (l->lower == LOWER_DENSE) wsrc = c->buf[0]; /* filled below, sized by the plan */
     }
     const tw_conv *cv = l->conv;
-    if (!cv->w || !cv->b)
-        return tw_error_set(err, TW_ERR_NOMEM,
-                            "out of memory for the CPU weights (the model's own copy was "
-                            "already released: give the run a smaller tiling.batch)");
+    if (!cv->w || !cv->b) return weights_gone(err);
     const dnnl_memory_desc_t *wmd, *bmd;
     tw_status st;
     if ((st = query_md(l->pd, dnnl_query_weights_md, 0, &wmd, err)) != TW_OK ||
@@ -1171,12 +1188,9 @@ static tw_status scratch_arg(cpu_ctx *c, const_dnnl_primitive_desc_t pd, op *o, 
 static tw_status build_wino(cpu_ctx *c, const layer *l, tw_resnet *consume, tw_error *err)
 {
     const tw_conv *cv = l->conv;
-    if (!cv->w || !cv->b)
-        return tw_error_set(err, TW_ERR_NOMEM,
-                            "out of memory for the CPU weights (the model's own copy was "
-                            "already released: give the run a smaller tiling.batch)");
+    if (!cv->w || !cv->b) return weights_gone(err);
     int n = (int)l->in4.dims[0], h = (int)l->in4.dims[2];
-    size_t stride = tw_wino_stride(tw_wino_rows(n, h));
+    size_t stride = wino_stride(tw_wino_rows(n, h));
     const dnnl_memory_desc_t *vmd, *wmd, *mmd;
     tw_status st;
     if ((st = query_md(l->pd, dnnl_query_src_md, 0, &vmd, err)) != TW_OK ||

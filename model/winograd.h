@@ -26,7 +26,7 @@
  *   V:    [36][stride][Cin],  U: [36][Cin][Cout],  M: [36][stride][Cout]
  * where stride >= rows is the caller's: rows past `rows` are not touched
  * (the CPU backend pads the products to a row count that oneDNN's GEMM
- * computes alike for every row; see tw_wino_stride).
+ * computes alike for every row; see wino_stride in model/cpu_backend.c).
  *
  * The transforms allocate nothing, take no locks and split their work over
  * OpenMP threads by rows; each output element is computed by one thread in a
@@ -51,15 +51,6 @@ static inline size_t tw_wino_rows(int n, int h)
 {
     size_t t = (size_t)tw_wino_tiles(h);
     return (size_t)n * t * t;
-}
-
-/* The row stride the CPU backend gives V and M: rows rounded up to 16, at
- * least 64 (oneDNN 2.6's AVX2 GEMM computes the last rows of a product of
- * 8 or 32 rows with another kernel, whose sums differ in the last bit). */
-static inline size_t tw_wino_stride(size_t rows)
-{
-    size_t s = (rows + 15) / 16 * 16;
-    return s < 64 ? 64 : s;
 }
 
 /* U [36][cin][cout] from w [cout][cin][3][3] (OIHW). Cannot fail. */

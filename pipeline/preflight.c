@@ -19,6 +19,7 @@
 #include <gdal.h>
 
 #include "core/alloc.h"
+#include "io/gdal_msgs.h"
 #include "io/writer.h"
 #include "pipeline/budget.h"
 
@@ -98,17 +99,6 @@ static const char *nearest_option(const CPLXMLNode *root, const char *name)
     return best;
 }
 
-typedef struct gdal_msg {
-    char text[512];
-} gdal_msg;
-
-static void CPL_STDCALL keep_message(CPLErr cls, CPLErrorNum no, const char *msg)
-{
-    (void)no;
-    gdal_msg *m = CPLGetErrorHandlerUserData();
-    if (m && cls >= CE_Warning && !m->text[0]) snprintf(m->text, sizeof m->text, "%s", msg);
-}
-
 tw_status tw_preflight_creation_options(tw_format format, const char (*opts)[128], int n,
                                         tw_error *err)
 {
@@ -179,13 +169,15 @@ tw_status tw_preflight_creation_options(tw_format format, const char (*opts)[128
     }
     if (st == TW_OK && list) {
         /* GDAL's own check (types, ranges): it only warns; make it an error. */
-        gdal_msg m = {{0}};
-        CPLPushErrorHandlerEx(keep_message, &m);
+        tw_gdal_msgs m;
+        tw_gdal_capture_begin(&m);
         int ok = GDALValidateCreationOptions(drv, list);
-        CPLPopErrorHandler();
+        tw_gdal_capture_end();
+        /* (it speaks in warnings: the first one names the option) */
+        const char *why = m.failure[0] ? m.failure : m.first_warning;
         if (!ok)
             st = tw_error_set(err, TW_ERR_CONFIG, "output.creation_options (format %s): %s", driver,
-                              m.text[0] ? m.text : "invalid option");
+                              why[0] ? why : "invalid option");
     }
     CSLDestroy(list);
     if (root) CPLDestroyXMLNode(root);

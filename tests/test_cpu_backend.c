@@ -203,7 +203,7 @@ static void check_vs_pytorch(const char *model, const char *tag, int n_variants)
             assert_int_equal(stats.winograd_convs, net->bottleneck ? 11 : 10);
         else if (v == V_DEFAULT || v == V_WINO_OWN) {
             /* this tree's: the same less the 4x4 stage, whose 8 rows would
-             * be padded to 64 (tw_wino_stride), unless refused */
+             * be padded to 64 (wino_stride in cpu_backend.c), unless refused */
             int want = net->bottleneck ? 6 : 7;
             assert_true(stats.winograd_convs <= want);
             assert_true(stats.winograd_convs + stats.lowerings_refused >= want);
