@@ -44,7 +44,10 @@
  *    fp32 with one notice.
  *  - int8: symmetric quantization, per-output-channel weight scales
  *    (127 / max|w|), one scale per activation tensor: u8 after a ReLU, s8
- *    for the input and the projection shortcuts. The activation ranges are
+ *    for the projection shortcuts. The stem stays in fp32 on the unquantized
+ *    input, and its pooled map is quantized to u8 (on the demo rasters that
+ *    divided int8's mean |p - p_fp32| by 2-3 on ResNet-18, for 1.3 % of int8
+ *    ResNet-50's speed at 64 px). The activation ranges are
  *    measured by calibrate(): the pipeline hands it, before each raster, a
  *    batch of tiles spread over the whole raster (pipeline/run.c), which
  *    runs once in fp32 with every convolution's output recorded; each range
@@ -145,8 +148,9 @@ typedef struct plan {
      * (rows_independent, remembered in memo); n_refused counts those that did */
     gemm_memo *memo;
     int n_refused;
-    /* NUM_INT8: the quantization range of the input ([0]) and of each conv's
-     * output in plan order ([1 + i]); NULL: every range is 1 (sizing only) */
+    /* NUM_INT8: the quantization range of each conv's output in plan order
+     * ([1 + i]; [0], the input's, is unused: the stem runs in fp32); NULL:
+     * every range is 1 (sizing only) */
     const float *amax;
     int n_conv;
     size_t buf_bytes[BUF_COUNT]; /* bytes of each storage: the most it ever holds */
@@ -650,9 +654,14 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
 {
     int n = p->batch;
     int ci = ++p->n_conv; /* this conv's output range in p->amax */
-    dnnl_data_type_t wdt = p->mode == NUM_INT8 ? dnnl_s8 : act_dt(p->mode, false);
+    /* int8 plans keep the stem (in_any) in fp32: its input is the normalized
+     * raster, which 127 steps quantize coarsely (alone, that changed the class
+     * of 3 of e2e_precision's 361 ResNet-50 tiles, half of int8's error); the
+     * pooled map is quantized after the max pooling (plan_op) */
+    num_mode mode = in_any && p->mode == NUM_INT8 ? NUM_F32 : p->mode;
+    dnnl_data_type_t wdt = mode == NUM_INT8 ? dnnl_s8 : act_dt(mode, false);
     /* a residual conv always ends in a ReLU: its int8 output is u8 */
-    dnnl_data_type_t ddt = act_dt(p->mode, relu);
+    dnnl_data_type_t ddt = act_dt(mode, relu);
     int oh = tw_resnet_out_size(in->h, c->k, c->stride, c->pad);
     if (oh < 1)
         return tw_error_set(err, TW_ERR_INPUT,
@@ -662,9 +671,9 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     dnnl_dims_t sd = {n, c->cin, in->h, in->h}, wd = {c->cout, c->cin, c->k, c->k};
     dnnl_dims_t bd = {c->cout}, dd = {n, c->cout, oh, oh};
     if (in_any)
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_md, 4, sd, act_dt(p->mode, false),
-                                              dnnl_format_tag_any),
-                 "src md");
+        DNNL_TRY(
+            dnnl_memory_desc_init_by_tag(&src_md, 4, sd, act_dt(mode, false), dnnl_format_tag_any),
+            "src md");
     else
         src_md = in->md;
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&w_md, 4, wd, wdt, dnnl_format_tag_any), "w md");
@@ -713,8 +722,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     float src_scale = in->scale, dst_scale = 1.0f, *oscale = NULL, *w_scale = NULL;
     attr_spec as = {
         .sum = into != NULL, .relu = relu, .sum_scale = 1.0f, .sum_dt = dnnl_data_type_undef};
-    if (p->mode == NUM_INT8) {
-        if (in_any) src_scale = q_scale(p, 0, false);
+    if (mode == NUM_INT8) {
         dst_scale = q_scale(p, ci, relu);
         w_scale = weight_scales(c);
         oscale = tw_alloc(TW_MEM_OTHER, (size_t)c->cout * sizeof *oscale);
@@ -926,11 +934,9 @@ static tw_status plan_op(void *user, const tw_resnet_op *op, tw_error *err)
         const dnnl_memory_desc_t *want;
         if ((st = query_md(stem->pd, dnnl_query_src_md, 0, &want, err)) != TW_OK) return st;
         if (!dnnl_memory_desc_equal(want, &p->in_md)) {
-            /* (in int8 this reorder also quantizes, by the stem's source scale) */
-            float in_scale = stem->src_scale;
             stem->src = BUF_IN_BLK;
             /* the reorder runs first: swap it in front of the stem */
-            st = plan_reorder(p, eng, &p->in_md, BUF_IN_USER, want, BUF_IN_BLK, in_scale, err);
+            st = plan_reorder(p, eng, &p->in_md, BUF_IN_USER, want, BUF_IN_BLK, 1.0f, err);
             if (st != TW_OK) return st;
             layer t = p->layers[p->n_layers - 1];
             p->layers[p->n_layers - 1] = p->layers[p->n_layers - 2];
@@ -941,17 +947,24 @@ static tw_status plan_op(void *user, const tw_resnet_op *op, tw_error *err)
     case TW_RESNET_OP_MAXPOOL:
         st = plan_pool(p, eng, &w->v[op->src], false, 1, x, err);
         if (st != TW_OK) return st;
-        if (p->nhwc && !is_nhwc(&x->md)) {
+        if ((p->nhwc && !is_nhwc(&x->md)) || p->mode == NUM_INT8) {
             /* the stem has no nhwc kernel for a few input bands (oneDNN would
              * run its reference code): it writes its blocked layout, and the
-             * pooled map is reordered once (counted in bench/RESULTS.md) */
+             * pooled map is reordered once (counted in bench/RESULTS.md).
+             * int8: the stem ran in fp32 (plan_conv), and this reorder
+             * quantizes its pooled map to u8 by the stem's range (max pooling
+             * keeps the largest values of that range) */
+            bool q = p->mode == NUM_INT8;
+            float scale = q ? q_scale(p, 1, true) : 1.0f;
             dnnl_memory_desc_t nhwc;
             dnnl_dims_t xd = {batch, x->c, x->h, x->h};
-            DNNL_TRY(dnnl_memory_desc_init_by_tag(&nhwc, 4, xd, dnnl_f32, dnnl_nhwc), "nhwc md");
-            st = plan_reorder(p, eng, &x->md, x->buf, &nhwc, 0, 1.0f, err);
+            DNNL_TRY(dnnl_memory_desc_init_by_tag(&nhwc, 4, xd, q ? dnnl_u8 : dnnl_f32, dnnl_nhwc),
+                     "nhwc md");
+            st = plan_reorder(p, eng, &x->md, x->buf, &nhwc, 0, scale, err);
             if (st != TW_OK) return st;
             x->md = nhwc;
             x->buf = 0;
+            x->scale = scale;
         }
         w->busy = 1u << x->buf; /* the first block's input */
         return TW_OK;
@@ -1616,7 +1629,7 @@ static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
     }
     float *amax = tw_calloc(TW_MEM_OTHER, (size_t)c->n_conv + 1, sizeof *amax);
     if (!amax) return tw_error_set(err, TW_ERR_NOMEM, "out of memory calibrating int8");
-    amax[0] = choose_range(b->x, (size_t)b->n * c->in_bands * c->tile * c->tile, 127);
+    /* amax[0], the input's range, stays 0: the stem runs in fp32 */
     st = run_ops(c, b, amax, err);
     if (st == TW_OK) {
         release(c);
