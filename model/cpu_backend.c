@@ -109,6 +109,7 @@ typedef struct layer {
     bool relu; /* convs: ends in a ReLU (its int8 output is u8) */
     bool sum;  /* convs: adds the old destination (the residual) */
     lowering lower;
+    size_t rows;                  /* lowerings: the GEMM's rows, padding included (gemm_rows) */
     dnnl_memory_desc_t in4, out4; /* LOWER_DENSE: the 4-d layouts the matrix maps between */
 } layer;
 
@@ -170,7 +171,7 @@ typedef struct op {
     float *to;
     const float *bias; /* OP_WINO_OUT */
     int n, h, ch;
-    size_t stride; /* rows of each Winograd plane (wino_stride) */
+    size_t stride; /* rows of each Winograd plane (layer.rows) */
     bool sum, relu;
     int nargs;
     dnnl_exec_arg_t args[6];
@@ -424,15 +425,24 @@ static dnnl_dim_t act_offset(const dnnl_memory_desc_t *md, dnnl_dim_t c, dnnl_di
     return off + inner;
 }
 
-/* The rows LOWER_WINO gives each of its 36 products: the tiles' rows
- * rounded up to 16, at least 64. oneDNN 2.6's AVX2 GEMM computes the last
- * rows of a product of 8 or 32 rows with another kernel, whose sums differ
- * in the last bit (see rows_independent); padded so, it computes every row
- * alike. The padding rows stay zero. */
-static size_t wino_stride(size_t rows)
+/* The rows of lowering lw's GEMM before padding: a row per tile (dense),
+ * per pixel (rows) or per 4x4 output tile (Winograd). */
+static size_t lowering_rows(const plan *p, lowering lw, int h)
 {
-    size_t s = (rows + 15) / 16 * 16;
-    return s < 64 ? 64 : s;
+    return lw == LOWER_WINO   ? tw_wino_rows(p->batch, h)
+           : lw == LOWER_ROWS ? (size_t)p->batch * h * h
+                              : (size_t)p->batch;
+}
+
+/* The next row count to try after r: oneDNN 2.6's AVX2 GEMM computes the
+ * last rows of some products (8, 32 or 56 rows with 2 threads) with another
+ * kernel, whose sums differ in the last bit (see rows_independent), while
+ * the multiples of 8 around them compute every row alike (measured at 16,
+ * 24, 40, 48, 64-128 rows on six shapes). Padding rows are computed and
+ * ignored: a GEMM row depends on its own source row only. */
+static size_t next_rows(size_t r)
+{
+    return (r / 8 + 1) * 8;
 }
 
 /* The lowering of conv c (input `in`, output layout out4, oh x oh) in plan p. */
@@ -444,10 +454,11 @@ static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
      * 1.9-2.6x faster than oneDNN's direct kernels from 4x4 to 56x56 maps,
      * 1.1x on 7x7 (bench/RESULTS.md, issue 20); on 2x2 maps the dense
      * GEMM below does fewer multiply-adds */
-    size_t rows = tw_wino_rows(p->batch, oh);
     if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && oh >= TW_WINO_OUT &&
-        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4) && wino_stride(rows) <= 2 * rows)
-        return LOWER_WINO; /* (not where padding the rows would double the work) */
+        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4) && tw_wino_rows(p->batch, oh) >= 32)
+        return LOWER_WINO; /* (fewer rows re-read U, 36 Cin Cout floats, for too little work:
+                              at 224 px, batch 4, the 7x7 maps' 16 rows ran 3 % slower and
+                              took 80 MB more) */
     if (p->gemm == 0) return LOWER_NONE;
     if (c->k == 1 && c->stride == 1 && c->pad == 0 && is_nhwc(&in->md) && is_nhwc(out4) &&
         (p->gemm == 1 || oh <= 2))
@@ -460,16 +471,16 @@ static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
                                                                                 : LOWER_NONE;
 }
 
-/* The inner product of lowering lw for conv c, writing layout out4 with the
- * conv's attributes; dnnl_unimplemented when oneDNN has none. */
-static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv *c, lowering lw,
-                                const act *in, const dnnl_memory_desc_t *out4,
-                                const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd)
+/* The matmul of lowering lw for conv c with `rows` rows (padding
+ * included), writing layout out4 with the conv's attributes;
+ * dnnl_unimplemented when oneDNN has none. */
+static dnnl_status_t lowered_pd(dnnl_engine_t eng, const tw_conv *c, lowering lw, const act *in,
+                                const dnnl_memory_desc_t *out4, const_dnnl_primitive_attr_t attr,
+                                dnnl_dim_t rows, dnnl_primitive_desc_t *pd)
 {
     if (lw == LOWER_WINO) {
         /* [36][rows][Cin] . [36][Cin][Cout], weights in the layout oneDNN
          * picks; bias, residual and ReLU are the output transform's */
-        dnnl_dim_t rows = (dnnl_dim_t)wino_stride(tw_wino_rows(p->batch, in->h));
         dnnl_memory_desc_t a, w, d;
         dnnl_dims_t ad = {TW_WINO_POINTS, rows, c->cin}, wd = {TW_WINO_POINTS, c->cin, c->cout},
                     dd = {TW_WINO_POINTS, rows, c->cout};
@@ -487,9 +498,8 @@ static dnnl_status_t lowered_pd(const plan *p, dnnl_engine_t eng, const tw_conv 
         dnnl_primitive_attr_destroy(plain);
         return s;
     }
-    dnnl_dim_t rows = p->batch, ks = tile_elems(&in->md), kd = tile_elems(out4);
+    dnnl_dim_t ks = tile_elems(&in->md), kd = tile_elems(out4);
     if (lw == LOWER_ROWS) {
-        rows = (dnnl_dim_t)p->batch * in->h * in->h;
         ks = c->cin;
         kd = c->cout;
     }
@@ -747,14 +757,28 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     if (st != TW_OK) goto fail;
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_unimplemented;
+    size_t rows = 0;
     if (lw != LOWER_NONE) {
-        s = lowered_pd(p, eng, c, lw, in, &out4, attr, &pd);
-        if (s == dnnl_success && !gemm_kept(p->memo, eng, pd, lw, into != NULL)) {
+        /* the GEMM's rows: the first count from the lowering's own up to
+         * twice it (more would cost what the lowering saves) whose rows all
+         * compute alike (gemm_kept) */
+        size_t need = lowering_rows(p, lw, in->h);
+        bool refused = false;
+        for (size_t r = need; r <= 2 * need; r = next_rows(r)) {
+            s = lowered_pd(eng, c, lw, in, &out4, attr, (dnnl_dim_t)r, &pd);
+            if (s != dnnl_success) break;
+            if (gemm_kept(p->memo, eng, pd, lw, into != NULL)) {
+                rows = r;
+                break;
+            }
             dnnl_primitive_desc_destroy(pd);
-            p->n_refused++;
             s = dnnl_unimplemented;
+            refused = true;
         }
-        if (s != dnnl_success) lw = LOWER_NONE; /* none here: the convolution */
+        if (s != dnnl_success) {
+            p->n_refused += refused;
+            lw = LOWER_NONE; /* none here: the convolution */
+        }
     }
     if (lw == LOWER_NONE) s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
     if (s == dnnl_unimplemented && wino && lw == LOWER_NONE) {
@@ -776,6 +800,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     p->layers[p->n_layers - 1].sum = into != NULL;
     p->layers[p->n_layers - 1].w_scale = w_scale;
     p->layers[p->n_layers - 1].lower = lw;
+    p->layers[p->n_layers - 1].rows = rows;
     p->layers[p->n_layers - 1].in4 = in->md;
     p->layers[p->n_layers - 1].out4 = out4;
     const dnnl_memory_desc_t *wq, *bq, *dq = NULL;
@@ -784,7 +809,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
          * domain buffers; U is made in activation buffer 0 (unused until
          * the first batch), then reordered, as the dense matrix below */
         if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK) return st;
-        size_t rows = wino_stride(tw_wino_rows(n, in->h)), ub = dnnl_memory_desc_get_size(wq);
+        size_t ub = dnnl_memory_desc_get_size(wq);
         p->weight_bytes += alloc_size(ub) + alloc_size((size_t)c->cout * sizeof(float));
         size_t vb = TW_WINO_POINTS * rows * (size_t)c->cin * sizeof(float);
         size_t mb = TW_WINO_POINTS * rows * (size_t)c->cout * sizeof(float);
@@ -800,6 +825,15 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
             return st;
         p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(wq));
         p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(bq));
+        if (lw != LOWER_NONE) {
+            /* the padding rows live past the batch in the source's and the
+             * destination's storage */
+            size_t ks = lw == LOWER_ROWS ? (size_t)c->cin : (size_t)tile_elems(&in->md);
+            size_t kd = lw == LOWER_ROWS ? (size_t)c->cout : (size_t)tile_elems(&out4);
+            size_t sb = rows * ks * sizeof(float), db = rows * kd * sizeof(float);
+            if (sb > p->buf_bytes[in->buf]) p->buf_bytes[in->buf] = sb;
+            if (db > p->buf_bytes[dst]) p->buf_bytes[dst] = db;
+        }
         if (lw == LOWER_DENSE) {
             /* reserve builds the Toeplitz matrix in plain [kd][ks] order in
              * activation buffer 0 (unused until the first batch), then
@@ -1203,7 +1237,7 @@ static tw_status build_wino(cpu_ctx *c, const layer *l, tw_resnet *consume, tw_e
     const tw_conv *cv = l->conv;
     if (!cv->w || !cv->b) return weights_gone(err);
     int n = (int)l->in4.dims[0], h = (int)l->in4.dims[2];
-    size_t stride = wino_stride(tw_wino_rows(n, h));
+    size_t stride = l->rows;
     const dnnl_memory_desc_t *vmd, *wmd, *mmd;
     tw_status st;
     if ((st = query_md(l->pd, dnnl_query_src_md, 0, &vmd, err)) != TW_OK ||
@@ -1317,7 +1351,9 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
         o->conv = l->kind == L_CONV;
         o->levels = l->relu ? 255 : 127;
         o->dst = c->buf[l->dst];
-        o->dst_floats = dnnl_memory_desc_get_size(dmd) / sizeof(float);
+        /* (a lowering's padding rows are not the output's) */
+        o->dst_floats =
+            dnnl_memory_desc_get_size(l->lower != LOWER_NONE ? &l->out4 : dmd) / sizeof(float);
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_FROM : DNNL_ARG_SRC, sm};
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_TO : DNNL_ARG_DST, dm};
         if (l->kind == L_CONV) {
