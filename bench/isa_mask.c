@@ -33,7 +33,9 @@
  * - Needs CPUID faulting (Intel since Ivy Bridge, and KVM guests). Without it the library
  *   says so on stderr and the program runs unmasked, which the check program shows.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <asm/prctl.h>
 #include <cpuid.h>
 #include <signal.h>
@@ -193,16 +195,55 @@ __attribute__((constructor)) static void arm_late(void)
 }
 
 #else /* ISA_MASK_CHECK: a plain program, to be run with the library preloaded */
+#include <setjmp.h>
 #include <stdio.h>
 
-/* What a program started under the mask sees, by CPUID and by gcc's dispatch (whose IFUNC
- * resolvers and constructor ran during start-up). */
-int main(void)
+static sigjmp_buf back;
+static volatile sig_atomic_t own_handler_ran;
+
+static void own_segv(int sig, siginfo_t *si, void *ctx)
+{
+    (void)sig;
+    (void)si;
+    (void)ctx;
+    if (own_handler_ran) _exit(1); /* a CPUID reached it: the mask's handler is gone */
+    own_handler_ran = 1;
+    siglongjmp(back, 1);
+}
+
+static unsigned avx512f_bit(void)
 {
     uint32_t a, b, c, d;
     __cpuid_count(7, 0, a, b, c, d);
-    printf("cpuid_avx512f=%u gcc_avx512f=%d gcc_avx2=%d\n", (b >> 16) & 1,
-           __builtin_cpu_supports("avx512f") != 0, __builtin_cpu_supports("avx2") != 0);
-    return 0;
+    return (b >> 16) & 1;
+}
+
+/* What a program started under the mask sees, by CPUID and by gcc's dispatch (whose IFUNC
+ * resolvers and constructor ran during start-up); then that a SIGSEGV handler of its own still
+ * gets its own faults, and that CPUID stays masked after it is installed. Prints one line.
+ * Exit status: 0 all as expected, 1 not, 77 this machine cannot show it (no CPUID faulting,
+ * or no AVX2). */
+int main(void)
+{
+    unsigned masked = avx512f_bit();
+    int gcc512 = __builtin_cpu_supports("avx512f") != 0, gcc2 = __builtin_cpu_supports("avx2") != 0;
+    /* ARCH_GET_CPUID: 0 while CPUID faults, that is while the mask is armed */
+    long faulting = syscall(SYS_arch_prctl, ARCH_GET_CPUID, 0) == 0;
+
+    struct sigaction sa = {0};
+    sa.sa_sigaction = own_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, NULL);
+    if (sigsetjmp(back, 1) == 0) {
+        volatile int *nowhere = NULL;
+        *nowhere = 1;
+    }
+    unsigned still = avx512f_bit();
+    printf("cpuid_avx512f=%u gcc_avx512f=%d gcc_avx2=%d own_segv_handler=%d "
+           "after_it_cpuid_avx512f=%u\n",
+           masked, gcc512, gcc2, (int)own_handler_ran, still);
+    if (!faulting || !gcc2) return 77;
+    return masked == 0 && gcc512 == 0 && own_handler_ran && still == 0 ? 0 : 1;
 }
 #endif
