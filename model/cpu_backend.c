@@ -109,7 +109,7 @@ typedef struct layer {
     bool relu; /* convs: ends in a ReLU (its int8 output is u8) */
     bool sum;  /* convs: adds the old destination (the residual) */
     lowering lower;
-    size_t rows;                  /* lowerings: the GEMM's rows, padding included (gemm_rows) */
+    size_t rows; /* lowerings: the GEMM's rows, padding included (lowering_rows, next_rows) */
     dnnl_memory_desc_t in4, out4; /* LOWER_DENSE: the 4-d layouts the matrix maps between */
 } layer;
 
