@@ -412,11 +412,13 @@ tilewise_status tilewise_run_options_set(tilewise_run_options *o, const char *kv
     return give(out, set_run_option(o, kv, &err), &err);
 }
 
-/* The caller's options, checked, into *o (defaults where the caller's
+/* The first step of every entry point that takes options: *err initialized,
+ * and the caller's options, checked, into *o (defaults where the caller's
  * struct is shorter). */
 static tw_status take_options(const tilewise_run_options *in, tilewise_run_options *o,
                               tw_error *err)
 {
+    tw_error_init(err);
     tilewise_run_options_init(o);
     if (!in) return TW_OK;
     if (in->size < OPTIONS_V2_SIZE)
@@ -595,7 +597,6 @@ tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *o
 {
     if (report) *report = NULL;
     tw_error err;
-    tw_error_init(&err);
     tilewise_run_options o;
     tw_status st = take_options(opts, &o, &err);
     if (st != TW_OK) return give(out, st, &err);
@@ -611,7 +612,6 @@ tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_option
 {
     if (report) *report = NULL;
     tw_error err;
-    tw_error_init(&err);
     tilewise_run_options o;
     tw_status st = take_options(opts, &o, &err);
     if (st == TW_OK && !output_dir)
@@ -637,7 +637,6 @@ tilewise_status tilewise_validate(const char *workflow, const tilewise_run_optio
 {
     if (v) *v = NULL;
     tw_error err;
-    tw_error_init(&err);
     tilewise_run_options o;
     tw_status st = take_options(opts, &o, &err);
     tw_run_params *p = NULL;
@@ -710,7 +709,6 @@ tilewise_status tilewise_info(const char *path, const tilewise_run_options *opts
 {
     if (text) *text = NULL;
     tw_error err;
-    tw_error_init(&err);
     tilewise_run_options o;
     tw_status st = take_options(opts, &o, &err);
     if (st == TW_OK && (!path || !text))

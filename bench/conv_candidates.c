@@ -76,34 +76,38 @@ static dnnl_primitive_attr_t relu_attr(void)
     return attr;
 }
 
-/* Make a candidate of pd (which it then owns), its memories allocated. */
-static void add(const char *name, dnnl_primitive_desc_t pd, bool ip)
+/* Make a candidate of pd (which it then owns), its memories allocated and
+ * filled (an argument pd has no memory for, such as a matmul's bias, is left
+ * out); `kind` prefixes oneDNN's implementation name. NULL when there is no
+ * room or oneDNN fails. */
+static cand *add(const char *name, dnnl_primitive_desc_t pd, const char *kind)
 {
-    if (g_n == MAXC) return;
+    if (g_n == MAXC) return NULL;
     cand *c = &g_c[g_n];
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
     const char *impl = "";
     dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-    snprintf(c->impl, sizeof c->impl, "%s", impl);
+    snprintf(c->impl, sizeof c->impl, "%s%s", kind, impl);
     const dnnl_query_t q[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_weights_md,
                                dnnl_query_dst_md};
     const int qi[4] = {0, 0, 1, 0},
               arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST};
     for (int i = 0; i < 4; i++) {
-        dnnl_memory_create(&c->m[i], dnnl_primitive_desc_query_md(pd, q[i], qi[i]), eng,
-                           DNNL_MEMORY_ALLOCATE);
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, q[i], qi[i]);
+        size_t n = md ? dnnl_memory_desc_get_size(md) / 4 : 0;
+        if (n == 0) continue;
+        dnnl_memory_create(&c->m[i], md, eng, DNNL_MEMORY_ALLOCATE);
         float *p;
         dnnl_memory_get_data_handle(c->m[i], (void **)&p);
-        size_t n = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, q[i], qi[i])) / 4;
         for (size_t j = 0; j < n; j++) p[j] = (float)(j % 13) * 0.01f;
         c->args[c->nargs++] = (dnnl_exec_arg_t){arg[i], c->m[i]};
     }
-    (void)ip;
-    if (dnnl_primitive_create(&c->prim, pd) != dnnl_success) return;
+    if (dnnl_primitive_create(&c->prim, pd) != dnnl_success) return NULL;
     dnnl_primitive_desc_destroy(pd);
     c->best_wall = c->best_cpu = 1e30;
     g_n++;
+    return c;
 }
 
 static void conv_all(const int s[6], dnnl_format_tag_t tag, const char *label)
@@ -138,7 +142,7 @@ static void conv_all(const int s[6], dnnl_format_tag_t tag, const char *label)
                 }
                 char name[48];
                 snprintf(name, sizeof name, "%s %s", alg ? "winograd" : "conv", label);
-                add(name, pd, false);
+                add(name, pd, "");
             } while (dnnl_primitive_desc_iterator_next(it) == dnnl_success);
             dnnl_primitive_desc_iterator_destroy(it);
         }
@@ -161,7 +165,7 @@ static void ip(const char *name, long rows, long k, long nout, dnnl_format_tag_t
         return;
     dnnl_primitive_attr_t attr = relu_attr();
     dnnl_primitive_desc_t pd;
-    if (dnnl_primitive_desc_create(&pd, &d, attr, eng, NULL) == dnnl_success) add(name, pd, true);
+    if (dnnl_primitive_desc_create(&pd, &d, attr, eng, NULL) == dnnl_success) add(name, pd, "");
     dnnl_primitive_attr_destroy(attr);
 }
 
@@ -188,37 +192,18 @@ static void wino(int n, int ci, int co, int h, dnnl_format_tag_t wtag, const cha
     if (dnnl_matmul_desc_init(&md, &a, &w, NULL, &d) != dnnl_success ||
         dnnl_primitive_desc_create(&pd, &md, NULL, eng, NULL) != dnnl_success)
         return;
-    cand *c = &g_c[g_n];
-    memset(c, 0, sizeof *c);
-    snprintf(c->name, sizeof c->name, "%s", name);
-    const char *impl = "";
-    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-    snprintf(c->impl, sizeof c->impl, "matmul %s", impl);
-    const dnnl_query_t q[3] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md};
-    const int arg[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    cand *c = add(name, pd, "matmul ");
+    if (!c) return;
     c->x = filled((size_t)n * h * h * ci);
     c->y = filled((size_t)n * h * h * co);
     c->bias = filled((size_t)co);
-    for (int i = 0; i < 3; i++) {
-        dnnl_memory_create(&c->m[i], dnnl_primitive_desc_query_md(pd, q[i], 0), eng,
-                           DNNL_MEMORY_ALLOCATE);
-        c->args[c->nargs++] = (dnnl_exec_arg_t){arg[i], c->m[i]};
-    }
     dnnl_memory_get_data_handle(c->m[0], (void **)&c->v);
-    dnnl_memory_get_data_handle(c->m[2], (void **)&c->mm);
-    float *wp;
-    dnnl_memory_get_data_handle(c->m[1], (void **)&wp);
-    size_t wn = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, q[1], 0)) / 4;
-    for (size_t j = 0; j < wn; j++) wp[j] = (float)(j % 7) * 0.01f;
-    if (dnnl_primitive_create(&c->prim, pd) != dnnl_success) return;
-    dnnl_primitive_desc_destroy(pd);
+    dnnl_memory_get_data_handle(c->m[3], (void **)&c->mm);
     c->wino = true;
     c->n = n;
     c->h = h;
     c->ci = ci;
     c->co = co;
-    c->best_wall = c->best_cpu = 1e30;
-    g_n++;
 }
 
 static void run(cand *c)
