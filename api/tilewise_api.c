@@ -570,19 +570,22 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
     return hand_over(rep, report, st, &err, out);
 }
 
-/* The workflow (a file, or o->yaml named `workflow`) with o's overrides,
- * then o's options, into *p (malloc'ed; free it). */
-static tw_status load_workflow(const char *workflow, const tilewise_run_options *o,
-                               tw_run_params **p, tw_error *err)
+/* The caller's options into *o (take_options), then the workflow (a file,
+ * or o->yaml named `workflow`) with o's overrides and options into *p
+ * (malloc'ed; free it). */
+static tw_status load_workflow(const char *workflow, const tilewise_run_options *opts,
+                               tilewise_run_options *o, tw_run_params **p, tw_error *err)
 {
     *p = NULL;
+    tw_status st = take_options(opts, o, err);
+    if (st != TW_OK) return st;
     if (!workflow && !o->yaml)
         return tw_error_set(err, TW_ERR_USAGE, "no workflow: a path, or options.yaml");
     tw_run_params *q = malloc(sizeof *q);
     if (!q) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    tw_status st = o->yaml ? tw_workflow_parse(workflow ? workflow : "<memory>", o->yaml,
-                                               o->yaml_len, o->sets, o->n_sets, q, err)
-                           : tw_workflow_load(workflow, o->sets, o->n_sets, q, err);
+    st = o->yaml ? tw_workflow_parse(workflow ? workflow : "<memory>", o->yaml, o->yaml_len,
+                                     o->sets, o->n_sets, q, err)
+                 : tw_workflow_load(workflow, o->sets, o->n_sets, q, err);
     if (st != TW_OK) {
         free(q);
         return st;
@@ -598,10 +601,8 @@ tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *o
     if (report) *report = NULL;
     tw_error err;
     tilewise_run_options o;
-    tw_status st = take_options(opts, &o, &err);
-    if (st != TW_OK) return give(out, st, &err);
     tw_run_params *p = NULL;
-    st = load_workflow(workflow, &o, &p, &err);
+    tw_status st = load_workflow(workflow, opts, &o, &p, &err);
     tilewise_status ret = st == TW_OK ? run_params(p, &o, report, out) : give(out, st, &err);
     free(p);
     return ret;
@@ -638,9 +639,8 @@ tilewise_status tilewise_validate(const char *workflow, const tilewise_run_optio
     if (v) *v = NULL;
     tw_error err;
     tilewise_run_options o;
-    tw_status st = take_options(opts, &o, &err);
     tw_run_params *p = NULL;
-    if (st == TW_OK) st = load_workflow(workflow, &o, &p, &err);
+    tw_status st = load_workflow(workflow, opts, &o, &p, &err);
     if (st != TW_OK) return give(out, st, &err);
     tilewise_validation *va = calloc(1, sizeof *va);
     FILE *f = va ? open_memstream(&va->text, &va->len) : NULL;
