@@ -1138,7 +1138,7 @@ tilewise_status tilewise_model_classify(tilewise_model *mo, const tilewise_tiles
             idx[k++] = next;
         }
         if (k == 0) continue;
-        if (!wants_raw) tw_normalize(mo->raw, t, mo->valid, k, T, T, &mo->norm, mo->x);
+        if (!wants_raw) tw_normalize(mo->raw, t, mo->valid, k, T, T, &mo->norm, 0, mo->x);
         tw_infer_batch b = {.n = k,
                             .tile = T,
                             .x = mo->x,

@@ -7,6 +7,7 @@
  */
 #include "pipeline/normalize.h"
 
+#include <omp.h>
 #include <stddef.h>
 
 /* One band plane of one tile: n pixels. The select keeps invalid pixels at 0
@@ -20,8 +21,27 @@
         }                                                                                          \
     } while (0)
 
+/* Plane c of tile i. */
+static void normalize_plane(const void *raw, tw_dtype t, const uint8_t *valid, int i, int c,
+                            int bands, size_t npix, float a, float b, float *x)
+{
+    const size_t off = ((size_t)i * (size_t)bands + (size_t)c) * npix;
+    const uint8_t *vmask = valid + (size_t)i * npix;
+    float *dst = x + off;
+    switch (t) {
+    case TW_DT_BYTE: NORM_PLANE(uint8_t); break;
+    case TW_DT_INT8: NORM_PLANE(int8_t); break;
+    case TW_DT_UINT16: NORM_PLANE(uint16_t); break;
+    case TW_DT_INT16: NORM_PLANE(int16_t); break;
+    case TW_DT_UINT32: NORM_PLANE(uint32_t); break;
+    case TW_DT_INT32: NORM_PLANE(int32_t); break;
+    case TW_DT_FLOAT32: NORM_PLANE(float); break;
+    case TW_DT_FLOAT64: NORM_PLANE(double); break;
+    }
+}
+
 void tw_normalize(const void *raw, tw_dtype t, const uint8_t *valid, int n, int h, int w,
-                  const tw_norm *norm, float *x)
+                  const tw_norm *norm, int threads, float *x)
 {
     /* mean/std hold TW_MAX_BANDS entries; more bands cannot be described. */
     const int bands = norm->bands < TW_MAX_BANDS ? norm->bands : TW_MAX_BANDS;
@@ -31,24 +51,20 @@ void tw_normalize(const void *raw, tw_dtype t, const uint8_t *valid, int n, int 
         a_of[c] = (float)(norm->scale / (double)norm->std[c]);
         b_of[c] = (float)(-(double)norm->mean[c] / (double)norm->std[c]);
     }
-
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int i = 0; i < n; i++) {
-        for (int c = 0; c < bands; c++) {
-            const size_t off = ((size_t)i * (size_t)bands + (size_t)c) * npix;
-            const uint8_t *vmask = valid + (size_t)i * npix;
-            float *dst = x + off;
-            const float a = a_of[c], b = b_of[c];
-            switch (t) {
-            case TW_DT_BYTE: NORM_PLANE(uint8_t); break;
-            case TW_DT_INT8: NORM_PLANE(int8_t); break;
-            case TW_DT_UINT16: NORM_PLANE(uint16_t); break;
-            case TW_DT_INT16: NORM_PLANE(int16_t); break;
-            case TW_DT_UINT32: NORM_PLANE(uint32_t); break;
-            case TW_DT_INT32: NORM_PLANE(int32_t); break;
-            case TW_DT_FLOAT32: NORM_PLANE(float); break;
-            case TW_DT_FLOAT64: NORM_PLANE(double); break;
-            }
-        }
+    if (threads <= 0) threads = omp_get_max_threads();
+    if (threads == 1) {
+        /* No parallel region at all: a team of its own would add to the
+         * threads libgomp manages, and with more of those than cores
+         * libgomp cuts every team's spin-wait (the CPU backend's too) to a
+         * few hundred iterations, so its threads sleep and wake at each
+         * barrier (bench/RESULTS.md, "One OpenMP team"). */
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < bands; c++)
+                normalize_plane(raw, t, valid, i, c, bands, npix, a_of[c], b_of[c], x);
+        return;
     }
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < bands; c++)
+            normalize_plane(raw, t, valid, i, c, bands, npix, a_of[c], b_of[c], x);
 }

@@ -12,9 +12,10 @@
 #include "core/params.h"
 
 /* Normalize n tiles: raw [n][bands][h][w] of type t, valid [n][h][w],
- * into x [n][bands][h][w]. Parallel over tiles and bands (OpenMP).
- * Cannot fail; thread-safe for distinct outputs. */
+ * into x [n][bands][h][w]. Parallel over tiles and bands with `threads`
+ * OpenMP threads (0: OpenMP's default; 1: no team at all, on the calling
+ * thread). Cannot fail; thread-safe for distinct outputs. */
 void tw_normalize(const void *raw, tw_dtype t, const uint8_t *valid, int n, int h, int w,
-                  const tw_norm *norm, float *x);
+                  const tw_norm *norm, int threads, float *x);
 
 #endif

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <gdal.h>
 #include <math.h>
+#include <omp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -364,6 +365,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     memcpy(pp.norm.mean, c->m.mean, sizeof pp.norm.mean);
     memcpy(pp.norm.std, c->m.std, sizeof pp.norm.std);
     pp.wants_raw = c->be.i->wants_raw(c->be.ctx);
+    pp.norm_threads = tw_run_normalize_threads(p, &c->be);
     pp.want_emb = (p->output.products & TW_PRODUCT_EMB) != 0;
     pp.err = err;
     pp.res = res;
@@ -496,9 +498,23 @@ int tw_run_readers(const tw_run_params *p, const tw_backend *be)
      * its device leaves the host's cores to the readers, less the infer
      * and write threads. */
     if (!be->i->wants_raw(be->ctx)) return 1;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = omp_get_num_procs(); /* the CPUs this process may use (a job's, under SLURM) */
     long n = cores - 2;
     return n < 1 ? 1 : (n > 8 ? 8 : (int)n);
+}
+
+int tw_run_normalize_threads(const tw_run_params *p, const tw_backend *be)
+{
+    /* A backend that computes on the host's cores (runtime.threads of
+     * them, 0: all) leaves the normalize stage the cores it does not use,
+     * one at least: one runs without an OpenMP team of its own, so that
+     * the inference's team is the only one and keeps libgomp's full
+     * spin-wait (normalize.c). A backend with a device of its own leaves
+     * OpenMP its default, all the cores. */
+    if (be->i->wants_raw(be->ctx)) return 0;
+    long cores = omp_get_num_procs();
+    long used = p->runtime.threads > 0 && p->runtime.threads < cores ? p->runtime.threads : cores;
+    return cores - used > 1 ? (int)(cores - used) : 1;
 }
 
 void tw_run_ctx_release(run_ctx *c)

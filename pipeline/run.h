@@ -144,8 +144,13 @@ void tw_run_result_destroy(tw_run_result *r);
 
 /* Reader workers a run uses: runtime.readers, or for auto: 1 with a backend
  * that normalizes on the host (the CPU: inference owns the cores), else the
- * cores less two (infer, write), 1..8. */
+ * cores less two (infer, write), 1..8. Cores: those the process may run on. */
 int tw_run_readers(const tw_run_params *p, const tw_backend *be);
+
+/* OpenMP threads of the normalize stage: with a backend that computes on
+ * the host, the cores its runtime.threads leave, at least 1 (1: no team of
+ * its own); else 0 (OpenMP's default). */
+int tw_run_normalize_threads(const tw_run_params *p, const tw_backend *be);
 
 /* Write run.json for params p and result r to path (atomically: temp + rename). */
 tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run_result *r,

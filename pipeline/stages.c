@@ -193,7 +193,7 @@ tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *e
                       pp->display);
         return TW_OK;
     }
-    if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, s->x);
+    if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, 0, s->x);
     tw_infer_batch b = slot_batch(pp, s, n, T);
     st = pp->be->i->calibrate(pp->be->ctx, &b, pp->display, err);
     if (st == TW_OK)
@@ -490,7 +490,8 @@ static work_result normalize_work(worker *w, tw_slot *s, tw_slot **out)
     tw_pipe *pp = w->pp;
     const int T = pp->segs[0].plan.tile;
     if (!pp->wants_raw && s->n_kept > 0)
-        tw_normalize(s->raw, pp->dtype, s->valid, s->n_kept, T, T, &pp->norm, s->x);
+        tw_normalize(s->raw, pp->dtype, s->valid, s->n_kept, T, T, &pp->norm, pp->norm_threads,
+                     s->x);
     return W_PASS;
 }
 
@@ -821,15 +822,23 @@ tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
                                    .out_ordered = out[sid] == pp->q_write,
                                    .left = &left[sid]};
     }
+    /* The infer stage runs on this thread, the one that reserved the
+     * backend: the CPU backend's OpenMP team is then the one its reserve
+     * started, and the process has a single team (a second one, idle, would
+     * count against the cores: see tw_run_normalize_threads). */
+    const int infer_arg = readers + TW_STAGE_INFER - 1;
     int started = 0;
     for (; started < n_threads; started++) {
+        if (started == infer_arg) continue;
         if (pthread_create(&th[started], NULL, worker_main, &args[started]) != 0) {
             st = tw_error_set(err, TW_ERR_NOMEM, "cannot start a stage thread");
             pipe_abort(pp);
             break;
         }
     }
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (started == n_threads) worker_main(&args[infer_arg]);
+    for (int i = 0; i < started; i++)
+        if (i != infer_arg) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&pp->mu);
     if (st == TW_OK) {
         if (atomic_load(&pp->cancelled) || atomic_load(&pp->stop_row) >= 0)

@@ -79,6 +79,7 @@ typedef struct tw_pipe {
     tw_dtype dtype;
     tw_norm norm;
     bool wants_raw;
+    int norm_threads; /* the normalize stage's OpenMP threads (tw_run_normalize_threads) */
     bool want_emb;
     tw_segment *segs; /* in raster order, `first` filled */
     int n_segs;

@@ -148,7 +148,7 @@ static void test_every_dtype(void **state)
     for (size_t k = 0; k < sizeof k_all / sizeof k_all[0]; k++) {
         setup s;
         make_setup(&s, k_all[k], 3, 4, 9, 13, 1.0, 1000 + k);
-        tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, s.x);
+        tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, 0, s.x);
         check_against_reference(&s);
         free_setup(&s);
     }
@@ -162,7 +162,7 @@ static void test_scale(void **state)
         for (size_t j = 0; j < sizeof scales / sizeof scales[0]; j++) {
             setup s;
             make_setup(&s, k_all[k], 2, 3, 8, 8, scales[j], 77 + 10 * k + j);
-            tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, s.x);
+            tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, 0, s.x);
             check_against_reference(&s);
             free_setup(&s);
         }
@@ -180,13 +180,15 @@ static void test_known_values(void **state)
     norm.mean[0] = 0.5f;
     norm.std[0] = 0.25f;
     float x[8];
-    tw_normalize(raw, TW_DT_BYTE, &valid[0][0][0], 2, 2, 2, &norm, x);
+    tw_normalize(raw, TW_DT_BYTE, &valid[0][0][0], 2, 2, 2, &norm, 0, x);
     const float want[8] = {-2.0f, 2.0f, -1.2f, 0.0f, 2.0f, 0.0f, -2.0f, 1.2f};
     for (int i = 0; i < 8; i++) assert_float_equal(x[i], want[i], 1e-6);
 }
 
 /* Many tiles, 6 bands: the OpenMP path with 2+ threads must equal the
- * reference and be bit-identical to a one-thread run. */
+ * reference and be bit-identical to a run on one thread, whether OpenMP's
+ * setting says one (threads 0) or the caller does (threads 1: no parallel
+ * region at all), and to an explicit team of 3. */
 static void test_many_tiles_openmp(void **state)
 {
     (void)state;
@@ -198,17 +200,22 @@ static void test_many_tiles_openmp(void **state)
     }
     int saved = omp_get_max_threads();
     omp_set_num_threads(saved > 1 ? saved : 2);
-    tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, s.x);
+    tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, 0, s.x);
     check_against_reference(&s);
 
     size_t total = (size_t)s.n * s.bands * s.h * s.w;
-    float *one = malloc(total * sizeof(float));
-    assert_non_null(one);
+    float *other = malloc(total * sizeof(float));
+    assert_non_null(other);
     omp_set_num_threads(1);
-    tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, one);
+    tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, 0, other);
     omp_set_num_threads(saved);
-    assert_memory_equal(one, s.x, total * sizeof(float));
-    free(one);
+    assert_memory_equal(other, s.x, total * sizeof(float));
+    for (int threads = 1; threads <= 3; threads += 2) {
+        memset(other, 0xff, total * sizeof(float));
+        tw_normalize(s.raw, s.t, s.valid, s.n, s.h, s.w, &s.norm, threads, other);
+        assert_memory_equal(other, s.x, total * sizeof(float));
+    }
+    free(other);
     free_setup(&s);
 }
 
@@ -220,7 +227,7 @@ static void test_empty(void **state)
     for (int c = 0; c < 3; c++) norm.std[c] = 1.0f;
     float x[4] = {7, 7, 7, 7};
     uint8_t raw[4] = {0}, valid[4] = {0};
-    tw_normalize(raw, TW_DT_BYTE, valid, 0, 2, 2, &norm, x);
+    tw_normalize(raw, TW_DT_BYTE, valid, 0, 2, 2, &norm, 0, x);
     for (int i = 0; i < 4; i++) assert_true(x[i] == 7.0f);
 }
 

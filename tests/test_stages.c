@@ -9,8 +9,13 @@
  * protocol error. Its outputs must equal the plain CPU backend's, value for
  * value, with several readers and a batch size that leaves a short last
  * batch.
+ *
+ * The infer stage runs on the thread that called tw_run, the one that
+ * reserved the backend: the CPU backend's OpenMP team is then the one its
+ * reserve started. Every call the wrapper gets says which thread made it.
  */
 #include <gdal.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,6 +42,8 @@ typedef struct async_ctx {
     int in_flight, max_in_flight;
     long long n_begin, n_end;
     bool protocol_error;
+    pthread_t caller;    /* the thread that created the backend (tw_run's) */
+    int calls_elsewhere; /* reserve, infer, begin and end calls from another thread */
 } async_ctx;
 
 static async_ctx *g_last; /* the context of the last backend made, for the asserts */
@@ -62,6 +69,7 @@ static tw_status a_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_pr
                            bool consume, tw_error *err)
 {
     async_ctx *a = ctx;
+    if (!pthread_equal(pthread_self(), a->caller)) a->calls_elsewhere++;
     tw_status st = a->inner.i->reserve(a->inner.ctx, net, tile, batch, prec, consume, err);
     if (st != TW_OK) return st;
     /* the inner backend is driven directly: record its reservation as
@@ -88,11 +96,13 @@ static bool a_consumes(void *ctx, tw_precision prec)
 static tw_status a_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
 {
     async_ctx *a = ctx;
+    if (!pthread_equal(pthread_self(), a->caller)) a->calls_elsewhere++;
     return a->inner.i->infer(a->inner.ctx, b, err);
 }
 static tw_status a_begin(void *ctx, const tw_infer_batch *b, int lane, tw_error *err)
 {
     async_ctx *a = ctx;
+    if (!pthread_equal(pthread_self(), a->caller)) a->calls_elsewhere++;
     if (lane < 0 || lane >= LANES || a->busy[lane]) {
         a->protocol_error = true;
         return tw_error_set(err, TW_ERR_INTERNAL, "test: begin in a busy lane %d", lane);
@@ -112,6 +122,7 @@ static tw_status a_begin(void *ctx, const tw_infer_batch *b, int lane, tw_error 
 static tw_status a_end(void *ctx, const tw_infer_batch *b, int lane, tw_error *err)
 {
     async_ctx *a = ctx;
+    if (!pthread_equal(pthread_self(), a->caller)) a->calls_elsewhere++;
     if (lane < 0 || lane >= LANES || !a->busy[lane] || a->begun[lane] != a->next_end) {
         a->protocol_error = true;
         return tw_error_set(err, TW_ERR_INTERNAL, "test: end of lane %d out of order", lane);
@@ -172,6 +183,7 @@ static tw_status async_create(const tw_backend_params *params, tw_backend *out, 
     }
     free(g_last);
     g_last = a;
+    a->caller = pthread_self();
     out->i = &async_iface;
     out->ctx = a;
     return TW_OK;
@@ -235,6 +247,7 @@ static void test_async_backend_same_outputs(void **state)
         run_into("cpu-async", readers, 7, b_dir);
         assert_non_null(g_last);
         assert_false(g_last->protocol_error);
+        assert_int_equal(g_last->calls_elsewhere, 0);
         assert_int_equal(g_last->n_begin, 15); /* ceil(100 / 7) */
         assert_int_equal(g_last->n_end, g_last->n_begin);
         /* two in flight when the next batch was already queued (usual here:
@@ -278,6 +291,7 @@ static void test_async_no_stall(void **state)
     for (int round = 0; round < 6; round++) {
         run_into("cpu-async", 2 + round % 4, 3, out);
         assert_false(g_last->protocol_error);
+        assert_int_equal(g_last->calls_elsewhere, 0);
         assert_int_equal(g_last->n_begin, 34); /* ceil(100 / 3) */
         assert_int_equal(g_last->n_end, g_last->n_begin);
     }
