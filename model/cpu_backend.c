@@ -80,8 +80,18 @@
 
 enum { N_ACT = 4 };
 /* storage ids: 0..N_ACT-1 are the activation buffers */
-/* BUF_WINO_V / _M: the Winograd domain's input and output (LOWER_WINO) */
-enum { BUF_IN_USER = N_ACT, BUF_IN_BLK, BUF_DEQ, BUF_FEAT, BUF_WINO_V, BUF_WINO_M, BUF_COUNT };
+/* BUF_WINO_V / _M: the Winograd domain's input and output (LOWER_WINO);
+ * BUF_SUB: a strided LOWER_ROWS conv's source, every stride-th pixel */
+enum {
+    BUF_IN_USER = N_ACT,
+    BUF_IN_BLK,
+    BUF_DEQ,
+    BUF_FEAT,
+    BUF_WINO_V,
+    BUF_WINO_M,
+    BUF_SUB,
+    BUF_COUNT
+};
 
 typedef enum { L_CONV, L_POOL, L_REORDER } layer_kind;
 
@@ -92,7 +102,8 @@ typedef enum { NUM_F32, NUM_BF16, NUM_INT8, NUM_MODES } num_mode;
 typedef enum {
     LOWER_NONE,  /* a oneDNN convolution */
     LOWER_DENSE, /* one inner product per tile: the whole map times its Toeplitz matrix */
-    LOWER_ROWS,  /* 1x1 stride 1, nhwc: one inner product, the batch's pixels as rows */
+    LOWER_ROWS,  /* 1x1, nhwc: one inner product, the batch's pixels as rows (stride 2:
+                    of the pixels a reorder picked out first) */
     LOWER_WINO   /* 3x3 stride 1, nhwc: Winograd F(4,3), model/winograd.c's transforms
                     around one batched matmul (CPUs where oneDNN has no Winograd) */
 } lowering;
@@ -377,10 +388,14 @@ static float *weight_scales(const tw_conv *c)
  *    layouts, so no reorder appears), the tiles of the batch as rows; for a
  *    3x3 stride-1 conv on a 2x2 map it needs 16 / 36 of the direct
  *    multiply-adds (the padding taps vanish);
- *  - LOWER_ROWS: a 1x1 stride-1 conv on nhwc activations, the batch's
- *    pixels as rows: [N H W] x [Cin] times [Cin] x [Cout].
+ *  - LOWER_ROWS: a 1x1 conv on nhwc activations, the batch's pixels as
+ *    rows: [N H W] x [Cin] times [Cin] x [Cout]; for a stride-2 one (the
+ *    last stage's projection) a oneDNN reorder first copies every other
+ *    pixel of every other row into BUF_SUB (the source's bytes / 4).
  * The rule (cpu_gemm -1) is fixed, from the measurements: dense for 3x3
- * stride-1 convs on maps of at most 2x2, rows for 1x1 stride-1 convs there.
+ * stride-1 convs on maps of at most 2x2, rows for 1x1 convs there (the
+ * stride-2 projection from 4x4 to 2x2 ran at 44 % of the SGEMM peak direct,
+ * 2x faster as its reorder and rows; bench/RESULTS.md).
  * A choice timed at reserve would vary with the machine's load from run to
  * run, and with it the last bits of the outputs (shards and resumed runs
  * must agree byte for byte). */
@@ -460,8 +475,10 @@ static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
                               at 224 px, batch 4, the 7x7 maps' 16 rows ran 3 % slower and
                               took 80 MB more) */
     if (p->gemm == 0) return LOWER_NONE;
-    if (c->k == 1 && c->stride == 1 && c->pad == 0 && is_nhwc(&in->md) && is_nhwc(out4) &&
-        (p->gemm == 1 || oh <= 2))
+    /* (a stride picks the pixels first, plan_conv: on maps it divides,
+     * whose views of every other pixel oneDNN takes) */
+    if (c->k == 1 && c->pad == 0 && (c->stride == 1 || in->h == c->stride * oh) &&
+        is_nhwc(&in->md) && is_nhwc(out4) && (p->gemm == 1 || oh <= 2))
         return LOWER_ROWS;
     dnnl_dim_t ks = tile_elems(&in->md), kd = tile_elems(out4);
     if (ks < 0 || kd < 0) return LOWER_NONE;
@@ -655,6 +672,9 @@ static void dense_matrix(const tw_conv *c, const dnnl_memory_desc_t *in4,
             }
 }
 
+static tw_status plan_reorder(plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *from, int src,
+                              const dnnl_memory_desc_t *to, int dst, float scale, tw_error *err);
+
 /* Add conv c reading `in`; dst: when `into` is given, write into it with a
  * sum post-op (residual), else into storage dst_buf with a layout oneDNN
  * picks. *out describes the result. `in_any`: let oneDNN choose the source
@@ -758,14 +778,31 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_unimplemented;
     size_t rows = 0;
+    /* a strided 1x1 conv as rows reads the pixels it keeps, copied out by a
+     * reorder (pushed below, once the lowering is kept) into BUF_SUB */
+    act picked;
+    dnnl_memory_desc_t every;
+    if (lw == LOWER_ROWS && c->stride != 1) {
+        dnnl_dims_t pdims = {n, c->cin, oh, oh};
+        dnnl_dims_t pstr = {(dnnl_dim_t)in->h * in->h * c->cin, 1,
+                            (dnnl_dim_t)c->stride * in->h * c->cin, (dnnl_dim_t)c->stride * c->cin};
+        if (dnnl_memory_desc_init_by_strides(&every, 4, pdims, dnnl_f32, pstr) != dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&picked.md, 4, pdims, dnnl_f32, dnnl_nhwc) != dnnl_success)
+            lw = LOWER_NONE; /* a view oneDNN declines: the convolution */
+        picked.buf = BUF_SUB;
+        picked.c = c->cin;
+        picked.h = oh;
+        picked.scale = in->scale;
+    }
+    const act *src = lw == LOWER_ROWS && c->stride != 1 ? &picked : in;
     if (lw != LOWER_NONE) {
         /* the GEMM's rows: the first count from the lowering's own up to
          * twice it (more would cost what the lowering saves) whose rows all
          * compute alike (gemm_kept) */
-        size_t need = lowering_rows(p, lw, in->h);
+        size_t need = lowering_rows(p, lw, oh);
         bool refused = false;
         for (size_t r = need; r <= 2 * need; r = next_rows(r)) {
-            s = lowered_pd(eng, c, lw, in, &out4, attr, (dnnl_dim_t)r, &pd);
+            s = lowered_pd(eng, c, lw, src, &out4, attr, (dnnl_dim_t)r, &pd);
             if (s != dnnl_success) break;
             if (gemm_kept(p->memo, eng, pd, lw, into != NULL)) {
                 rows = r;
@@ -793,7 +830,16 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     }
 
     int dst = into ? into->buf : dst_buf;
-    st = plan_push(p, L_CONV, pd, in->buf, dst, c, err);
+    if (src == &picked && lw == LOWER_ROWS) {
+        st = plan_reorder(p, eng, &every, in->buf, &picked.md, BUF_SUB, 1.0f, err);
+        if (st != TW_OK) {
+            dnnl_primitive_desc_destroy(pd);
+            goto fail;
+        }
+    } else {
+        src = in;
+    }
+    st = plan_push(p, L_CONV, pd, src->buf, dst, c, err);
     if (st != TW_OK) goto fail;
     p->layers[p->n_layers - 1].src_scale = src_scale;
     p->layers[p->n_layers - 1].relu = relu;
@@ -801,7 +847,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     p->layers[p->n_layers - 1].w_scale = w_scale;
     p->layers[p->n_layers - 1].lower = lw;
     p->layers[p->n_layers - 1].rows = rows;
-    p->layers[p->n_layers - 1].in4 = in->md;
+    p->layers[p->n_layers - 1].in4 = src->md;
     p->layers[p->n_layers - 1].out4 = out4;
     const dnnl_memory_desc_t *wq, *bq, *dq = NULL;
     if (lw == LOWER_WINO) {
@@ -831,7 +877,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
             size_t ks = lw == LOWER_ROWS ? (size_t)c->cin : (size_t)tile_elems(&in->md);
             size_t kd = lw == LOWER_ROWS ? (size_t)c->cout : (size_t)tile_elems(&out4);
             size_t sb = rows * ks * sizeof(float), db = rows * kd * sizeof(float);
-            if (sb > p->buf_bytes[in->buf]) p->buf_bytes[in->buf] = sb;
+            if (sb > p->buf_bytes[src->buf]) p->buf_bytes[src->buf] = sb;
             if (db > p->buf_bytes[dst]) p->buf_bytes[dst] = db;
         }
         if (lw == LOWER_DENSE) {
