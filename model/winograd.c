@@ -1,9 +1,9 @@
 /* winograd.c - Winograd F(4,3) transforms (see winograd.h).
  *
  * Each transform works on one row (one 4 x 4 output tile of one image) at a
- * time, CH channels at once: the channels are contiguous in nhwc, so every
- * step below is one elementwise operation over CH floats, which the
- * compiler turns into vector instructions. The row functions are built
+ * time, 8 channels at once: the channels are contiguous in nhwc, so every
+ * step below is one elementwise operation on a vector of 8 floats, kept in
+ * registers from the activation's load to the store. The row functions are built
  * for AVX-512, AVX2 and plain x86-64 (target_clones: the loader picks one
  * for the CPU); none uses FMA contraction (C11 mode: -ffp-contract=off), so
  * the three compute the same bits.
@@ -12,8 +12,6 @@
 
 #include <string.h>
 
-enum { CH = 16 }; /* channels per step */
-
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
     !defined(__SANITIZE_ADDRESS__)
 #define TW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -21,41 +19,10 @@ enum { CH = 16 }; /* channels per step */
 #define TW_CLONES
 #endif
 
-/* Copy cw <= CH floats: a whole step as one fixed-size copy (vector moves;
- * a variable-length memcpy of 64 bytes becomes `rep movs`, which costs
- * more than the transform), a partial one as a plain loop. */
-static inline void copy_ch(float *restrict dst, const float *restrict src, int cw)
-{
-    if (cw == CH)
-        memcpy(dst, src, CH * sizeof(float));
-    else
-        for (int k = 0; k < cw; k++) dst[k] = src[k];
-}
-
-/* B^T of F(4,3), applied to the six values a[0..5] (one column or row). */
-#define BT_ROW(o, a, k)                                                                            \
-    do {                                                                                           \
-        float a0 = (a)[0][k], a1 = (a)[1][k], a2 = (a)[2][k], a3 = (a)[3][k], a4 = (a)[4][k],      \
-              a5 = (a)[5][k];                                                                      \
-        (o)[0][k] = 4.0f * a0 - 5.0f * a2 + a4;                                                    \
-        (o)[1][k] = -4.0f * (a1 + a2) + (a3 + a4);                                                 \
-        (o)[2][k] = 4.0f * (a1 - a2) + (a4 - a3);                                                  \
-        (o)[3][k] = 2.0f * (a3 - a1) + (a4 - a2);                                                  \
-        (o)[4][k] = 2.0f * (a1 - a3) + (a4 - a2);                                                  \
-        (o)[5][k] = 4.0f * a1 - 5.0f * a3 + a5;                                                    \
-    } while (0)
-
-/* A^T of F(4,3): six values in, four out. */
-#define AT_ROW(o, a, k)                                                                            \
-    do {                                                                                           \
-        float a0 = (a)[0][k], a1 = (a)[1][k], a2 = (a)[2][k], a3 = (a)[3][k], a4 = (a)[4][k],      \
-              a5 = (a)[5][k];                                                                      \
-        float s12 = a1 + a2, d12 = a1 - a2, s34 = a3 + a4, d34 = a3 - a4;                          \
-        (o)[0][k] = a0 + s12 + s34;                                                                \
-        (o)[1][k] = d12 + 2.0f * d34;                                                              \
-        (o)[2][k] = s12 + 4.0f * s34;                                                              \
-        (o)[3][k] = d12 + 8.0f * d34 + a5;                                                         \
-    } while (0)
+/* The vector helpers below are static inline and never cross a call
+ * boundary, so GCC's note that 32-byte vectors pass differently with and
+ * without AVX (for the default clone) does not apply. */
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 void tw_wino_weights(const float *w, int cout, int cin, float *u)
 {
@@ -82,36 +49,102 @@ void tw_wino_weights(const float *w, int cout, int cin, float *u)
         }
 }
 
-/* One row of V: the 6 x 6 patch at (4 ty - 1, 4 tx - 1) of image img. */
+/* Eight channels at a time in vector registers: GCC's vector extension,
+ * which each target_clones build lowers to its own instructions (two SSE
+ * registers for the default build). The loads and stores go through memcpy:
+ * activations are 4-byte aligned only. A partial step (the last channels of
+ * a width that is no multiple of 8) is padded with zeros on load and cut on
+ * store. */
+enum { VW = 8 };
+typedef float v8 __attribute__((vector_size(VW * sizeof(float))));
+
+typedef int v8i __attribute__((vector_size(VW * sizeof(int))));
+
+static inline v8 ld(const float *p, int cw)
+{
+    v8 r = {0};
+    if (cw == VW) /* a fixed size: one vector load, not a call or rep movs */
+        memcpy(&r, p, sizeof r);
+    else
+        memcpy(&r, p, (size_t)cw * sizeof(float));
+    return r;
+}
+
+static inline void st(float *p, const v8 *a, int cw)
+{
+    if (cw == VW) /* (as in ld) */
+        memcpy(p, a, sizeof *a);
+    else
+        memcpy(p, a, (size_t)cw * sizeof(float));
+}
+
+/* B^T of F(4,3), applied to six vectors (one column or row of the patch). */
+static inline void bt6(const v8 a[6], v8 o[6])
+{
+    o[0] = 4.0f * a[0] - 5.0f * a[2] + a[4];
+    o[1] = -4.0f * (a[1] + a[2]) + (a[3] + a[4]);
+    o[2] = 4.0f * (a[1] - a[2]) + (a[4] - a[3]);
+    o[3] = 2.0f * (a[3] - a[1]) + (a[4] - a[2]);
+    o[4] = 2.0f * (a[1] - a[3]) + (a[4] - a[2]);
+    o[5] = 4.0f * a[1] - 5.0f * a[3] + a[5];
+}
+
+/* A^T of F(4,3): six vectors in, four out. */
+static inline void at6(const v8 a[6], v8 o[4])
+{
+    v8 s12 = a[1] + a[2], d12 = a[1] - a[2], s34 = a[3] + a[4], d34 = a[3] - a[4];
+    o[0] = a[0] + s12 + s34;
+    o[1] = d12 + 2.0f * d34;
+    o[2] = s12 + 4.0f * s34;
+    o[3] = d12 + 8.0f * d34 + a[5];
+}
+
+/* One row of V: the 6 x 6 patch at (4 ty - 1, 4 tx - 1) of image img. The
+ * patches inside the map (most of them) load without checks. */
 TW_CLONES
 static void input_row(const float *x, int h, int c, int img, int ty, int tx, size_t rows, size_t r,
                       float *v)
 {
-    for (int c0 = 0; c0 < c; c0 += CH) {
-        int cw = c - c0 < CH ? c - c0 : CH;
-        float d[6][6][CH], t[6][6][CH], o[6][CH];
-        for (int i = 0; i < 6; i++) {
-            int iy = TW_WINO_OUT * ty - 1 + i;
-            for (int j = 0; j < 6; j++) {
-                int ix = TW_WINO_OUT * tx - 1 + j;
-                if (iy < 0 || iy >= h || ix < 0 || ix >= h || cw < CH)
-                    memset(d[i][j], 0, sizeof d[i][j]);
-                if (iy >= 0 && iy < h && ix >= 0 && ix < h)
-                    copy_ch(d[i][j], x + (((size_t)img * h + iy) * h + ix) * c + c0, cw);
-            }
-        }
-        /* columns: t[.][j] = B^T d[.][j] */
+    const int y0 = TW_WINO_OUT * ty - 1, x0 = TW_WINO_OUT * tx - 1;
+    const bool inside = y0 >= 0 && y0 + TW_WINO_IN <= h && x0 >= 0 && x0 + TW_WINO_IN <= h;
+    const float *base = x + (size_t)img * h * h * c;
+    const size_t ps = rows * (size_t)c; /* from one plane of V to the next */
+    float *vr = v + r * (size_t)c;
+    for (int c0 = 0; c0 < c; c0 += VW) {
+        int cw = c - c0 < VW ? c - c0 : VW;
+        v8 t[6][6];
+        /* columns: t[.][j] = B^T d[.][j], d read straight from x */
+#pragma GCC unroll 6
         for (int j = 0; j < 6; j++) {
-            float a[6][CH], b[6][CH];
-            for (int i = 0; i < 6; i++) memcpy(a[i], d[i][j], sizeof a[i]);
-            for (int k = 0; k < CH; k++) BT_ROW(b, a, k);
-            for (int i = 0; i < 6; i++) memcpy(t[i][j], b[i], sizeof b[i]);
+            v8 d[6], b[6];
+            if (inside && cw == VW) {
+                const float *p = base + ((size_t)y0 * h + x0 + j) * c + c0;
+#pragma GCC unroll 6
+                for (int i = 0; i < 6; i++) memcpy(&d[i], p + (size_t)i * h * c, sizeof d[i]);
+            } else {
+                int ix = x0 + j;
+                for (int i = 0; i < 6; i++) {
+                    int iy = y0 + i;
+                    bool in = iy >= 0 && iy < h && ix >= 0 && ix < h;
+                    d[i] = in ? ld(base + ((size_t)iy * h + ix) * c + c0, cw) : (v8){0};
+                }
+            }
+            bt6(d, b);
+#pragma GCC unroll 6
+            for (int i = 0; i < 6; i++) t[i][j] = b[i];
         }
         /* rows: V[i][.] = B^T t[i][.] */
+#pragma GCC unroll 6
         for (int i = 0; i < 6; i++) {
-            for (int k = 0; k < CH; k++) BT_ROW(o, t[i], k);
-            for (int j = 0; j < 6; j++)
-                copy_ch(v + ((size_t)(i * 6 + j) * rows + r) * c + c0, o[j], cw);
+            v8 o[6];
+            bt6(t[i], o);
+            float *q = vr + (size_t)(i * 6) * ps + c0;
+            if (cw == VW) {
+#pragma GCC unroll 6
+                for (int j = 0; j < 6; j++) memcpy(q + j * ps, &o[j], sizeof o[j]);
+            } else {
+                for (int j = 0; j < 6; j++) st(q + j * ps, &o[j], cw);
+            }
         }
     }
 }
@@ -132,39 +165,35 @@ TW_CLONES
 static void output_row(const float *m, int h, int c, int img, int ty, int tx, size_t rows, size_t r,
                        const float *bias, bool sum, bool relu, float *y)
 {
-    for (int c0 = 0; c0 < c; c0 += CH) {
-        int cw = c - c0 < CH ? c - c0 : CH;
-        float a[6][6][CH], t[4][6][CH], col[6][CH], o[4][CH], row[6][CH], bb[CH];
-        for (int i = 0; i < 6; i++)
-            for (int j = 0; j < 6; j++) {
-                if (cw < CH) memset(a[i][j], 0, sizeof a[i][j]);
-                copy_ch(a[i][j], m + ((size_t)(i * 6 + j) * rows + r) * c + c0, cw);
-            }
-        memset(bb, 0, sizeof bb);
-        copy_ch(bb, bias + c0, cw);
-        /* columns: t[.][j] = A^T a[.][j] */
+    const size_t ps = rows * (size_t)c; /* from one plane of M to the next */
+    const float *mr = m + r * (size_t)c;
+    for (int c0 = 0; c0 < c; c0 += VW) {
+        int cw = c - c0 < VW ? c - c0 : VW;
+        v8 t[4][6];
+        /* columns: t[.][j] = A^T m[.][j] */
+#pragma GCC unroll 6
         for (int j = 0; j < 6; j++) {
-            for (int i = 0; i < 6; i++) memcpy(col[i], a[i][j], sizeof col[i]);
-            for (int k = 0; k < CH; k++) AT_ROW(o, col, k);
-            for (int i = 0; i < 4; i++) memcpy(t[i][j], o[i], sizeof o[i]);
+            v8 col[6], o[4];
+#pragma GCC unroll 6
+            for (int i = 0; i < 6; i++) col[i] = ld(mr + (size_t)(i * 6 + j) * ps + c0, cw);
+            at6(col, o);
+            for (int i = 0; i < 4; i++) t[i][j] = o[i];
         }
-        /* rows: y[i][.] = A^T t[i][.] */
+        const v8 bb = ld(bias + c0, cw), zero = {0};
+        /* rows: y[i][.] = A^T t[i][.], plus the bias, the residual, the ReLU */
         for (int i = 0; i < 4; i++) {
             int oy = TW_WINO_OUT * ty + i;
-            for (int j = 0; j < 6; j++) memcpy(row[j], t[i][j], sizeof row[j]);
-            for (int k = 0; k < CH; k++) AT_ROW(o, row, k);
-            if (oy >= h) continue;
+            if (oy >= h) break;
+            v8 o[4];
+            at6(t[i], o);
             for (int j = 0; j < 4; j++) {
                 int ox = TW_WINO_OUT * tx + j;
-                if (ox >= h) continue;
+                if (ox >= h) break;
                 float *dst = y + (((size_t)img * h + oy) * h + ox) * c + c0;
-                float res[CH];
-                for (int k = 0; k < CH; k++) res[k] = o[j][k] + bb[k];
-                if (sum)
-                    for (int k = 0; k < cw; k++) res[k] += dst[k];
-                if (relu)
-                    for (int k = 0; k < CH; k++) res[k] = res[k] > 0.0f ? res[k] : 0.0f;
-                copy_ch(dst, res, cw);
+                v8 res = o[j] + bb;
+                if (sum) res += ld(dst, cw);
+                if (relu) res = (v8)((v8i)res & (res > zero)); /* NaN and -0 to +0 */
+                st(dst, &res, cw);
             }
         }
     }
