@@ -74,6 +74,7 @@
 #include <dnnl_debug.h>
 
 #include "model/backend.h"
+#include "model/maxpool.h"
 #include "model/winograd.h"
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -93,7 +94,9 @@ enum {
     BUF_COUNT
 };
 
-typedef enum { L_CONV, L_POOL, L_REORDER } layer_kind;
+/* L_MAXPOOL_NHWC: model/maxpool.c's pooling from the stem's blocked layout
+ * into nhwc, in place of oneDNN's pooling and a reorder (no pd) */
+typedef enum { L_CONV, L_POOL, L_REORDER, L_MAXPOOL_NHWC } layer_kind;
 
 /* How a plan computes: the numeric type of activations and weights. */
 typedef enum { NUM_F32, NUM_BF16, NUM_INT8, NUM_MODES } num_mode;
@@ -171,8 +174,9 @@ typedef struct plan {
     dnnl_memory_desc_t in_md;    /* the caller's NCHW float input */
 } plan;
 
-/* An op is a oneDNN primitive, or one of LOWER_WINO's two transforms. */
-typedef enum { OP_PRIM, OP_WINO_IN, OP_WINO_OUT } op_kind;
+/* An op is a oneDNN primitive, one of LOWER_WINO's two transforms, or the
+ * max pooling of L_MAXPOOL_NHWC. */
+typedef enum { OP_PRIM, OP_WINO_IN, OP_WINO_OUT, OP_MAXPOOL } op_kind;
 
 typedef struct op {
     op_kind kind;
@@ -182,7 +186,7 @@ typedef struct op {
     float *to;
     const float *bias; /* OP_WINO_OUT */
     int n, h, ch;
-    size_t stride; /* rows of each Winograd plane (layer.rows) */
+    size_t stride; /* rows of each Winograd plane (layer.rows); OP_MAXPOOL: the block */
     bool sum, relu;
     int nargs;
     dnnl_exec_arg_t args[6];
@@ -266,7 +270,7 @@ static tw_status query_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what, int
 static void plan_free(plan *p)
 {
     for (int i = 0; i < p->n_layers; i++) {
-        dnnl_primitive_desc_destroy(p->layers[i].pd);
+        if (p->layers[i].pd) dnnl_primitive_desc_destroy(p->layers[i].pd);
         tw_free(p->layers[i].w_scale);
     }
     tw_free(p->layers);
@@ -276,12 +280,13 @@ static void plan_free(plan *p)
 static tw_status plan_push(plan *p, layer_kind kind, dnnl_primitive_desc_t pd, int src, int dst,
                            const tw_conv *conv, tw_error *err)
 {
-    if (!pd) return tw_error_set(err, TW_ERR_INTERNAL, "oneDNN: no primitive descriptor");
+    if (!pd && kind != L_MAXPOOL_NHWC)
+        return tw_error_set(err, TW_ERR_INTERNAL, "oneDNN: no primitive descriptor");
     if (p->n_layers == p->cap) {
         int cap = p->cap ? 2 * p->cap : 64;
         layer *l = tw_alloc(TW_MEM_OTHER, (size_t)cap * sizeof *l);
         if (!l) {
-            dnnl_primitive_desc_destroy(pd);
+            if (pd) dnnl_primitive_desc_destroy(pd);
             return tw_error_set(err, TW_ERR_NOMEM, "out of memory planning the CPU backend");
         }
         if (p->n_layers) memcpy(l, p->layers, (size_t)p->n_layers * sizeof *l);
@@ -291,7 +296,8 @@ static tw_status plan_push(plan *p, layer_kind kind, dnnl_primitive_desc_t pd, i
     }
     p->layers[p->n_layers++] =
         (layer){.kind = kind, .pd = pd, .src = src, .dst = dst, .conv = conv, .src_scale = 1.0f};
-    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    const dnnl_memory_desc_t *sp =
+        pd ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
     size_t sb = sp ? dnnl_memory_desc_get_size(sp) : 0;
     if (sb > p->scratch_bytes) p->scratch_bytes = sb;
     return TW_OK;
@@ -941,6 +947,44 @@ static tw_status plan_pool(plan *p, dnnl_engine_t eng, const act *in, bool globa
     return TW_OK;
 }
 
+/* The channel block of md when it is fp32 nChw8c or nChw16c (the layouts
+ * the stem writes on nhwc plans), else 0. */
+static int pool_blocked(const dnnl_memory_desc_t *md)
+{
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    if (md->ndims != 4 || md->format_kind != dnnl_blocked || md->data_type != dnnl_f32 ||
+        md->offset0 != 0 || bd->inner_nblks != 1 || bd->inner_idxs[0] != 1 ||
+        (bd->inner_blks[0] != 8 && bd->inner_blks[0] != 16))
+        return 0;
+    dnnl_dim_t blk = bd->inner_blks[0], h = md->dims[2];
+    /* dense: [n][C / blk][h][w][blk] */
+    if (md->dims[3] != h || bd->strides[3] != blk || bd->strides[2] != h * blk ||
+        bd->strides[1] != h * h * blk || bd->strides[0] != md->padded_dims[1] * h * h)
+        return 0;
+    return (int)blk;
+}
+
+/* The stem's 3x3 stride-2 max pooling as model/maxpool.c's one pass from
+ * its blocked layout into nhwc (storage dst_buf): oneDNN's pooling and the
+ * reorder after it took 3-4x longer on AVX2 (bench/RESULTS.md). */
+static tw_status plan_maxpool_nhwc(plan *p, const act *in, int dst_buf, act *out, tw_error *err)
+{
+    int oh = tw_maxpool_out(in->h);
+    dnnl_dims_t dd = {p->batch, in->c, oh, oh};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&out->md, 4, dd, dnnl_f32, dnnl_nhwc), "pool dst md");
+    tw_status st = plan_push(p, L_MAXPOOL_NHWC, NULL, in->buf, dst_buf, NULL, err);
+    if (st != TW_OK) return st;
+    layer *l = &p->layers[p->n_layers - 1];
+    l->in4 = in->md;
+    l->out4 = out->md;
+    out->buf = dst_buf;
+    out->c = in->c;
+    out->h = oh;
+    out->scale = in->scale;
+    note_size(p, dst_buf, &out->md);
+    return TW_OK;
+}
+
 /* A reorder from `from` (storage src) to `to` (storage dst), multiplying
  * by scale when it is not 1 (quantizing or dequantizing). */
 static tw_status plan_reorder(plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *from, int src,
@@ -1025,6 +1069,12 @@ static tw_status plan_op(void *user, const tw_resnet_op *op, tw_error *err)
         return TW_OK;
     }
     case TW_RESNET_OP_MAXPOOL:
+        if (p->nhwc && p->mode == NUM_F32 && pool_blocked(&w->v[op->src].md) > 0) {
+            st = plan_maxpool_nhwc(p, &w->v[op->src], 1, x, err);
+            if (st != TW_OK) return st;
+            w->busy = 1u << x->buf; /* the first block's input */
+            return TW_OK;
+        }
         st = plan_pool(p, eng, &w->v[op->src], false, 1, x, err);
         if (st != TW_OK) return st;
         if ((p->nhwc && !is_nhwc(&x->md)) || p->mode == NUM_INT8) {
@@ -1381,6 +1431,16 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
             if ((st = build_wino(c, l, consume, err)) != TW_OK) return st;
             continue;
         }
+        if (l->kind == L_MAXPOOL_NHWC) {
+            c->ops[c->n_ops++] = (op){.kind = OP_MAXPOOL,
+                                      .from = c->buf[l->src],
+                                      .to = c->buf[l->dst],
+                                      .n = (int)l->in4.dims[0],
+                                      .h = (int)l->in4.dims[2],
+                                      .ch = (int)l->in4.dims[1],
+                                      .stride = (size_t)pool_blocked(&l->in4)};
+            continue;
+        }
         op *o = &c->ops[c->n_ops];
         DNNL_TRY(dnnl_primitive_create(&o->prim, l->pd), "primitive create");
         c->n_ops++;
@@ -1683,6 +1743,8 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
             if (o->kind == OP_WINO_IN)
                 tw_wino_input(o->from, o->n, o->h, o->ch, o->stride, o->to);
+            else if (o->kind == OP_MAXPOOL)
+                tw_maxpool_blocked_to_nhwc(o->from, o->n, o->ch, o->h, (int)o->stride, o->to);
             else
                 tw_wino_output(o->from, o->n, o->h, o->ch, o->stride, o->bias, o->sum, o->relu,
                                o->to);
