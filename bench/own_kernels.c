@@ -7,9 +7,7 @@
  *   - model/winograd.c's input and output transforms (bias, residual and
  *     ReLU on), with the bytes they move.
  *
- *   gcc -O2 -std=c11 -fopenmp -I. bench/own_kernels.c model/maxpool.c \
- *       model/winograd.c -ldnnl -lm -o own_kernels
- *   OMP_NUM_THREADS=2 ./own_kernels [TILE=224] [BATCH=4] [REPS=30]
+ *   build/own_kernels [TILE=224] [BATCH=4] [REPS=30]     (OMP_NUM_THREADS=2)
  *
  * Run it as the backend would: under bench/isa_mask.c (LD_PRELOAD) or
  * ONEDNN_MAX_CPU_ISA=AVX2 for the AVX2 kernels. Prints the best and the
