@@ -65,6 +65,9 @@ typedef struct tw_backend_stats {
     int lowerings_refused;    /* CPU lowerings (Winograd matmul, GEMM) left to direct kernels
                                  because their GEMM gave a tile other bits in another place
                                  of the batch (model/cpu_backend.c, rows_independent) */
+    int int8_weight_bits;     /* int8 on the CPU: 8, or 7 where oneDNN's kernels have no VNNI
+                                 and 8-bit weights could saturate their 16-bit sums; 0 when
+                                 not int8 */
 } tw_backend_stats;
 
 struct tw_backend_i {

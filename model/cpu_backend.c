@@ -43,7 +43,8 @@
  *    AVX512-BF16); elsewhere the plan cannot be built and the run goes on in
  *    fp32 with one notice.
  *  - int8: symmetric quantization, per-output-channel weight scales
- *    (127 / max|w|), one scale per activation tensor: u8 after a ReLU, s8
+ *    (127 / max|w|; 63 on CPUs without VNNI, whose 16-bit sums would
+ *    saturate: int8_weight_levels), one scale per activation tensor: u8 after a ReLU, s8
  *    for the projection shortcuts. The stem stays in fp32 on the unquantized
  *    input, and its pooled map is quantized to u8 (on the demo rasters that
  *    divided int8's mean |p - p_fp32| by 2-3 on ResNet-18, for 1.3 % of int8
@@ -167,6 +168,7 @@ typedef struct plan {
      * ([1 + i]; [0], the input's, is unused: the stem runs in fp32); NULL:
      * every range is 1 (sizing only) */
     const float *amax;
+    int w_levels; /* NUM_INT8: the weights' steps per side (int8_weight_levels) */
     int n_conv;
     size_t buf_bytes[BUF_COUNT]; /* bytes of each storage: the most it ever holds */
     size_t scratch_bytes;        /* largest scratchpad of any primitive */
@@ -369,8 +371,25 @@ static float q_scale(const plan *p, int idx, bool nonneg)
     return (nonneg ? 255.0f : 127.0f) / m;
 }
 
-/* Per-output-channel weight scales 127 / max|w| of conv c. */
-static float *weight_scales(const tw_conv *c)
+/* The steps per side of int8 weights: 127 where oneDNN's int8 kernels
+ * multiply with VNNI (vpdpbusd: u8 x s8 summed straight into 32 bits),
+ * else 63. Without VNNI (AVX2 and AVX-512 before Cascade Lake) they use
+ * vpmaddubsw, which adds two u8 x s8 products into a 16-bit lane that
+ * saturates at 32767: 255 x 127 x 2 = 64770 does, 255 x 63 x 2 = 32130 does
+ * not (oneDNN's guide, "Nuances of int8 computations"). Measured on the demo
+ * ResNet-50 (e2e_precision's 361 tiles): with 127, ONEDNN_MAX_CPU_ISA
+ * AVX512_CORE against AVX512_CORE_VNNI, both on the same fp32 calibration,
+ * moved 25 tiles by up to 0.07; with 63 the two gave the same bytes. */
+static int int8_weight_levels(void)
+{
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool vnni = (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
+                (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
+    return vnni ? 127 : 63;
+}
+
+/* Per-output-channel weight scales levels / max|w| of conv c. */
+static float *weight_scales(const tw_conv *c, int levels)
 {
     float *s = tw_alloc(TW_MEM_OTHER, (size_t)c->cout * sizeof *s);
     if (!s) return NULL;
@@ -378,7 +397,7 @@ static float *weight_scales(const tw_conv *c)
     for (int o = 0; o < c->cout; o++) {
         float m = 0.0f;
         for (size_t i = 0; i < per; i++) m = fmaxf(m, fabsf(c->w[(size_t)o * per + i]));
-        s[o] = m > 0.0f ? 127.0f / m : 1.0f;
+        s[o] = m > 0.0f ? (float)levels / m : 1.0f;
     }
     return s;
 }
@@ -760,7 +779,7 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
         .sum = into != NULL, .relu = relu, .sum_scale = 1.0f, .sum_dt = dnnl_data_type_undef};
     if (mode == NUM_INT8) {
         dst_scale = q_scale(p, ci, relu);
-        w_scale = weight_scales(c);
+        w_scale = weight_scales(c, p->w_levels);
         oscale = tw_alloc(TW_MEM_OTHER, (size_t)c->cout * sizeof *oscale);
         if (!w_scale || !oscale) {
             tw_free(oscale);
@@ -1155,6 +1174,7 @@ static tw_status plan_build(plan *p, cpu_ctx *c, const tw_resnet *net, int tile,
     p->wino_own = p->nhwc && c->wino_own;
     p->gemm = mode == NUM_F32 ? c->gemm : 0;
     p->amax = amax;
+    p->w_levels = int8_weight_levels();
     p->batch = batch;
     p->tile = tile;
     p->feat_dim = net->feat_dim;
@@ -1673,6 +1693,7 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
                          : mode == NUM_INT8 ? TW_PREC_INT8
                                             : TW_PREC_FP32;
+    c->stats.int8_weight_bits = mode != NUM_INT8 ? 0 : int8_weight_levels() == 127 ? 8 : 7;
     return TW_OK;
 }
 

@@ -197,6 +197,8 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         tw_json_int(&j, "winograd_convs", r->backend_stats.winograd_convs);
         tw_json_int(&j, "lowerings_refused", r->backend_stats.lowerings_refused);
         tw_json_int(&j, "unfused_convs", r->backend_stats.unfused_convs);
+        if (r->backend_stats.int8_weight_bits > 0)
+            tw_json_int(&j, "int8_weight_bits", r->backend_stats.int8_weight_bits);
         tw_json_str(&j, "device", r->backend_stats.device);
         tw_json_str(&j, "library", r->backend_stats.library);
         tw_json_str(&j, "algorithms", r->backend_stats.algorithms);

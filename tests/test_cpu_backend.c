@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dnnl.h>
 
 #include "io/model_file.h"
 #include "model/backend.h"
@@ -470,6 +471,18 @@ static void test_bad_calls(void **state)
     if (stats.precision == TW_PREC_INT8) {
         assert_non_null(net->stem.w);
         assert_non_null(net->blocks[0].c1.b);
+        /* 8-bit weights only where oneDNN's int8 kernels have VNNI: without
+         * it (test_cpu_backend_avx2's ONEDNN_MAX_CPU_ISA=AVX2 on any CPU)
+         * two u8 x s8 products share a saturating 16-bit sum */
+        dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+        bool vnni = (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
+                    (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
+        print_message("int8 on %s: %d-bit weights\n", stats.device, stats.int8_weight_bits);
+        assert_int_equal(stats.int8_weight_bits, vnni ? 8 : 7);
+        const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+        if (cap && strcmp(cap, "AVX2") == 0) assert_int_equal(stats.int8_weight_bits, 7);
+    } else {
+        assert_int_equal(stats.int8_weight_bits, 0);
     }
     /* a consuming fp32 reserve frees them; reserving that net again is a
      * clear error, not a crash */
