@@ -2,27 +2,18 @@
  *
  * Each transform works on one row (one 4 x 4 output tile of one image) at a
  * time, 8 channels at once: the channels are contiguous in nhwc, so every
- * step below is one elementwise operation on a vector of 8 floats, kept in
- * registers from the activation's load to the store. The row functions are built
- * for AVX-512, AVX2 and plain x86-64 (target_clones: the loader picks one
- * for the CPU); none uses FMA contraction (C11 mode: -ffp-contract=off), so
- * the three compute the same bits.
+ * step below is one elementwise operation on a vector of 8 floats
+ * (model/vec8.h), kept in registers from the activation's load to the
+ * store. A partial step (the last channels of a width that is no multiple
+ * of 8) is padded with zeros on load and cut on store. The row functions are
+ * built for AVX-512, AVX2 and plain x86-64 (TW_CLONES), which compute the
+ * same bits.
  */
 #include "model/winograd.h"
 
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
-    !defined(__SANITIZE_ADDRESS__)
-#define TW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TW_CLONES
-#endif
-
-/* The vector helpers below are static inline and never cross a call
- * boundary, so GCC's note that 32-byte vectors pass differently with and
- * without AVX (for the default clone) does not apply. */
-#pragma GCC diagnostic ignored "-Wpsabi"
+#include "model/vec8.h"
 
 void tw_wino_weights(const float *w, int cout, int cin, float *u)
 {
@@ -49,37 +40,8 @@ void tw_wino_weights(const float *w, int cout, int cin, float *u)
         }
 }
 
-/* Eight channels at a time in vector registers: GCC's vector extension,
- * which each target_clones build lowers to its own instructions (two SSE
- * registers for the default build). The loads and stores go through memcpy:
- * activations are 4-byte aligned only. A partial step (the last channels of
- * a width that is no multiple of 8) is padded with zeros on load and cut on
- * store. */
-enum { VW = 8 };
-typedef float v8 __attribute__((vector_size(VW * sizeof(float))));
-
-typedef int v8i __attribute__((vector_size(VW * sizeof(int))));
-
-static inline v8 ld(const float *p, int cw)
-{
-    v8 r = {0};
-    if (cw == VW) /* a fixed size: one vector load, not a call or rep movs */
-        memcpy(&r, p, sizeof r);
-    else
-        memcpy(&r, p, (size_t)cw * sizeof(float));
-    return r;
-}
-
-static inline void st(float *p, const v8 *a, int cw)
-{
-    if (cw == VW) /* (as in ld) */
-        memcpy(p, a, sizeof *a);
-    else
-        memcpy(p, a, (size_t)cw * sizeof(float));
-}
-
 /* B^T of F(4,3), applied to six vectors (one column or row of the patch). */
-static inline void bt6(const v8 a[6], v8 o[6])
+static inline void bt6(const tw_v8 a[6], tw_v8 o[6])
 {
     o[0] = 4.0f * a[0] - 5.0f * a[2] + a[4];
     o[1] = -4.0f * (a[1] + a[2]) + (a[3] + a[4]);
@@ -90,9 +52,9 @@ static inline void bt6(const v8 a[6], v8 o[6])
 }
 
 /* A^T of F(4,3): six vectors in, four out. */
-static inline void at6(const v8 a[6], v8 o[4])
+static inline void at6(const tw_v8 a[6], tw_v8 o[4])
 {
-    v8 s12 = a[1] + a[2], d12 = a[1] - a[2], s34 = a[3] + a[4], d34 = a[3] - a[4];
+    tw_v8 s12 = a[1] + a[2], d12 = a[1] - a[2], s34 = a[3] + a[4], d34 = a[3] - a[4];
     o[0] = a[0] + s12 + s34;
     o[1] = d12 + 2.0f * d34;
     o[2] = s12 + 4.0f * s34;
@@ -110,23 +72,26 @@ static void input_row(const float *x, int h, int c, int img, int ty, int tx, siz
     const float *base = x + (size_t)img * h * h * c;
     const size_t ps = rows * (size_t)c; /* from one plane of V to the next */
     float *vr = v + r * (size_t)c;
-    for (int c0 = 0; c0 < c; c0 += VW) {
-        int cw = c - c0 < VW ? c - c0 : VW;
-        v8 t[6][6];
+    for (int c0 = 0; c0 < c; c0 += TW_VW) {
+        int cw = c - c0 < TW_VW ? c - c0 : TW_VW;
+        tw_v8 t[6][6];
         /* columns: t[.][j] = B^T d[.][j], d read straight from x */
 #pragma GCC unroll 6
         for (int j = 0; j < 6; j++) {
-            v8 d[6], b[6];
-            if (inside && cw == VW) {
+            tw_v8 d[6], b[6];
+            if (inside && cw == TW_VW) {
                 const float *p = base + ((size_t)y0 * h + x0 + j) * c + c0;
 #pragma GCC unroll 6
-                for (int i = 0; i < 6; i++) memcpy(&d[i], p + (size_t)i * h * c, sizeof d[i]);
+                for (int i = 0; i < 6; i++) tw_v8_load(&d[i], p + (size_t)i * h * c, TW_VW);
             } else {
                 int ix = x0 + j;
                 for (int i = 0; i < 6; i++) {
                     int iy = y0 + i;
                     bool in = iy >= 0 && iy < h && ix >= 0 && ix < h;
-                    d[i] = in ? ld(base + ((size_t)iy * h + ix) * c + c0, cw) : (v8){0};
+                    if (in)
+                        tw_v8_load(&d[i], base + ((size_t)iy * h + ix) * c + c0, cw);
+                    else
+                        d[i] = (tw_v8){0};
                 }
             }
             bt6(d, b);
@@ -136,14 +101,14 @@ static void input_row(const float *x, int h, int c, int img, int ty, int tx, siz
         /* rows: V[i][.] = B^T t[i][.] */
 #pragma GCC unroll 6
         for (int i = 0; i < 6; i++) {
-            v8 o[6];
+            tw_v8 o[6];
             bt6(t[i], o);
             float *q = vr + (size_t)(i * 6) * ps + c0;
-            if (cw == VW) {
+            if (cw == TW_VW) {
 #pragma GCC unroll 6
-                for (int j = 0; j < 6; j++) memcpy(q + j * ps, &o[j], sizeof o[j]);
+                for (int j = 0; j < 6; j++) tw_v8_store(q + j * ps, &o[j], TW_VW);
             } else {
-                for (int j = 0; j < 6; j++) st(q + j * ps, &o[j], cw);
+                for (int j = 0; j < 6; j++) tw_v8_store(q + j * ps, &o[j], cw);
             }
         }
     }
@@ -167,33 +132,39 @@ static void output_row(const float *m, int h, int c, int img, int ty, int tx, si
 {
     const size_t ps = rows * (size_t)c; /* from one plane of M to the next */
     const float *mr = m + r * (size_t)c;
-    for (int c0 = 0; c0 < c; c0 += VW) {
-        int cw = c - c0 < VW ? c - c0 : VW;
-        v8 t[4][6];
+    for (int c0 = 0; c0 < c; c0 += TW_VW) {
+        int cw = c - c0 < TW_VW ? c - c0 : TW_VW;
+        tw_v8 t[4][6];
         /* columns: t[.][j] = A^T m[.][j] */
 #pragma GCC unroll 6
         for (int j = 0; j < 6; j++) {
-            v8 col[6], o[4];
+            tw_v8 col[6], o[4];
 #pragma GCC unroll 6
-            for (int i = 0; i < 6; i++) col[i] = ld(mr + (size_t)(i * 6 + j) * ps + c0, cw);
+            for (int i = 0; i < 6; i++) tw_v8_load(&col[i], mr + (size_t)(i * 6 + j) * ps + c0, cw);
             at6(col, o);
             for (int i = 0; i < 4; i++) t[i][j] = o[i];
         }
-        const v8 bb = ld(bias + c0, cw), zero = {0};
+        const tw_v8 zero = {0};
+        tw_v8 bb;
+        tw_v8_load(&bb, bias + c0, cw);
         /* rows: y[i][.] = A^T t[i][.], plus the bias, the residual, the ReLU */
         for (int i = 0; i < 4; i++) {
             int oy = TW_WINO_OUT * ty + i;
             if (oy >= h) break;
-            v8 o[4];
+            tw_v8 o[4];
             at6(t[i], o);
             for (int j = 0; j < 4; j++) {
                 int ox = TW_WINO_OUT * tx + j;
                 if (ox >= h) break;
                 float *dst = y + (((size_t)img * h + oy) * h + ox) * c + c0;
-                v8 res = o[j] + bb;
-                if (sum) res += ld(dst, cw);
-                if (relu) res = (v8)((v8i)res & (res > zero)); /* NaN and -0 to +0 */
-                st(dst, &res, cw);
+                tw_v8 res = o[j] + bb;
+                if (sum) {
+                    tw_v8 old;
+                    tw_v8_load(&old, dst, cw);
+                    res += old;
+                }
+                if (relu) res = (tw_v8)((tw_v8i)res & (res > zero)); /* NaN and -0 to +0 */
+                tw_v8_store(dst, &res, cw);
             }
         }
     }
