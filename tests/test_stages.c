@@ -15,6 +15,7 @@
  * reserve started. Every call the wrapper gets says which thread made it.
  */
 #include <gdal.h>
+#include <omp.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -299,6 +300,29 @@ static void test_async_no_stall(void **state)
     g_last = NULL;
 }
 
+/* The normalize stage beside a CPU backend takes the cores its inference
+ * leaves, one at least (1: no OpenMP team of its own, the inference's team
+ * the only one: tw_run_normalize_threads); the reader count too is counted
+ * in the cores the process may use. */
+static void test_normalize_threads(void **state)
+{
+    (void)state;
+    tw_error err;
+    tw_error_init(&err);
+    tw_backend be;
+    assert_int_equal(tw_backend_create("cpu", 0, true, &be, &err), TW_OK);
+    tw_run_params p = tw_run_default_params();
+    int procs = omp_get_num_procs();
+    p.runtime.threads = 0; /* all cores */
+    assert_int_equal(tw_run_normalize_threads(&p, &be), 1);
+    p.runtime.threads = procs + 3;
+    assert_int_equal(tw_run_normalize_threads(&p, &be), 1);
+    p.runtime.threads = 1;
+    assert_int_equal(tw_run_normalize_threads(&p, &be), procs > 2 ? procs - 1 : 1);
+    assert_int_equal(tw_run_readers(&p, &be), 1); /* the CPU's inference owns the cores */
+    be.i->destroy(be.ctx);
+}
+
 int main(void)
 {
     tw_error err;
@@ -311,6 +335,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_backend_same_outputs),
         cmocka_unit_test(test_async_no_stall),
+        cmocka_unit_test(test_normalize_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
