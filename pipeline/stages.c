@@ -810,10 +810,11 @@ tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
     atomic_int left[TW_STAGE_COUNT];
     tw_queue *in[TW_STAGE_COUNT] = {pp->q_free, pp->q_norm, pp->q_infer, pp->q_write};
     tw_queue *out[TW_STAGE_COUNT] = {pp->q_norm, pp->q_infer, pp->q_write, pp->q_free};
-    int t = 0;
+    int t = 0, infer_arg = -1;
     for (int sid = 0; sid < TW_STAGE_COUNT; sid++) {
         int n = sid == TW_STAGE_READ ? readers : 1;
         atomic_init(&left[sid], n);
+        if (sid == TW_STAGE_INFER) infer_arg = t; /* its one worker */
         for (int k = 0; k < n; k++, t++)
             args[t] = (thread_arg){.w = {.pp = pp, .index = k},
                                    .def = &k_stages[sid],
@@ -826,7 +827,6 @@ tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
      * backend: the CPU backend's OpenMP team is then the one its reserve
      * started, and the process has a single team (a second one, idle, would
      * count against the cores: see tw_run_normalize_threads). */
-    const int infer_arg = readers + TW_STAGE_INFER - 1;
     int started = 0;
     for (; started < n_threads; started++) {
         if (started == infer_arg) continue;
