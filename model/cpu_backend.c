@@ -985,7 +985,7 @@ static int pool_blocked(const dnnl_memory_desc_t *md)
 
 /* The stem's 3x3 stride-2 max pooling as model/maxpool.c's one pass from
  * its blocked layout into nhwc (storage dst_buf): oneDNN's pooling and the
- * reorder after it took 3-4x longer on AVX2 (bench/RESULTS.md). */
+ * reorder after it took 2.6-3.8x longer on AVX2 (bench/RESULTS.md). */
 static tw_status plan_maxpool_nhwc(plan *p, const act *in, int dst_buf, act *out, tw_error *err)
 {
     int oh = tw_maxpool_out(in->h);
