@@ -188,7 +188,8 @@ typedef struct op {
     float *to;
     const float *bias; /* OP_WINO_OUT */
     int n, h, ch;
-    size_t stride; /* rows of each Winograd plane (layer.rows); OP_MAXPOOL: the block */
+    size_t stride; /* rows of each Winograd plane (layer.rows) */
+    int blk;       /* OP_MAXPOOL: the source's channel block (pool_blocked) */
     bool sum, relu;
     int nargs;
     dnnl_exec_arg_t args[6];
@@ -232,6 +233,7 @@ typedef struct cpu_ctx {
     bool wino_own;           /* ... or, without it, LOWER_WINO (the cpu_winograd knob) */
     bool nhwc;               /* fp32 plans keep activations in nhwc (the cpu_nhwc knob) */
     int gemm;                /* the cpu_gemm knob */
+    int int8_levels;         /* int8 weights' steps per side (int8_weight_levels) */
     int n_conv;
     int n_refused;  /* lowerings refused at reserve (plan.n_refused) */
     gemm_memo memo; /* rows_independent's answers, for every plan of this backend */
@@ -371,7 +373,7 @@ static float q_scale(const plan *p, int idx, bool nonneg)
     return (nonneg ? 255.0f : 127.0f) / m;
 }
 
-/* The steps per side of int8 weights: 127 where oneDNN's int8 kernels
+/* The steps per side of int8 weights on isa: 127 where oneDNN's int8 kernels
  * multiply with VNNI (vpdpbusd: u8 x s8 summed straight into 32 bits),
  * else 63. Without VNNI (AVX2 and AVX-512 before Cascade Lake) they use
  * vpmaddubsw, which adds two u8 x s8 products into a 16-bit lane that
@@ -380,9 +382,8 @@ static float q_scale(const plan *p, int idx, bool nonneg)
  * ResNet-50 (e2e_precision's 361 tiles): with 127, ONEDNN_MAX_CPU_ISA
  * AVX512_CORE against AVX512_CORE_VNNI, both on the same fp32 calibration,
  * moved 25 tiles by up to 0.07; with 63 the two gave the same bytes. */
-static int int8_weight_levels(void)
+static int int8_weight_levels(dnnl_cpu_isa_t isa)
 {
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     bool vnni = (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
                 (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
     return vnni ? 127 : 63;
@@ -855,14 +856,13 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     }
 
     int dst = into ? into->buf : dst_buf;
-    if (src == &picked && lw == LOWER_ROWS) {
+    if (lw != LOWER_ROWS) src = in; /* the lowering was refused: the convolution reads in */
+    if (src == &picked) {
         st = plan_reorder(p, eng, &every, in->buf, &picked.md, BUF_SUB, 1.0f, err);
         if (st != TW_OK) {
             dnnl_primitive_desc_destroy(pd);
             goto fail;
         }
-    } else {
-        src = in;
     }
     st = plan_push(p, L_CONV, pd, src->buf, dst, c, err);
     if (st != TW_OK) goto fail;
@@ -1088,7 +1088,7 @@ static tw_status plan_op(void *user, const tw_resnet_op *op, tw_error *err)
         return TW_OK;
     }
     case TW_RESNET_OP_MAXPOOL:
-        if (p->nhwc && p->mode == NUM_F32 && pool_blocked(&w->v[op->src].md) > 0) {
+        if (p->nhwc && pool_blocked(&w->v[op->src].md) > 0) { /* (nhwc: fp32 plans) */
             st = plan_maxpool_nhwc(p, &w->v[op->src], 1, x, err);
             if (st != TW_OK) return st;
             w->busy = 1u << x->buf; /* the first block's input */
@@ -1174,7 +1174,7 @@ static tw_status plan_build(plan *p, cpu_ctx *c, const tw_resnet *net, int tile,
     p->wino_own = p->nhwc && c->wino_own;
     p->gemm = mode == NUM_F32 ? c->gemm : 0;
     p->amax = amax;
-    p->w_levels = int8_weight_levels();
+    p->w_levels = c->int8_levels;
     p->batch = batch;
     p->tile = tile;
     p->feat_dim = net->feat_dim;
@@ -1458,7 +1458,7 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
                                       .n = (int)l->in4.dims[0],
                                       .h = (int)l->in4.dims[2],
                                       .ch = (int)l->in4.dims[1],
-                                      .stride = (size_t)pool_blocked(&l->in4)};
+                                      .blk = pool_blocked(&l->in4)};
             continue;
         }
         op *o = &c->ops[c->n_ops];
@@ -1693,7 +1693,7 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     c->stats.precision = mode == NUM_BF16   ? TW_PREC_BF16
                          : mode == NUM_INT8 ? TW_PREC_INT8
                                             : TW_PREC_FP32;
-    c->stats.int8_weight_bits = mode != NUM_INT8 ? 0 : int8_weight_levels() == 127 ? 8 : 7;
+    c->stats.int8_weight_bits = mode != NUM_INT8 ? 0 : c->int8_levels == 127 ? 8 : 7;
     return TW_OK;
 }
 
@@ -1765,7 +1765,7 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
             if (o->kind == OP_WINO_IN)
                 tw_wino_input(o->from, o->n, o->h, o->ch, o->stride, o->to);
             else if (o->kind == OP_MAXPOOL)
-                tw_maxpool_blocked_to_nhwc(o->from, o->n, o->ch, o->h, (int)o->stride, o->to);
+                tw_maxpool_blocked_to_nhwc(o->from, o->n, o->ch, o->h, o->blk, o->to);
             else
                 tw_wino_output(o->from, o->n, o->h, o->ch, o->stride, o->bias, o->sum, o->relu,
                                o->to);
@@ -1949,11 +1949,12 @@ tw_status tw_cpu_backend_create(const tw_backend_params *params, tw_backend *out
     bool avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
     c->nhwc = params->cpu_nhwc > 0 || (params->cpu_nhwc < 0 && !avx512);
     c->gemm = params->cpu_gemm < 0 ? -1 : params->cpu_gemm > 0 ? 1 : 0;
+    c->int8_levels = int8_weight_levels(isa);
     const dnnl_version_t *v = dnnl_version();
     snprintf(c->stats.library, sizeof c->stats.library, "oneDNN %d.%d.%d", v->major, v->minor,
              v->patch);
     snprintf(c->stats.device, sizeof c->stats.device, "CPU, oneDNN instruction set %s",
-             isa_name(dnnl_get_effective_cpu_isa()));
+             isa_name(isa));
     out->i = &k_cpu_iface;
     out->ctx = c;
     return TW_OK;
