@@ -527,12 +527,14 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
     tw_run_result *r = NULL;
     tw_status st = tw_run(p, &hooks, &r, &err);
 
-    char run_json[TW_PATH_MAX + 64];
+    /* run.json belongs to the last run that finished: a failed or stopped
+     * attempt writes run.failed.json beside it (shards: their own pair), and
+     * every attempt is one line of OUTPUT_DIR/.tilewise/attempts.jsonl. */
+    char run_json[TW_PATH_MAX + 64], shard[32] = "";
     if (p->shard_count > 1)
-        snprintf(run_json, sizeof run_json, "%s/run.shard%04d-of-%04d.json", p->output.dir,
-                 p->shard_index + 1, p->shard_count);
-    else
-        snprintf(run_json, sizeof run_json, "%s/run.json", p->output.dir);
+        snprintf(shard, sizeof shard, ".shard%04d-of-%04d", p->shard_index + 1, p->shard_count);
+    snprintf(run_json, sizeof run_json, "%s/run%s%s.json", p->output.dir, shard,
+             st == TW_OK ? "" : ".failed");
     tilewise_report *rep = report_new(r, p->output.dir, run_json, p->shard_index, p->shard_count);
     if (!rep) r = NULL; /* freed by report_new */
     char path[TW_PATH_MAX + 64];
@@ -556,6 +558,19 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
             if (in_dir) snprintf(rep->path, sizeof rep->path, "%s", path);
         }
         if (!in_dir) unlink(path);
+    }
+    if (in_dir) {
+        /* the log is best effort: a run's outcome does not depend on it */
+        tw_error lerr;
+        tw_error_init(&lerr);
+        (void)tw_report_log_attempt(p->output.dir, p, r, st, st == TW_OK ? NULL : err.msg, path,
+                                    &lerr);
+        if (st == TW_OK) {
+            /* this run finished: an earlier attempt's failure report is history */
+            char failed[TW_PATH_MAX + 64];
+            snprintf(failed, sizeof failed, "%s/run%s.failed.json", p->output.dir, shard);
+            unlink(failed);
+        }
     }
     if (p->report_path[0]) {
         tw_error rerr;

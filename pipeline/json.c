@@ -24,7 +24,10 @@ void tw_json_raw(tw_json *j, const char *fmt, ...)
     } else if (j->len < j->size) {
         int n = vsnprintf(j->buf + j->len, j->size - j->len, fmt, ap);
         if (n > 0) j->len += (size_t)n;
-        if (j->len >= j->size) j->len = j->size - 1;
+        if (j->len >= j->size) {
+            j->len = j->size - 1;
+            j->cut = true;
+        }
     }
     va_end(ap);
 }

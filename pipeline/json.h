@@ -22,6 +22,7 @@ typedef struct tw_json {
     char *buf; /* [size]; len bytes written, NUL-terminated */
     size_t size, len;
     bool need_comma;
+    bool cut; /* buf was too small: what it holds is cut short */
 } tw_json;
 
 /* An emitter into buf[size] (size >= 1; buf[0] is set to NUL). */

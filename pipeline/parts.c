@@ -368,7 +368,7 @@ static char *fingerprint_read(const char *path)
 {
     FILE *f = fopen(path, "r");
     if (!f) return NULL;
-    size_t cap = 16384;
+    size_t cap = TW_FINGERPRINT_MAX;
     char *buf = tw_alloc(TW_MEM_OTHER, cap);
     size_t got = buf ? fread(buf, 1, cap - 1, f) : 0;
     fclose(f);
@@ -392,7 +392,9 @@ static tw_status fingerprint_check(tw_parts *pt, const char *mpath, bool quiet, 
     char who[512] = "";
     bool running = !p->merge_only && other_lock_held(pt, pt->lock_path, who, sizeof who);
     char diff[700];
-    bool other_version = strncmp(old, "tilewise-parts 2\n", 17) != 0;
+    char head[32];
+    int hl = snprintf(head, sizeof head, "tilewise-parts %d\n", TW_PARTS_FINGERPRINT_VERSION);
+    bool other_version = strncmp(old, head, (size_t)hl) != 0;
     if (other_version)
         snprintf(diff, sizeof diff, "they were written by another version of tilewise");
     else
@@ -889,6 +891,11 @@ int tw_parts_list(const char *out_dir, char (*stems)[256], int max)
     struct dirent *e;
     while ((e = readdir(d)) != NULL && n < max) {
         if (e->d_name[0] == '.') continue;
+        /* inputs are directories; files beside them (attempts.jsonl) are not */
+        char sub[TW_PATH_MAX + 400];
+        struct stat sb;
+        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+        if (stat(sub, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
         snprintf(stems[n++], 256, "%s", e->d_name);
     }
     closedir(d);

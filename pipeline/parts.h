@@ -33,6 +33,11 @@
 
 typedef struct tw_parts tw_parts;
 
+/* The fingerprint's format (its first line, "tilewise-parts N") and its
+ * largest size: 255 class names and colours fit with room to spare. */
+#define TW_PARTS_FINGERPRINT_VERSION 3
+#define TW_FINGERPRINT_MAX ((size_t)64 << 10)
+
 typedef struct tw_parts_params {
     const char *out_dir;
     const char *stem;                        /* the input's stem (no shard suffix) */

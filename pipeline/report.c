@@ -6,119 +6,180 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #include "io/tiff_direct.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "core/keys.h"
 #include "pipeline/json.h"
 #include "io/url.h"
 #include "pipeline/run.h"
 
-static const char *edge_name(tw_edge_mode e)
+/* One key's value in run.json's "config" (and the products' TILEWISE_RUN),
+ * from the resolved params r: JSON types where core/keys.h's text is a
+ * word or a list. Every key of the table has its case (-Wswitch). */
+static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const tw_resolved *m)
 {
-    return (unsigned)e <= TW_EDGE_SKIP ? tw_edge_names[e] : "pad";
-}
-
-static void config_object(tw_json *j, const tw_run_params *p, const tw_resolved *m)
-{
-    tw_json_open(j, "input", '{');
-    tw_json_open(j, "path", '[');
-    for (int i = 0; i < p->input.n_paths; i++) {
-        char shown[TW_URL_SHOWN_MAX]; /* no credentials in run.json or TILEWISE_RUN */
-        tw_url_redact(p->input.paths[i], shown, sizeof shown);
-        tw_json_str(j, NULL, shown);
-    }
-    tw_json_close(j, ']');
-    if (p->input.n_assets > 0) {
-        tw_json_open(j, "assets", '[');
-        for (int i = 0; i < p->input.n_assets; i++) tw_json_str(j, NULL, p->input.assets[i]);
-        tw_json_close(j, ']');
-    }
-    tw_json_int(j, "retries", p->input.retries);
-    tw_json_num(j, "retry_delay", p->input.retry_delay);
-    tw_json_open(j, "bands", '[');
-    for (int i = 0; i < m->n_bands; i++) tw_json_int(j, NULL, m->bands[i]);
-    tw_json_close(j, ']');
-    tw_json_num(j, "scale", m->scale);
-    if (p->input.nodata_auto)
-        tw_json_str(j, "nodata", "auto");
-    else
-        tw_json_num(j, "nodata", p->input.nodata);
-    tw_json_str(j, "on_error", p->input.on_error == TW_ON_ERROR_SKIP ? "skip" : "fail");
-    if (p->input.aoi[0]) tw_json_str(j, "aoi", p->input.aoi);
-    tw_json_close(j, '}');
-
-    tw_json_open(j, "model", '{');
-    tw_json_str(j, "weights", p->model.weights);
-    tw_json_str(j, "sha256", m->model_sha256);
-    tw_json_str(j, "arch", m->arch);
-    tw_json_open(j, "mean", '[');
-    for (int i = 0; i < m->n_norm; i++) tw_json_num(j, NULL, m->mean[i]);
-    tw_json_close(j, ']');
-    tw_json_open(j, "std", '[');
-    for (int i = 0; i < m->n_norm; i++) tw_json_num(j, NULL, m->std[i]);
-    tw_json_close(j, ']');
-    tw_json_open(j, "classes", '[');
-    for (int i = 0; i < m->n_classes; i++) tw_json_str(j, NULL, m->classes[i]);
-    tw_json_close(j, ']');
-    if (p->model.n_colors > 0) {
-        tw_json_open(j, "colors", '[');
-        for (int i = 0; i < p->model.n_colors; i++) {
-            char hex[8];
-            snprintf(hex, sizeof hex, "#%02x%02x%02x", p->model.colors[i][0], p->model.colors[i][1],
-                     p->model.colors[i][2]);
-            tw_json_str(j, NULL, hex);
+    const char *key = tw_key_leaf(k);
+    const tw_input_params *in = &r->input;
+    switch (k) {
+    case TW_KEY_INPUT_PATH:
+        tw_json_open(j, key, '[');
+        for (int i = 0; i < in->n_paths; i++) {
+            char shown[TW_URL_SHOWN_MAX]; /* no credentials in run.json or TILEWISE_RUN */
+            tw_url_redact(in->paths[i], shown, sizeof shown);
+            tw_json_str(j, NULL, shown);
         }
         tw_json_close(j, ']');
+        break;
+    case TW_KEY_INPUT_BANDS:
+        tw_json_open(j, key, '[');
+        for (int i = 0; i < in->n_bands; i++) tw_json_int(j, NULL, in->bands[i]);
+        tw_json_close(j, ']');
+        break;
+    case TW_KEY_INPUT_ASSETS:
+        if (in->n_assets == 0) break;
+        tw_json_open(j, key, '[');
+        for (int i = 0; i < in->n_assets; i++) tw_json_str(j, NULL, in->assets[i]);
+        tw_json_close(j, ']');
+        break;
+    case TW_KEY_INPUT_NODATA:
+        if (in->nodata_auto)
+            tw_json_str(j, key, "auto");
+        else
+            tw_json_num(j, key, in->nodata);
+        break;
+    case TW_KEY_INPUT_AOI:
+        if (in->aoi[0]) tw_json_str(j, key, in->aoi);
+        break;
+    case TW_KEY_MODEL_WEIGHTS:
+        tw_json_str(j, key, r->model.weights);
+        tw_json_str(j, "sha256", m->model_sha256);
+        break;
+    case TW_KEY_MODEL_MEAN:
+    case TW_KEY_MODEL_STD:
+        tw_json_open(j, key, '[');
+        for (int i = 0; i < r->model.n_mean; i++)
+            tw_json_num(j, NULL, k == TW_KEY_MODEL_MEAN ? r->model.mean[i] : r->model.std[i]);
+        tw_json_close(j, ']');
+        break;
+    case TW_KEY_MODEL_CLASSES:
+        tw_json_open(j, key, '[');
+        for (int i = 0; i < r->model.n_classes; i++) tw_json_str(j, NULL, r->model.classes[i]);
+        tw_json_close(j, ']');
+        break;
+    case TW_KEY_MODEL_COLORS:
+    case TW_KEY_OUTPUT_PRODUCTS:
+    case TW_KEY_OUTPUT_CREATION_OPTIONS:
+        if (k == TW_KEY_MODEL_COLORS && r->model.n_colors == 0) break;
+        tw_json_open(j, key, '[');
+        if (k == TW_KEY_MODEL_COLORS)
+            for (int i = 0; i < r->model.n_colors; i++) {
+                char hex[8];
+                snprintf(hex, sizeof hex, "#%02x%02x%02x", r->model.colors[i][0],
+                         r->model.colors[i][1], r->model.colors[i][2]);
+                tw_json_str(j, NULL, hex);
+            }
+        else if (k == TW_KEY_OUTPUT_PRODUCTS)
+            for (int i = 0; i < TW_PRODUCT_COUNT; i++) {
+                if (r->output.products & tw_product_names[i].bit)
+                    tw_json_str(j, NULL, tw_product_names[i].name);
+            }
+        else
+            for (int i = 0; i < r->output.n_creation_options; i++)
+                tw_json_str(j, NULL, r->output.creation_options[i]);
+        tw_json_close(j, ']');
+        break;
+    case TW_KEY_INPUT_SCALE:
+    case TW_KEY_INPUT_RETRY_DELAY:
+    case TW_KEY_TILING_MAX_NODATA_FRACTION:
+        tw_json_num(j, key,
+                    k == TW_KEY_INPUT_SCALE         ? in->scale
+                    : k == TW_KEY_INPUT_RETRY_DELAY ? in->retry_delay
+                                                    : r->tiling.max_nodata_fraction);
+        break;
+    case TW_KEY_INPUT_RETRIES:
+    case TW_KEY_TILING_TILE:
+    case TW_KEY_TILING_STRIDE:
+    case TW_KEY_TILING_BATCH:
+    case TW_KEY_RUNTIME_THREADS:
+    case TW_KEY_RUNTIME_READERS:
+    case TW_KEY_RUNTIME_MEMORY: {
+        /* integers; "auto" where the key allows it and it was left so */
+        long long v = k == TW_KEY_INPUT_RETRIES     ? in->retries
+                      : k == TW_KEY_TILING_TILE     ? r->tiling.tile
+                      : k == TW_KEY_TILING_STRIDE   ? r->tiling.stride
+                      : k == TW_KEY_TILING_BATCH    ? r->tiling.batch
+                      : k == TW_KEY_RUNTIME_THREADS ? r->runtime.threads
+                      : k == TW_KEY_RUNTIME_READERS ? r->runtime.readers
+                                                    : (long long)r->runtime.memory;
+        if (tw_keys[k].type == TW_KT_AUTO_INT && v == 0)
+            tw_json_str(j, key, "auto");
+        else
+            tw_json_int(j, key, v);
+        break;
     }
-    tw_json_close(j, '}');
+    case TW_KEY_INPUT_ON_ERROR:
+    case TW_KEY_MODEL_ARCH:
+    case TW_KEY_TILING_EDGE:
+    case TW_KEY_RUNTIME_DEVICE:
+    case TW_KEY_RUNTIME_PRECISION:
+    case TW_KEY_OUTPUT_DIR:
+    case TW_KEY_OUTPUT_PROB_TYPE:
+    case TW_KEY_OUTPUT_RESOLUTION:
+    case TW_KEY_OUTPUT_FORMAT: {
+        /* words and paths: the table's own text, without YAML's quotes */
+        const char *v = k == TW_KEY_MODEL_ARCH       ? r->model.arch
+                        : k == TW_KEY_RUNTIME_DEVICE ? r->runtime.device
+                        : k == TW_KEY_OUTPUT_DIR     ? r->output.dir
+                                                     : NULL;
+        char word[32];
+        if (!v) {
+            tw_key_format(k, r, word, sizeof word);
+            v = word;
+        }
+        tw_json_str(j, key, v);
+        break;
+    }
+    case TW_KEY_COUNT: break;
+    }
+}
 
-    tw_json_open(j, "tiling", '{');
-    tw_json_int(j, "tile", m->tile);
-    tw_json_int(j, "stride", m->stride);
-    if (p->tiling.batch > 0)
-        tw_json_int(j, "batch", p->tiling.batch);
-    else
-        tw_json_str(j, "batch", "auto");
-    tw_json_str(j, "edge", edge_name(p->tiling.edge));
-    tw_json_num(j, "max_nodata_fraction", p->tiling.max_nodata_fraction);
-    tw_json_close(j, '}');
-
-    tw_json_open(j, "runtime", '{');
-    tw_json_str(j, "device", p->runtime.device);
-    tw_json_str(j, "precision", tw_precision_name(p->runtime.precision));
-    tw_json_int(j, "memory", (long long)p->runtime.memory);
-    tw_json_int(j, "threads", p->runtime.threads);
-    tw_json_close(j, '}');
-
-    tw_json_open(j, "output", '{');
-    tw_json_str(j, "dir", p->output.dir);
-    tw_json_open(j, "products", '[');
-    for (int i = 0; i < TW_PRODUCT_COUNT; i++)
-        if (p->output.products & tw_product_names[i].bit)
-            tw_json_str(j, NULL, tw_product_names[i].name);
-    tw_json_close(j, ']');
-    tw_json_str(j, "prob_type", p->output.prob_type == TW_PROB_UINT8 ? "uint8" : "float32");
-    tw_json_str(j, "resolution", p->output.resolution == TW_RESOLUTION_INPUT ? "input" : "cells");
-    tw_json_str(j, "format", p->output.format == TW_FORMAT_COG ? "COG" : "GTiff");
-    tw_json_open(j, "creation_options", '[');
-    for (int i = 0; i < p->output.n_creation_options; i++)
-        tw_json_str(j, NULL, p->output.creation_options[i]);
-    tw_json_close(j, ']');
-    tw_json_close(j, '}');
+/* run.json's "config": one object per section, one member per key of the
+ * table (core/keys.h) in its order, with the values the run resolved. */
+static void config_object(tw_json *j, const tw_run_params *r, const tw_resolved *m)
+{
+    int section = -1;
+    for (int k = 0; k < TW_KEY_COUNT; k++) {
+        int s = tw_key_section((tw_key_id)k);
+        if (s != section) {
+            if (section >= 0) tw_json_close(j, '}');
+            tw_json_open(j, tw_key_sections[s], '{');
+            section = s;
+        }
+        config_value(j, (tw_key_id)k, r, m);
+    }
+    if (section >= 0) tw_json_close(j, '}');
 }
 
 size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char *buf, size_t size)
 {
+    tw_run_params *r = tw_alloc(TW_MEM_OTHER, sizeof *r);
+    if (!r) return size; /* reads as cut: the caller refuses */
+    tw_run_params_resolved(p, m, r);
     tw_json j = tw_json_buffer(buf, size);
     tw_json_open(&j, NULL, '{');
     tw_json_str(&j, "tilewise_version", TW_VERSION);
     /* GDAL decides overviews, compression and CRS output: part of what
      * makes a product reproducible. */
     tw_json_str(&j, "gdal_version", GDALVersionInfo("RELEASE_NAME"));
-    config_object(&j, p, m);
+    config_object(&j, r, m);
     tw_json_close(&j, '}');
-    return j.len;
+    tw_free(r);
+    return j.cut ? size : j.len;
 }
 
 static const char *stage_names[TW_STAGE_COUNT] = {"read", "normalize", "infer", "write"};
@@ -150,9 +211,15 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         tw_json_int(&j, "count", p->shard_count);
         tw_json_close(&j, '}');
     }
+    tw_run_params *rp = r ? tw_alloc(TW_MEM_OTHER, sizeof *rp) : NULL;
+    if (r && !rp) {
+        tw_free(buf);
+        return tw_error_set(err, TW_ERR_NOMEM, "cannot allocate the run report");
+    }
     if (r) {
+        tw_run_params_resolved(p, &r->model, rp);
         tw_json_open(&j, "config", '{');
-        config_object(&j, p, &r->model);
+        config_object(&j, rp, &r->model);
         tw_json_close(&j, '}');
         tw_json_str(&j, "backend", r->backend);
         tw_json_num(&j, "seconds", r->seconds);
@@ -256,7 +323,54 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
     tw_json_close(&j, '}');
     tw_json_raw(&j, "\n");
 
-    tw_status st = tw_write_file_atomic(path, buf, j.len, err);
+    tw_free(rp);
+    tw_status st =
+        j.cut ? tw_error_set(err, TW_ERR_INTERNAL, "%s: the run report was cut short", path)
+              : tw_write_file_atomic(path, buf, j.len, err);
     tw_free(buf);
     return st;
+}
+
+tw_status tw_report_log_attempt(const char *out_dir, const tw_run_params *p, const tw_run_result *r,
+                                tw_status status, const char *message, const char *report_path,
+                                tw_error *err)
+{
+    char dir[TW_PATH_MAX + 32], path[TW_PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/.tilewise", out_dir);
+    snprintf(path, sizeof path, "%s/attempts.jsonl", dir);
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return tw_error_set(err, TW_ERR_OUTPUT, "%s: %s", dir, strerror(errno));
+    char line[24576], when[32]; /* fits any message and two paths, escaped */
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
+    tw_json j = tw_json_buffer(line, sizeof line - 1);
+    tw_json_open(&j, NULL, '{');
+    tw_json_str(&j, "time", when);
+    tw_json_str(&j, "status", status == TW_OK ? "ok" : tw_status_name(status));
+    tw_json_int(&j, "exit_code",
+                status == TW_OK && r && r->inputs_skipped > 0 ? TW_EXIT_SKIPPED
+                                                              : tw_status_exit_code(status));
+    if (message && *message) tw_json_str(&j, "message", message);
+    tw_json_str(&j, "workflow", p->workflow_path);
+    if (p->shard_count > 1) {
+        char shard[32];
+        snprintf(shard, sizeof shard, "%d/%d", p->shard_index + 1, p->shard_count);
+        tw_json_str(&j, "shard", shard);
+    }
+    tw_json_int(&j, "tiles_classified", r ? r->tiles_classified : 0);
+    tw_json_num(&j, "seconds", r ? r->seconds : 0);
+    tw_json_str(&j, "report", report_path);
+    tw_json_close(&j, '}');
+    size_t n = strlen(line); /* a cut line is still one line: the message is what was cut */
+    line[n++] = '\n';
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd < 0) return tw_error_set(err, TW_ERR_OUTPUT, "%s: %s", path, strerror(errno));
+    ssize_t w = write(fd, line, n);
+    int e = errno;
+    close(fd);
+    if (w != (ssize_t)n)
+        return tw_error_set(err, TW_ERR_OUTPUT, "%s: %s", path,
+                            w < 0 ? strerror(e) : "short write");
+    return TW_OK;
 }

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "pipeline/parts.h"
 #include "pipeline/run.h"
 
 #define TW_MANIFEST_VERSION 2
@@ -36,8 +37,8 @@ typedef struct tw_manifest {
     tw_run_params p;
     tw_resolved m;
     tw_raster_info info;
-    char config_json[16384];
-    char fingerprint[8192];
+    char config_json[TW_CONFIG_JSON_MAX];
+    char fingerprint[TW_FINGERPRINT_MAX];
 } tw_manifest;
 
 /* "<out_dir>/.tilewise/<stem>/manifest" into buf. TW_ERR_OUTPUT when it

@@ -21,6 +21,7 @@
 #include "io/stac.h"
 #include "io/url.h"
 #include "core/alloc.h"
+#include "core/keys.h"
 #include "core/clock.h"
 #include "core/fileio.h"
 #include "pipeline/parts.h"
@@ -122,6 +123,22 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
                             "tiling.tile %d is too small for a ResNet (32 pixels at least)",
                             m->tile);
     return TW_OK;
+}
+
+void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run_params *out)
+{
+    *out = *p;
+    out->input.n_bands = m->n_bands;
+    memcpy(out->input.bands, m->bands, sizeof out->input.bands);
+    out->input.scale = m->scale;
+    snprintf(out->model.arch, sizeof out->model.arch, "%s", m->arch);
+    out->model.n_mean = out->model.n_std = m->n_norm;
+    memcpy(out->model.mean, m->mean, sizeof out->model.mean);
+    memcpy(out->model.std, m->std, sizeof out->model.std);
+    out->model.n_classes = m->n_classes;
+    memcpy(out->model.classes, m->classes, sizeof out->model.classes);
+    out->tiling.tile = m->tile;
+    out->tiling.stride = m->stride;
 }
 
 /* input.aoi for one raster, on the tile grid of its full plan (tile
@@ -271,52 +288,47 @@ static const tw_log *run_log(const run_ctx *c)
 }
 
 /* What the outputs of an input depend on: if any of it changes between an
- * interrupted run and its rerun, the committed chunks are not reused (the
- * run refuses, tw_parts_open). One "key value" line per workflow key, so
- * that a refusal can name the keys that differ. */
-static void fingerprint(const run_ctx *c, const tw_raster_info *info, const char *path,
-                        const tw_plan *plan, const char *identity, char *buf, size_t size)
+ * interrupted run and its rerun, or between the shards of one output, the
+ * committed chunks are not reused (the run refuses, tw_parts_open, exit 6).
+ * One "key value" line per key of the table that an output byte depends on
+ * (TW_KEY_BYTES, core/keys.h), with the value the run resolved, so that a
+ * refusal names the keys that differ and no key can be left out; then the
+ * lines no key holds: the raster's size and type, the cell grid, the AOI
+ * file's identity, and the input's (url.h). The input is this one only,
+ * as the reports show it; the model is its file's SHA-256, not its path.
+ * TW_ERR_INTERNAL when it does not fit size (it cannot with the limits of
+ * params.h and TW_FINGERPRINT_MAX). */
+static tw_status fingerprint(const run_ctx *c, const tw_raster_info *info, const char *path,
+                             const tw_plan *plan, const char *identity, char *buf, size_t size,
+                             tw_error *err)
 {
-    const tw_run_params *p = c->p;
-    const tw_resolved *m = &c->m;
-    static const char *const edges[] = {"pad", "shift", "skip"};
-    static const char *const precs[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
-    char nodata[64];
-    if (p->input.nodata_auto)
-        snprintf(nodata, sizeof nodata, "auto");
-    else
-        snprintf(nodata, sizeof nodata, "%.17g", p->input.nodata);
-    int n = snprintf(buf, size,
-                     "tilewise-parts 2\ninput.path %s\ninput.raster %dx%d %s\nmodel.weights "
-                     "sha256:%s\ntiling.tile %d\ntiling.stride %d\ntiling.edge %s\ngrid %dx%d\n"
-                     "input.scale %.17g\ninput.nodata %s\ntiling.max_nodata_fraction %.17g\n"
-                     "runtime.precision %s\noutput.products embeddings=%d tiles=%d\ninput.bands",
-                     path, info->width, info->height, tw_dtype_name(info->dtype), m->model_sha256,
-                     m->tile, m->stride, edges[p->tiling.edge], plan->grid_w, plan->grid_h,
-                     m->scale, nodata, p->tiling.max_nodata_fraction, precs[p->runtime.precision],
-                     (p->output.products & TW_PRODUCT_EMB) != 0,
-                     tw_run_keeps_tiles(p->output.products));
-    for (int i = 0; i < m->n_bands && n > 0 && (size_t)n < size; i++)
-        n += snprintf(buf + n, size - (size_t)n, " %d", m->bands[i]);
-    if (m->n_bands == 0 && n > 0 && (size_t)n < size)
-        n += snprintf(buf + n, size - (size_t)n, " all");
-    const char *keys[2] = {"model.mean", "model.std"};
-    for (int k = 0; k < 2 && n > 0 && (size_t)n < size; k++) {
-        n += snprintf(buf + n, size - (size_t)n, "\n%s", keys[k]);
-        for (int i = 0; i < m->n_norm && n > 0 && (size_t)n < size; i++)
-            n += snprintf(buf + n, size - (size_t)n, " %.9g", k == 0 ? m->mean[i] : m->std[i]);
-    }
-    if (p->input.aoi[0] && n > 0 && (size_t)n < size) {
+    tw_run_params *r = tw_alloc(TW_MEM_OTHER, sizeof *r);
+    if (!r) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    tw_run_params_resolved(c->p, &c->m, r);
+    snprintf(r->input.paths[0], sizeof r->input.paths[0], "%s", path);
+    r->input.n_paths = 1;
+    snprintf(r->model.weights, sizeof r->model.weights, "sha256:%s", c->m.model_sha256);
+    size_t n = (size_t)snprintf(buf, size, "tilewise-parts %d\ninput.raster %dx%d %s\ngrid %dx%d\n",
+                                TW_PARTS_FINGERPRINT_VERSION, info->width, info->height,
+                                tw_dtype_name(info->dtype), plan->grid_w, plan->grid_h);
+    n += tw_key_format_lines(r, TW_KEY_BYTES, buf + (n < size ? n : size), n < size ? size - n : 0);
+    tw_free(r);
+    if (c->p->input.aoi[0]) {
         /* The file's identity: a changed AOI changes which tiles exist. */
         struct stat sb;
-        bool ok = stat(p->input.aoi, &sb) == 0;
+        bool ok = stat(c->p->input.aoi, &sb) == 0;
         n +=
-            snprintf(buf + n, size - (size_t)n, "\ninput.aoi %s size=%lld mtime=%lld", p->input.aoi,
-                     ok ? (long long)sb.st_size : -1LL, ok ? (long long)sb.st_mtime : -1LL);
+            (size_t)snprintf(buf + (n < size ? n : size), n < size ? size - n : 0,
+                             "input.aoi_file size=%lld mtime=%lld\n",
+                             ok ? (long long)sb.st_size : -1LL, ok ? (long long)sb.st_mtime : -1LL);
     }
-    if (n > 0 && (size_t)n < size) n += snprintf(buf + n, size - (size_t)n, "\n");
     /* A remote object's version (url.h): chunks of another version refused. */
-    if (n > 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, "%s", identity);
+    n += (size_t)snprintf(buf + (n < size ? n : size), n < size ? size - n : 0, "%s", identity);
+    if (n >= size)
+        return tw_error_set(err, TW_ERR_INTERNAL,
+                            "%s: the parts fingerprint needs %zu bytes, more than %zu", path, n,
+                            size);
+    return TW_OK;
 }
 
 /* Rows per committed chunk: about 1024 tiles, at least one tile row's cells,
@@ -376,11 +388,14 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st != TW_OK) return st;
     pp.aoi = aoi;
 
-    char fp[8192], ident[4096];
-    st = c->stacs[idx] ? tw_stac_identity(c->stacs[idx], ident, sizeof ident, err)
-                       : tw_url_identity(p->input.paths[idx], ident, sizeof ident, err);
-    if (st != TW_OK) return st;
-    fingerprint(c, info, res->path, &plan, ident, fp, sizeof fp);
+    char ident[4096];
+    char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
+    if (!fp) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK)
+        st = c->stacs[idx] ? tw_stac_identity(c->stacs[idx], ident, sizeof ident, err)
+                           : tw_url_identity(p->input.paths[idx], ident, sizeof ident, err);
+    if (st == TW_OK)
+        st = fingerprint(c, info, res->path, &plan, ident, fp, TW_FINGERPRINT_MAX, err);
     tw_parts_params parts_p = {
         .out_dir = p->output.dir,
         .stem = res->stem,
@@ -395,7 +410,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         .restart = p->restart,
         .log = run_log(c),
     };
-    st = tw_parts_open(&parts_p, p->quiet, &pp.parts, err);
+    if (st == TW_OK) st = tw_parts_open(&parts_p, p->quiet, &pp.parts, err);
     if (st == TW_OK) {
         tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
         char mpath[TW_PATH_MAX + 400];
@@ -414,6 +429,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
             tw_free(mf);
         }
     }
+    tw_free(fp); /* the parts have checked and stored it */
 
     /* Segments: the shard's rows that no earlier run has committed. */
     if (st == TW_OK) {
@@ -701,7 +717,13 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
     if (st == TW_OK) {
         r->model = c->m;
         snprintf(r->backend, sizeof r->backend, "%s", c->be.i->name);
-        tw_report_config_json(p, &c->m, c->config_json, sizeof c->config_json);
+        if (tw_report_config_json(p, &c->m, c->config_json, sizeof c->config_json) >=
+            sizeof c->config_json)
+            st = tw_error_set(err, TW_ERR_INTERNAL,
+                              "the run's configuration needs more than %zu bytes of JSON",
+                              sizeof c->config_json);
+    }
+    if (st == TW_OK) {
         /* An allocation that fails although the budget said it fits (the
          * machine has less free memory than runtime.memory): the backend
          * halves the batch itself, down to 1, and says so (backend.h). */

@@ -152,11 +152,29 @@ int tw_run_readers(const tw_run_params *p, const tw_backend *be);
  * its own); else 0 (OpenMP's default). */
 int tw_run_normalize_threads(const tw_run_params *p, const tw_backend *be);
 
+/* p with what m resolved written in: input.bands, input.scale, model.arch,
+ * model.mean, model.std, model.classes, tiling.tile and tiling.stride (the
+ * keys core/keys.h marks TW_KEY_RESOLVED), as the parts fingerprint and
+ * run.json show them. Cannot fail; *out may be large (a tw_run_params). */
+void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run_params *out);
+
 /* Write run.json for params p and result r to path (atomically: temp + rename). */
 tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run_result *r,
                           tw_status status, const char *message, tw_error *err);
+/* Append one line (a JSON object: UTC time, status, exit code, message,
+ * shard, tiles classified, seconds, the report's path) for this attempt to
+ * out_dir/.tilewise/attempts.jsonl, creating it. One write(2) with
+ * O_APPEND, so that concurrent shards do not interleave lines. r may be
+ * NULL (a run that failed before its result). TW_ERR_OUTPUT on failure. */
+tw_status tw_report_log_attempt(const char *out_dir, const tw_run_params *p, const tw_run_result *r,
+                                tw_status status, const char *message, const char *report_path,
+                                tw_error *err);
+
 /* The resolved configuration as a JSON object (for GDAL metadata). Returns
- * the length written (truncated to size-1). */
+ * the length it needed: size or more means it was cut (the run refuses to
+ * go on with a cut one). TW_CONFIG_JSON_MAX holds any configuration that
+ * params.h's limits allow. */
+#define TW_CONFIG_JSON_MAX ((size_t)256 << 10)
 size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char *buf, size_t size);
 
 #endif

@@ -52,7 +52,7 @@ typedef struct run_ctx {
     const char **sources; /* [n_paths]: what tw_raster_open opens */
     tw_url_saved *net_saved;
     tw_preflight_warnings warn;
-    char config_json[16384];
+    char config_json[TW_CONFIG_JSON_MAX];
 } run_ctx;
 
 /* The model against the config and every input against the model: loads

@@ -149,7 +149,7 @@ def main():
         workflow(aoi_wf, f"{tmp}/bad", f"{tmp}/nothere.gpkg")
         os.makedirs(f"{tmp}/bad")
         r = run("run", aoi_wf, "-q")
-        with open(f"{tmp}/bad/run.json") as f:
+        with open(f"{tmp}/bad/run.failed.json") as f:
             rj = json.load(f)
         check(r.returncode == 3 and "input.aoi: cannot open" in r.stderr and
               rj["tiles_classified"] == 0,

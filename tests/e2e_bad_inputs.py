@@ -274,7 +274,7 @@ def check_skipped_input(out):
 
 
 def make_out(tmp):
-    """An existing output.dir, so that a failed run writes its run.json."""
+    """An existing output.dir, so that a failed run writes its run.failed.json."""
     os.makedirs(f"{tmp}/out", exist_ok=True)
 
 
@@ -529,10 +529,12 @@ def run_case(c, tmp):
     if c["preflight"]:
         if wall > PREFLIGHT_MAX_S:
             problems.append(f"took {wall:.1f} s: not a preflight failure")
-        rj = os.path.join(out, "run.json")
+        rj = os.path.join(out, "run.failed.json")
         if c["cmd"] == "run" and c["setup"] is make_out:
+            if os.path.exists(os.path.join(out, "run.json")):
+                problems.append("a failed run wrote run.json (it belongs to a finished run)")
             if not os.path.exists(rj):
-                problems.append("no run.json in the existing output.dir")
+                problems.append("no run.failed.json in the existing output.dir")
             else:
                 with open(rj) as fh:
                     rep_ = json.load(fh)

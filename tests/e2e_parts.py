@@ -4,7 +4,9 @@
 * Shards: shard 1/2 runs; shard 2/2 with another configuration
   (--set tiling.stride=32) refuses with exit 6, naming the keys that differ
   (tiling.stride, grid) and how to proceed; shard 1's committed chunks
-  survive byte for byte (and with -q too). `merge` then names why rows are
+  survive byte for byte (and with -q too). So does a shard 2/2 that differs
+  in any key an output byte depends on (prob_type, resolution, format,
+  products, creation_options, colours, class names). `merge` then names why rows are
   missing (shard 2/2 committed nothing). The matching shard 2/2 runs, and
   `merge` gives the same class and probability rasters as one run.
 * --restart discards the other configuration's parts (a notice naming the
@@ -15,6 +17,9 @@
 * The same command started twice at once: one runs, the other exits 7 with
   the lock message naming the holder's pid and host; the outputs equal one
   run, and the refused process wrote no run.json over the running one's.
+* A failed attempt (missing input, too small a budget) leaves the finished
+  run's run.json byte for byte, writes run.failed.json, and every attempt is
+  a line of .tilewise/attempts.jsonl.
 """
 import glob
 import hashlib
@@ -87,6 +92,26 @@ def main():
                   and "nothing was deleted" in lines[0],
                   f"the refusal names the keys and how to proceed: {r.stderr.strip()}", True)
             check(digests(out) == before, "shard 1's chunks survive byte for byte", True)
+        # every key an output byte depends on is compared between shards
+        # (core/keys.h, TW_KEY_BYTES), not only the tiling: before, these
+        # shards ran (exit 0) and merge used whichever finished last
+        for key, value, shown in (
+                ("output.prob_type", "uint8", "uint8 now, float32 in the parts"),
+                ("output.resolution", "input", "input now, cells in the parts"),
+                ("output.format", "COG", "COG now, GTiff in the parts"),
+                ("output.products", "[class, prob, confidence]",
+                 "[class, prob, confidence] now, [class, prob] in the parts"),
+                ("output.creation_options", "[COMPRESS=LZW]", "[COMPRESS=LZW] now, [] in"),
+                ("model.colors", "[" + ", ".join(f"'#00000{i}'" for i in range(7)) + "]",
+                 "['#000000', '#000001', '#000002', '#000003', '#000004', '#000005', "
+                 "'#000006'] now, [] in"),
+                ("model.classes", "[a, b, c, d, e, f, g]", "[a, b, c, d, e, f, g] now, [")):
+            r = run("run", wf, "-q", "--shard", "2/2", "--set", f"output.dir={out}", "--set",
+                    f"{key}={value}")
+            check(r.returncode == EXIT_PARTS and f"{key}: {shown}" in r.stderr,
+                  f"shard 2/2 with {key}={value} exits 6 naming it: {r.returncode} "
+                  f"{r.stderr.strip()}", True)
+            check(digests(out) == before, f"shard 1's chunks survive ({key})")
         r = run("merge", out)
         check(r.returncode == 3 and "shard 2/2" in r.stderr and "committed nothing" in r.stderr,
               f"merge names the missing shard: {r.stderr.strip()}", True)
@@ -106,7 +131,7 @@ def main():
         check("--restart: discarding" in r.stderr and "tiling.stride" in r.stderr,
               f"--restart says what it discards: {r.stderr.strip()}", True)
         check(same(outputs(gdal, out), ref), "--restart run equals a fresh run", True)
-        check(not os.path.exists(f"{out}/.tilewise"), "no parts left after --restart run", True)
+        check(not glob.glob(f"{out}/.tilewise/L7_ETMs"), "no parts left after --restart run", True)
 
         # ---- single run: interrupted, rerun with another mean refuses
         out = f"{tmp}/single"
@@ -125,7 +150,7 @@ def main():
         if p.returncode == EXIT_INTERRUPTED:
             before = digests(out)
             r = run("run", wf2, "-q", "--set", "model.mean=[80, 67.5, 64.4, 60, 80, 60]")
-            check(r.returncode == EXIT_PARTS and "model.mean: 80 67.5" in r.stderr,
+            check(r.returncode == EXIT_PARTS and "model.mean: [80, 67.5" in r.stderr,
                   f"single run with another mean refuses: {r.stderr.strip()}", True)
             check(digests(out) == before, "the interrupted run's chunks survive", True)
             r = run("run", wf2, "-q")
@@ -154,6 +179,35 @@ def main():
         import json
         with open(f"{out}/run.json") as f:
             check(json.load(f)["status"] == "ok", "run.json is the first run's (ok)", True)
+
+        # ---- a failed attempt never overwrites the finished run's run.json
+        # (before: a later run on a missing input or with too small a budget
+        # replaced it, and the provenance of good outputs was lost)
+        with open(f"{out}/run.json", "rb") as f:
+            good = f.read()
+        for why, sets in (("missing input", ["input.path=nothere.tif"]),
+                          ("too small a budget", ["runtime.memory=16MiB", "tiling.batch=4096"])):
+            args = [a for s_ in sets for a in ("--set", s_)]
+            r = run("run", wf2, "-q", *args)
+            check(r.returncode in (3, 4), f"{why}: fails ({r.returncode} {r.stderr.strip()})")
+            with open(f"{out}/run.json", "rb") as f:
+                check(f.read() == good, f"{why}: run.json is still the finished run's", True)
+            with open(f"{out}/run.failed.json") as f:
+                failed = json.load(f)
+            check(failed["status"] != "ok" and failed["exit_code"] == r.returncode,
+                  f"{why}: run.failed.json reports the failure ({failed['status']})", True)
+        with open(f"{out}/.tilewise/attempts.jsonl") as f:
+            attempts = [json.loads(line) for line in f]
+        check([a["exit_code"] for a in attempts[-2:]] != [0, 0] and
+              attempts[-1]["report"].endswith("run.failed.json"),
+              f"every attempt is logged in .tilewise/attempts.jsonl: {attempts}", True)
+        r = run("run", wf2, "-q")
+        check(r.returncode == 0 and not os.path.exists(f"{out}/run.failed.json"),
+              "a finished run writes run.json and retires run.failed.json", True)
+        with open(f"{out}/.tilewise/attempts.jsonl") as f:
+            last = [json.loads(line) for line in f][-1]
+        check(last["status"] == "ok" and last["report"].endswith("/run.json"),
+              "the finished attempt is logged too", True)
     print("ok")
     return 0
 

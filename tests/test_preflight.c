@@ -168,8 +168,8 @@ static void fingerprint_diff(void **state)
 {
     (void)state;
     char buf[512];
-    const char *a = "tilewise-parts 2\ntiling.tile 64\ntiling.stride 32\nmodel.mean 1 2\n";
-    const char *b = "tilewise-parts 2\ntiling.tile 64\ntiling.stride 16\nmodel.mean 1 2\n"
+    const char *a = "tilewise-parts 3\ntiling.tile 64\ntiling.stride 32\nmodel.mean 1 2\n";
+    const char *b = "tilewise-parts 3\ntiling.tile 64\ntiling.stride 16\nmodel.mean 1 2\n"
                     "extra 1\n";
     assert_int_equal(tw_parts_fingerprint_diff(a, a, buf, sizeof buf), 0);
     assert_string_equal(buf, "");
@@ -210,8 +210,8 @@ static void parts_refuse_and_lock(void **state)
 {
     (void)state;
     const char *dir = tw_test_tmpdir();
-    const char *fp1 = "tilewise-parts 2\ntiling.stride 32\n";
-    const char *fp2 = "tilewise-parts 2\ntiling.stride 16\n";
+    const char *fp1 = "tilewise-parts 3\ntiling.stride 32\n";
+    const char *fp2 = "tilewise-parts 3\ntiling.stride 16\n";
     tw_error err;
     tw_parts *pt = NULL;
     tw_parts_params pp = parts_params(dir, fp1, 0, 2);

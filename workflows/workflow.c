@@ -31,46 +31,13 @@
 
 #include <yaml.h>
 
+#include "core/keys.h"
+
 /* A workflow file is a few hundred bytes; anything this large is a mistake
  * (a raster passed instead of the YAML), not a config to read into memory. */
 #define WF_FILE_MAX ((size_t)16 << 20)
 #define WF_MEMORY_MIN ((size_t)16 << 20)
 #define WF_SHOW_MAX 40
-
-enum wf_key {
-    K_INPUT_PATH,
-    K_INPUT_BANDS,
-    K_INPUT_SCALE,
-    K_INPUT_NODATA,
-    K_INPUT_ON_ERROR,
-    K_INPUT_ASSETS,
-    K_INPUT_RETRIES,
-    K_INPUT_RETRY_DELAY,
-    K_INPUT_AOI,
-    K_MODEL_WEIGHTS,
-    K_MODEL_ARCH,
-    K_MODEL_MEAN,
-    K_MODEL_STD,
-    K_MODEL_CLASSES,
-    K_MODEL_COLORS,
-    K_TILING_TILE,
-    K_TILING_STRIDE,
-    K_TILING_BATCH,
-    K_TILING_EDGE,
-    K_TILING_MAX_NODATA_FRACTION,
-    K_RUNTIME_DEVICE,
-    K_RUNTIME_PRECISION,
-    K_RUNTIME_MEMORY,
-    K_RUNTIME_THREADS,
-    K_RUNTIME_READERS,
-    K_OUTPUT_DIR,
-    K_OUTPUT_PRODUCTS,
-    K_OUTPUT_PROB_TYPE,
-    K_OUTPUT_RESOLUTION,
-    K_OUTPUT_FORMAT,
-    K_OUTPUT_CREATION_OPTIONS,
-    K_COUNT
-};
 
 /* Where a key's current value came from, for messages about it. */
 typedef struct wf_origin {
@@ -83,19 +50,14 @@ typedef struct wf_ctx {
     tw_error *err;
     yaml_document_t *doc; /* the document the current node belongs to */
     bool in_set;          /* the current value comes from --set */
-    int key;              /* the key being set (enum wf_key) */
-    wf_origin origin[K_COUNT];
+    int key;              /* the key being set (tw_key_id) */
+    wf_origin origin[TW_KEY_COUNT];
 } wf_ctx;
 
 typedef tw_status (*wf_setter)(wf_ctx *c, const yaml_node_t *v, tw_run_params *p);
 
-typedef struct wf_key_def {
-    const char *path;
-    wf_setter set;
-} wf_key_def;
-
-static const char *const k_sections[] = {"input", "model", "tiling", "runtime", "output"};
-#define N_SECTIONS ((int)(sizeof k_sections / sizeof k_sections[0]))
+#define N_SECTIONS TW_KEY_SECTIONS
+#define k_sections tw_key_sections
 
 /* ------------------------------------------------------------------------ */
 /* messages                                                                 */
@@ -398,6 +360,79 @@ static tw_status check_list(wf_ctx *c, const yaml_node_t *n, const char *what, i
 /* ------------------------------------------------------------------------ */
 /* setters, one per key                                                     */
 
+/* ------------------------------------------------------------------------ */
+/* setters of the table's plain kinds: words, ranges and messages come from
+ * tw_keys[c->key] (core/keys.h) */
+
+/* One of the key's words: the struct holds its index (every enum of
+ * params.h counts from 0 in the table's order). */
+static tw_status set_enum(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    const tw_key *k = &tw_keys[c->key];
+    int i;
+    tw_status st = get_choice(c, v, k->names, k->n_names, &i);
+    if (st) return st;
+    switch ((tw_key_id)c->key) {
+    case TW_KEY_INPUT_ON_ERROR: p->input.on_error = (tw_on_error)i; break;
+    case TW_KEY_MODEL_ARCH: snprintf(p->model.arch, sizeof p->model.arch, "%s", k->names[i]); break;
+    case TW_KEY_TILING_EDGE: p->tiling.edge = (tw_edge_mode)i; break;
+    case TW_KEY_RUNTIME_PRECISION: p->runtime.precision = (tw_precision)i; break;
+    case TW_KEY_OUTPUT_PROB_TYPE: p->output.prob_type = (tw_prob_type)i; break;
+    case TW_KEY_OUTPUT_RESOLUTION: p->output.resolution = (tw_resolution)i; break;
+    case TW_KEY_OUTPUT_FORMAT: p->output.format = (tw_format)i; break;
+    default: TW_ASSERT(!"set_enum: a key of another kind");
+    }
+    return TW_OK;
+}
+
+/* The int field of an integer key. */
+static int *int_field(int key, tw_run_params *p)
+{
+    switch ((tw_key_id)key) {
+    case TW_KEY_INPUT_RETRIES: return &p->input.retries;
+    case TW_KEY_TILING_TILE: return &p->tiling.tile;
+    case TW_KEY_TILING_STRIDE: return &p->tiling.stride;
+    case TW_KEY_TILING_BATCH: return &p->tiling.batch;
+    case TW_KEY_RUNTIME_THREADS: return &p->runtime.threads;
+    case TW_KEY_RUNTIME_READERS: return &p->runtime.readers;
+    default: TW_ASSERT(!"int_field: a key of another kind"); return NULL;
+    }
+}
+
+static tw_status set_int(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    const tw_key *k = &tw_keys[c->key];
+    return get_int(c, v, (long long)k->lo, (long long)k->hi, int_field(c->key, p));
+}
+
+static tw_status set_auto_int(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    const tw_key *k = &tw_keys[c->key];
+    return get_auto_int(c, v, (long long)k->lo, (long long)k->hi, int_field(c->key, p));
+}
+
+/* A number in the key's closed range lo..hi (input.scale's lo is the
+ * smallest double above 0: "a number > 0"). */
+static tw_status set_number(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    const tw_key *k = &tw_keys[c->key];
+    double x;
+    tw_status st = get_number(c, v, &x);
+    if (st) return st;
+    if (!(x >= k->lo && x <= k->hi))
+        return fail(c, v, "%g is out of range (expected %s)", x, k->range);
+    switch ((tw_key_id)c->key) {
+    case TW_KEY_INPUT_SCALE: p->input.scale = x; break;
+    case TW_KEY_INPUT_RETRY_DELAY: p->input.retry_delay = x; break;
+    case TW_KEY_TILING_MAX_NODATA_FRACTION: p->tiling.max_nodata_fraction = x; break;
+    default: TW_ASSERT(!"set_number: a key of another kind");
+    }
+    return TW_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* setters of the keys with words and shapes of their own                   */
+
 static tw_status set_input_path(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     int n;
@@ -416,16 +451,6 @@ static tw_status set_input_bands(wf_ctx *c, const yaml_node_t *v, tw_run_params 
         st = get_int(c, list_item(c, v, i), 1, INT_MAX, &p->input.bands[i]);
     if (!st) p->input.n_bands = n;
     return st;
-}
-
-static tw_status set_input_scale(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    double x;
-    tw_status st = get_number(c, v, &x);
-    if (st) return st;
-    if (!(x > 0)) return fail(c, v, "%g is out of range (expected a number > 0)", x);
-    p->input.scale = x;
-    return TW_OK;
 }
 
 static tw_status set_input_nodata(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
@@ -451,16 +476,6 @@ static tw_status set_input_nodata(wf_ctx *c, const yaml_node_t *v, tw_run_params
     return TW_OK;
 }
 
-static tw_status set_input_on_error(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    static const char *const names[] = {"fail", "skip"};
-    static const tw_on_error vals[] = {TW_ON_ERROR_FAIL, TW_ON_ERROR_SKIP};
-    int i;
-    tw_status st = get_choice(c, v, names, 2, &i);
-    if (!st) p->input.on_error = vals[i];
-    return st;
-}
-
 static tw_status set_input_assets(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     int n;
@@ -469,22 +484,6 @@ static tw_status set_input_assets(wf_ctx *c, const yaml_node_t *v, tw_run_params
         st = get_string(c, list_item(c, v, i), "an asset name", p->input.assets[i], TW_NAME_MAX);
     if (!st) p->input.n_assets = n;
     return st;
-}
-
-static tw_status set_input_retries(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    return get_int(c, v, 0, 30, &p->input.retries);
-}
-
-static tw_status set_input_retry_delay(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    double x;
-    tw_status st = get_number(c, v, &x);
-    if (st) return st;
-    if (!(x >= 0.01 && x <= 60))
-        return fail(c, v, "%g is out of range (expected seconds, 0.01..60)", x);
-    p->input.retry_delay = x;
-    return TW_OK;
 }
 
 static tw_status set_input_aoi(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
@@ -496,16 +495,6 @@ static tw_status set_input_aoi(wf_ctx *c, const yaml_node_t *v, tw_run_params *p
 static tw_status set_model_weights(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     return get_string(c, v, "a model file path", p->model.weights, TW_PATH_MAX);
-}
-
-static tw_status set_model_arch(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    static const char *const names[] = {"resnet18", "resnet34", "resnet50", "resnet101",
-                                        "resnet152"};
-    int i;
-    tw_status st = get_choice(c, v, names, 5, &i);
-    if (!st) snprintf(p->model.arch, sizeof p->model.arch, "%s", names[i]);
-    return st;
 }
 
 /* mean or std: finite numbers that fit a float; std must be > 0. */
@@ -546,6 +535,12 @@ static tw_status set_model_classes(wf_ctx *c, const yaml_node_t *v, tw_run_param
     for (int i = 0; !st && i < n; i++) {
         const yaml_node_t *it = list_item(c, v, i);
         st = get_string(c, it, "a class name", p->model.classes[i], TW_NAME_MAX);
+        /* Names reach terminals, band descriptions and legends: a control
+         * character there (ESC, CR, a newline) rewrites what a user sees. */
+        for (const unsigned char *ch = (const unsigned char *)p->model.classes[i]; !st && *ch; ch++)
+            if (*ch < 0x20 || *ch == 0x7f)
+                st = fail(c, it, "class name %d holds a control character (byte 0x%02x)", i + 1,
+                          *ch);
         for (int j = 0; !st && j < i; j++)
             if (strcmp(p->model.classes[i], p->model.classes[j]) == 0) {
                 char d[WF_SHOW_MAX + 8];
@@ -595,42 +590,6 @@ static tw_status set_model_colors(wf_ctx *c, const yaml_node_t *v, tw_run_params
     return st;
 }
 
-static tw_status set_tiling_tile(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    /* A ResNet halves its input five times: below 32 pixels nothing is left. */
-    return get_int(c, v, 32, 4096, &p->tiling.tile);
-}
-
-static tw_status set_tiling_stride(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    return get_int(c, v, 1, 4096, &p->tiling.stride);
-}
-
-static tw_status set_tiling_batch(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    return get_auto_int(c, v, 1, 4096, &p->tiling.batch);
-}
-
-static tw_status set_tiling_edge(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    static const char *const names[] = {"pad", "shift", "skip"};
-    static const tw_edge_mode vals[] = {TW_EDGE_PAD, TW_EDGE_SHIFT, TW_EDGE_SKIP};
-    int i;
-    tw_status st = get_choice(c, v, names, 3, &i);
-    if (!st) p->tiling.edge = vals[i];
-    return st;
-}
-
-static tw_status set_tiling_max_nodata(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    double x;
-    tw_status st = get_number(c, v, &x);
-    if (st) return st;
-    if (!(x >= 0 && x <= 1)) return fail(c, v, "%g is out of range (expected 0..1)", x);
-    p->tiling.max_nodata_fraction = x;
-    return TW_OK;
-}
-
 static tw_status set_runtime_device(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     static const char *what = "auto | cpu | cuda | cuda:N";
@@ -654,17 +613,6 @@ static tw_status set_runtime_device(wf_ctx *c, const yaml_node_t *v, tw_run_para
     return fail(c, v, "expected %s, got '%s'", what, show(s, len, d, sizeof d));
 }
 
-static tw_status set_runtime_precision(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    static const char *const names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
-    static const tw_precision vals[] = {TW_PREC_FP32, TW_PREC_TF32, TW_PREC_FP16, TW_PREC_BF16,
-                                        TW_PREC_INT8};
-    int i;
-    tw_status st = get_choice(c, v, names, 5, &i);
-    if (!st) p->runtime.precision = vals[i];
-    return st;
-}
-
 static tw_status set_runtime_memory(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     static const char *what = "a size such as 512MiB, 2GiB, 1.5GB or a number of bytes";
@@ -682,16 +630,6 @@ static tw_status set_runtime_memory(wf_ctx *c, const yaml_node_t *v, tw_run_para
     return TW_OK;
 }
 
-static tw_status set_runtime_threads(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    return get_auto_int(c, v, 1, 1024, &p->runtime.threads);
-}
-
-static tw_status set_runtime_readers(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    return get_auto_int(c, v, 1, 64, &p->runtime.readers);
-}
-
 static tw_status set_output_dir(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     return get_string(c, v, "a directory path", p->output.dir, TW_PATH_MAX);
@@ -699,51 +637,19 @@ static tw_status set_output_dir(wf_ctx *c, const yaml_node_t *v, tw_run_params *
 
 static tw_status set_output_products(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
-    static const char *const names[] = {"class",      "prob",  "confidence",
-                                        "embeddings", "tiles", "tiles_gpkg"};
-    /* embeddings live in the HDF5 tile table, so they imply it */
-    static const unsigned bits[] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB,
-                                    TW_PRODUCT_CONF,  TW_PRODUCT_EMB | TW_PRODUCT_TILES,
-                                    TW_PRODUCT_TILES, TW_PRODUCT_TILES_GPKG};
+    const tw_key *key = &tw_keys[c->key];
     int n;
     tw_status st = check_list(c, v, "products", 16, &n);
     unsigned products = 0;
     for (int i = 0; !st && i < n; i++) {
         int k;
-        st = get_choice(c, list_item(c, v, i), names, 6, &k);
-        if (!st) products |= bits[k];
+        st = get_choice(c, list_item(c, v, i), key->names, key->n_names, &k);
+        if (st) break;
+        products |= tw_product_names[k].bit;
+        /* embeddings live in the HDF5 tile table, so they imply it */
+        if (tw_product_names[k].bit == TW_PRODUCT_EMB) products |= TW_PRODUCT_TILES;
     }
     if (!st) p->output.products = products;
-    return st;
-}
-
-static tw_status set_output_prob_type(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    static const char *const names[] = {"float32", "uint8"};
-    static const tw_prob_type vals[] = {TW_PROB_FLOAT32, TW_PROB_UINT8};
-    int i;
-    tw_status st = get_choice(c, v, names, 2, &i);
-    if (!st) p->output.prob_type = vals[i];
-    return st;
-}
-
-static tw_status set_output_resolution(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    static const char *const names[] = {"cells", "input"};
-    static const tw_resolution vals[] = {TW_RESOLUTION_CELLS, TW_RESOLUTION_INPUT};
-    int i;
-    tw_status st = get_choice(c, v, names, 2, &i);
-    if (!st) p->output.resolution = vals[i];
-    return st;
-}
-
-static tw_status set_output_format(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
-{
-    static const char *const names[] = {"GTiff", "COG"};
-    static const tw_format vals[] = {TW_FORMAT_GTIFF, TW_FORMAT_COG};
-    int i;
-    tw_status st = get_choice(c, v, names, 2, &i);
-    if (!st) p->output.format = vals[i];
     return st;
 }
 
@@ -771,45 +677,48 @@ static tw_status set_output_creation_options(wf_ctx *c, const yaml_node_t *v, tw
     return st;
 }
 
-static const wf_key_def k_keys[K_COUNT] = {
-    [K_INPUT_PATH] = {"input.path", set_input_path},
-    [K_INPUT_BANDS] = {"input.bands", set_input_bands},
-    [K_INPUT_SCALE] = {"input.scale", set_input_scale},
-    [K_INPUT_NODATA] = {"input.nodata", set_input_nodata},
-    [K_INPUT_ON_ERROR] = {"input.on_error", set_input_on_error},
-    [K_INPUT_ASSETS] = {"input.assets", set_input_assets},
-    [K_INPUT_RETRIES] = {"input.retries", set_input_retries},
-    [K_INPUT_RETRY_DELAY] = {"input.retry_delay", set_input_retry_delay},
-    [K_INPUT_AOI] = {"input.aoi", set_input_aoi},
-    [K_MODEL_WEIGHTS] = {"model.weights", set_model_weights},
-    [K_MODEL_ARCH] = {"model.arch", set_model_arch},
-    [K_MODEL_MEAN] = {"model.mean", set_model_mean},
-    [K_MODEL_STD] = {"model.std", set_model_std},
-    [K_MODEL_CLASSES] = {"model.classes", set_model_classes},
-    [K_MODEL_COLORS] = {"model.colors", set_model_colors},
-    [K_TILING_TILE] = {"tiling.tile", set_tiling_tile},
-    [K_TILING_STRIDE] = {"tiling.stride", set_tiling_stride},
-    [K_TILING_BATCH] = {"tiling.batch", set_tiling_batch},
-    [K_TILING_EDGE] = {"tiling.edge", set_tiling_edge},
-    [K_TILING_MAX_NODATA_FRACTION] = {"tiling.max_nodata_fraction", set_tiling_max_nodata},
-    [K_RUNTIME_DEVICE] = {"runtime.device", set_runtime_device},
-    [K_RUNTIME_PRECISION] = {"runtime.precision", set_runtime_precision},
-    [K_RUNTIME_MEMORY] = {"runtime.memory", set_runtime_memory},
-    [K_RUNTIME_THREADS] = {"runtime.threads", set_runtime_threads},
-    [K_RUNTIME_READERS] = {"runtime.readers", set_runtime_readers},
-    [K_OUTPUT_DIR] = {"output.dir", set_output_dir},
-    [K_OUTPUT_PRODUCTS] = {"output.products", set_output_products},
-    [K_OUTPUT_PROB_TYPE] = {"output.prob_type", set_output_prob_type},
-    [K_OUTPUT_RESOLUTION] = {"output.resolution", set_output_resolution},
-    [K_OUTPUT_FORMAT] = {"output.format", set_output_format},
-    [K_OUTPUT_CREATION_OPTIONS] = {"output.creation_options", set_output_creation_options},
+/* One setter per key of the table (core/keys.h); tests/test_keys.c checks
+ * that none is missing through tw_workflow_key_parsed. */
+static const wf_setter k_setters[TW_KEY_COUNT] = {
+    [TW_KEY_INPUT_PATH] = set_input_path,
+    [TW_KEY_INPUT_BANDS] = set_input_bands,
+    [TW_KEY_INPUT_SCALE] = set_number,
+    [TW_KEY_INPUT_NODATA] = set_input_nodata,
+    [TW_KEY_INPUT_ON_ERROR] = set_enum,
+    [TW_KEY_INPUT_ASSETS] = set_input_assets,
+    [TW_KEY_INPUT_RETRIES] = set_int,
+    [TW_KEY_INPUT_RETRY_DELAY] = set_number,
+    [TW_KEY_INPUT_AOI] = set_input_aoi,
+    [TW_KEY_MODEL_WEIGHTS] = set_model_weights,
+    [TW_KEY_MODEL_ARCH] = set_enum,
+    [TW_KEY_MODEL_MEAN] = set_model_mean,
+    [TW_KEY_MODEL_STD] = set_model_std,
+    [TW_KEY_MODEL_CLASSES] = set_model_classes,
+    [TW_KEY_MODEL_COLORS] = set_model_colors,
+    [TW_KEY_TILING_TILE] = set_int,
+    [TW_KEY_TILING_STRIDE] = set_int,
+    [TW_KEY_TILING_BATCH] = set_auto_int,
+    [TW_KEY_TILING_EDGE] = set_enum,
+    [TW_KEY_TILING_MAX_NODATA_FRACTION] = set_number,
+    [TW_KEY_RUNTIME_DEVICE] = set_runtime_device,
+    [TW_KEY_RUNTIME_PRECISION] = set_enum,
+    [TW_KEY_RUNTIME_MEMORY] = set_runtime_memory,
+    [TW_KEY_RUNTIME_THREADS] = set_auto_int,
+    [TW_KEY_RUNTIME_READERS] = set_auto_int,
+    [TW_KEY_OUTPUT_DIR] = set_output_dir,
+    [TW_KEY_OUTPUT_PRODUCTS] = set_output_products,
+    [TW_KEY_OUTPUT_PROB_TYPE] = set_enum,
+    [TW_KEY_OUTPUT_RESOLUTION] = set_enum,
+    [TW_KEY_OUTPUT_FORMAT] = set_enum,
+    [TW_KEY_OUTPUT_CREATION_OPTIONS] = set_output_creation_options,
 };
 
 static tw_status fail(const wf_ctx *c, const yaml_node_t *n, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    tw_status st = fail_v(c, c->in_set, c->in_set ? 0 : node_line(n), k_keys[c->key].path, fmt, ap);
+    tw_status st =
+        fail_v(c, c->in_set, c->in_set ? 0 : node_line(n), tw_keys[c->key].path, fmt, ap);
     va_end(ap);
     return st;
 }
@@ -818,20 +727,13 @@ static tw_status fail_key(const wf_ctx *c, int k, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    tw_status st = fail_v(c, c->origin[k].by_set, c->origin[k].line, k_keys[k].path, fmt, ap);
+    tw_status st = fail_v(c, c->origin[k].by_set, c->origin[k].line, tw_keys[k].path, fmt, ap);
     va_end(ap);
     return st;
 }
 
 /* ------------------------------------------------------------------------ */
 /* key lookup and "did you mean"                                            */
-
-static int find_key(const char *path)
-{
-    for (int k = 0; k < K_COUNT; k++)
-        if (strcmp(k_keys[k].path, path) == 0) return k;
-    return -1;
-}
 
 /* Edit distance, capped: names are short (< 64 bytes) in every caller. */
 static int edit_distance(const char *a, const char *b)
@@ -863,13 +765,13 @@ static const char *suggest_key(const char *path)
     const char *leaf = dot ? dot + 1 : path;
     const char *best = NULL;
     int best_d = INT_MAX;
-    for (int k = 0; k < K_COUNT; k++) {
-        int d = edit_distance(path, k_keys[k].path);
-        const char *kl = strchr(k_keys[k].path, '.') + 1;
+    for (int k = 0; k < TW_KEY_COUNT; k++) {
+        int d = edit_distance(path, tw_keys[k].path);
+        const char *kl = strchr(tw_keys[k].path, '.') + 1;
         if (*leaf && strcmp(kl, leaf) == 0) d = d < 1 ? d : 1;
         if (d < best_d) {
             best_d = d;
-            best = k_keys[k].path;
+            best = tw_keys[k].path;
         }
     }
     int limit = (int)strlen(path) / 3;
@@ -896,8 +798,8 @@ static void section_keys(const char *section, char *buf, size_t cap)
 {
     size_t sl = strlen(section);
     buf[0] = '\0';
-    for (int k = 0; k < K_COUNT; k++) {
-        const char *kp = k_keys[k].path;
+    for (int k = 0; k < TW_KEY_COUNT; k++) {
+        const char *kp = tw_keys[k].path;
         if (strncmp(kp, section, sl) != 0 || kp[sl] != '.') continue;
         if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
         strncat(buf, kp + sl + 1, cap - strlen(buf) - 1);
@@ -943,7 +845,7 @@ static tw_status walk_section(wf_ctx *c, const char *section, const yaml_node_t 
         char path[160];
         snprintf(path, sizeof path, "%s.%s", section, name);
         int line = node_line(kn);
-        int k = find_key(path);
+        int k = tw_key_find(path);
         if (k < 0) {
             char shown[WF_SHOW_MAX + 80];
             snprintf(shown, sizeof shown, "%s.%s", section, show(name, strlen(name), d, sizeof d));
@@ -959,7 +861,7 @@ static tw_status walk_section(wf_ctx *c, const char *section, const yaml_node_t 
         c->key = k;
         c->origin[k].line = line;
         c->origin[k].by_set = false;
-        st = k_keys[k].set(c, vn, p);
+        st = k_setters[k](c, vn, p);
         if (st) return st;
     }
     return TW_OK;
@@ -979,7 +881,7 @@ static tw_status walk_document(wf_ctx *c, tw_run_params *p)
             "expected a mapping of sections (input, model, tiling, runtime, output), got %s",
             describe(root, d, sizeof d));
     int seen_section[N_SECTIONS] = {0};
-    int seen_key[K_COUNT] = {0};
+    int seen_key[TW_KEY_COUNT] = {0};
     for (yaml_node_pair_t *pr = root->data.mapping.pairs.start; pr < root->data.mapping.pairs.top;
          pr++) {
         const yaml_node_t *kn = yaml_document_get_node(c->doc, pr->key);
@@ -993,7 +895,7 @@ static tw_status walk_document(wf_ctx *c, tw_run_params *p)
         if (s < 0) {
             show(name, strlen(name), d, sizeof d);
             const char *dot = strchr(name, '.');
-            if (dot && find_key(name) >= 0) /* "tiling.tile: 64" written flat */
+            if (dot && tw_key_find(name) >= 0) /* "tiling.tile: 64" written flat */
                 return fail_at(
                     c, line, d,
                     "unknown key (write it nested: '%.*s:' with '%s:' indented under it)",
@@ -1145,7 +1047,7 @@ static tw_status apply_set(wf_ctx *c, const char *set, tw_run_params *p)
     if (kl < sizeof key) {
         memcpy(key, kb, kl);
         key[kl] = '\0';
-        k = find_key(key);
+        k = tw_key_find(key);
     }
     if (k < 0) {
         show(kb, kl, d, sizeof d);
@@ -1157,13 +1059,13 @@ static tw_status apply_set(wf_ctx *c, const char *set, tw_run_params *p)
     }
     const char *value = eq + 1;
     yaml_document_t doc;
-    tw_status st = load_document(c, &doc, value, strlen(value), k_keys[k].path);
+    tw_status st = load_document(c, &doc, value, strlen(value), tw_keys[k].path);
     if (st) return st;
     yaml_document_t *saved = c->doc;
     c->doc = &doc;
     c->in_set = true;
     c->key = k;
-    st = k_keys[k].set(c, yaml_document_get_root_node(&doc), p);
+    st = k_setters[k](c, yaml_document_get_root_node(&doc), p);
     c->in_set = false;
     c->doc = saved;
     yaml_document_delete(&doc);
@@ -1182,32 +1084,33 @@ static bool given(const wf_ctx *c, int k)
 /* Checks that involve more than one key, after the file and the overrides. */
 static tw_status check_all(wf_ctx *c, const tw_run_params *p)
 {
-    if (!given(c, K_INPUT_PATH))
+    if (!given(c, TW_KEY_INPUT_PATH))
         return fail_at(c, 0, NULL, "input.path is required (the raster(s) to classify)");
-    if (!given(c, K_MODEL_WEIGHTS))
+    if (!given(c, TW_KEY_MODEL_WEIGHTS))
         return fail_at(c, 0, NULL,
                        "model.weights is required (an HDF5 bundle or a safetensors file)");
     const tw_tiling_params *t = &p->tiling;
     if (t->tile > 0 && t->stride > 0) {
         if (t->stride > t->tile)
-            return fail_key(c, K_TILING_STRIDE, "%d is larger than tile %d (expected 1..tile)",
+            return fail_key(c, TW_KEY_TILING_STRIDE, "%d is larger than tile %d (expected 1..tile)",
                             t->stride, t->tile);
         if (t->tile % t->stride != 0)
-            return fail_key(c, K_TILING_STRIDE,
+            return fail_key(c, TW_KEY_TILING_STRIDE,
                             "%d does not divide tile %d (expected a divisor such as %d)", t->stride,
                             t->tile, t->tile / 2 >= 1 ? t->tile / 2 : 1);
     }
     const tw_model_params *m = &p->model;
     if (m->n_mean > 0 && m->n_std > 0 && m->n_mean != m->n_std)
-        return fail_key(c, K_MODEL_STD, "%d values but model.mean has %d (expected one per band)",
-                        m->n_std, m->n_mean);
+        return fail_key(c, TW_KEY_MODEL_STD,
+                        "%d values but model.mean has %d (expected one per band)", m->n_std,
+                        m->n_mean);
     if (p->input.n_bands > 0) {
         if (m->n_mean > 0 && m->n_mean != p->input.n_bands)
-            return fail_key(c, K_MODEL_MEAN,
+            return fail_key(c, TW_KEY_MODEL_MEAN,
                             "%d values but input.bands selects %d bands (expected one per band)",
                             m->n_mean, p->input.n_bands);
         if (m->n_std > 0 && m->n_std != p->input.n_bands)
-            return fail_key(c, K_MODEL_STD,
+            return fail_key(c, TW_KEY_MODEL_STD,
                             "%d values but input.bands selects %d bands (expected one per band)",
                             m->n_std, p->input.n_bands);
     }

@@ -1,0 +1,332 @@
+/* keys.c - the one table of workflow keys (see keys.h) */
+#include "core/keys.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+const char *const tw_key_sections[TW_KEY_SECTIONS] = {"input", "model", "tiling", "runtime",
+                                                      "output"};
+
+static const char *const on_error_names[] = {"fail", "skip"};
+static const char *const arch_names[] = {"resnet18", "resnet34", "resnet50", "resnet101",
+                                         "resnet152"};
+static const char *const precision_names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
+static const char *const resolution_names[] = {"cells", "input"};
+/* tw_product_names' words as a plain list (tests/test_keys.c checks they agree) */
+static const char *const product_words[TW_PRODUCT_COUNT] = {"class",      "prob",  "confidence",
+                                                            "embeddings", "tiles", "tiles_gpkg"};
+
+#define NAMES(a) a, (int)(sizeof a / sizeof a[0])
+#define EXECUTION "how the run computes, not what: "
+
+/* Rows in tw_key_id order (checked by tests/test_keys.c). */
+const tw_key tw_keys[TW_KEY_COUNT] = {
+    [TW_KEY_INPUT_PATH] = {"input.path", TW_KT_PATHS, .range = "raster paths (1..64)",
+                           .flags = TW_KEY_BYTES},
+    [TW_KEY_INPUT_BANDS] = {"input.bands", TW_KT_INTS, .lo = 1, .hi = 2147483647,
+                            .range = "band numbers (1-based)",
+                            .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_INPUT_SCALE] = {"input.scale", TW_KT_NUMBER, .lo = 4.9406564584124654e-324,
+                            .hi = INFINITY, .range = "a number > 0",
+                            .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_INPUT_NODATA] = {"input.nodata", TW_KT_SPECIAL, .range = "auto, nan or a number",
+                             .def = "auto", .flags = TW_KEY_BYTES},
+    [TW_KEY_INPUT_ON_ERROR] = {"input.on_error", TW_KT_ENUM, NAMES(on_error_names), .def = "fail",
+                               .why = "decides whether an unreadable tile fails the run or is "
+                                      "written as nodata; every classified tile is the same"},
+    [TW_KEY_INPUT_ASSETS] = {"input.assets", TW_KT_STRINGS, .range = "STAC asset names",
+                             .flags = TW_KEY_BYTES},
+    [TW_KEY_INPUT_RETRIES] = {"input.retries", TW_KT_INT, .lo = 0, .hi = 30, .range = "0..30",
+                              .def = "8", .why = "how long a remote read is retried"},
+    [TW_KEY_INPUT_RETRY_DELAY] = {"input.retry_delay", TW_KT_NUMBER, .lo = 0.01, .hi = 60,
+                                  .range = "seconds, 0.01..60", .def = "0.5",
+                                  .why = "how long a remote read is retried"},
+    [TW_KEY_INPUT_AOI] = {"input.aoi", TW_KT_PATH,
+                          .range = "a vector file path (GeoPackage, Shapefile, GeoJSON, ...)",
+                          .flags = TW_KEY_BYTES},
+    [TW_KEY_MODEL_WEIGHTS] = {"model.weights", TW_KT_PATH, .range = "a model file path",
+                              .flags = TW_KEY_BYTES},
+    [TW_KEY_MODEL_ARCH] = {"model.arch", TW_KT_ENUM, NAMES(arch_names),
+                           .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_MODEL_MEAN] = {"model.mean", TW_KT_NUMBERS, .lo = -3.4028234663852886e38,
+                           .hi = 3.4028234663852886e38, .range = "numbers, one per band",
+                           .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_MODEL_STD] = {"model.std", TW_KT_NUMBERS, .lo = 0, .hi = 3.4028234663852886e38,
+                          .range = "numbers > 0, one per band",
+                          .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_MODEL_CLASSES] = {"model.classes", TW_KT_STRINGS, .range = "class names",
+                              .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_MODEL_COLORS] = {"model.colors", TW_KT_STRINGS, .range = "class colours ('#rrggbb')",
+                             .flags = TW_KEY_BYTES},
+    [TW_KEY_TILING_TILE] = {"tiling.tile", TW_KT_INT, .lo = 32, .hi = 4096, .range = "32..4096",
+                            .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_TILING_STRIDE] = {"tiling.stride", TW_KT_INT, .lo = 1, .hi = 4096, .range = "1..4096",
+                              .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
+    [TW_KEY_TILING_BATCH] = {"tiling.batch", TW_KT_AUTO_INT, .lo = 1, .hi = 4096,
+                             .range = "1..4096", .def = "auto",
+                             .why = EXECUTION "a tile's probabilities do not depend on where it "
+                                              "sits in a batch (backend.h)"},
+    [TW_KEY_TILING_EDGE] = {"tiling.edge", TW_KT_ENUM, NAMES(tw_edge_names), .def = "pad",
+                            .flags = TW_KEY_BYTES},
+    [TW_KEY_TILING_MAX_NODATA_FRACTION] = {"tiling.max_nodata_fraction", TW_KT_NUMBER, .lo = 0,
+                                           .hi = 1, .range = "0..1", .def = "0.5",
+                                           .flags = TW_KEY_BYTES},
+    [TW_KEY_RUNTIME_DEVICE] = {"runtime.device", TW_KT_SPECIAL,
+                               .range = "auto | cpu | cuda | cuda:N", .def = "auto",
+                               .why = EXECUTION "CPU and GPU agree to ~1e-6, not bit for bit, "
+                                                "and shards may run on mixed nodes; run.json "
+                                                "names the backend"},
+    [TW_KEY_RUNTIME_PRECISION] = {"runtime.precision", TW_KT_ENUM, NAMES(precision_names),
+                                  .def = "fp32", .flags = TW_KEY_BYTES},
+    [TW_KEY_RUNTIME_MEMORY] = {"runtime.memory", TW_KT_SIZE,
+                               .range = "a size such as 512MiB, 2GiB, 1.5GB or a number of bytes",
+                               .def = "2GiB",
+                               .why = EXECUTION "the budget sizes batches and buffers"},
+    [TW_KEY_RUNTIME_THREADS] = {"runtime.threads", TW_KT_AUTO_INT, .lo = 1, .hi = 1024,
+                                .range = "1..1024", .def = "auto",
+                                .why = EXECUTION "another thread count may move a probability "
+                                                 "in its last bit (~1e-7), never more"},
+    [TW_KEY_RUNTIME_READERS] = {"runtime.readers", TW_KT_AUTO_INT, .lo = 1, .hi = 64,
+                                .range = "1..64", .def = "auto",
+                                .why = EXECUTION "outputs are identical for any number"},
+    [TW_KEY_OUTPUT_DIR] = {"output.dir", TW_KT_PATH, .range = "a directory path", .def = "out",
+                           .why = "where the outputs and their parts are: the parts are "
+                                  "compared inside it"},
+    [TW_KEY_OUTPUT_PRODUCTS] = {"output.products", TW_KT_ENUMS, NAMES(product_words),
+                                .def = "[class, prob]", .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_PROB_TYPE] = {"output.prob_type", TW_KT_ENUM, NAMES(tw_prob_type_names),
+                                 .def = "float32", .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_RESOLUTION] = {"output.resolution", TW_KT_ENUM, NAMES(resolution_names),
+                                  .def = "cells", .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_FORMAT] = {"output.format", TW_KT_ENUM, NAMES(tw_format_names), .def = "GTiff",
+                              .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_CREATION_OPTIONS] = {"output.creation_options", TW_KT_STRINGS,
+                                        .range = "KEY=VALUE strings", .flags = TW_KEY_BYTES},
+};
+
+int tw_key_find(const char *path)
+{
+    for (int k = 0; path && k < TW_KEY_COUNT; k++)
+        if (strcmp(tw_keys[k].path, path) == 0) return k;
+    return -1;
+}
+
+const char *tw_key_leaf(tw_key_id k)
+{
+    const char *dot = strchr(tw_keys[k].path, '.');
+    return dot ? dot + 1 : tw_keys[k].path;
+}
+
+int tw_key_section(tw_key_id k)
+{
+    const char *path = tw_keys[k].path;
+    size_t n = strcspn(path, ".");
+    for (int s = 0; s < TW_KEY_SECTIONS; s++)
+        if (strlen(tw_key_sections[s]) == n && strncmp(tw_key_sections[s], path, n) == 0) return s;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* formatting                                                               */
+
+/* An snprintf that appends to buf and counts what it needed. */
+typedef struct kbuf {
+    char *s;
+    size_t size, len;
+} kbuf;
+
+__attribute__((format(printf, 2, 3))) static void add(kbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = b->len < b->size ? b->size - b->len : 0;
+    int n = vsnprintf(room ? b->s + b->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n > 0) b->len += (size_t)n;
+}
+
+/* A string as a YAML flow scalar: as it is when it is a plain word or path
+ * (a colon inside, as in "sha256:..." or "cuda:0", is plain YAML), else in
+ * double quotes with JSON's escapes (which YAML reads back). */
+static void add_str(kbuf *b, const char *s)
+{
+    bool plain = *s != '\0';
+    for (const unsigned char *c = (const unsigned char *)s; plain && *c; c++)
+        plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                strchr("_./=+-", *c) ||
+                (*c == ':' && c[1] != ' ' && c[1] != '\0' && c != (const unsigned char *)s);
+    /* words YAML would read as something else */
+    static const char *const special[] = {"true", "false", "null", "yes", "no", "on", "off", "~"};
+    for (size_t i = 0; plain && i < sizeof special / sizeof special[0]; i++)
+        if (strcasecmp(s, special[i]) == 0) plain = false;
+    if (plain) {
+        add(b, "%s", s);
+        return;
+    }
+    add(b, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            add(b, "\\%c", *c);
+        else if (*c < 0x20 || *c == 0x7f)
+            add(b, "\\u%04x", *c);
+        else
+            add(b, "%c", *c);
+    }
+    add(b, "\"");
+}
+
+static void add_double(kbuf *b, double d)
+{
+    if (isnan(d))
+        add(b, "nan");
+    else if (isinf(d))
+        add(b, d > 0 ? "inf" : "-inf");
+    else
+        add(b, "%.17g", d);
+}
+
+static void add_strings(kbuf *b, const char (*s)[TW_NAME_MAX], int n)
+{
+    add(b, "[");
+    for (int i = 0; i < n; i++) {
+        if (i) add(b, ", ");
+        add_str(b, s[i]);
+    }
+    add(b, "]");
+}
+
+static void add_floats(kbuf *b, const float *v, int n)
+{
+    add(b, "[");
+    for (int i = 0; i < n; i++) add(b, "%s%.9g", i ? ", " : "", v[i]);
+    add(b, "]");
+}
+
+static void add_auto_int(kbuf *b, int v)
+{
+    if (v > 0)
+        add(b, "%d", v);
+    else
+        add(b, "auto");
+}
+
+static void add_products(kbuf *b, unsigned products)
+{
+    add(b, "[");
+    int n = 0;
+    for (int i = 0; i < TW_PRODUCT_COUNT; i++)
+        if (products & tw_product_names[i].bit) add(b, "%s%s", n++ ? ", " : "", product_words[i]);
+    add(b, "]");
+}
+
+/* An enum's word, or "?" for a value outside it (a damaged struct). */
+static const char *word(tw_key_id k, int v)
+{
+    return v >= 0 && v < tw_keys[k].n_names ? tw_keys[k].names[v] : "?";
+}
+
+size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size)
+{
+    kbuf b = {buf, size, 0};
+    if (size) buf[0] = '\0';
+    const tw_input_params *in = &p->input;
+    const tw_model_params *m = &p->model;
+    switch (k) {
+    case TW_KEY_INPUT_PATH:
+        if (in->n_paths == 1) {
+            add_str(&b, in->paths[0]);
+            break;
+        }
+        add(&b, "[");
+        for (int i = 0; i < in->n_paths; i++) {
+            if (i) add(&b, ", ");
+            add_str(&b, in->paths[i]);
+        }
+        add(&b, "]");
+        break;
+    case TW_KEY_INPUT_BANDS:
+        if (in->n_bands == 0) {
+            add(&b, "all");
+            break;
+        }
+        add(&b, "[");
+        for (int i = 0; i < in->n_bands; i++) add(&b, "%s%d", i ? ", " : "", in->bands[i]);
+        add(&b, "]");
+        break;
+    case TW_KEY_INPUT_SCALE: add_double(&b, in->scale); break;
+    case TW_KEY_INPUT_NODATA:
+        if (in->nodata_auto)
+            add(&b, "auto");
+        else
+            add_double(&b, in->nodata);
+        break;
+    case TW_KEY_INPUT_ON_ERROR: add(&b, "%s", word(k, (int)in->on_error)); break;
+    case TW_KEY_INPUT_ASSETS: add_strings(&b, in->assets, in->n_assets); break;
+    case TW_KEY_INPUT_RETRIES: add(&b, "%d", in->retries); break;
+    case TW_KEY_INPUT_RETRY_DELAY: add_double(&b, in->retry_delay); break;
+    case TW_KEY_INPUT_AOI: add_str(&b, in->aoi); break;
+    case TW_KEY_MODEL_WEIGHTS: add_str(&b, m->weights); break;
+    case TW_KEY_MODEL_ARCH: add_str(&b, m->arch[0] ? m->arch : "auto"); break;
+    case TW_KEY_MODEL_MEAN: add_floats(&b, m->mean, m->n_mean); break;
+    case TW_KEY_MODEL_STD: add_floats(&b, m->std, m->n_std); break;
+    case TW_KEY_MODEL_CLASSES: add_strings(&b, m->classes, m->n_classes); break;
+    case TW_KEY_MODEL_COLORS:
+        add(&b, "[");
+        for (int i = 0; i < m->n_colors; i++)
+            add(&b, "%s'#%02x%02x%02x'", i ? ", " : "", m->colors[i][0], m->colors[i][1],
+                m->colors[i][2]);
+        add(&b, "]");
+        break;
+    case TW_KEY_TILING_TILE: add_auto_int(&b, p->tiling.tile); break;
+    case TW_KEY_TILING_STRIDE: add_auto_int(&b, p->tiling.stride); break;
+    case TW_KEY_TILING_BATCH: add_auto_int(&b, p->tiling.batch); break;
+    case TW_KEY_TILING_EDGE: add(&b, "%s", word(k, (int)p->tiling.edge)); break;
+    case TW_KEY_TILING_MAX_NODATA_FRACTION: add_double(&b, p->tiling.max_nodata_fraction); break;
+    case TW_KEY_RUNTIME_DEVICE: add_str(&b, p->runtime.device); break;
+    case TW_KEY_RUNTIME_PRECISION: add(&b, "%s", word(k, (int)p->runtime.precision)); break;
+    case TW_KEY_RUNTIME_MEMORY: add(&b, "%zu", p->runtime.memory); break;
+    case TW_KEY_RUNTIME_THREADS: add_auto_int(&b, p->runtime.threads); break;
+    case TW_KEY_RUNTIME_READERS: add_auto_int(&b, p->runtime.readers); break;
+    case TW_KEY_OUTPUT_DIR: add_str(&b, p->output.dir); break;
+    case TW_KEY_OUTPUT_PRODUCTS: add_products(&b, p->output.products); break;
+    case TW_KEY_OUTPUT_PROB_TYPE: add(&b, "%s", word(k, (int)p->output.prob_type)); break;
+    case TW_KEY_OUTPUT_RESOLUTION: add(&b, "%s", word(k, (int)p->output.resolution)); break;
+    case TW_KEY_OUTPUT_FORMAT: add(&b, "%s", word(k, (int)p->output.format)); break;
+    case TW_KEY_OUTPUT_CREATION_OPTIONS:
+        add(&b, "[");
+        for (int i = 0; i < p->output.n_creation_options; i++) {
+            if (i) add(&b, ", ");
+            add_str(&b, p->output.creation_options[i]);
+        }
+        add(&b, "]");
+        break;
+    case TW_KEY_COUNT: break;
+    }
+    return b.len;
+}
+
+size_t tw_key_format_lines(const tw_run_params *p, unsigned flags, char *buf, size_t size)
+{
+    kbuf b = {buf, size, 0};
+    if (size) buf[0] = '\0';
+    for (int k = 0; k < TW_KEY_COUNT; k++) {
+        if ((tw_keys[k].flags & flags) != flags) continue;
+        add(&b, "%s ", tw_keys[k].path);
+        size_t room = b.len < b.size ? b.size - b.len : 0;
+        b.len += tw_key_format((tw_key_id)k, p, room ? b.s + b.len : NULL, room);
+        add(&b, "\n");
+    }
+    return b.len;
+}
+
+size_t tw_key_format_products(unsigned products, char *buf, size_t size)
+{
+    kbuf b = {buf, size, 0};
+    if (size) buf[0] = '\0';
+    add_products(&b, products);
+    return b.len;
+}

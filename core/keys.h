@@ -1,0 +1,142 @@
+/* keys.h - the one table of workflow keys.
+ *
+ * Every key a workflow file or `--set` may give is one row of tw_keys[]:
+ * its path, its kind of value, its words (enum names), range and default,
+ * and whether an output byte depends on it. Everything that walks keys walks
+ * this table, so a key added here is parsed, echoed, fingerprinted and
+ * documented everywhere at once:
+ *   - workflows/workflow.c: the parser, `--set`, "did you mean", the ranges
+ *     and enum words in messages (one setter per key, checked complete);
+ *   - pipeline/run.c: the parts fingerprint is one line per TW_KEY_BYTES key
+ *     (tw_key_format), so resumed runs, shards and merges are refused when
+ *     any of them differs, naming the keys;
+ *   - pipeline/report.c: run.json's "config" and the products' TILEWISE_RUN
+ *     metadata, one entry per key in table order;
+ *   - tests/test_keys.c: workflows/KEYS.md has one row per key, with every
+ *     enum word and the default shown here.
+ * tw_key_format and the per-key switches around the tree are exhaustive
+ * switches over tw_key_id without a default, so -Wswitch (-Werror in CI)
+ * names any place a new key was forgotten.
+ *
+ * The table lives in core/ because it describes core/params.h's struct,
+ * which every layer reads; the YAML parser that walks it is above pipeline/.
+ */
+#ifndef TW_KEYS_H
+#define TW_KEYS_H
+
+#include <stddef.h>
+
+#include "core/params.h"
+
+/* In table order: the order of KEYS.md's sections, of run.json's config
+ * and of the fingerprint's lines. */
+typedef enum tw_key_id {
+    TW_KEY_INPUT_PATH,
+    TW_KEY_INPUT_BANDS,
+    TW_KEY_INPUT_SCALE,
+    TW_KEY_INPUT_NODATA,
+    TW_KEY_INPUT_ON_ERROR,
+    TW_KEY_INPUT_ASSETS,
+    TW_KEY_INPUT_RETRIES,
+    TW_KEY_INPUT_RETRY_DELAY,
+    TW_KEY_INPUT_AOI,
+    TW_KEY_MODEL_WEIGHTS,
+    TW_KEY_MODEL_ARCH,
+    TW_KEY_MODEL_MEAN,
+    TW_KEY_MODEL_STD,
+    TW_KEY_MODEL_CLASSES,
+    TW_KEY_MODEL_COLORS,
+    TW_KEY_TILING_TILE,
+    TW_KEY_TILING_STRIDE,
+    TW_KEY_TILING_BATCH,
+    TW_KEY_TILING_EDGE,
+    TW_KEY_TILING_MAX_NODATA_FRACTION,
+    TW_KEY_RUNTIME_DEVICE,
+    TW_KEY_RUNTIME_PRECISION,
+    TW_KEY_RUNTIME_MEMORY,
+    TW_KEY_RUNTIME_THREADS,
+    TW_KEY_RUNTIME_READERS,
+    TW_KEY_OUTPUT_DIR,
+    TW_KEY_OUTPUT_PRODUCTS,
+    TW_KEY_OUTPUT_PROB_TYPE,
+    TW_KEY_OUTPUT_RESOLUTION,
+    TW_KEY_OUTPUT_FORMAT,
+    TW_KEY_OUTPUT_CREATION_OPTIONS,
+    TW_KEY_COUNT
+} tw_key_id;
+
+/* The kind of value a key takes (KEYS.md, "Values"). */
+typedef enum tw_key_type {
+    TW_KT_PATH,     /* one path */
+    TW_KT_PATHS,    /* a path or a list of paths */
+    TW_KT_INT,      /* an integer in lo..hi */
+    TW_KT_AUTO_INT, /* auto, or an integer in lo..hi (0 in the struct: auto) */
+    TW_KT_NUMBER,   /* a number in the range `range` says (lo..hi, bounds per the setter) */
+    TW_KT_ENUM,     /* one of names[], case-insensitive; the struct holds its index */
+    TW_KT_ENUMS,    /* a list of names[] */
+    TW_KT_SIZE,     /* bytes: 512MiB, 2GiB, ... */
+    TW_KT_INTS,     /* a list of integers */
+    TW_KT_NUMBERS,  /* a list of numbers */
+    TW_KT_STRINGS,  /* a list of strings */
+    TW_KT_SPECIAL,  /* words and numbers, as the key's row says (nodata, device) */
+} tw_key_type;
+
+/* tw_key.flags */
+enum {
+    /* An output byte depends on it (a product's pixels, its names, colours,
+     * format or layout): it is a line of the parts fingerprint, and a resumed
+     * run, a shard or a merge whose value differs is refused (exit 6). Keys
+     * without it say why in tw_key.why. */
+    TW_KEY_BYTES = 1u << 0,
+    /* Its value is resolved from the model bundle when not given: the
+     * fingerprint and run.json show the resolved value. */
+    TW_KEY_RESOLVED = 1u << 1,
+};
+
+typedef struct tw_key {
+    const char *path;         /* "tiling.stride" */
+    tw_key_type type;         /* what the parser accepts */
+    const char *const *names; /* TW_KT_ENUM/ENUMS: the words, in the enum's order */
+    int n_names;
+    double lo, hi;     /* TW_KT_INT/AUTO_INT/NUMBER(S)/INTS: the range */
+    const char *range; /* the range or shape in words, for messages ("0..1") */
+    const char *def;   /* the default as KEYS.md shows it (`...` in its default column) or
+                          NULL when the default is prose (the bundle's, else ...) */
+    unsigned flags;    /* TW_KEY_* */
+    const char *why;   /* without TW_KEY_BYTES: why no output byte depends on it */
+} tw_key;
+
+extern const tw_key tw_keys[TW_KEY_COUNT];
+
+/* The sections, in table order: input, model, tiling, runtime, output. */
+#define TW_KEY_SECTIONS 5
+extern const char *const tw_key_sections[TW_KEY_SECTIONS];
+
+/* The key named path ("tiling.stride"), or -1. */
+int tw_key_find(const char *path);
+
+/* The key's name within its section ("stride" for "tiling.stride"). */
+const char *tw_key_leaf(tw_key_id k);
+
+/* The key's section index in tw_key_sections. */
+int tw_key_section(tw_key_id k);
+
+/* The value of key k in p as one line of text, written so that
+ * `--set PATH=TEXT` gives the same value back: words as the table spells
+ * them, integers in decimal, doubles with 17 significant digits and floats
+ * with 9 (exact round trips), lists as [a, b], strings quoted ("...",
+ * JSON escapes) unless they are plain words and paths; a value left to
+ * the bundle (tile 0, arch "") shows as auto. Writes at most size
+ * bytes (NUL included); returns the length it needed, as snprintf does.
+ * Cannot fail; thread-safe. */
+size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size);
+
+/* One "path value" line (tw_key_format) for every key whose flags include
+ * all of `flags`, in table order: the parts fingerprint's key lines with
+ * TW_KEY_BYTES. Returns the length it needed, as snprintf does. */
+size_t tw_key_format_lines(const tw_run_params *p, unsigned flags, char *buf, size_t size);
+
+/* The product names of a TW_PRODUCT_* set, "[class, prob]", as above. */
+size_t tw_key_format_products(unsigned products, char *buf, size_t size);
+
+#endif
