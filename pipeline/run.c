@@ -96,6 +96,15 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
             snprintf(m->classes[c], TW_NAME_MAX, "%s", mf->classes[c]);
         else
             snprintf(m->classes[c], TW_NAME_MAX, "class_%d", c);
+        /* Names reach terminals, band descriptions and legends: a control
+         * character (ESC, CR, a newline) there rewrites what a user sees. The
+         * parser refuses them in model.classes; a bundle's are refused here. */
+        for (const unsigned char *ch = (const unsigned char *)m->classes[c]; *ch; ch++)
+            if (*ch < 0x20 || *ch == 0x7f)
+                return tw_error_set(err, TW_ERR_MODEL,
+                                    "%s: class name %d holds a control character (byte 0x%02x); "
+                                    "give model.classes in the workflow",
+                                    wpath, c + 1, *ch);
     }
 
     if (p->model.n_colors > 0 && p->model.n_colors != net->n_classes)

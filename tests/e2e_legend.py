@@ -78,6 +78,30 @@ def main():
             info = subprocess.run([BIN, "info", cls], capture_output=True, text=True).stdout
             check("did not come along" in info and ", ".join(NAMES) in info,
                   f"{fmt}: info names the classes from TILEWISE_RUN ({info[-300:]})", say_ok=True)
+        # Class names are shown in terminals, band descriptions and legends:
+        # a control character (ESC, CR, a newline) is refused, from the
+        # workflow (exit 2) and from a bundle (exit 3); before, both ran and
+        # the names reached terminals raw.
+        r = subprocess.run([BIN, "run", "workflows/sample.yaml", "-q", "--set",
+                            f"output.dir={tmp}/esc", "--set",
+                            'model.classes=[water, "\\e[31mdense", sparse, bare]'],
+                           capture_output=True, text=True, cwd=SRC)
+        check(r.returncode == 2 and "control character (byte 0x1b)" in r.stderr
+              and "\x1b" not in r.stderr,
+              f"model.classes with ESC refused ({r.returncode} {r.stderr.strip()!r})", say_ok=True)
+        import h5py
+        bundle = os.path.join(tmp, "esc.h5")
+        shutil.copy(os.path.join(SRC, "sample_data", "demo_resnet18.h5"), bundle)
+        with h5py.File(bundle, "a") as f:
+            names = [b"water", b"dense\r\nINFO fake", b"sparse", b"bare"]
+            f.attrs["classes"] = names
+        r = subprocess.run([BIN, "run", "workflows/sample.yaml", "-q", "--set",
+                            f"output.dir={tmp}/esc", "--set", f"model.weights={bundle}"],
+                           capture_output=True, text=True, cwd=SRC)
+        check(r.returncode == 3 and "class name 2 holds a control character (byte 0x0d)"
+              in r.stderr and "\r" not in r.stderr,
+              f"a bundle's class name with CR refused ({r.returncode} {r.stderr.strip()!r})",
+              say_ok=True)
     print("e2e_legend: ok")
     return 0
 

@@ -374,6 +374,9 @@ static const bad_case k_bad[] = {
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [water, land, water]\n",
      NULL,
      {"flow.yaml:4: model.classes: duplicate class name 'water' (items 1 and 3)"}},
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [water, \"\\e[2Jland\"]\n",
+     NULL,
+     {"flow.yaml:4: model.classes: class name 2 holds a control character (byte 0x1b)"}},
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: "
      "[aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]\n",
      NULL,
