@@ -96,6 +96,11 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
     [TW_KEY_OUTPUT_DIR] = {"output.dir", TW_KT_PATH, .range = "a directory path", .def = "out",
                            .why = "where the outputs and their parts are: the parts are "
                                   "compared inside it"},
+    [TW_KEY_OUTPUT_NAME] = {"output.name", TW_KT_STRING,
+                            .range = "a name template with {stem}, {parent} and {index}",
+                            .def = "\"{stem}\"",
+                            .why = "it names the files, not their bytes (the parts of each name "
+                                   "are compared on their own)"},
     [TW_KEY_OUTPUT_PRODUCTS] = {"output.products", TW_KT_ENUMS, NAMES(product_words),
                                 .def = "[class, prob]", .flags = TW_KEY_BYTES},
     [TW_KEY_OUTPUT_PROB_TYPE] = {"output.prob_type", TW_KT_ENUM, NAMES(tw_prob_type_names),
@@ -292,6 +297,7 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
     case TW_KEY_RUNTIME_THREADS: add_auto_int(&b, p->runtime.threads); break;
     case TW_KEY_RUNTIME_READERS: add_auto_int(&b, p->runtime.readers); break;
     case TW_KEY_OUTPUT_DIR: add_str(&b, p->output.dir); break;
+    case TW_KEY_OUTPUT_NAME: add_str(&b, p->output.name); break;
     case TW_KEY_OUTPUT_PRODUCTS: add_products(&b, p->output.products); break;
     case TW_KEY_OUTPUT_PROB_TYPE: add(&b, "%s", word(k, (int)p->output.prob_type)); break;
     case TW_KEY_OUTPUT_RESOLUTION: add(&b, "%s", word(k, (int)p->output.resolution)); break;
@@ -329,4 +335,44 @@ size_t tw_key_format_products(unsigned products, char *buf, size_t size)
     if (size) buf[0] = '\0';
     add_products(&b, products);
     return b.len;
+}
+
+int tw_output_name_expand(const char *tmpl, const char *stem, const char *parent, int index,
+                          char *out, size_t size, char *why, size_t why_size)
+{
+    kbuf b = {out, size, 0};
+    if (size) out[0] = '\0';
+    if (why_size) why[0] = '\0';
+    for (const char *t = tmpl; *t;) {
+        if (*t != '{') {
+            size_t n = strcspn(t, "{");
+            add(&b, "%.*s", (int)n, t);
+            t += n;
+            continue;
+        }
+        const char *close = strchr(t, '}');
+        size_t n = close ? (size_t)(close - t) + 1 : strlen(t);
+        if (close && n == 6 && strncmp(t, "{stem}", 6) == 0)
+            add(&b, "%s", stem);
+        else if (close && n == 8 && strncmp(t, "{parent}", 8) == 0)
+            add(&b, "%s", parent);
+        else if (close && n == 7 && strncmp(t, "{index}", 7) == 0)
+            add(&b, "%d", index);
+        else {
+            snprintf(why, why_size,
+                     "'%.*s' is not a placeholder (expected {stem}, {parent} or {index})",
+                     (int)(n > 40 ? 40 : n), t);
+            return -1;
+        }
+        t += n;
+    }
+    if (b.len >= size || b.len > 255) {
+        snprintf(why, why_size, "the name is too long (%zu bytes)", b.len);
+        return -1;
+    }
+    if (b.len == 0 || strcmp(out, ".") == 0 || strcmp(out, "..") == 0 || strchr(out, '/')) {
+        snprintf(why, why_size, "'%s' is not a file name (empty, '.', '..' or with a '/')", out);
+        return -1;
+    }
+    return 0;
 }

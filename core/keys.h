@@ -57,6 +57,7 @@ typedef enum tw_key_id {
     TW_KEY_RUNTIME_THREADS,
     TW_KEY_RUNTIME_READERS,
     TW_KEY_OUTPUT_DIR,
+    TW_KEY_OUTPUT_NAME,
     TW_KEY_OUTPUT_PRODUCTS,
     TW_KEY_OUTPUT_PROB_TYPE,
     TW_KEY_OUTPUT_RESOLUTION,
@@ -78,6 +79,7 @@ typedef enum tw_key_type {
     TW_KT_INTS,     /* a list of integers */
     TW_KT_NUMBERS,  /* a list of numbers */
     TW_KT_STRINGS,  /* a list of strings */
+    TW_KT_STRING,   /* one string */
     TW_KT_SPECIAL,  /* words and numbers, as the key's row says (nodata, device) */
 } tw_key_type;
 
@@ -135,6 +137,15 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
  * all of `flags`, in table order: the parts fingerprint's key lines with
  * TW_KEY_BYTES. Returns the length it needed, as snprintf does. */
 size_t tw_key_format_lines(const tw_run_params *p, unsigned flags, char *buf, size_t size);
+
+/* The output name of an input from output.name's template: {stem} is the
+ * input's file name without its extension (url.h: without a URL's query),
+ * {parent} the name of the folder holding it, {index} its 1-based place in
+ * input.path. Writes at most size bytes. Returns 0, or -1 with a reason in
+ * why (a placeholder it does not know, a name that is empty, "." or "..",
+ * or holds a '/'; or that does not fit). Cannot fail otherwise. */
+int tw_output_name_expand(const char *tmpl, const char *stem, const char *parent, int index,
+                          char *out, size_t size, char *why, size_t why_size);
 
 /* The product names of a TW_PRODUCT_* set, "[class, prob]", as above. */
 size_t tw_key_format_products(unsigned products, char *buf, size_t size);

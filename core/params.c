@@ -33,6 +33,7 @@ tw_run_params tw_run_default_params(void)
     p.runtime.precision = TW_PREC_FP32;
     p.runtime.memory = (size_t)2 << 30;
     strcpy(p.output.dir, "out");
+    strcpy(p.output.name, "{stem}");
     p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB;
     p.output.prob_type = TW_PROB_FLOAT32;
     p.output.format = TW_FORMAT_GTIFF;

@@ -111,9 +111,13 @@ typedef struct tw_runtime_params {
     size_t cuda_fail_above; /* TW_CUDA_FAIL_ALLOC_ABOVE: a test hook, 0 off */
 } tw_runtime_params;
 
+#define TW_OUTPUT_NAME_MAX 200
+
 typedef struct tw_output_params {
     char dir[TW_PATH_MAX];
-    unsigned products; /* TW_PRODUCT_* bits; default class|prob */
+    char name[TW_OUTPUT_NAME_MAX]; /* output.name: the template of an input's output names
+                                      ({stem}, {parent}, {index}; keys.h) */
+    unsigned products;             /* TW_PRODUCT_* bits; default class|prob */
     tw_prob_type prob_type;
     tw_resolution resolution;
     tw_format format;

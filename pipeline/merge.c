@@ -165,8 +165,8 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
         snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[0]);
         for (int k = 0; k < mf->p.input.n_paths; k++) {
             char stem[256];
-            tw_run_input_stem(mf->p.input.paths[k], stem, sizeof stem);
-            if (strcmp(stem, stems[i]) == 0)
+            if (tw_run_output_name(&mf->p, k, stem, sizeof stem, NULL) == TW_OK &&
+                strcmp(stem, stems[i]) == 0)
                 snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[k]);
         }
         snprintf(res->stem, sizeof res->stem, "%s", stems[i]);

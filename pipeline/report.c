@@ -128,6 +128,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_RUNTIME_DEVICE:
     case TW_KEY_RUNTIME_PRECISION:
     case TW_KEY_OUTPUT_DIR:
+    case TW_KEY_OUTPUT_NAME:
     case TW_KEY_OUTPUT_PROB_TYPE:
     case TW_KEY_OUTPUT_RESOLUTION:
     case TW_KEY_OUTPUT_FORMAT: {
@@ -135,6 +136,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
         const char *v = k == TW_KEY_MODEL_ARCH       ? r->model.arch
                         : k == TW_KEY_RUNTIME_DEVICE ? r->runtime.device
                         : k == TW_KEY_OUTPUT_DIR     ? r->output.dir
+                        : k == TW_KEY_OUTPUT_NAME    ? r->output.name
                                                      : NULL;
         char word[32];
         if (!v) {

@@ -89,6 +89,7 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
     json_t *out = json_object();
     if (out) {
         set(out, "dir", put_str(p->output.dir), ok);
+        set(out, "name", put_str(p->output.name), ok);
         json_t *prods = json_array();
         for (size_t i = 0; prods && i < TW_PRODUCT_COUNT; i++)
             if (p->output.products & tw_product_names[i].bit)
@@ -403,9 +404,10 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
 
     json_t *out = need_obj(r, root, "output");
     if (out) {
-        static const char *const out_keys[] = {
-            "dir", "products", "prob_type", "format", "creation_options", "resolution", "colors"};
-        only_keys(r, out, "output", out_keys, 7);
+        static const char *const out_keys[] = {"dir",        "name",   "products",
+                                               "prob_type",  "format", "creation_options",
+                                               "resolution", "colors"};
+        only_keys(r, out, "output", out_keys, 8);
         get_str(r, out, "output", "dir", p->output.dir, sizeof p->output.dir);
         json_t *prods = need_arr(r, out, "output", "products", TW_PRODUCT_COUNT);
         p->output.products = 0;
@@ -432,6 +434,10 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
             str_value(r, json_array_get(co, i), "output", "creation_options",
                       p->output.creation_options[i], sizeof p->output.creation_options[i]);
         if (co) p->output.n_creation_options = (int)json_array_size(co);
+        /* name, resolution and colors may be absent (a manifest written before
+         * they were carried): "{stem}", cells, the built-in palette */
+        if (json_object_get(out, "name"))
+            get_str(r, out, "output", "name", p->output.name, sizeof p->output.name);
         /* resolution and colors may be absent (a manifest written before
          * they were carried): cells, the built-in palette */
         static const char *const res_names[] = {"cells", "input"};

@@ -30,7 +30,7 @@
 
 /* The manifest's content. Of p, only these fields are carried (the rest
  * stay at tw_run_default_params()): input.paths, input.n_paths,
- * tiling.edge, output.dir, output.products, output.prob_type,
+ * tiling.edge, output.dir, output.name, output.products, output.prob_type,
  * output.format, output.creation_options, output.n_creation_options.
  * m and info are carried whole. */
 typedef struct tw_manifest {

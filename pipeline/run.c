@@ -150,6 +150,42 @@ void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run
     out->tiling.stride = m->stride;
 }
 
+/* The name of the folder holding path: a URL's segment before the file,
+ * or (a bare file name) the current directory's. */
+static void parent_name(const char *path, char *out, size_t size)
+{
+    char buf[TW_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    if (tw_url_is_remote(buf)) buf[strcspn(buf, "?#")] = '\0';
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash) {
+        *slash = '\0';
+        n = strlen(buf);
+        while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    }
+    char cwd[TW_PATH_MAX];
+    const char *dir = slash && buf[0] ? buf : getcwd(cwd, sizeof cwd);
+    const char *base = dir ? strrchr(dir, '/') : NULL;
+    base = base ? base + 1 : (dir ? dir : "");
+    snprintf(out, size, "%s", *base ? base : "root");
+}
+
+tw_status tw_run_output_name(const tw_run_params *p, int i, char *out, size_t size, tw_error *err)
+{
+    char stem[256], parent[256], why[300];
+    tw_url_stem(p->input.paths[i], stem, sizeof stem);
+    parent_name(p->input.paths[i], parent, sizeof parent);
+    if (tw_output_name_expand(p->output.name, stem, parent, i + 1, out, size, why, sizeof why) !=
+        0) {
+        char shown[TW_URL_SHOWN_MAX];
+        tw_url_redact(p->input.paths[i], shown, sizeof shown);
+        return tw_error_set(err, TW_ERR_CONFIG, "output.name: %s for input %s", why, shown);
+    }
+    return TW_OK;
+}
+
 /* input.aoi for one raster, on the tile grid of its full plan (tile
  * indices are the plan's, whatever the shard). NULL in *out without an
  * AOI. */
@@ -257,16 +293,19 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
             tw_aoi_destroy(aoi);
         }
         char si[256], sj[256];
-        tw_run_input_stem(p->input.paths[i], si, sizeof si);
-        for (int j = 0; j < i; j++) {
-            tw_run_input_stem(p->input.paths[j], sj, sizeof sj);
-            if (strcmp(si, sj) == 0) {
+        tw_status nst = tw_run_output_name(p, i, si, sizeof si, err);
+        for (int j = 0; nst == TW_OK && j < i; j++) {
+            nst = tw_run_output_name(p, j, sj, sizeof sj, err);
+            if (nst == TW_OK && strcmp(si, sj) == 0) {
                 tw_url_redact(p->input.paths[j], shown_j, sizeof shown_j);
-                return tw_error_set(err, TW_ERR_CONFIG,
-                                    "input.path: %s and %s would write the same outputs (%s.*)",
-                                    shown_j, shown, si);
+                return tw_error_set(
+                    err, TW_ERR_CONFIG,
+                    "input.path: %s and %s would write the same outputs (%s.*): name them "
+                    "apart with output.name, e.g. \"{parent}_{stem}\" or \"{stem}_{index}\"",
+                    shown_j, shown, si);
             }
         }
+        if (nst != TW_OK) return nst;
     }
     if (n_ok == 0 && p->input.n_paths > 0) {
         for (int i = 0; i < p->input.n_paths; i++)
@@ -356,13 +395,14 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     const tw_raster_info *info = &c->infos[idx].info;
     double t0 = tw_clock_now();
     tw_url_redact(p->input.paths[idx], res->path, sizeof res->path);
-    tw_run_input_stem(p->input.paths[idx], res->stem, sizeof res->stem);
+    tw_status st = tw_run_output_name(p, idx, res->stem, sizeof res->stem, err);
+    if (st != TW_OK) return st;
     res->width = info->width;
     res->height = info->height;
 
     tw_plan plan;
-    tw_status st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
-                                p->shard_index, p->shard_count, &plan, err);
+    st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
+                      p->shard_index, p->shard_count, &plan, err);
     if (st != TW_OK) return st;
     res->grid_w = plan.grid_w;
     res->grid_h = plan.grid_h;
@@ -566,7 +606,7 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
     for (int i = 0; st == TW_OK && i < n; i++) {
         wh[i] = c->infos[i].skipped ? 0 : c->infos[i].info.width;
         wh[n + i] = c->infos[i].info.height;
-        tw_run_input_stem(p->input.paths[i], stems[i], sizeof stems[i]);
+        st = tw_run_output_name(p, i, stems[i], sizeof stems[i], err);
     }
     tw_preflight_params pf = {
         .run = p,
@@ -762,7 +802,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         if (c->infos[i].skipped) {
             tw_input_result *in = &r->inputs[i];
             tw_url_redact(p->input.paths[i], in->path, sizeof in->path);
-            tw_run_input_stem(p->input.paths[i], in->stem, sizeof in->stem);
+            tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
             snprintf(in->skipped, sizeof in->skipped, "%.500s", c->infos[i].skip_reason);
             r->inputs_skipped++;
             continue;

@@ -73,12 +73,13 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
  * caller's. Cannot fail. */
 void tw_run_ctx_release(run_ctx *c);
 
-/* Output file stem of an input: its file name without the extension (nor
- * a URL's query string: url.h). */
-static inline void tw_run_input_stem(const char *path, char *out, size_t size)
-{
-    tw_url_stem(path, out, size);
-}
+/* The output name of input i of p (its files are OUT/name.*, its parts
+ * OUT/.tilewise/name/): output.name's template (core/keys.h,
+ * tw_output_name_expand) over the input's stem (its file name without the
+ * extension, nor a URL's query: url.h), the name of the folder holding it
+ * and its 1-based index. TW_ERR_CONFIG naming output.name when the name
+ * cannot be made (too long, a '/'). */
+tw_status tw_run_output_name(const tw_run_params *p, int i, char *out, size_t size, tw_error *err);
 
 /* Whether chunks keep per-tile records: the tile table and the GeoPackage
  * are both made from them. */

@@ -59,6 +59,7 @@ static const char k_every[] = "input:\n"
                               "  readers: 3\n"
                               "output:\n"
                               "  dir: out/land cover\n"
+                              "  name: \"{stem}_{index}\"\n"
                               "  products: [class, confidence, embeddings, tiles_gpkg]\n"
                               "  prob_type: uint8\n"
                               "  resolution: input\n"
@@ -325,6 +326,7 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_RUNTIME_THREADS] = "2",
         [TW_KEY_RUNTIME_READERS] = "auto",
         [TW_KEY_OUTPUT_DIR] = "elsewhere",
+        [TW_KEY_OUTPUT_NAME] = "\"{parent}-{stem}\"",
         [TW_KEY_OUTPUT_PRODUCTS] = "[class, prob]",
         [TW_KEY_OUTPUT_PROB_TYPE] = "float32",
         [TW_KEY_OUTPUT_RESOLUTION] = "cells",

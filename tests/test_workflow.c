@@ -248,7 +248,7 @@ static const bad_case k_bad[] = {
      {"flow.yaml:3: input.tile: unknown key (did you mean tiling.tile?)"}},
     {BASE "output:\n  xyzzy: 1\n",
      NULL,
-     {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, products, prob_type, "
+     {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, name, products, prob_type, "
       "resolution, format, creation_options)"}},
     {BASE "tiling.tile: 64\n",
      NULL,
@@ -374,6 +374,16 @@ static const bad_case k_bad[] = {
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [water, land, water]\n",
      NULL,
      {"flow.yaml:4: model.classes: duplicate class name 'water' (items 1 and 3)"}},
+    {BASE "output:\n  name: \"{stem}/{index}\"\n",
+     NULL,
+     {"flow.yaml:6: output.name: '{stem}/{index}' holds a '/' (output names are file names"}},
+    {BASE "output:\n  name: \"{stem}_{date}\"\n",
+     NULL,
+     {"flow.yaml:6: output.name: '{date}' is not a placeholder (expected {stem}, {parent} or "
+      "{index})"}},
+    {BASE "output:\n  name: {stem}\n",
+     NULL,
+     {"flow.yaml:6: output.name: expected a name template in quotes"}},
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  classes: [water, \"\\e[2Jland\"]\n",
      NULL,
      {"flow.yaml:4: model.classes: class name 2 holds a control character (byte 0x1b)"}},

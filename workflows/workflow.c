@@ -635,6 +635,25 @@ static tw_status set_output_dir(wf_ctx *c, const yaml_node_t *v, tw_run_params *
     return get_string(c, v, "a directory path", p->output.dir, TW_PATH_MAX);
 }
 
+static tw_status set_output_name(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    if (v && v->type == YAML_MAPPING_NODE) /* name: {stem}_x reads as a YAML mapping */
+        return fail(c, v,
+                    "expected a name template in quotes, e.g. \"{parent}_{stem}\" "
+                    "(unquoted, YAML reads { as the start of a mapping)");
+    char tmpl[TW_OUTPUT_NAME_MAX];
+    tw_status st = get_string(c, v, "a name template such as \"{stem}\" or \"{parent}_{stem}\"",
+                              tmpl, sizeof tmpl);
+    if (st) return st;
+    char name[TW_OUTPUT_NAME_MAX + 256], why[160];
+    if (strchr(tmpl, '/'))
+        return fail(c, v, "'%s' holds a '/' (output names are file names in output.dir)", tmpl);
+    if (tw_output_name_expand(tmpl, "scene", "folder", 1, name, sizeof name, why, sizeof why) != 0)
+        return fail(c, v, "%s", why);
+    snprintf(p->output.name, sizeof p->output.name, "%s", tmpl);
+    return TW_OK;
+}
+
 static tw_status set_output_products(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     const tw_key *key = &tw_keys[c->key];
@@ -706,6 +725,7 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_RUNTIME_THREADS] = set_auto_int,
     [TW_KEY_RUNTIME_READERS] = set_auto_int,
     [TW_KEY_OUTPUT_DIR] = set_output_dir,
+    [TW_KEY_OUTPUT_NAME] = set_output_name,
     [TW_KEY_OUTPUT_PRODUCTS] = set_output_products,
     [TW_KEY_OUTPUT_PROB_TYPE] = set_enum,
     [TW_KEY_OUTPUT_RESOLUTION] = set_enum,
