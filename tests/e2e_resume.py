@@ -4,7 +4,8 @@ to one uninterrupted, unsharded run.
 
 * Shards 1..N run separately (--shard I/N) then `tilewise merge`: class and
   probability rasters equal pixel for pixel (and georeferencing) to a single
-  run, for N = 1, 2, 3, 7. Also with SLURM's array variables instead of --shard.
+  run, for N = 1, 2, 3, 7. Also with SLURM's array variables instead of --shard,
+  and with --shard auto under Kubernetes, PBS, LSF and AWS Batch variables.
 * kill -9 at 5 different moments of a run (committed chunks differ each
   time), then the same command again: identical outputs.
 * SIGTERM: exit with the resumable code (75) within 30 s, having committed the
@@ -152,6 +153,34 @@ def main():
         r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
         diff = same(read_outputs(out), ref) if r.returncode == 0 else r.stderr
         check(diff is None, f"SLURM array tasks 5..7 + merge == single run" + (f": {diff}" if diff else ""))
+
+        # --shard auto: each batch system's array index, with its first index
+        for system, var, first, arg in (("Kubernetes", "JOB_COMPLETION_INDEX", 0, "auto/3"),
+                                        ("PBS", "PBS_ARRAY_INDEX", 1, "auto/3"),
+                                        ("LSF", "LSB_JOBINDEX", 1, "auto/3"),
+                                        ("AWS Batch", "AWS_BATCH_JOB_ARRAY_INDEX", 0, "auto")):
+            out = f"{tmp}/auto_{var}"
+            wf = f"{tmp}/auto.yaml"
+            workflow(wf, out, 32)
+            for task in range(3):
+                env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+                env[var] = str(first + task)
+                if var == "AWS_BATCH_JOB_ARRAY_INDEX":
+                    env["AWS_BATCH_JOB_ARRAY_SIZE"] = "3"
+                r = subprocess.run([BIN, "run", wf, "-q", "--shard", arg], env=env,
+                                   capture_output=True, text=True)
+                check(r.returncode == 0 and
+                      os.path.exists(f"{out}/run.shard{task + 1:04d}-of-0003.json"),
+                      f"{system} task {first + task}: shard {task + 1}/3 ({r.stderr.strip()})")
+            r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
+            diff = same(read_outputs(out), ref) if r.returncode == 0 else r.stderr
+            check(diff is None, f"--shard {arg} under {system} + merge == single run" +
+                  (f": {diff}" if diff else ""))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        r = subprocess.run([BIN, "run", wf, "-q", "--shard", "auto"], env=env,
+                           capture_output=True, text=True)
+        check(r.returncode == 2 and "no array index in the environment" in r.stderr,
+              f"--shard auto outside an array: exit 2 ({r.stderr.strip()})")
 
         # --- kill -9 at different moments, then the same command again ---
         # A moment is "right after the journal holds at least K committed rows"

@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "core/params.h"
 #include "tilewise.h"
+#include "workflows/shard.h"
 #include "workflows/submit.h"
 
 #define MAX_SETS 128
@@ -56,7 +57,7 @@ static const char *usage_text =
     "usage: tilewise <command> [options]      (tilewise <command> --help for more)\n"
     "\n"
     "commands:\n"
-    "  run WORKFLOW.yaml [--set key.path=value]... [--shard I/N] [-q] [--report FILE]\n"
+    "  run WORKFLOW.yaml [--set key.path=value]... [--shard I/N|auto[/N]] [-q] [--report FILE]\n"
     "                    [--progress=text|json|none] [--chunk-rows N] [--restart]\n"
     "                    classify every input raster of the workflow; output rows are\n"
     "                    committed in chunks (N rows; default about 1024 tiles' worth), so\n"
@@ -90,6 +91,11 @@ static const char *run_help =
     "  --shard I/N            run the I-th of N bands of output rows (1-based); under a SLURM\n"
     "                         job array it comes from SLURM_ARRAY_TASK_ID/COUNT/MIN.\n"
     "                         Then: tilewise merge OUTPUT_DIR\n"
+    "  --shard auto[/N]       the array task's index from the batch system: SLURM, AWS Batch\n"
+    "                         (with their counts), Kubernetes indexed Jobs "
+    "(JOB_COMPLETION_INDEX),\n"
+    "                         PBS Pro (PBS_ARRAY_INDEX, -J 1-N), LSF (LSB_JOBINDEX, [1-N]);\n"
+    "                         N: the array's size where the system does not say it\n"
     "  --chunk-rows N         output rows per committed chunk (default: about 1024 tiles)\n"
     "  --restart              discard committed parts made with another configuration,\n"
     "                         model or raster (without it the run refuses, exit 6, and\n"
@@ -360,7 +366,7 @@ typedef struct cli_opts {
     const char *sets[MAX_SETS];
     int n_sets;
     int shard_index, shard_count;
-    bool shard_given;
+    const char *shard_arg; /* --shard's value, or NULL */
     int chunk_rows;
     bool quiet;
     bool restart;
@@ -383,14 +389,8 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
         } else if (allow_run_opts &&
                    (strcmp(a, "--shard") == 0 || strncmp(a, "--shard=", 8) == 0)) {
             const char *v = a[7] == '=' ? a + 8 : (i + 1 < argc ? argv[++i] : NULL);
-            int idx, cnt;
-            char extra;
-            if (!v || sscanf(v, "%d/%d%c", &idx, &cnt, &extra) != 2 || cnt < 1 || idx < 1 ||
-                idx > cnt)
-                return usage_error("--shard expects I/N with 1 <= I <= N, got '%s'", v ? v : "");
-            o->shard_index = idx - 1;
-            o->shard_count = cnt;
-            o->shard_given = true;
+            if (!v) return usage_error("--shard expects I/N, auto or auto/N%s", "");
+            o->shard_arg = v; /* resolved once every option is read (shard.h) */
         } else if (allow_run_opts &&
                    (strcmp(a, "--chunk-rows") == 0 || strncmp(a, "--chunk-rows=", 13) == 0)) {
             const char *v = a[12] == '=' ? a + 13 : (i + 1 < argc ? argv[++i] : NULL);
@@ -437,27 +437,21 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
     return 0;
 }
 
-/* A SLURM job array task runs its shard without --shard: task ID minus the
- * array's first ID, of the array's task count. */
-static int slurm_shard(cli_opts *o)
+static const char *process_env(const char *name, void *user)
 {
-    const char *id = getenv("SLURM_ARRAY_TASK_ID");
-    const char *count = getenv("SLURM_ARRAY_TASK_COUNT");
-    const char *min = getenv("SLURM_ARRAY_TASK_MIN");
-    if (!id || !count) return 0;
-    char *end;
-    long i = strtol(id, &end, 10);
-    if (*end) return usage_error("SLURM_ARRAY_TASK_ID '%s' is not a number", id);
-    long n = strtol(count, &end, 10);
-    if (*end || n < 1) return usage_error("SLURM_ARRAY_TASK_COUNT '%s' is not a count", count);
-    long lo = min ? strtol(min, &end, 10) : 0;
-    if (min && *end) return usage_error("SLURM_ARRAY_TASK_MIN '%s' is not a number", min);
-    if (i - lo < 0 || i - lo >= n)
-        return usage_error("SLURM array task %s is outside the array (use --array=0-N-1 or set "
-                           "--shard)",
-                           id);
-    o->shard_index = (int)(i - lo);
-    o->shard_count = (int)n;
+    (void)user;
+    return getenv(name);
+}
+
+/* --shard I/N, --shard auto[/N] (the batch system's array index), or
+ * without --shard a SLURM array task's own variables (shard.h). */
+static int resolve_shard(cli_opts *o)
+{
+    char msg[512];
+    const char *from;
+    if (tw_shard_resolve(o->shard_arg, process_env, NULL, &o->shard_index, &o->shard_count, &from,
+                         msg, sizeof msg) != 0)
+        return usage_error("%s", msg);
     return 0;
 }
 
@@ -556,7 +550,7 @@ static int cmd_run(int argc, char **argv)
     cli_opts o;
     int rc = parse_opts(argc, argv, true, &o);
     if (rc) return rc;
-    if (!o.shard_given && (rc = slurm_shard(&o))) return rc;
+    if ((rc = resolve_shard(&o))) return rc;
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

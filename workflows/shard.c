@@ -1,0 +1,142 @@
+/* shard.c - --shard I/N, --shard auto[/N] and SLURM's array (see shard.h) */
+#include "workflows/shard.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A whole decimal number in lo..hi; false for anything else. */
+static bool whole(const char *s, long lo, long hi, long *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*end || errno || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+typedef struct source {
+    const char *name;      /* for messages and *from */
+    const char *index_var; /* the task's index */
+    long first;            /* the index the first task gets, as documented */
+    const char *count_var; /* the array's size, or NULL: from auto/N */
+    const char *help;      /* how to give the count when the system does not */
+} source;
+
+static const source k_sources[] = {
+    {"SLURM", "SLURM_ARRAY_TASK_ID", 0, "SLURM_ARRAY_TASK_COUNT", NULL},
+    {"AWS Batch", "AWS_BATCH_JOB_ARRAY_INDEX", 0, "AWS_BATCH_JOB_ARRAY_SIZE", NULL},
+    {"Kubernetes", "JOB_COMPLETION_INDEX", 0, NULL, "the Job's completions"},
+    {"PBS", "PBS_ARRAY_INDEX", 1, NULL, "the N of qsub -J 1-N"},
+    {"LSF", "LSB_JOBINDEX", 1, NULL, "the N of bsub -J \"name[1-N]\""},
+};
+#define N_SOURCES ((int)(sizeof k_sources / sizeof k_sources[0]))
+
+/* The shard of one array task of source s; want_count > 0 from auto/N. */
+static int from_source(const source *s, tw_shard_getenv get, void *user, long want_count,
+                       int *index, int *count, char *msg, size_t msg_size)
+{
+    const char *iv = get(s->index_var, user);
+    long i, n = want_count, first = s->first, step = 1;
+    if (!whole(iv, 0, INT_MAX, &i)) {
+        snprintf(msg, msg_size, "%s=%s is not an array index (expected a whole number)",
+                 s->index_var, iv);
+        return -1;
+    }
+    if (strcmp(s->name, "SLURM") == 0) {
+        /* --array=3-9:2: ids 3, 5, 7, 9 are tasks 0..3 */
+        const char *mv = get("SLURM_ARRAY_TASK_MIN", user);
+        const char *sv = get("SLURM_ARRAY_TASK_STEP", user);
+        if (mv && !whole(mv, 0, INT_MAX, &first)) {
+            snprintf(msg, msg_size, "SLURM_ARRAY_TASK_MIN=%s is not a number", mv);
+            return -1;
+        }
+        if (sv && !whole(sv, 1, INT_MAX, &step)) {
+            snprintf(msg, msg_size, "SLURM_ARRAY_TASK_STEP=%s is not a step", sv);
+            return -1;
+        }
+    }
+    if (s->count_var) {
+        const char *cv = get(s->count_var, user);
+        long c;
+        if (cv && !whole(cv, 1, INT_MAX, &c)) {
+            snprintf(msg, msg_size, "%s=%s is not a count", s->count_var, cv);
+            return -1;
+        }
+        if (cv && want_count > 0 && c != want_count) {
+            snprintf(msg, msg_size, "--shard auto/%ld, but %s says the array has %ld tasks",
+                     want_count, s->count_var, c);
+            return -1;
+        }
+        if (cv) n = c;
+    }
+    if (n <= 0) {
+        snprintf(msg, msg_size,
+                 "--shard auto: %s sets %s but not the array's size: give it as --shard auto/N "
+                 "(N = %s)",
+                 s->name, s->index_var, s->help ? s->help : "the number of tasks");
+        return -1;
+    }
+    if (i < first || (i - first) % step != 0 || (i - first) / step >= n) {
+        snprintf(msg, msg_size,
+                 "%s=%s is outside an array of %ld tasks numbered from %ld%s (--shard I/N "
+                 "names a shard directly)",
+                 s->index_var, iv, n, first, step > 1 ? " with a step" : "");
+        return -1;
+    }
+    *index = (int)((i - first) / step);
+    *count = (int)n;
+    return 0;
+}
+
+int tw_shard_resolve(const char *arg, tw_shard_getenv get, void *user, int *index, int *count,
+                     const char **from, char *msg, size_t msg_size)
+{
+    *index = 0;
+    *count = 1;
+    *from = "none";
+    if (msg_size) msg[0] = '\0';
+    if (!arg) {
+        /* no --shard: a SLURM array task runs its shard (as it always has) */
+        if (!get("SLURM_ARRAY_TASK_ID", user) || !get("SLURM_ARRAY_TASK_COUNT", user)) return 0;
+        *from = "SLURM";
+        return from_source(&k_sources[0], get, user, 0, index, count, msg, msg_size);
+    }
+    long want = 0;
+    if (strncmp(arg, "auto", 4) == 0 && (arg[4] == '\0' || arg[4] == '/')) {
+        if (arg[4] == '/' && !whole(arg + 5, 1, INT_MAX, &want)) {
+            snprintf(msg, msg_size, "--shard auto/N expects a count N >= 1, got '%s'", arg);
+            return -1;
+        }
+        for (int s = 0; s < N_SOURCES; s++) {
+            const char *v = get(k_sources[s].index_var, user);
+            /* LSF sets LSB_JOBINDEX=0 for a job that is not an array task */
+            if (!v || (strcmp(k_sources[s].name, "LSF") == 0 && strcmp(v, "0") == 0)) continue;
+            *from = k_sources[s].name;
+            return from_source(&k_sources[s], get, user, want, index, count, msg, msg_size);
+        }
+        snprintf(msg, msg_size,
+                 "--shard auto: no array index in the environment (SLURM_ARRAY_TASK_ID, "
+                 "AWS_BATCH_JOB_ARRAY_INDEX, JOB_COMPLETION_INDEX, PBS_ARRAY_INDEX, "
+                 "LSB_JOBINDEX); run it as an array task, or give --shard I/N");
+        return -1;
+    }
+    long i, n;
+    const char *slash = strchr(arg, '/');
+    char ibuf[32];
+    if (slash && (size_t)(slash - arg) < sizeof ibuf) {
+        snprintf(ibuf, sizeof ibuf, "%.*s", (int)(slash - arg), arg);
+        if (whole(ibuf, 1, INT_MAX, &i) && whole(slash + 1, 1, INT_MAX, &n) && i <= n) {
+            *index = (int)(i - 1);
+            *count = (int)n;
+            *from = "--shard";
+            return 0;
+        }
+    }
+    snprintf(msg, msg_size, "--shard expects I/N with 1 <= I <= N, auto or auto/N, got '%s'", arg);
+    return -1;
+}
