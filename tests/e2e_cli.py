@@ -9,9 +9,10 @@
   bands, classes, parameter count and SHA-256 equal what the file holds;
   unreadable files exit 3.
 * validate: the plan and advice for a good workflow (no warnings); a wrong
-  input.scale and a geographic raster with stretched pixels give warnings but
-  exit 0; a 3-band raster with a 6-band model exits 3 naming both sides, and
-  `run` exits 3 without creating the output directory.
+  input.scale, a geographic raster with stretched pixels and a raster
+  smaller than a tile (more than half of its tile's pixels padding) give
+  warnings but exit 0; a 3-band raster with a 6-band model exits 3 naming
+  both sides, and `run` exits 3 without creating the output directory.
 * progress: -q prints nothing on stderr; text progress is GDAL's
   0...10...100 - done.; on a terminal it adds tiles/s and the time left;
   --progress=json: every stderr line is a JSON object, per input a start
@@ -156,6 +157,16 @@ def test_validate(work, gdal):
     check(re.search(r"^warning .*stretched", r.stdout, re.M), f"stretched pixels warned:\n{r.stdout}")
     check(re.search(r"^warning .*geographic CRS .* spans about \d+ km", r.stdout, re.M),
           "huge geographic tiles warned")
+
+    # A raster smaller than a tile: 41 x 41 in tiles of 64 is 59 % padding (issue 29).
+    small = os.path.join(work, "small41.tif")
+    gdal.Translate(small, sample, srcWin=[0, 0, 41, 41])
+    r = tw("validate", wf, "--set", f"input.path={small}")
+    check(r.returncode == 0, f"a mostly-padding tile does not fail validate: {r.stderr}")
+    check(re.search(r"^warning .*small41.tif: 41 x 41 pixels in tiles of 64: 59 % .* padding", r.stdout,
+                    re.M), f"mostly-padding tiles warned:\n{r.stdout}")
+    r = tw("validate", wf)
+    check("padding" not in r.stdout, "the sample's edge tiles (17 % padding) are not warned about")
 
     rgb = os.path.join(work, "rgb.tif")
     gdal.Translate(rgb, sample, bandList=[1, 2, 3])
