@@ -120,7 +120,8 @@ static const char *validate_help =
     "    approximate scan) after input.scale and the model's mean/std; a range far from\n"
     "    what the model was trained on usually means a wrong input.scale;\n"
     "  * georeferencing: CRS, pixel size and ground size of a tile; degrees that make\n"
-    "    stretched pixels or huge tiles, odd pixel sizes, no CRS.\n"
+    "    stretched pixels or huge tiles, odd pixel sizes, no CRS;\n"
+    "  * padding: tiles more than half outside the raster (one smaller than a tile).\n"
     "Advice lines start with 'warning'; they do not change the exit code.\n"
     "\n"
     "exit codes: 0 the run can start, 2 workflow error, 3 input or model does not fit\n";
