@@ -20,7 +20,6 @@
 
 #include "core/alloc.h"
 #include "io/gdal_msgs.h"
-#include "io/url.h"
 #include "io/writer.h"
 #include "pipeline/budget.h"
 #include "pipeline/plan.h"
@@ -267,40 +266,18 @@ static int64_t axis_inside(const tw_axis *ax, int tile, int stride)
     return in;
 }
 
-/* A warning when more than half of the pixels of an input's tiles lie
- * outside it (tiling.edge pad at the edges, and any raster smaller than a
- * tile): padding is 0 after normalization, which the model did not see in
- * training, so such tiles are classified from little data (a 41 x 41
- * raster in a tile of 64 is 59 % padding). Tiles are a product of the two
- * axes' positions, so the share is 1 - inside_x * inside_y / (n_x T * n_y T). */
-static void padding_warning(const tw_preflight_params *pp, int i, tw_preflight_warnings *warn)
+double tw_preflight_padding(int width, int height, int tile, int stride, tw_edge_mode edge)
 {
-    const tw_run_params *p = pp->run;
     tw_plan plan;
     tw_error e;
     tw_error_init(&e);
-    /* A plan that cannot be made (edge skip on a small raster) is the run's
-     * error to report. */
-    if (tw_plan_make(pp->width[i], pp->height[i], pp->tile, pp->stride, p->tiling.edge, 0, 1, &plan,
-                     &e) != TW_OK ||
+    if (tw_plan_make(width, height, tile, stride, edge, 0, 1, &plan, &e) != TW_OK ||
         plan.x.n_pos < 1 || plan.y.n_pos < 1)
-        return;
-    double inside = (double)axis_inside(&plan.x, pp->tile, pp->stride) *
-                    (double)axis_inside(&plan.y, pp->tile, pp->stride);
-    double all = (double)plan.x.n_pos * pp->tile * (double)plan.y.n_pos * pp->tile;
-    double pad = 1.0 - inside / all;
-    if (pad <= 0.5 || warn->n >= TW_PREFLIGHT_MAX_WARNINGS) return;
-    char shown[TW_URL_SHOWN_MAX];
-    tw_url_redact(i < p->input.n_paths ? p->input.paths[i]
-                  : pp->stems          ? pp->stems[i]
-                                       : "input",
-                  shown, sizeof shown);
-    snprintf(warn->msg[warn->n++], sizeof warn->msg[0],
-             "%.200s: %d x %d pixels in tiles of %d: %.0f %% of the pixels of its %lld tile%s "
-             "are padding outside the raster (0 after normalization), which the model was not "
-             "trained on; use a smaller tiling.tile if the model takes one, or a larger input",
-             shown, pp->width[i], pp->height[i], pp->tile, 100.0 * pad,
-             (long long)plan.x.n_pos * plan.y.n_pos, plan.x.n_pos * plan.y.n_pos == 1 ? "" : "s");
+        return -1;
+    /* Tiles are the product of the two axes' positions. */
+    double inside =
+        (double)axis_inside(&plan.x, tile, stride) * (double)axis_inside(&plan.y, tile, stride);
+    return 1.0 - inside / ((double)plan.x.n_pos * tile * (double)plan.y.n_pos * tile);
 }
 
 /* ---- output directory ---- */
@@ -416,8 +393,6 @@ tw_status tw_preflight_output(const tw_preflight_params *pp, tw_preflight_warnin
                                     path);
         }
     }
-    for (int i = 0; i < pp->n_inputs; i++)
-        if (pp->width[i] > 0) padding_warning(pp, i, warn);
     char at[TW_PATH_MAX];
     struct stat sb;
     struct statvfs vfs;

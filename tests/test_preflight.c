@@ -164,57 +164,33 @@ static void output_bytes(void **state)
     assert_int_equal(tw_preflight_output_bytes(&pp), 0);
 }
 
-/* More than half of the pixels of an input's tiles outside the raster
- * (issue 29): a warning naming the input and the share; an input whose
- * tiles are mostly inside gets none. */
-static int padding_warnings(int wd, int ht, int tile, int stride, tw_edge_mode edge,
-                            tw_preflight_warnings *w)
-{
-    tw_run_params p = tw_run_default_params();
-    snprintf(p.output.dir, sizeof p.output.dir, "%s", tw_test_tmpdir());
-    p.output.products = TW_PRODUCT_CLASS;
-    p.tiling.edge = edge;
-    p.input.n_paths = 1;
-    snprintf(p.input.paths[0], sizeof p.input.paths[0], "small/scene.tif");
-    char stems[1][256] = {"scene"};
-    tw_preflight_params pp = {.run = &p,
-                              .n_classes = 4,
-                              .feat_dim = 512,
-                              .tile = tile,
-                              .stride = stride,
-                              .n_inputs = 1,
-                              .width = &wd,
-                              .height = &ht,
-                              .stems = (const char(*)[256])stems};
-    tw_error err;
-    tw_error_init(&err);
-    assert_int_equal(tw_preflight_output(&pp, w, &err), TW_OK);
-    int n = 0;
-    for (int i = 0; i < w->n; i++)
-        if (strstr(w->msg[i], "padding")) n++;
-    return n;
-}
-
-static void padding_warning(void **state)
+/* The padded share of an input's tiles, which validate warns about above
+ * one half (issue 29: a 41 x 41 raster in tiles of 64 is 59 % padding).
+ * Exact fractions of pixel counts, compared to 1e-12. */
+static void padding_share(void **state)
 {
     (void)state;
-    tw_preflight_warnings w;
-    /* 41 x 41 in one 64 px tile: 1 - 41*41/64^2 = 59 % padding */
-    assert_int_equal(padding_warnings(41, 41, 64, 64, TW_EDGE_PAD, &w), 1);
-    assert_non_null(strstr(w.msg[w.n - 1], "small/scene.tif"));
-    assert_non_null(strstr(w.msg[w.n - 1], "59 %"));
-    assert_non_null(strstr(w.msg[w.n - 1], "tiling.tile"));
-    /* the sample's 349 x 352 at tile 64: 17 % (edge tiles only): none */
-    assert_int_equal(padding_warnings(349, 352, 64, 32, TW_EDGE_PAD, &w), 0);
-    /* 65 x 65: x and y each 65 of 128 px inside, 74 % padding */
-    assert_int_equal(padding_warnings(65, 65, 64, 64, TW_EDGE_PAD, &w), 1);
-    assert_non_null(strstr(w.msg[w.n - 1], "74 %"));
-    /* edge shift: the last tile is flush with the edge, no padding */
-    assert_int_equal(padding_warnings(65, 65, 64, 64, TW_EDGE_SHIFT, &w), 0);
+    /* 41 x 41 in one 64 px tile */
+    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_PAD), 1 - 41.0 * 41 / 4096,
+                       1e-12);
+    /* the sample, 349 x 352: at tile 64 stride 64, 6 x 6 tiles with 349 and
+     * 352 of 384 px inside: 17 %; at stride 32, 10 x 10 tiles, x inside
+     * 9 * 64 + 61, y all: 0.5 % */
+    assert_float_equal(tw_preflight_padding(349, 352, 64, 64, TW_EDGE_PAD),
+                       1 - (349.0 * 352) / (384.0 * 384), 1e-12);
+    assert_float_equal(tw_preflight_padding(349, 352, 64, 32, TW_EDGE_PAD), 1 - 637.0 / 640, 1e-12);
+    /* 65 x 65: two tiles per axis, 65 of 128 px inside */
+    assert_float_equal(tw_preflight_padding(65, 65, 64, 64, TW_EDGE_PAD),
+                       1 - (65.0 * 65) / (128.0 * 128), 1e-12);
+    /* edge shift: the last tile flush with the edge, no padding */
+    assert_float_equal(tw_preflight_padding(65, 65, 64, 64, TW_EDGE_SHIFT), 0, 1e-12);
     /* shift falls back to pad when the raster is smaller than a tile */
-    assert_int_equal(padding_warnings(41, 41, 64, 64, TW_EDGE_SHIFT, &w), 1);
-    /* exactly half (32 of 64 columns, all rows): not more than half */
-    assert_int_equal(padding_warnings(32, 640, 64, 64, TW_EDGE_PAD, &w), 0);
+    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_SHIFT), 1 - 41.0 * 41 / 4096,
+                       1e-12);
+    /* exactly half: 32 of 64 columns, every row */
+    assert_float_equal(tw_preflight_padding(32, 640, 64, 64, TW_EDGE_PAD), 0.5, 1e-12);
+    /* no plan: edge skip on a raster smaller than a tile */
+    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_SKIP), -1, 0);
 }
 
 static void fingerprint_diff(void **state)
@@ -378,7 +354,7 @@ int main(void)
         cmocka_unit_test(weights_pickle),
         cmocka_unit_test(output_dir),
         cmocka_unit_test(output_bytes),
-        cmocka_unit_test(padding_warning),
+        cmocka_unit_test(padding_share),
         cmocka_unit_test(fingerprint_diff),
         cmocka_unit_test(parts_refuse_and_lock),
         cmocka_unit_test(budget_adds_up),
