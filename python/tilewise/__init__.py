@@ -9,6 +9,8 @@ only dependency (Debian's python3-numpy).
     m.info["classes"]                      # ['water', 'dense_vegetation', ...]
     probs = m.classify(tiles)              # (N, bands, T, T) -> (N, K)
     grid = m.classify(image)               # (bands, H, W) -> (K, ceil(H/S), ceil(W/S))
+    tilewise.info("scene.tif")["crs"]      # `tilewise info --json FILE`, as a dict
+    tilewise.__version__                   # the library's version
 
 Finding libtilewise.so (first that exists): the environment variable
 TILEWISE_LIBRARY (a path to the .so); the library of the prefix this package
