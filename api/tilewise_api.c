@@ -25,6 +25,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "pipeline/normalize.h"
+#include "pipeline/preflight.h"
 #include "pipeline/run.h"
 #include "workflows/info.h"
 #include "workflows/validate.h"
@@ -728,6 +729,8 @@ tilewise_status tilewise_info(const char *path, const tilewise_run_options *opts
     tw_status st = take_options(opts, &o, &err);
     if (st == TW_OK && (!path || !text))
         st = tw_error_set(&err, TW_ERR_USAGE, "tilewise_info: no path or no place for the text");
+    /* A PyTorch checkpoint gets the export hint a run gives. */
+    if (st == TW_OK) st = tw_preflight_weights(path, &err);
     if (st != TW_OK) return give(out, st, &err);
     tw_run_params d = tw_run_default_params();
     apply_options(&d, &o);
@@ -905,7 +908,8 @@ tilewise_status tilewise_model_open(const char *path, const char *const *sets, i
     if (st == TW_OK) {
         snprintf(mo->p.model.weights, sizeof mo->p.model.weights, "%s", path);
         mo->p.input.n_paths = 0;
-        st = tw_model_file_load(path, &mf, &err);
+        st = tw_preflight_weights(path, &err); /* a .pth: the export hint a run gives */
+        if (st == TW_OK) st = tw_model_file_load(path, &mf, &err);
     }
     if (st == TW_OK) st = tw_resnet_create(mf, mo->p.model.arch, &mo->net, &err);
     if (st == TW_OK) st = tw_resolve_loaded(&mo->p, mf, mo->net, &mo->m, &err);

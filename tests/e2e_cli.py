@@ -9,25 +9,31 @@
   bands, classes, parameter count and SHA-256 equal what the file holds;
   unreadable files exit 3.
 * validate: the plan and advice for a good workflow (no warnings); a wrong
-  input.scale and a geographic raster with stretched pixels give warnings but
-  exit 0; a 3-band raster with a 6-band model exits 3 naming both sides, and
-  `run` exits 3 without creating the output directory.
+  input.scale, a geographic raster with stretched pixels and a raster
+  smaller than a tile (more than half of its tile's pixels padding) give
+  warnings but exit 0; a 3-band raster with a 6-band model exits 3 naming
+  both sides, and `run` exits 3 without creating the output directory.
 * progress: -q prints nothing on stderr; text progress is GDAL's
   0...10...100 - done.; on a terminal it adds tiles/s and the time left;
   --progress=json: every stderr line is a JSON object, per input a start
   event, fractions that never decrease and end at 1, tiles_done up to
-  tiles_total, and a final done event whose counts match run.json; a failing
-  run ends with a done event carrying the exit code and the message.
+  tiles_total, and a final done event whose counts match run.json; every
+  failing run (usage, workflow, input, model, resource, locked, interrupted,
+  parts of another configuration) ends with one done event carrying the
+  exit code and the message, and stderr stays JSON.
 """
+import glob
 import hashlib
 import json
 import os
 import pty
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from e2eutil import BIN, FIX, SRC, check, gdal_or_skip, workflow
 
@@ -157,6 +163,16 @@ def test_validate(work, gdal):
     check(re.search(r"^warning .*geographic CRS .* spans about \d+ km", r.stdout, re.M),
           "huge geographic tiles warned")
 
+    # A raster smaller than a tile: 41 x 41 in tiles of 64 is 59 % padding (issue 29).
+    small = os.path.join(work, "small41.tif")
+    gdal.Translate(small, sample, srcWin=[0, 0, 41, 41])
+    r = tw("validate", wf, "--set", f"input.path={small}")
+    check(r.returncode == 0, f"a mostly-padding tile does not fail validate: {r.stderr}")
+    check(re.search(r"^warning .*small41.tif: 41 x 41 pixels in tiles of 64: 59 % .* padding", r.stdout,
+                    re.M), f"mostly-padding tiles warned:\n{r.stdout}")
+    r = tw("validate", wf)
+    check("padding" not in r.stdout, "the sample's edge tiles (17 % padding) are not warned about")
+
     rgb = os.path.join(work, "rgb.tif")
     gdal.Translate(rgb, sample, bandList=[1, 2, 3])
     wf3, out3 = workflow(work, "mismatch", [rgb])
@@ -178,6 +194,80 @@ def read_events(stderr):
             sys.exit(f"FAIL: stderr line is not JSON: {line!r}")
         check(isinstance(events[-1], dict) and "event" in events[-1], f"an event object: {line}")
     return events
+
+
+def json_done(args, code, status, needle, **kw):
+    """tilewise ARGS --progress=json: exit code, every stderr line a JSON
+    object, the last and only done event with that exit code, status and a
+    message naming needle. Returns the events."""
+    r = tw(*args, "--progress=json", **kw)
+    what = " ".join(os.path.basename(a) for a in args)
+    check(r.returncode == code, f"{what}: exit {code} ({r.returncode}: {r.stderr})")
+    ev = read_events(r.stderr)
+    done = [e for e in ev if e["event"] == "done"]
+    check(len(done) == 1 and ev[-1] is done[0], f"{what}: one done event, the last line: {ev}")
+    d = done[0]
+    check(d["exit_code"] == code and d["status"] == status and needle in d["message"],
+          f"{what}: done event with exit {code}, {status!r}, a message naming {needle!r}: {d}",
+          say_ok=True)
+    return ev
+
+
+def test_json_failures(work, sample):
+    """Every way `run --progress=json` fails ends with one done event (issue
+    29): usage, workflow, input, model, resource, parts, locked, interrupted."""
+    wf, out = workflow(work, "jf", [sample])
+    # usage: an unknown option, a bad --shard, a bad --config (before the command's own options)
+    json_done(["run", wf, "--frobnicate"], 2, "usage error", "--frobnicate")
+    json_done(["run", wf, "--shard", "3/2"], 2, "usage error", "--shard")
+    r = tw("run", wf, "--progress=json", "--config")
+    ev = read_events(r.stderr)
+    check(r.returncode == 2 and ev[-1]["event"] == "done" and "--config" in ev[-1]["message"],
+          f"--config without KEY VALUE: a done event: {ev}")
+    # the workflow: an unknown key, YAML syntax, a missing required key, no such file
+    bad = os.path.join(work, "jf_badkey.yaml")
+    with open(wf) as f, open(bad, "w") as g:
+        g.write(f.read().replace("input:\n", "input:\n  bogus: 1\n"))
+    json_done(["run", bad], 2, "config error", "input.bogus")
+    badyaml = os.path.join(work, "jf_syntax.yaml")
+    with open(badyaml, "w") as f:
+        f.write("input: [\n")
+    json_done(["run", badyaml], 2, "config error", "YAML syntax")
+    noin = os.path.join(work, "jf_noinput.yaml")
+    with open(wf) as f, open(noin, "w") as g:
+        g.write("".join(l for l in f if not l.startswith(("input:", "  path:"))))
+    json_done(["run", noin], 2, "config error", "input.path is required")
+    json_done(["run", os.path.join(work, "nope.yaml")], 2, "config error", "nope.yaml")
+    # input, model
+    json_done(["run", wf, "--set", f"input.path={work}/missing.tif"], 3, "input error", "missing.tif")
+    json_done(["run", wf, "--set", f"model.weights={work}/missing.h5"], 3, "model error", "missing.h5")
+    # resource: output.dir is a file
+    afile = os.path.join(work, "jf_afile")
+    open(afile, "w").close()
+    json_done(["run", wf, "--set", f"output.dir={afile}"], 4, "output error", "jf_afile")
+    # locked, interrupted, parts: a slow run (stride 4) in the background
+    slow = ["--set", "tiling.stride=4", "--chunk-rows", "4"]
+    p = subprocess.Popen([BIN, "run", wf, "--progress=json", *slow], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    lock = f"{out}/.tilewise/{os.path.splitext(os.path.basename(sample))[0]}/lock.0001-of-0001"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(lock) and os.path.getsize(lock)):
+        time.sleep(0.02)
+    json_done(["run", wf, *slow], 7, "locked", f"process {p.pid}")
+    deadline = time.time() + 120
+    while time.time() < deadline and not glob.glob(f"{out}/.tilewise/*/rows-*.bin"):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    if p.returncode == 75:
+        ev = read_events(err)
+        check(ev[-1]["event"] == "done" and ev[-1]["exit_code"] == 75 and ev[-1]["status"] == "interrupted"
+              and ev[-1]["message"], f"SIGTERM: a done event with exit 75: {ev[-1]}", say_ok=True)
+        json_done(["run", wf, "--set", "tiling.stride=8"], 6, "parts of another run",
+                  "tiling.stride")
+    else:
+        print(f"note: the slow run finished before SIGTERM (exit {p.returncode}); interrupted and "
+              "parts not exercised this time")
 
 
 def test_progress(work, gdal, rgb):
@@ -217,6 +307,8 @@ def test_progress(work, gdal, rgb):
     ev = read_events(r.stderr)
     check(ev and ev[-1]["event"] == "done" and ev[-1]["exit_code"] == 3 and "rgb.tif" in ev[-1]["message"],
           f"failing run's done event: {ev}")
+
+    test_json_failures(work, sample)
 
     shutil.rmtree(out)
     r = tw("run", wf, "-q")

@@ -5,7 +5,8 @@ folder, a throw-away HOME whose QGIS profile enables the plugin):
 
 * `qgis_process list` shows tilewise:classify and tilewise:run_workflow;
 * `qgis_process run tilewise:classify` on the sample writes the bytes of the
-  class (and probability) raster `tilewise run` writes for the same workflow;
+  class (and probability) raster `tilewise run` writes for the same workflow,
+  and nothing beside the input (no INPUT.aux.xml of statistics);
 * from PyQGIS (tests/qgis/drive_provider.py; qgis_process cannot cancel): a
   run cancelled through its QgsProcessingFeedback stops at a commit point
   ("interrupted" in run.json), the same run again resumes (rows_resumed > 0)
@@ -70,8 +71,9 @@ def main():
               say_ok=True)
 
         # The CLI on the workflow tilewise:classify builds, then qgis_process.
-        # A copy: QGIS writes statistics next to a raster layer it opens.
-        sample = os.path.join(tmp, "L7_ETMs.tif")
+        # A copy, in a folder of its own: anything written beside it shows.
+        os.makedirs(os.path.join(tmp, "in"))
+        sample = os.path.join(tmp, "in", "L7_ETMs.tif")
         shutil.copy(os.path.join(SRC, "sample_data", "L7_ETMs.tif"), sample)
         model = os.path.join(SRC, "sample_data", "demo_resnet18.h5")
         out = os.path.join(tmp, "out")
@@ -89,6 +91,10 @@ def main():
                          f"OUTPUT_FOLDER={out}")
         check(r.returncode == 0, f"qgis_process run tilewise:classify ({r.stdout[-800:]} {r.stderr[-800:]})")
         check(f"CLASS:\t{out}/L7_ETMs.class.tif" in r.stdout, "CLASS output reported")
+        # Loading a multiband raster as a layer computes its statistics, which
+        # GDAL saved as INPUT.aux.xml beside the user's file (issue 29).
+        beside = sorted(os.listdir(os.path.dirname(sample)))
+        check(beside == ["L7_ETMs.tif"], f"nothing written beside INPUT ({beside})", say_ok=True)
         for name, data in want.items():
             got = open(os.path.join(out, name), "rb").read()
             check(got == data, f"qgis_process wrote the CLI's {name} ({len(data)} bytes)", say_ok=True)

@@ -164,6 +164,35 @@ static void output_bytes(void **state)
     assert_int_equal(tw_preflight_output_bytes(&pp), 0);
 }
 
+/* The padded share of an input's tiles, which validate warns about above
+ * one half (issue 29: a 41 x 41 raster in tiles of 64 is 59 % padding).
+ * Exact fractions of pixel counts, compared to 1e-12. */
+static void padding_share(void **state)
+{
+    (void)state;
+    /* 41 x 41 in one 64 px tile */
+    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_PAD), 1 - 41.0 * 41 / 4096,
+                       1e-12);
+    /* the sample, 349 x 352: at tile 64 stride 64, 6 x 6 tiles with 349 and
+     * 352 of 384 px inside: 17 %; at stride 32, 10 x 10 tiles, x inside
+     * 9 * 64 + 61, y all: 0.5 % */
+    assert_float_equal(tw_preflight_padding(349, 352, 64, 64, TW_EDGE_PAD),
+                       1 - (349.0 * 352) / (384.0 * 384), 1e-12);
+    assert_float_equal(tw_preflight_padding(349, 352, 64, 32, TW_EDGE_PAD), 1 - 637.0 / 640, 1e-12);
+    /* 65 x 65: two tiles per axis, 65 of 128 px inside */
+    assert_float_equal(tw_preflight_padding(65, 65, 64, 64, TW_EDGE_PAD),
+                       1 - (65.0 * 65) / (128.0 * 128), 1e-12);
+    /* edge shift: the last tile flush with the edge, no padding */
+    assert_float_equal(tw_preflight_padding(65, 65, 64, 64, TW_EDGE_SHIFT), 0, 1e-12);
+    /* shift falls back to pad when the raster is smaller than a tile */
+    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_SHIFT), 1 - 41.0 * 41 / 4096,
+                       1e-12);
+    /* exactly half: 32 of 64 columns, every row */
+    assert_float_equal(tw_preflight_padding(32, 640, 64, 64, TW_EDGE_PAD), 0.5, 1e-12);
+    /* no plan: edge skip on a raster smaller than a tile */
+    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_SKIP), -1, 0);
+}
+
 static void fingerprint_diff(void **state)
 {
     (void)state;
@@ -321,9 +350,13 @@ static void budget_adds_up(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(creation_options), cmocka_unit_test(weights_pickle),
-        cmocka_unit_test(output_dir),       cmocka_unit_test(output_bytes),
-        cmocka_unit_test(fingerprint_diff), cmocka_unit_test(parts_refuse_and_lock),
+        cmocka_unit_test(creation_options),
+        cmocka_unit_test(weights_pickle),
+        cmocka_unit_test(output_dir),
+        cmocka_unit_test(output_bytes),
+        cmocka_unit_test(padding_share),
+        cmocka_unit_test(fingerprint_diff),
+        cmocka_unit_test(parts_refuse_and_lock),
         cmocka_unit_test(budget_adds_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -126,7 +126,8 @@ static const char *validate_help =
     "    approximate scan) after input.scale and the model's mean/std; a range far from\n"
     "    what the model was trained on usually means a wrong input.scale;\n"
     "  * georeferencing: CRS, pixel size and ground size of a tile; degrees that make\n"
-    "    stretched pixels or huge tiles, odd pixel sizes, no CRS.\n"
+    "    stretched pixels or huge tiles, odd pixel sizes, no CRS;\n"
+    "  * padding: tiles more than half outside the raster (one smaller than a tile).\n"
     "Advice lines start with 'warning'; they do not change the exit code.\n"
     "\n"
     "exit codes: 0 the run can start, 2 workflow error, 3 input or model does not fit\n";
@@ -163,23 +164,87 @@ static const char *submit_help =
     "\n"
     "exit 4 when sbatch is missing or refuses a job (its message is shown)\n";
 
+/* `run --progress=json` promises a scheduler JSON lines on stderr, the last
+ * one a "done" event with the exit code and the message, however the run
+ * ends: set (by main and cmd_run) as soon as the arguments ask for it, so
+ * that usage and workflow errors end that way too. */
+static bool g_json_done;
+
+static double mono_s(void);
+
+/* The last JSON progress line: how the command ended. message NULL on
+ * success; report NULL when no report was written. */
+static void json_done(int status, int exit_code, const char *message, int inputs, long long tiles,
+                      double seconds, const char *report)
+{
+    char shown[TW_ERROR_MSG_MAX];
+    tw_json j = tw_json_file(stderr);
+    tw_json_open(&j, NULL, '{');
+    tw_json_str(&j, "event", "done");
+    tw_json_str(&j, "status", status == TILEWISE_OK ? "ok" : tilewise_status_name(status));
+    tw_json_int(&j, "exit_code", exit_code);
+    if (message) {
+        tw_url_redact(message, shown, sizeof shown);
+        tw_json_str(&j, "message", shown);
+    }
+    tw_json_int(&j, "inputs", inputs);
+    tw_json_int(&j, "tiles_classified", tiles);
+    tw_json_fixed(&j, "seconds", seconds, 3);
+    if (report)
+        tw_json_str(&j, "report", report);
+    else
+        tw_json_null(&j, "report");
+    tw_json_close(&j, '}');
+    fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static double g_t0; /* when main started: the done event's seconds before a run */
+
 static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "tilewise: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see tilewise --help)\n");
+    char msg[TW_ERROR_MSG_MAX];
+    int n = snprintf(msg, sizeof msg, fmt, arg);
+    if (n >= 0 && (size_t)n < sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, " (see tilewise --help)");
+    if (g_json_done)
+        json_done(TILEWISE_ERR_USAGE, TW_EXIT_USAGE, msg, 0, 0, mono_s() - g_t0, NULL);
+    else
+        fprintf(stderr, "tilewise: %s\n", msg);
     return TW_EXIT_USAGE;
 }
 
-/* "tilewise: STATUS: MESSAGE" on stderr; returns the exit code. */
+/* "tilewise: STATUS: MESSAGE" on stderr (a done event under
+ * --progress=json); returns the exit code. */
 static int fail(const tilewise_error *err)
 {
+    if (g_json_done) {
+        json_done(err->status, tilewise_exit_code(err->status), err->message, 0, 0, mono_s() - g_t0,
+                  NULL);
+        return tilewise_exit_code(err->status);
+    }
     /* Messages name inputs redacted where they are made (io/url.h); this
      * catches one that quotes a URL from elsewhere. */
     char msg[TW_ERROR_MSG_MAX];
     tw_url_redact(err->message, msg, sizeof msg);
     fprintf(stderr, "tilewise: %s: %s\n", tilewise_status_name(err->status), msg);
     return tilewise_exit_code(err->status);
+}
+
+/* Whether run's arguments ask for --progress=json (the last --progress
+ * wins), looked at before they are parsed. */
+static bool json_progress_asked(int argc, char **argv)
+{
+    bool json = false;
+    for (int i = 0; i < argc; i++) {
+        const char *v = NULL;
+        if (strncmp(argv[i], "--progress=", 11) == 0)
+            v = argv[i] + 11;
+        else if (strcmp(argv[i], "--progress") == 0 && i + 1 < argc)
+            v = argv[++i];
+        if (v) json = strcmp(v, "json") == 0;
+    }
+    return json;
 }
 
 /* --help or -h among a subcommand's arguments, not as the value of an
@@ -496,24 +561,16 @@ static void print_summary(const tilewise_report *rep, const tilewise_run_summary
     }
 }
 
-/* The last JSON progress line: how the run ended. */
-static void progress_json_done(const tilewise_run_summary *sum, const tilewise_error *err,
-                               double seconds)
+/* The last JSON progress line of a run that got a report: how it ended,
+ * and where run.json was written (null: nowhere, the output folder was
+ * never made). */
+static void progress_json_done(const tilewise_report *rep, const tilewise_run_summary *sum,
+                               const tilewise_error *err, double seconds)
 {
-    tw_json j = tw_json_file(stderr);
-    tw_json_open(&j, NULL, '{');
-    tw_json_str(&j, "event", "done");
-    tw_json_str(&j, "status",
-                sum->status == TILEWISE_OK ? "ok" : tilewise_status_name(sum->status));
-    tw_json_int(&j, "exit_code", sum->exit_code);
-    if (sum->status != TILEWISE_OK) tw_json_str(&j, "message", err->message);
-    tw_json_int(&j, "inputs", sum->n_inputs);
-    tw_json_int(&j, "tiles_classified", (long long)sum->tiles_classified);
-    tw_json_fixed(&j, "seconds", seconds, 3);
-    tw_json_str(&j, "report", sum->run_json);
-    tw_json_close(&j, '}');
-    fputc('\n', stderr);
-    fflush(stderr);
+    const char *written = tilewise_report_path(rep);
+    json_done(sum->status, sum->exit_code, sum->status == TILEWISE_OK ? NULL : err->message,
+              sum->n_inputs, (long long)sum->tiles_classified, seconds,
+              written[0] ? written : NULL);
 }
 
 /* The library's notices and warnings: one stderr line each ("tilewise: "
@@ -547,9 +604,11 @@ static int cmd_run(int argc, char **argv)
         fputs(run_help, stdout);
         return TW_EXIT_OK;
     }
+    g_json_done = json_progress_asked(argc, argv);
     cli_opts o;
     int rc = parse_opts(argc, argv, true, &o);
     if (rc) return rc;
+    g_json_done = o.progress == PROGRESS_JSON;
     if ((rc = resolve_shard(&o))) return rc;
 
     struct sigaction sa;
@@ -583,7 +642,7 @@ static int cmd_run(int argc, char **argv)
     /* Writes run.json (also on failure, status and message inside, when the
      * output folder exists) and --report's file. */
     tilewise_status st = tilewise_run(o.workflow, &ro, &rep, &err);
-    if (!rep) return fail(&err); /* the workflow could not be read */
+    if (!rep) return fail(&err); /* the workflow could not be read (JSON: a done event) */
 
     tilewise_run_summary sum = {.size = sizeof sum};
     tilewise_report_summary(rep, &sum, NULL);
@@ -594,7 +653,7 @@ static int cmd_run(int argc, char **argv)
                    sum.shard_index + 1, sum.shard_count, sum.output_dir);
         printf("report: %s\n", sum.run_json);
     }
-    if (o.progress == PROGRESS_JSON) progress_json_done(&sum, &err, mono_s() - t0);
+    if (o.progress == PROGRESS_JSON) progress_json_done(rep, &sum, &err, mono_s() - t0);
     tilewise_report_free(rep);
     if (st == TILEWISE_OK) return sum.exit_code; /* 0, or 5: inputs were skipped */
     /* JSON mode: the done event carries the message; stderr stays JSON. */
@@ -728,6 +787,10 @@ int main(int argc, char **argv)
      * the heap, where freed memory stays resident: 38-44 MiB more peak RSS
      * for ResNet-50 (bench/RESULTS.md). */
     mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    g_t0 = mono_s();
+    /* run --progress=json: even a bad --config ends with a done event. */
+    g_json_done = argc > 2 && strcmp(argv[1], "run") == 0 &&
+                  json_progress_asked(argc - 2, argv + 2) && !help_asked(argc - 2, argv + 2);
     if (argc < 2) {
         fputs(usage_text, stderr);
         return TW_EXIT_USAGE;

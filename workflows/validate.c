@@ -1,5 +1,5 @@
 /* validate.c - what `tilewise validate` prints: the plan (tw_validate) and
- * advice on value ranges and georeferencing (validate.h). */
+ * advice on value ranges, georeferencing and padding (validate.h). */
 #include "workflows/validate.h"
 
 #include <math.h>
@@ -9,6 +9,7 @@
 #include "io/inspect.h"
 #include "io/raster.h"
 #include "io/url.h"
+#include "pipeline/preflight.h"
 #include "pipeline/run.h"
 
 /* Where the advice goes, and how many warnings it gave. */
@@ -81,6 +82,21 @@ static void check_georef(advice *a, const char *path, const tw_inspect *ri, int 
                path, fmin(px, py) < 0.05 ? fmin(px, py) : fmax(px, py), unit);
 }
 
+/* Tiles that are more padding than raster (tiling.edge pad at the edges,
+ * any raster smaller than a tile): the model sees zeros it was not trained
+ * on, and classifies such a tile from little data. */
+static void check_padding(advice *a, const char *path, const tw_inspect *ri, const tw_resolved *m,
+                          tw_edge_mode edge)
+{
+    double pad = tw_preflight_padding(ri->width, ri->height, m->tile, m->stride, edge);
+    if (pad > 0.5)
+        advise(a,
+               "%s: %d x %d pixels in tiles of %d: %.0f %% of the pixels of its tiles are padding "
+               "outside the raster (0 after normalization), which the model was not trained on: "
+               "a smaller tiling.tile, if the model takes one, or a larger raster",
+               path, ri->width, ri->height, m->tile, 100 * pad);
+}
+
 static void check_values(advice *a, const char *path, const char *gdal_path, const tw_resolved *m)
 {
     int n = m->n_bands > 0 ? m->n_bands : m->in_bands;
@@ -150,6 +166,7 @@ static void validate_advice(advice *a, const tw_run_params *p)
         tw_inspect *ri = NULL;
         if (tw_inspect_raster(gpath, shown, &ri, &err) != TW_OK) continue;
         check_georef(a, shown, ri, m.tile);
+        check_padding(a, shown, ri, &m, p->tiling.edge);
         tw_inspect_destroy(ri);
         /* Statistics read every pixel: not over the network. */
         if (!tw_url_is_remote(p->input.paths[i])) check_values(a, shown, gpath, &m);

@@ -9,6 +9,8 @@ only dependency (Debian's python3-numpy).
     m.info["classes"]                      # ['water', 'dense_vegetation', ...]
     probs = m.classify(tiles)              # (N, bands, T, T) -> (N, K)
     grid = m.classify(image)               # (bands, H, W) -> (K, ceil(H/S), ceil(W/S))
+    tilewise.info("scene.tif")["crs"]      # `tilewise info --json FILE`, as a dict
+    tilewise.__version__                   # the library's version
 
 Finding libtilewise.so (first that exists): the environment variable
 TILEWISE_LIBRARY (a path to the .so); the library of the prefix this package
@@ -18,20 +20,43 @@ loader's search for libtilewise.so.0 (LD_LIBRARY_PATH, ldconfig).
 
 Errors raise tilewise.Error with .message, .status (e.g. "config error"),
 .exit_code and .exit_class ("usage", "input", "resource", "interrupted", ...),
-the same message and exit code `tilewise run` gives. Ctrl-C during run() sets
+the same message and exit code `tilewise run` gives. Each is also the
+built-in exception that fits, so `except FileNotFoundError` or `except
+ValueError` work as for any Python library:
+
+    Error                               every tilewise failure
+      UsageError(ValueError)            a bad argument (exit 2)
+      ConfigError(ValueError)           the workflow: syntax, key, type, range (exit 2)
+      InputError(ValueError)            a raster unreadable or not fitting the model (exit 3)
+      ModelError(ValueError)            a model file unreadable or unsupported (exit 3)
+      ResourceError(OSError)            output, device, network (exit 4)
+        OutOfMemoryError(MemoryError)   the memory budget or an allocation
+        NetworkError(ConnectionError)   a remote input unreachable
+      PartsError(FileExistsError)       output.dir holds another configuration's parts (exit 6)
+      LockedError(BlockingIOError)      another process runs the same shard (exit 7)
+      Interrupted                       cancelled at a commit point; resumable (exit 75)
+      InternalError(RuntimeError)       a bug (exit 1)
+
+A file that does not exist (workflow, raster, model) raises the class of its
+kind that is also a FileNotFoundError (errno ENOENT; .filename when known).
+Ctrl-C during run() sets
 the run's stop flag, as SIGINT does for the CLI: the run finishes the chunk of
 rows under way, commits it and stops; run() raises KeyboardInterrupt, and with
 the same workflow again resumes from the committed rows.
 """
 
 import ctypes
+import errno
 import json
 import os
 import threading
 
 import numpy as np
 
-__all__ = ["run", "merge", "validate", "Model", "info", "Error", "library_path"]
+__all__ = ["run", "merge", "validate", "Model", "info", "version", "library_path", "Error",
+           "UsageError", "ConfigError", "InputError", "ModelError", "ResourceError",
+           "OutOfMemoryError", "NetworkError", "PartsError", "LockedError", "Interrupted",
+           "InternalError"]
 
 # ---- the library ---------------------------------------------------------
 
@@ -160,6 +185,8 @@ def _declare(lib):
         "tilewise_model_close": (None, [P]),
         "tilewise_model_info_json": (S, [P]),
         "tilewise_model_classify": (I, [P, ctypes.POINTER(_Tiles), P, P, E]),
+        "tilewise_info": (I, [S, ctypes.POINTER(_Options), I, ctypes.POINTER(P), E]),
+        "tilewise_string_free": (None, [P]),
     }
     for name, (res, args) in sig.items():
         try:
@@ -178,8 +205,16 @@ def _declare(lib):
 
 
 def version():
-    """The library's version string."""
+    """The library's version string ("MAJOR.MINOR.PATCH", as `tilewise
+    --version` prints it); also tilewise.__version__."""
     return _load().tilewise_version().decode()
+
+
+def __getattr__(name):
+    # __version__ is the library's (loaded on first use, as everything here).
+    if name == "__version__":
+        return version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- errors --------------------------------------------------------------
@@ -201,10 +236,104 @@ class Error(Exception):
         return f"{self.status}: {self.message}"
 
 
-def _raise(code, err, report=None):
+class UsageError(Error, ValueError):
+    """A bad argument (exit 2)."""
+
+
+class ConfigError(Error, ValueError):
+    """The workflow: YAML syntax, an unknown key, a wrong type or range (exit 2)."""
+
+
+class InputError(Error, ValueError):
+    """A raster that cannot be read or does not fit the model (exit 3)."""
+
+
+class ModelError(Error, ValueError):
+    """A model file that cannot be read, is inconsistent or unsupported (exit 3)."""
+
+
+class ResourceError(Error, OSError):
+    """The output cannot be written, the device fails (exit 4)."""
+
+
+class OutOfMemoryError(ResourceError, MemoryError):
+    """The memory budget is too small, or an allocation failed (exit 4)."""
+
+
+class NetworkError(ResourceError, ConnectionError):
+    """A remote input unreachable after its retries (exit 4)."""
+
+
+class PartsError(Error, FileExistsError):
+    """output.dir holds committed parts of a run with another configuration
+    (exit 6): nothing was deleted; run.restart=true discards them."""
+
+
+class LockedError(Error, BlockingIOError):
+    """Another process runs the same shard into the same output (exit 7)."""
+
+
+class Interrupted(Error):
+    """Cancelled (progress returned False): stopped at a commit point; the
+    same run again resumes (exit 75)."""
+
+
+class InternalError(Error, RuntimeError):
+    """A bug in tilewise (exit 1): please report it."""
+
+
+class _InputNotFound(InputError, FileNotFoundError):
+    pass
+
+
+class _ModelNotFound(ModelError, FileNotFoundError):
+    pass
+
+
+class _WorkflowNotFound(ConfigError, FileNotFoundError):
+    pass
+
+
+class _UsageNotFound(UsageError, FileNotFoundError):
+    pass
+
+
+# tilewise_status -> class (include/tilewise.h)
+_CLASSES = {-1: UsageError, -2: ConfigError, -3: InputError, -4: ModelError, -5: ResourceError,
+            -6: OutOfMemoryError, -7: ResourceError, -8: InternalError, -9: NetworkError,
+            -10: PartsError, -11: LockedError, 1: Interrupted}
+_NOT_FOUND = {UsageError: _UsageNotFound, ConfigError: _WorkflowNotFound,
+              InputError: _InputNotFound, ModelError: _ModelNotFound}
+
+
+def _is_local(path):
+    p = os.fsdecode(path)
+    return "://" not in p and not p.startswith("/vsi")
+
+
+def _error(cls, message, status, exit_code, exit_class, report=None, path=None):
+    """The exception for a failure: cls, or its FileNotFoundError kind when
+    the file it is about does not exist (path given, or the message says
+    so, as strerror(ENOENT) does)."""
+    missing = path is not None and _is_local(path) and not os.path.exists(path)
+    if cls in _NOT_FOUND and (missing or os.strerror(errno.ENOENT) in message):
+        e = _NOT_FOUND[cls](message, status, exit_code, exit_class, report)
+        e.errno, e.strerror = errno.ENOENT, os.strerror(errno.ENOENT)
+        if path is not None:
+            e.filename = os.fspath(path)
+        return e
+    return cls(message, status, exit_code, exit_class, report)
+
+
+def _raise(code, err, report=None, path=None):
     lib = _load()
-    raise Error(err.message.decode(errors="replace"), lib.tilewise_status_name(code).decode(),
-                err.exit_code, err.exit_class.decode(), report)
+    raise _error(_CLASSES.get(code, Error), err.message.decode(errors="replace"),
+                 lib.tilewise_status_name(code).decode(), err.exit_code, err.exit_class.decode(),
+                 report, path)
+
+
+def _usage(message):
+    return UsageError(message, "usage error", 2, "usage")
 
 
 def _items(overrides):
@@ -420,12 +549,11 @@ def _as_supported(a):
         a = a.astype(np.float32)  # exact
     elif dt in (np.dtype(np.int64), np.dtype(np.uint64)):
         if a.size and np.abs(a.astype(np.float64)).max() > 2 ** 53:
-            raise Error(f"{dt} values beyond 2^53 cannot be classified exactly", "usage error", 2,
-                        "usage")
+            raise _usage(f"{dt} values beyond 2^53 cannot be classified exactly")
         a = a.astype(np.float64)
     elif a.dtype.newbyteorder("=") not in _DTYPES:
-        raise Error(f"pixel type {dt} is not supported (uint8, int8, uint16, int16, uint32, "
-                    "int32, float32, float64)", "usage error", 2, "usage")
+        raise _usage(f"pixel type {dt} is not supported (uint8, int8, uint16, int16, uint32, "
+                     "int32, float32, float64)")
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
 
 
@@ -446,7 +574,7 @@ class Model:
         rc = lib.tilewise_model_open(os.fsencode(path), sets, n_sets, ctypes.byref(h),
                                      ctypes.byref(err))
         if rc != 0:
-            _raise(rc, err)
+            _raise(rc, err, path=path)
         self._h = h
         self._lib = lib
         self.path = os.fspath(path)
@@ -471,19 +599,34 @@ class Model:
         scale, mean, std, sha256, backend, batch, memory."""
         return json.loads(self._lib.tilewise_model_info_json(self._h).decode())
 
+    def _check_bands(self, bands, inf):
+        if bands != inf["in_bands"]:
+            raise _usage(f"{self.path} expects {inf['in_bands']} input bands but the tiles have "
+                         f"{bands}")
+
     def classify_tiles(self, tiles, nodata=None, valid=None, embeddings=False):
         """tiles (N, bands, T, T) -> probabilities (N, K) float32 [and
-        embeddings (N, F)]. Tiles with too much nodata give NaN rows.
+        embeddings (N, F)]. T must be the model's tile (info["tile"]; open
+        the Model with {"tiling.tile": T} for another) and bands its
+        in_bands: ValueError (UsageError) otherwise. Tiles with too much
+        nodata give NaN rows.
         valid (N, T, T): 1 valid, 0 nodata, 2 outside the image (padding:
         not counted as nodata); any other non-zero value counts as 1."""
         if self._h is None:
-            raise Error("the model is closed", "usage error", 2, "usage")
+            raise _usage("the model is closed")
         a = _as_supported(np.asarray(tiles))
         if a.ndim != 4 or a.shape[2] != a.shape[3]:
-            raise Error(f"expected tiles of shape (N, bands, T, T), got {a.shape}", "usage error",
-                        2, "usage")
+            raise _usage(f"expected tiles of shape (N, bands, T, T), got {a.shape}")
         n, bands, t, _ = a.shape
         inf = self.info
+        self._check_bands(bands, inf)
+        if t != inf["tile"]:
+            # The library would classify them, at a scale the model may not
+            # have been trained at: a 32 px array given to a 64 px model is
+            # far more often a mistake than a wish.
+            raise _usage(f"{self.path}: tiles of {t} x {t} pixels, but the model takes "
+                         f"{inf['tile']} x {inf['tile']} (its tile size); to classify {t} px "
+                         f"tiles, open it with {{'tiling.tile': {t}}}")
         k, f = inf["n_classes"], inf["feature_dim"]
         probs = np.empty((n, k), np.float32)
         emb = np.empty((n, f), np.float32) if embeddings else None
@@ -492,8 +635,7 @@ class Model:
             v = np.asarray(valid)
             v = np.ascontiguousarray(v if v.dtype == np.uint8 else v != 0, dtype=np.uint8)
             if v.shape != (n, t, t):
-                raise Error(f"valid mask must have shape {(n, t, t)}, got {v.shape}",
-                            "usage error", 2, "usage")
+                raise _usage(f"valid mask must have shape {(n, t, t)}, got {v.shape}")
         desc = _Tiles(a.ctypes.data, _DTYPES[a.dtype], n, bands, t,
                       v.ctypes.data if v is not None else None, nodata is not None,
                       float(nodata) if nodata is not None else 0.0)
@@ -521,15 +663,15 @@ class Model:
         if a.ndim == 4:
             return self.classify_tiles(a, nodata, valid, embeddings)
         if a.ndim != 3:
-            raise Error(f"expected (bands, H, W) or (N, bands, T, T), got shape {a.shape}",
-                        "usage error", 2, "usage")
+            raise _usage(f"expected (bands, H, W) or (N, bands, T, T), got shape {a.shape}")
         if embeddings:
-            raise Error("embeddings are given per tile: pass (N, bands, T, T) tiles",
-                        "usage error", 2, "usage")
-        t = self.info["tile"]
+            raise _usage("embeddings are given per tile: pass (N, bands, T, T) tiles")
+        inf = self.info
+        self._check_bands(a.shape[0], inf)
+        t = inf["tile"]
         s = stride or t
         if s <= 0 or t % s:
-            raise Error(f"stride {s} does not divide tile {t}", "usage error", 2, "usage")
+            raise _usage(f"stride {s} does not divide tile {t}")
         bands, h, w = a.shape
         # tiling.edge pad (pipeline/plan.c): tiles at a*s for a < n, the last
         # reaching past the edge; pixels outside the image are padding.
@@ -575,23 +717,20 @@ def _n_tiles(n, t, s):
 
 
 def info(path):
-    """Describe a model file (dict, as Model(path).info) or a raster (GDAL's
-    JSON description, when the GDAL Python bindings are installed)."""
+    """Describe a raster or a model file: the dict `tilewise info --json
+    FILE` prints (the same C function, tilewise_info): "type" ("raster" or
+    "model"), for a raster width, height, band_count, crs ("EPSG:31985
+    (...)"), geotransform, bands, usable, ...; for a model arch, in_bands,
+    classes, parameters, mean, std, tile, sha256, ... Raises FileNotFoundError
+    (an InputError) for a missing file and ModelError for a PyTorch
+    checkpoint, with the export command."""
+    lib = _load()
+    err = _Error()
+    text = ctypes.c_void_p()
+    rc = lib.tilewise_info(os.fsencode(path), None, 1, ctypes.byref(text), ctypes.byref(err))
+    if rc != 0:
+        _raise(rc, err, path=path)
     try:
-        with Model(path, {"runtime.device": "cpu"}) as m:
-            d = m.info
-            d["kind"] = "model"
-            return d
-    except Error as e:
-        model_err = e
-    try:
-        from osgeo import gdal
-    except ImportError:
-        raise model_err
-    gdal.UseExceptions()
-    try:
-        d = gdal.Info(os.fspath(path), format="json")
-    except RuntimeError:
-        raise model_err
-    d["kind"] = "raster"
-    return d
+        return json.loads(ctypes.string_at(text.value).decode())
+    finally:
+        lib.tilewise_string_free(text)

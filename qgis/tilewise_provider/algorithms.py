@@ -8,6 +8,7 @@ way as its text), Cancel stops the run at its next commit point
 loaded with its colours and class names, the probability raster with its band
 names.
 """
+import contextlib
 import json
 import os
 import sys
@@ -55,6 +56,34 @@ def tilewise_module():
 
             return tilewise
     raise QgsProcessingException("the tilewise Python package is not installed (cmake --install)")
+
+
+@contextlib.contextmanager
+def no_sidecars():
+    """GDAL's PAM off in this thread while QGIS opens INPUT: loading a
+    multiband raster as a layer computes its statistics (the default
+    contrast stretch reads every pixel of a small raster), and GDAL would
+    save them beside the user's file as INPUT.aux.xml when the layer closes.
+    tilewise reads INPUT in its own thread, where nothing changes; a
+    thread-local option leaves QGIS's other threads alone."""
+    from osgeo import gdal
+
+    old = gdal.GetThreadLocalConfigOption("GDAL_PAM_ENABLED", None)
+    gdal.SetThreadLocalConfigOption("GDAL_PAM_ENABLED", "NO")
+    try:
+        yield
+    finally:
+        gdal.SetThreadLocalConfigOption("GDAL_PAM_ENABLED", old)
+
+
+class RasterInput(QgsProcessingParameterRasterLayer):
+    """INPUT: a raster layer parameter whose value check (qgis_process and
+    the dialog open the file as a layer there, before the algorithm runs)
+    writes nothing beside the file (no_sidecars)."""
+
+    def checkValueIsAcceptable(self, value, context=None):  # noqa: N802
+        with no_sidecars():
+            return super().checkValueIsAcceptable(value, context)
 
 
 def push_validate_warnings(workflow, sets, feedback):
@@ -204,7 +233,7 @@ class ClassifyAlgorithm(_Base):
                 "point: run again with the same parameters to resume.")
 
     def initAlgorithm(self, config=None):  # noqa: N802
-        self.addParameter(QgsProcessingParameterRasterLayer("INPUT", "Input raster"))
+        self.addParameter(RasterInput("INPUT", "Input raster"))
         self.addParameter(QgsProcessingParameterFile(
             "MODEL", "Model file", fileFilter="Models (*.h5 *.hdf5 *.safetensors);;All files (*)"))
         self.addParameter(QgsProcessingParameterNumber(
@@ -222,8 +251,20 @@ class ClassifyAlgorithm(_Base):
                                                                   "Output folder"))
         self._outputs()
 
+    # Processing opens INPUT as a layer when it checks its value, the
+    # parameters, the CRSs and when the algorithm runs: each time without
+    # writing beside it (no_sidecars).
+    def checkParameterValues(self, parameters, context):  # noqa: N802
+        with no_sidecars():
+            return super().checkParameterValues(parameters, context)
+
+    def validateInputCrs(self, parameters, context):  # noqa: N802
+        with no_sidecars():
+            return super().validateInputCrs(parameters, context)
+
     def processAlgorithm(self, parameters, context, feedback):  # noqa: N802
-        layer = self.parameterAsRasterLayer(parameters, "INPUT", context)
+        with no_sidecars():
+            layer = self.parameterAsRasterLayer(parameters, "INPUT", context)
         if layer is None:
             raise QgsProcessingException("INPUT is not a raster layer")
         if layer.providerType() != "gdal":

@@ -10,6 +10,11 @@ PYTHONPATH = python/, and the fixtures of tests/fixtures. What they show:
 * KeyboardInterrupt mid-run stops at a commit point; run again resumes and
   gives the bytes of an uninterrupted run;
 * validate gives the CLI's text and its warnings as a list;
+* info gives `tilewise info --json`'s dict; __version__ is the library's;
+* errors are tilewise.Error and the built-in exception that fits
+  (FileNotFoundError, ValueError, OSError, MemoryError); classify refuses a
+  tile size or band count the model does not take; a .pth gets the export
+  hint from Model, info and `tilewise info`;
 * the tiles callback counts up to run.json's tiles_total; shards run with
   run.shard and tilewise.merge gives the CLI's merged bytes.
 """
@@ -203,11 +208,99 @@ def test_bad_input_raises_with_the_message(tmp_path):
     assert "nope.yaml" in e.value.message
 
 
-def test_info():
-    d = tilewise.info(os.path.join(SRC, "sample_data", "demo_resnet18.h5"))
-    assert d["kind"] == "model" and d["classes"][0] == "water" and d["arch"] == "resnet18"
+def test_info_is_the_cli_json():
+    """tilewise.info gives the dict `tilewise info --json` prints (the same C
+    function), for rasters and models alike."""
+    for path in (SAMPLE, os.path.join(FIX, "rast_int16_tiled_nodata.tif"),
+                 os.path.join(SRC, "sample_data", "demo_resnet18.h5"),
+                 os.path.join(FIX, "resnet18_6b_7c.safetensors")):
+        want = json.loads(cli("info", "--json", path).stdout)
+        assert tilewise.info(path) == want, path
     r = tilewise.info(SAMPLE)
-    assert r["kind"] == "raster" and r["size"] == [349, 352]
+    assert r["type"] == "raster" and r["crs"].startswith("EPSG:31985")
+    assert (r["width"], r["height"], r["band_count"]) == (349, 352, 6)
+    d = tilewise.info(os.path.join(SRC, "sample_data", "demo_resnet18.h5"))
+    assert d["type"] == "model" and d["classes"][0] == "water" and d["arch"] == "resnet18"
+    with pytest.raises(tilewise.InputError) as e:
+        tilewise.info(os.path.join(FIX, "not_a_raster.txt"))
+    assert isinstance(e.value, ValueError) and "not_a_raster.txt" in e.value.message
+
+
+def test_version():
+    v = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    assert tilewise.__version__ == tilewise.version() == v.split()[1]
+    assert tilewise.__version__.count(".") == 2
+
+
+def test_errors_are_builtin_exceptions(tmp_path):
+    """Each failure is a tilewise.Error and the built-in exception it is:
+    a missing file FileNotFoundError, a workflow or argument error
+    ValueError, a resource failure OSError (memory: MemoryError)."""
+    import errno
+    os.chdir(SRC)
+    missing = str(tmp_path / "missing.h5")
+    for call in (lambda: tilewise.Model(missing), lambda: tilewise.info(missing)):
+        with pytest.raises(FileNotFoundError) as e:
+            call()
+        assert isinstance(e.value, tilewise.Error) and e.value.errno == errno.ENOENT
+        assert e.value.filename == missing and "missing.h5" in str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        tilewise.run(str(tmp_path / "nope.yaml"))
+    assert isinstance(e.value, tilewise.ConfigError) and e.value.exit_code == 2
+    sets = {"output.dir": str(tmp_path / "out"), "runtime.device": "cpu"}
+    with pytest.raises(FileNotFoundError) as e:
+        tilewise.run("workflows/sample.yaml", dict(sets, **{"input.path": str(tmp_path / "no.tif")}))
+    assert isinstance(e.value, tilewise.InputError) and e.value.exit_code == 3
+    with pytest.raises(ValueError) as e:
+        tilewise.run("workflows/sample.yaml", dict(sets, **{"tiling.stride": 33}))
+    assert isinstance(e.value, tilewise.ConfigError) and e.value.exit_class == "usage"
+    with pytest.raises(ValueError) as e:
+        tilewise.Model(os.path.join(FIX, "bad_missing_fc.safetensors"))
+    assert isinstance(e.value, tilewise.ModelError) and e.value.exit_code == 3
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(OSError) as e:
+        tilewise.run("workflows/sample.yaml", dict(sets, **{"output.dir": str(afile)}))
+    assert isinstance(e.value, tilewise.ResourceError) and not isinstance(e.value, ValueError)
+    assert e.value.exit_code == 4 and "afile" in e.value.message
+    with pytest.raises(MemoryError) as e:
+        tilewise.run("workflows/sample.yaml",
+                     dict(sets, **{"runtime.memory": "16MiB", "tiling.batch": 64}))
+    assert isinstance(e.value, tilewise.ResourceError) and e.value.exit_code == 4
+    # Every one is still a tilewise.Error, with the CLI's status text.
+    with pytest.raises(tilewise.Error) as e:
+        tilewise.Model(missing)
+    assert str(e.value).startswith(e.value.status + ": ")
+
+
+def test_classify_checks_the_tile(tmp_path):
+    m = tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"), {"runtime.device": "cpu"})
+    with pytest.raises(ValueError) as e:
+        m.classify(np.zeros((2, 6, 32, 32), np.uint8))
+    assert "32 x 32" in str(e.value) and "64 x 64" in str(e.value) and "tiling.tile" in str(e.value)
+    assert isinstance(e.value, tilewise.Error)
+    for shape in ((1, 3, 64, 64), (3, 100, 100)):
+        with pytest.raises(ValueError) as e:
+            m.classify(np.zeros(shape, np.uint8))
+        assert "expects 6 input bands but" in str(e.value) and "have 3" in str(e.value)
+    # Opened for 32 px tiles, it takes them.
+    m32 = tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"),
+                         {"runtime.device": "cpu", "tiling.tile": 32})
+    p = m32.classify(np.full((2, 6, 32, 32), 80, np.uint8))
+    assert p.shape == (2, 4) and np.allclose(p.sum(axis=1), 1, atol=1e-5)
+
+
+def test_pytorch_checkpoint_gets_the_export_hint():
+    """A .pth given to Model, info and `tilewise info` gets the hint `run` gives."""
+    pth = os.path.join(FIX, "resnet18_6b_7c.pth")
+    if not os.path.exists(pth):
+        pytest.skip("no PyTorch fixture (python3-torch missing)")
+    for call in (lambda: tilewise.Model(pth), lambda: tilewise.info(pth)):
+        with pytest.raises(tilewise.ModelError) as e:
+            call()
+        assert "tools/export_model.py" in e.value.message and isinstance(e.value, ValueError)
+    r = subprocess.run([BIN, "info", pth], capture_output=True, text=True)
+    assert r.returncode == 3 and "tools/export_model.py" in r.stderr, r.stderr
 
 
 def test_keyboard_interrupt_then_rerun_completes(tmp_path):
