@@ -322,7 +322,9 @@ def test_keyboard_interrupt_then_rerun_completes(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         tilewise.run("workflows/sample.yaml", sets, progress=progress)
-    rep = json.load(open(os.path.join(out, "run.json")))
+    # an interrupted attempt reports in run.failed.json: run.json belongs to a run that finished
+    assert not os.path.exists(os.path.join(out, "run.json"))
+    rep = json.load(open(os.path.join(out, "run.failed.json")))
     assert rep["status"] == "interrupted" and rep["exit_code"] == 75
     assert not glob.glob(out + "/*.tif"), "nothing under a final name"
     rep = tilewise.run("workflows/sample.yaml", sets)
