@@ -385,16 +385,17 @@ static tw_status set_run_option(tilewise_run_options *o, const char *s, tw_error
         o->chunk_rows = a;
     } else if (strncmp(s, "run.report=", 11) == 0) {
         o->report_path = v;
-    } else if (strncmp(s, "run.quiet=", 10) == 0 || strncmp(s, "run.restart=", 12) == 0) {
-        bool quiet = s[4] == 'q';
+    } else if (strncmp(s, "run.quiet=", 10) == 0 || strncmp(s, "run.restart=", 12) == 0 ||
+               strncmp(s, "run.strict=", 11) == 0) {
+        int *flag = s[4] == 'q' ? &o->quiet : s[5] == 'e' ? &o->restart : &o->strict;
         if (strcmp(v, "true") && strcmp(v, "false"))
-            return tw_error_set(err, TW_ERR_USAGE, "%s expects true or false, got '%s'",
-                                quiet ? "run.quiet" : "run.restart", v);
-        *(quiet ? &o->quiet : &o->restart) = strcmp(v, "true") == 0;
+            return tw_error_set(err, TW_ERR_USAGE, "%.*s expects true or false, got '%s'",
+                                (int)(v - 1 - s), s, v);
+        *flag = strcmp(v, "true") == 0;
     } else {
         return tw_error_set(err, TW_ERR_USAGE,
                             "unknown key '%.*s' (run.shard, run.chunk_rows, run.report, "
-                            "run.quiet, run.restart)",
+                            "run.quiet, run.restart, run.strict)",
                             (int)(v - 1 - s), s);
     }
     return TW_OK;
@@ -461,6 +462,7 @@ static void apply_options(tw_run_params *p, const tilewise_run_options *o)
     p->chunk_rows = o->chunk_rows;
     p->quiet = o->quiet != 0;
     p->restart = o->restart != 0;
+    p->strict = o->strict != 0;
     if (o->report_path) snprintf(p->report_path, sizeof p->report_path, "%s", o->report_path);
     if (o->tiff_direct >= 0) p->input.tiff_direct = o->tiff_direct != 0;
     if (o->cpu_winograd >= 0) p->runtime.cpu_winograd = o->cpu_winograd;

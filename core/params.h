@@ -144,6 +144,7 @@ typedef struct tw_run_params {
     int shard_count;
     int chunk_rows; /* output rows per committed chunk; 0: about 1024 tiles */
     bool quiet;
+    bool strict;  /* --strict: a warning before the first tile (advice.h) is an error */
     bool restart; /* --restart: discard parts made with another configuration instead of
                      refusing (parts of this configuration are still resumed) */
     char report_path[TW_PATH_MAX];   /* "" : <output.dir>/run.json only */

@@ -226,6 +226,13 @@ typedef struct tilewise_run_options {
     int cpu_nhwc;     /* 0 or 1: the CPU's NHWC layout (TILEWISE_CPU_NHWC) */
     uint64_t cuda_fail_alloc_above; /* test hook (TW_CUDA_FAIL_ALLOC_ABOVE): CUDA allocations
                                        above this many bytes fail; 0 (default): off */
+
+    /* Since version 3. Non-zero (--strict, run.strict=true): a warning before
+     * the first tile (validate's advice: a raster without CRS, values far
+     * from the model's mean/std, tiles mostly padding; low disk space) stops
+     * the run with TILEWISE_ERR_CONFIG (exit 2) instead of running on.
+     * Default 0: the warnings are logged and listed in the report. */
+    int strict;
 } tilewise_run_options;
 
 /* Defaults in every field and size = sizeof *o. Cannot fail. */

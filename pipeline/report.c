@@ -223,6 +223,14 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         tw_json_open(&j, "config", '{');
         config_object(&j, rp, &r->model);
         tw_json_close(&j, '}');
+        tw_json_open(&j, "warnings", '[');
+        for (int i = 0; i < r->advice.n; i++) {
+            tw_json_open(&j, NULL, '{');
+            tw_json_str(&j, "code", r->advice.items[i].code);
+            tw_json_str(&j, "message", r->advice.items[i].text);
+            tw_json_close(&j, '}');
+        }
+        tw_json_close(&j, ']');
         tw_json_str(&j, "backend", r->backend);
         tw_json_num(&j, "seconds", r->seconds);
         tw_json_int(&j, "tiles_classified", r->tiles_classified);

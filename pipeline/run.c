@@ -761,8 +761,33 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
                               "skipping input %s (input.on_error: skip): %s", shown,
                               c->infos[i].skip_reason);
             }
-    for (int i = 0; st == TW_OK && i < c->warn.n; i++)
-        tw_log_printf(run_log(c), TW_LOG_WARNING, "%s", c->warn.msg[i]);
+    /* Warnings before the first tile: the output checks', then the advice
+     * validate gives (advice.h), logged, kept for run.json and the report,
+     * and under --strict a refusal. */
+    for (int i = 0; st == TW_OK && i < c->warn.n; i++) {
+        tw_advice_item *it = &r->advice.items[r->advice.n++];
+        it->warning = true;
+        r->advice.n_warnings++;
+        snprintf(it->code, sizeof it->code, "output");
+        snprintf(it->text, sizeof it->text, "%s", c->warn.msg[i]);
+    }
+    if (st == TW_OK) {
+        tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
+        if (!a) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        if (a) tw_advice_collect(p, &c->m, a);
+        for (int i = 0; a && i < a->n && r->advice.n < TW_ADVICE_MAX; i++)
+            if (a->items[i].warning) {
+                r->advice.items[r->advice.n++] = a->items[i];
+                r->advice.n_warnings++;
+            }
+        tw_free(a);
+    }
+    for (int i = 0; st == TW_OK && i < r->advice.n; i++)
+        tw_log_printf(run_log(c), TW_LOG_WARNING, "%s", r->advice.items[i].text);
+    if (st == TW_OK && p->strict && r->advice.n_warnings > 0)
+        st = tw_error_set(
+            err, TW_ERR_CONFIG, "--strict: %d warning%s before the first tile, the first: %s",
+            r->advice.n_warnings, r->advice.n_warnings == 1 ? "" : "s", r->advice.items[0].text);
     if (st == TW_OK) {
         r->model = c->m;
         snprintf(r->backend, sizeof r->backend, "%s", c->be.i->name);

@@ -22,6 +22,7 @@
 #include "model/backend.h"
 #include "pipeline/budget.h"
 #include "core/error.h"
+#include "pipeline/advice.h"
 #include "core/params.h"
 
 /* GDAL-style progress: complete in [0, 1]; return 0 to cancel the run. */
@@ -105,6 +106,9 @@ typedef struct tw_run_result {
     size_t peak_rss;
     int64_t tiles_classified;
     int inputs_skipped; /* inputs not opened (input.on_error: skip); the CLI exits 5 */
+    /* Every warning given before the first tile, in the order logged: the
+     * output checks' (free disk space, skipped inputs) then advice.h's. */
+    tw_advice advice;
 } tw_run_result;
 
 /* Run the workflow. *result (may be NULL to not ask) receives what happened,

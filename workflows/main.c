@@ -58,7 +58,7 @@ static const char *usage_text =
     "\n"
     "commands:\n"
     "  run WORKFLOW.yaml [--set key.path=value]... [--shard I/N|auto[/N]] [-q] [--report FILE]\n"
-    "                    [--progress=text|json|none] [--chunk-rows N] [--restart]\n"
+    "                    [--progress=text|json|none] [--chunk-rows N] [--restart] [--strict]\n"
     "                    classify every input raster of the workflow; output rows are\n"
     "                    committed in chunks (N rows; default about 1024 tiles' worth), so\n"
     "                    running the same command after a kill redoes only what is missing.\n"
@@ -100,6 +100,9 @@ static const char *run_help =
     "  --restart              discard committed parts made with another configuration,\n"
     "                         model or raster (without it the run refuses, exit 6, and\n"
     "                         deletes nothing); parts of this configuration still resume\n"
+    "  --strict               a warning before the first tile (validate's advice: no CRS,\n"
+    "                         values far from the model's mean/std, mostly padding, low disk\n"
+    "                         space) stops the run with exit 2, for batch jobs\n"
     "  --report FILE          also write the run report to FILE\n"
     "  --progress=MODE        text (default): 0...10...20 on stderr, with tiles/s and the\n"
     "                         time left when stderr is a terminal; json: one JSON object\n"
@@ -435,6 +438,7 @@ typedef struct cli_opts {
     int chunk_rows;
     bool quiet;
     bool restart;
+    bool strict; /* --strict: a warning before the first tile is exit 2 */
     progress_mode progress;
     bool progress_given;
     const char *report;
@@ -467,6 +471,8 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
             o->chunk_rows = (int)n;
         } else if (allow_run_opts && strcmp(a, "--restart") == 0) {
             o->restart = true;
+        } else if (allow_run_opts && strcmp(a, "--strict") == 0) {
+            o->strict = true;
         } else if (allow_run_opts && (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)) {
             o->quiet = true;
         } else if (allow_run_opts &&
@@ -635,6 +641,7 @@ static int cmd_run(int argc, char **argv)
     ro.chunk_rows = o.chunk_rows;
     ro.quiet = o.quiet;
     ro.restart = o.restart;
+    ro.strict = o.strict;
     ro.report_path = o.report;
     double t0 = mono_s();
     tilewise_report *rep = NULL;
