@@ -163,6 +163,21 @@ static tw_model_file *model_file_new(const char *path)
     return mf;
 }
 
+bool tw_model_file_notice(const tw_model_file *mf, char *buf, size_t cap)
+{
+    if (!mf || mf->checksum != TW_CHECKSUM_ABSENT) return false;
+    snprintf(buf, cap,
+             "model file %s has no tensors checksum (written before tools/export_model.py "
+             "added one): its tensors cannot be verified; export it again to add one",
+             mf->path);
+    return true;
+}
+
+const char *tw_model_checksum_name(tw_model_checksum c)
+{
+    return c == TW_CHECKSUM_VERIFIED ? "verified" : c == TW_CHECKSUM_ABSENT ? "absent" : "none";
+}
+
 void tw_model_file_destroy(tw_model_file *mf)
 {
     if (!mf) return;
