@@ -88,7 +88,7 @@ int tw_calib_keep(const float *x, int n, size_t tile_floats, bool *keep)
     float bound = 0.0f;
     if (n_finite > 0) {
         qsort(sorted, (size_t)n_finite, sizeof *sorted, cmp_float);
-        float median = sorted[n_finite / 2];
+        float median = sorted[(n_finite - 1) / 2]; /* the lower one: outliers pull less */
         bound = TW_CALIB_OUTLIER * (median > 1.0f ? median : 1.0f);
     }
     int kept = 0;

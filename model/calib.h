@@ -20,7 +20,7 @@ float tw_calib_range(const float *v, size_t n, int levels);
 
 /* Which of the n tiles of x (tile_floats values each, normalized input)
  * may set the ranges: keep[i] is false for a tile holding a non-finite
- * value, or whose largest |x| exceeds TW_CALIB_OUTLIER times the median
+ * value, or whose largest |x| exceeds TW_CALIB_OUTLIER times the (lower) median
  * tile's (TW_CALIB_OUTLIER when that median is below 1). Returns how many
  * are kept. Thread-safe. */
 #define TW_CALIB_OUTLIER 1000.0f
