@@ -168,8 +168,9 @@ bool tw_model_file_notice(const tw_model_file *mf, char *buf, size_t cap)
     if (!mf || mf->checksum != TW_CHECKSUM_ABSENT) return false;
     snprintf(buf, cap,
              "model file %s has no tensors checksum (written before tools/export_model.py "
-             "added one): its tensors cannot be verified; export it again to add one",
-             mf->path);
+             "added one): its tensors cannot be verified; `tools/export_model.py %s -o NEW.h5` "
+             "adds it",
+             mf->path, mf->path);
     return true;
 }
 
