@@ -5,8 +5,9 @@
  * distrusted. The readers are io/safetensors.c (header parsed by jansson,
  * then every tensor's dtype, shape and byte range checked before anything
  * is read) and io/h5bundle.c (libhdf5's own checks, each failure turned into
- * one message naming the file and the dataset or attribute). Both end in the
- * metadata checks below and in check_resnet.
+ * one message naming the file and the dataset or attribute; the bundle's
+ * tensors checksum). Both end in the metadata checks below, in check_finite
+ * (every value of every tensor) and in check_resnet.
  */
 #include "io/model_file.h"
 
