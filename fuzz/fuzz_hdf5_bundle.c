@@ -8,12 +8,14 @@
  * file whose content is wrong, so this harness builds a valid HDF5 file with
  * the HDF5 API, steered by the fuzz input: a full small ResNet-18 state dict,
  * then mutations (drop, reshape, retype, rename, replace by a group or an
- * empty dataset, extra entries) and root attributes of every key with random
- * types, ranks, lengths and values. The loader must load it or reject it with
+ * empty dataset, extra entries, a NaN or -Inf value) and root attributes of
+ * every key (tensors_sha256 too: malformed, or well-formed and wrong) with
+ * random types, ranks, lengths and values. The loader must load it or reject it with
  * one message naming the file; the counting allocator and HDF5's open objects
  * must be back to zero either way.
  */
 #include <hdf5.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,6 +173,8 @@ static void write_tensors(reader *r, hid_t file)
         }
         if (numel > sizeof buf / sizeof buf[0]) continue;
         fill(r, buf, (size_t)numel, 1);
+        if (numel && take(r, 8) == 0) /* a non-finite weight, refused naming its index */
+            buf[take(r, 0) % numel] = take(r, 2) ? NAN : -INFINITY;
         hid_t space = t[i].ndim ? H5Screate_simple(t[i].ndim, dims, NULL) : H5Screate(H5S_SCALAR);
         unsigned tk = take(r, 16);
         hid_t f16 = tk == 0 ? make_f16() : -1;
@@ -216,19 +220,21 @@ static void write_string_attr(hid_t obj, const char *key, int n, const char *con
 
 static void write_attrs(reader *r, hid_t file)
 {
-    static const char *const keys[] = {"format", "format_version", "arch", "bands", "scale", "mean",
-                                       "std",    "classes",        "tile", "extra"};
-    static const char *const words[] = {"tilewise-resnet",
-                                        "resnet18",
-                                        "resnet50",
-                                        "water",
-                                        "",
-                                        "a much longer class name than usual, with , and ;",
-                                        "resnet1",
-                                        "\xc3\xa9t\xc3\xa9"};
+    static const char *const keys[] = {"format", "format_version", "arch",          "bands",
+                                       "scale",  "mean",           "std",           "classes",
+                                       "tile",   "extra",          "tensors_sha256"};
+    static const char *const words[] = {
+        "tilewise-resnet", "resnet18", "resnet50", "water", "",
+        "a much longer class name than usual, with , and ;", "resnet1", "\xc3\xa9t\xc3\xa9",
+        /* shaped like a checksum: a mismatch */
+        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         unsigned how = take(r, 8);
         if (how == 0) continue; /* absent */
+        /* the checksum is checked before any tensor: mostly absent, so that
+         * the fuzzer still reaches the tensors */
+        if (k == 10 && how > 2) continue;
         if (H5Aexists(file, keys[k]) != 0) continue;
         int scalar = take(r, 2);
         int n = scalar ? 1 : (int)take(r, 300) % 40;

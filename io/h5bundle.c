@@ -2,10 +2,13 @@
  *
  * libhdf5 checks the file's structure; each failure becomes one message
  * naming the file and the dataset or attribute. The root attributes go
- * through the same metadata checks as safetensors' (io/model_file.c).
+ * through the same metadata checks as safetensors' (io/model_file.c). HDF5
+ * checks no data: a bundle with flipped data bytes reads without a word,
+ * hence tensors_sha256, verified here when the bundle has one.
  */
 #include <hdf5.h>
 #include <math.h>
+#include <nettle/sha2.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +20,20 @@
 /* ------------------------------------------------------------------------ */
 /* HDF5 bundle                                                               */
 
+/* One line of the tensors checksum (model_file.h), for a tensor read. */
+typedef struct h5_digest {
+    const char *name; /* the tensor's name (borrowed from mf->tensors) */
+    char dtype[8];    /* "F32", ...: the stored type */
+    char shape[64];   /* "64,6,7,7": the stored shape, "" for a scalar */
+    uint8_t sha[SHA256_DIGEST_SIZE];
+} h5_digest;
+
 typedef struct h5_ctx {
     tw_model_file *mf;
     tw_error *err;
     hid_t file, group;
+    char want_sha[65]; /* the bundle's tensors_sha256; "" when it has none */
+    h5_digest *dig;    /* [tensor capacity] when want_sha is set, parallel to mf->tensors */
 } h5_ctx;
 
 /* Read a whole attribute as strings; *names gets n malloc'ed strings. */
@@ -200,6 +213,23 @@ static tw_status h5_read_metadata(h5_ctx *c)
                               "format_version %lld is not supported (this tilewise reads 1)",
                               (long long)iv[0]);
 
+    htri_t has_sha = H5Aexists(c->file, "tensors_sha256");
+    if (has_sha < 0) return tw_model_error(c->err, path, "cannot query attribute 'tensors_sha256'");
+    if (has_sha > 0) {
+        if ((st = h5_attr_strings(c, "tensors_sha256", &s, &n, 1)) != TW_OK) return st;
+        size_t len = strlen(s[0]);
+        bool hex = len == 64 && strspn(s[0], "0123456789abcdef") == 64;
+        if (hex)
+            memcpy(c->want_sha, s[0], 65);
+        else
+            st = tw_model_error(c->err, path,
+                                "attribute 'tensors_sha256' is not a checksum (64 lowercase hex "
+                                "digits): '%.80s'",
+                                s[0]);
+        free_strings(s, n);
+        if (st != TW_OK) return st;
+    }
+
     static const char *const keys[] = {"arch", "bands", "scale", "mean", "std", "classes", "tile"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         const char *key = keys[k];
@@ -239,7 +269,98 @@ static tw_status h5_read_metadata(h5_ctx *c)
     return TW_OK;
 }
 
-static tw_status h5_read_tensor(h5_ctx *c, const char *name, tw_tensor *t, bool *skipped)
+/* The checksum line's fields for tensor t, just read from dataset ds of
+ * file type `type` and ndim stored dimensions: its data as stored, as
+ * little-endian bytes. IEEE float32 data is the float array just read (on a
+ * little-endian host); any other type is read again in its own type. */
+static tw_status h5_digest_tensor(h5_ctx *c, hid_t ds, hid_t type, int ndim, const tw_tensor *t,
+                                  h5_digest *d)
+{
+    const char *path = c->mf->path;
+    size_t esize = H5Tget_size(type);
+    if (esize == 0 || esize > 16)
+        return tw_model_error(c->err, path, "/tensors/%s: float of %zu bytes", t->name, esize);
+    d->name = t->name;
+    snprintf(d->dtype, sizeof d->dtype, "F%zu", esize * 8);
+    size_t o = 0;
+    d->shape[0] = '\0';
+    for (int i = 0; i < ndim && o < sizeof d->shape; i++)
+        o += (size_t)snprintf(d->shape + o, sizeof d->shape - o, i ? ",%lld" : "%lld",
+                              (long long)t->shape[i]);
+    struct sha256_ctx h;
+    sha256_init(&h);
+    bool same = false;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    same = H5Tequal(type, H5T_IEEE_F32LE) > 0 || H5Tequal(type, H5T_IEEE_F32BE) > 0;
+#endif
+    if (same) {
+        sha256_update(&h, (size_t)t->numel * sizeof(float), (const uint8_t *)t->data);
+    } else if (t->numel > 0) {
+        size_t bytes = (size_t)t->numel * esize;
+        uint8_t *raw = tw_alloc(TW_MEM_OTHER, bytes);
+        if (!raw) return tw_model_nomem(c->err, path, bytes);
+        hid_t mt = H5Tcopy(type);
+        bool ok = mt >= 0 && H5Tset_order(mt, H5T_ORDER_LE) >= 0 &&
+                  H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw) >= 0;
+        if (mt >= 0) H5Tclose(mt);
+        if (ok) sha256_update(&h, bytes, raw);
+        tw_free(raw);
+        if (!ok)
+            return tw_model_error(c->err, path, "cannot read /tensors/%s as stored (checksum)",
+                                  t->name);
+    }
+    sha256_digest(&h, SHA256_DIGEST_SIZE, d->sha);
+    return TW_OK;
+}
+
+static int cmp_digest(const void *a, const void *b)
+{
+    return strcmp(((const h5_digest *)a)->name, ((const h5_digest *)b)->name);
+}
+
+static void hex_of(const uint8_t *sha, char hex[65])
+{
+    for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", sha[i]);
+    hex[64] = '\0';
+}
+
+/* Compare the tensors' checksum (lines sorted by name; model_file.h) with
+ * the bundle's tensors_sha256. Sorts c->dig. */
+static tw_status h5_verify_checksum(h5_ctx *c)
+{
+    tw_model_file *mf = c->mf;
+    qsort(c->dig, (size_t)mf->n_tensors, sizeof *c->dig, cmp_digest);
+    struct sha256_ctx h;
+    sha256_init(&h);
+    for (int i = 0; i < mf->n_tensors; i++) {
+        const h5_digest *d = &c->dig[i];
+        char hex[65];
+        hex_of(d->sha, hex);
+        sha256_update(&h, strlen(d->name), (const uint8_t *)d->name);
+        sha256_update(&h, 1, (const uint8_t *)"\t");
+        sha256_update(&h, strlen(d->dtype), (const uint8_t *)d->dtype);
+        sha256_update(&h, 1, (const uint8_t *)"\t");
+        sha256_update(&h, strlen(d->shape), (const uint8_t *)d->shape);
+        sha256_update(&h, 1, (const uint8_t *)"\t");
+        sha256_update(&h, 64, (const uint8_t *)hex);
+        sha256_update(&h, 1, (const uint8_t *)"\n");
+    }
+    uint8_t sum[SHA256_DIGEST_SIZE];
+    char got[65];
+    sha256_digest(&h, SHA256_DIGEST_SIZE, sum);
+    hex_of(sum, got);
+    if (strcmp(got, c->want_sha) != 0)
+        return tw_model_error(c->err, mf->path,
+                              "tensors checksum mismatch (tensors_sha256 %.16s..., the tensors "
+                              "hash to %.16s...): the bundle was corrupted or changed after "
+                              "export; export it again with tools/export_model.py",
+                              c->want_sha, got);
+    mf->checksum = TW_CHECKSUM_VERIFIED;
+    return TW_OK;
+}
+
+static tw_status h5_read_tensor(h5_ctx *c, const char *name, tw_tensor *t, h5_digest *dig,
+                                bool *skipped)
 {
     const char *path = c->mf->path;
     tw_status st = TW_OK;
@@ -295,6 +416,9 @@ static tw_status h5_read_tensor(h5_ctx *c, const char *name, tw_tensor *t, bool 
         /* Not counted in n_tensors, so destroy would not free it. */
         tw_free(t->data);
         t->data = NULL;
+    } else if (dig && (st = h5_digest_tensor(c, ds, type, ndim, t, dig)) != TW_OK) {
+        tw_free(t->data);
+        t->data = NULL;
     }
 done:
     if (space >= 0) H5Sclose(space);
@@ -334,7 +458,8 @@ static herr_t h5_tensor_cb(hid_t group, const char *name, const h5_link_info *in
         return -1;
     }
     bool skipped;
-    it->st = h5_read_tensor(it->c, name, &mf->tensors[mf->n_tensors], &skipped);
+    h5_digest *dig = it->c->dig ? &it->c->dig[mf->n_tensors] : NULL;
+    it->st = h5_read_tensor(it->c, name, &mf->tensors[mf->n_tensors], dig, &skipped);
     if (it->st != TW_OK) return -1;
     if (!skipped) mf->n_tensors++;
     return 0;
@@ -373,6 +498,13 @@ tw_status tw_h5bundle_load(tw_model_file *mf, tw_error *err)
         st = tw_model_nomem(err, path, (size_t)n * sizeof(tw_tensor));
         goto done;
     }
+    if (c.want_sha[0]) {
+        c.dig = tw_calloc(TW_MEM_OTHER, (size_t)(n ? n : 1), sizeof *c.dig);
+        if (!c.dig) {
+            st = tw_model_nomem(err, path, (size_t)n * sizeof *c.dig);
+            goto done;
+        }
+    }
     /* One pass in the name index's native order: H5Lget_name_by_idx would
      * rebuild a sorted table of every link for each call (quadratic), and
      * libhdf5 1.10 frees uninitialised pointers when building that table
@@ -382,7 +514,14 @@ tw_status tw_h5bundle_load(tw_model_file *mf, tw_error *err)
     if (H5Literate(c.group, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, h5_tensor_cb, &it) < 0)
         st = it.st != TW_OK ? it.st
                             : tw_model_error(err, path, "cannot list /tensors (corrupt file?)");
+    if (st == TW_OK) {
+        if (c.want_sha[0])
+            st = h5_verify_checksum(&c);
+        else
+            mf->checksum = TW_CHECKSUM_ABSENT;
+    }
 done:
+    tw_free(c.dig);
     if (c.group >= 0) H5Gclose(c.group);
     if (H5Fclose(c.file) < 0 && st == TW_OK)
         st = tw_model_error(err, path, "error closing the file");

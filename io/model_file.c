@@ -5,8 +5,9 @@
  * distrusted. The readers are io/safetensors.c (header parsed by jansson,
  * then every tensor's dtype, shape and byte range checked before anything
  * is read) and io/h5bundle.c (libhdf5's own checks, each failure turned into
- * one message naming the file and the dataset or attribute). Both end in the
- * metadata checks below and in check_resnet.
+ * one message naming the file and the dataset or attribute; the bundle's
+ * tensors checksum). Both end in the metadata checks below, in check_finite
+ * (every value of every tensor) and in check_resnet.
  */
 #include "io/model_file.h"
 
@@ -163,6 +164,22 @@ static tw_model_file *model_file_new(const char *path)
     return mf;
 }
 
+bool tw_model_file_notice(const tw_model_file *mf, char *buf, size_t cap)
+{
+    if (!mf || mf->checksum != TW_CHECKSUM_ABSENT) return false;
+    snprintf(buf, cap,
+             "model file %s has no tensors checksum (written before tools/export_model.py "
+             "added one): its tensors cannot be verified; `tools/export_model.py %s -o NEW.h5` "
+             "adds it",
+             mf->path, mf->path);
+    return true;
+}
+
+const char *tw_model_checksum_name(tw_model_checksum c)
+{
+    return c == TW_CHECKSUM_VERIFIED ? "verified" : c == TW_CHECKSUM_ABSENT ? "absent" : "none";
+}
+
 void tw_model_file_destroy(tw_model_file *mf)
 {
     if (!mf) return;
@@ -232,6 +249,59 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
     return TW_OK;
 }
 
+/* Every value of every tensor, whichever reader produced it, must be
+ * finite: a NaN in fc.weight turns every probability into NaN (a map of
+ * class 0 with exit 0), one in a convolution flattens every answer. Checked
+ * here, once, on the float32 values the readers converted (an F16/BF16 NaN
+ * or Inf stays one). The scan ORs the exponent bits' "all ones" test over a
+ * block, which the compiler vectorizes; only a block that holds a
+ * non-finite value is walked again to find the first one. */
+static bool block_all_finite(const float *v, size_t n)
+{
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], sizeof u);
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+}
+
+static tw_status check_finite(const tw_model_file *mf, tw_error *err)
+{
+    enum { BLOCK = 4096 };
+    for (int k = 0; k < mf->n_tensors; k++) {
+        const tw_tensor *t = &mf->tensors[k];
+        for (int64_t b = 0; b < t->numel; b += BLOCK) {
+            size_t n = (size_t)(t->numel - b < BLOCK ? t->numel - b : BLOCK);
+            if (block_all_finite(t->data + b, n)) continue;
+            int64_t i = b;
+            while (isfinite(t->data[i])) i++;
+            /* the flat index as a row-major multi-dimensional one */
+            int64_t idx[4] = {0}, rest = i;
+            for (int d = t->ndim - 1; d >= 0; d--) {
+                int64_t dim = t->shape[d] > 0 ? t->shape[d] : 1;
+                idx[d] = rest % dim;
+                rest /= dim;
+            }
+            char where[96];
+            size_t o = 0;
+            for (int d = 0; d < t->ndim && o < sizeof where; d++)
+                o += (size_t)snprintf(where + o, sizeof where - o, d ? ", %lld" : "%lld",
+                                      (long long)idx[d]);
+            float v = t->data[i];
+            return tw_model_error(err, mf->path,
+                                  "tensor %s[%s] is %s: non-finite weights are refused (a "
+                                  "corrupt file, or a training run that diverged)",
+                                  t->name, where,
+                                  isnan(v) ? "NaN"
+                                  : v > 0  ? "+Inf"
+                                           : "-Inf");
+        }
+    }
+    return TW_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 
 tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *err)
@@ -263,6 +333,7 @@ tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *er
                 st = tw_safetensors_load(mf, size, err);
         }
     }
+    if (st == TW_OK) st = check_finite(mf, err);
     if (st == TW_OK) st = check_resnet(mf, err);
     if (st != TW_OK) {
         tw_model_file_destroy(mf);

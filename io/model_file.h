@@ -15,11 +15,30 @@
  *                       arch (string), bands (int array, 1-based),
  *                       scale (double), mean, std (float arrays),
  *                       classes (string array), tile (int)
+ *                       tensors_sha256 (string, 64 lowercase hex digits)
  *   Every attribute except format/format_version is optional.
+ *
+ * tensors_sha256 is the checksum of the tensors (bundles carry no other):
+ * one line per float dataset under /tensors,
+ *   NAME \t DTYPE \t D0,D1,... \t SHA-256 of its data as little-endian bytes \n
+ * (DTYPE "F16", "F32", "F64": the stored type; the shape as stored, empty
+ * for a scalar; digests in lowercase hex), the lines in ascending byte
+ * order of the names, and tensors_sha256 = SHA-256 of those lines. It
+ * covers what the computation uses (names, shapes, types, values), not the
+ * attributes, which are checked as metadata. tools/export_model.py writes
+ * it (tensors_checksum there); the loader verifies it, and a mismatch is an
+ * error. A bundle without one (written before it existed) loads, with
+ * checksum TW_CHECKSUM_ABSENT for the caller to report
+ * (tw_model_file_notice).
+ *
+ * Whatever the format, a tensor holding NaN or Inf is refused, naming the
+ * tensor and the index of the first such value.
  */
 #ifndef TW_MODEL_FILE_H
 #define TW_MODEL_FILE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -32,6 +51,13 @@ typedef struct tw_tensor {
     int64_t numel;
     float *data; /* owned by the tw_model_file (tw_alloc, TW_MEM_WEIGHTS) */
 } tw_tensor;
+
+/* What the loader could check of the tensors' integrity. */
+typedef enum tw_model_checksum {
+    TW_CHECKSUM_NONE = 0, /* the format carries none (safetensors) */
+    TW_CHECKSUM_ABSENT,   /* an HDF5 bundle written before tensors_sha256 */
+    TW_CHECKSUM_VERIFIED, /* the bundle's tensors_sha256 matched its tensors */
+} tw_model_checksum;
 
 typedef struct tw_model_file {
     char path[TW_PATH_MAX];
@@ -50,15 +76,27 @@ typedef struct tw_model_file {
     int n_classes;
     int tile;
     char sha256[65]; /* hex digest of the whole file */
+    tw_model_checksum checksum;
 } tw_model_file;
 
 /* Load a model file; the format is detected from its content (HDF5 signature,
  * else safetensors). On success *out owns everything and must be released
  * with tw_model_file_destroy. On error *out is NULL and err names the file
- * and what is wrong (TW_ERR_MODEL; TW_ERR_NOMEM for allocation failures).
+ * and what is wrong (TW_ERR_MODEL; TW_ERR_NOMEM for allocation failures):
+ * also a non-finite tensor value or a bundle whose tensors_sha256 does not
+ * match (the message says "checksum").
  * Hostile files (bad header length, offsets past the end, overlapping
  * tensors, wrong dtypes) are errors, never crashes. Thread-safe. */
 tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *err);
+
+/* The notice a caller should log about a loaded model file (the library
+ * prints nothing): today, an HDF5 bundle without a checksum. Writes one
+ * line into buf (cap bytes) and returns true, or returns false when there
+ * is nothing to say. Thread-safe. */
+bool tw_model_file_notice(const tw_model_file *mf, char *buf, size_t cap);
+
+/* "verified", "absent" or "none" (the format has none), for info/JSON. */
+const char *tw_model_checksum_name(tw_model_checksum c);
 
 /* Release; accepts NULL. */
 void tw_model_file_destroy(tw_model_file *mf);

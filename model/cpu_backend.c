@@ -52,7 +52,7 @@
  *    measured by calibrate(): the pipeline hands it, before each raster, a
  *    batch of tiles spread over the whole raster (pipeline/run.c), which
  *    runs once in fp32 with every convolution's output recorded; each range
- *    is the clip with the least squared error (choose_range), and the int8
+ *    is the clip with the least squared error (model/calib.h), and the int8
  *    plan replaces the fp32 one. Ranges thus depend on the raster, not on
  *    the shard or on what a resumed run has left. Without that call (no
  *    usable tile in the sample) the first batch of infer calibrates.
@@ -75,6 +75,7 @@
 #include <dnnl_debug.h>
 
 #include "model/backend.h"
+#include "model/calib.h"
 #include "model/maxpool.h"
 #include "model/winograd.h"
 #include "core/alloc.h"
@@ -1710,48 +1711,8 @@ static tw_status set_input(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
     return TW_OK;
 }
 
-static float max_abs(const float *v, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(v[i]));
-    return m;
-}
-
-/* The range to quantize v to `levels` steps (255 for u8, 127 for s8 per
- * side): the clip c in (0, max|v|] with the least squared error, counting
- * rounding (step^2 / 12 per value below c) and clipping ((|x| - c)^2 above
- * it), from a histogram of |v|. Activations have long tails: spending the
- * steps on the bulk of the values beats covering the rare largest one. */
-static float choose_range(const float *v, size_t n, int levels)
-{
-    enum { BINS = 2048, CANDIDATES = 64 };
-    float m = max_abs(v, n);
-    if (!(m > 0.0f)) return m;
-    double hist[BINS] = {0};
-    double per_bin = BINS / (double)m;
-    for (size_t i = 0; i < n; i++) {
-        int b = (int)(fabsf(v[i]) * per_bin);
-        hist[b < BINS ? b : BINS - 1] += 1.0;
-    }
-    float best = m;
-    double best_err = INFINITY;
-    for (int k = CANDIDATES; k >= 1; k--) {
-        double c = m * k / CANDIDATES, step = c / levels, err = 0.0;
-        for (int b = 0; b < BINS; b++) {
-            if (hist[b] == 0.0) continue;
-            double x = (b + 0.5) / per_bin;
-            err += hist[b] * (x > c ? (x - c) * (x - c) : step * step / 12.0);
-        }
-        if (err < best_err) {
-            best_err = err;
-            best = (float)c;
-        }
-    }
-    return best;
-}
-
 /* Run every op on batch b. amax (fp32 plans only): record the range of
- * each conv's output at amax[1 + i] (choose_range). */
+ * each conv's output at amax[1 + i] (tw_calib_range). */
 static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_error *err)
 {
     tw_status st = set_input(c, b, err);
@@ -1772,7 +1733,7 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
         }
         if (amax && c->ops[i].conv) {
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
-            amax[++k] = choose_range(c->ops[i].dst, c->ops[i].dst_floats, c->ops[i].levels);
+            amax[++k] = tw_calib_range(c->ops[i].dst, c->ops[i].dst_floats, c->ops[i].levels);
         }
     }
     DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
@@ -1793,9 +1754,31 @@ static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
         if (st != TW_OK) return st;
     }
     float *amax = tw_calloc(TW_MEM_OTHER, (size_t)c->n_conv + 1, sizeof *amax);
-    if (!amax) return tw_error_set(err, TW_ERR_NOMEM, "out of memory calibrating int8");
+    bool *keep = tw_alloc(TW_MEM_OTHER, (size_t)b->n * sizeof *keep);
+    if (!amax || !keep) {
+        tw_free(amax);
+        tw_free(keep);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory calibrating int8");
+    }
+    /* Tiles of absurd input (model/calib.h) are left out: the kept ones,
+     * repeated in turn, fill the whole batch in the backend's own input
+     * buffer, so that no stale tile takes part either. When every tile is
+     * kept (or none is) the batch is measured as it came. */
+    tw_infer_batch sample = *b;
+    size_t tile_floats = (size_t)c->in_bands * c->tile * c->tile;
+    int kept = tw_calib_keep(b->x, b->n, tile_floats, keep);
+    if (kept > 0 && kept < b->n) {
+        float *dst = c->buf[BUF_IN_USER];
+        for (int i = 0, j = 0; i < c->max_batch; j = (j + 1) % b->n)
+            if (keep[j])
+                memcpy(dst + (size_t)i++ * tile_floats, b->x + (size_t)j * tile_floats,
+                       tile_floats * sizeof(float));
+        sample.x = dst;
+        sample.n = c->max_batch;
+    }
+    tw_free(keep);
     /* amax[0], the input's range, stays 0: the stem runs in fp32 */
-    st = run_ops(c, b, amax, err);
+    st = run_ops(c, &sample, amax, err);
     if (st == TW_OK) {
         release(c);
         st = build_mode(c, c->net, NULL, c->tile, batch, NUM_INT8, amax, err);

@@ -2,6 +2,7 @@
  * tests/fixtures/fx_models.py) and against the C reference forward pass on
  * odd shapes; its memory estimate against what reserve really takes; and
  * that infer allocates nothing. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 
 #include "io/model_file.h"
 #include "model/backend.h"
+#include "model/calib.h"
 #include "model/resnet.h"
 #include "core/alloc.h"
 #include "tests/synth_resnet.h"
@@ -570,6 +572,78 @@ static void test_auto_batch(void **state)
     }
 }
 
+/* int8 calibration's range (issue 27: a Float32 raster holding +-3e38 made
+ * an activation overflow, and the histogram was indexed with Inf/NaN:
+ * SIGSEGV, exit 139). Non-finite values are ignored; huge finite ones
+ * neither index out of range nor yield a non-finite range. */
+static void test_calib_range_nonfinite(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    float *v = malloc(N * sizeof *v);
+    assert_non_null(v);
+    /* all ones: the clip is exactly 1 (any lower one clips every value) */
+    for (int i = 0; i < N; i++) v[i] = (i & 1) ? 1.0f : -1.0f;
+    assert_true(tw_calib_range(v, N, 255) == 1.0f);
+    /* ... and stays 1 with NaN and +-Inf among them */
+    v[7] = NAN;
+    v[100] = INFINITY;
+    v[N - 1] = -INFINITY;
+    v[2000] = -NAN;
+    assert_true(tw_calib_range(v, N, 255) == 1.0f);
+    assert_true(tw_calib_range(v, N, 127) == 1.0f);
+    /* huge finite values: a finite range within (0, max] */
+    v[5] = 3e38f;
+    v[6] = -FLT_MAX;
+    float r = tw_calib_range(v, N, 255);
+    assert_true(isfinite(r) && r > 0.0f && r <= FLT_MAX);
+    /* subnormal maximum: per-bin factor ~1e48 in double, still in range */
+    for (int i = 0; i < N; i++) v[i] = (float)(i % 5) * 1e-45f;
+    r = tw_calib_range(v, N, 255);
+    assert_true(isfinite(r) && r > 0.0f && r <= 5e-45f);
+    /* nothing finite and non-zero: 0 (q_scale treats it as a dead tensor) */
+    for (int i = 0; i < N; i++) v[i] = (i % 3) ? NAN : (i % 2 ? INFINITY : 0.0f);
+    assert_true(tw_calib_range(v, N, 255) == 0.0f);
+    assert_true(tw_calib_range(v, 0, 255) == 0.0f);
+    free(v);
+}
+
+/* Which calibration tiles may set the ranges: those with a non-finite or
+ * an absurd input (over TW_CALIB_OUTLIER x the median tile's max |x|) are
+ * left out; a raster normalized to large values throughout keeps them all. */
+static void test_calib_keep(void **state)
+{
+    (void)state;
+    enum { T = 6, F = 3 * 8 * 8 };
+    float *x = malloc((size_t)T * F * sizeof *x);
+    bool keep[T];
+    assert_non_null(x);
+    for (int i = 0; i < T * F; i++) x[i] = (float)((i * 7919) % 601 - 300) / 100.0f; /* +-3 */
+    assert_int_equal(tw_calib_keep(x, T, F, keep), T);
+    x[1 * F + 17] = 3e38f / 14.7f; /* a +3e38 pixel, normalized */
+    x[2 * F + 0] = NAN;
+    x[3 * F + F - 1] = -INFINITY;
+    x[4 * F + 5] = -2000.0f; /* 667x the median tile's 3: kept */
+    assert_int_equal(tw_calib_keep(x, T, F, keep), 3);
+    assert_true(keep[0] && !keep[1] && !keep[2] && !keep[3] && keep[4] && keep[5]);
+    x[4 * F + 5] = -4000.0f; /* 1333x: left out */
+    assert_int_equal(tw_calib_keep(x, T, F, keep), 2);
+    assert_false(keep[4]);
+    /* every tile around 1e5 (a scale left out of the workflow): all kept */
+    for (int i = 0; i < T * F; i++) x[i] = 1e5f + (float)(i % 13);
+    assert_int_equal(tw_calib_keep(x, T, F, keep), T);
+    /* all zero (nodata-filled): the bound is 1000 normalized units */
+    for (int i = 0; i < T * F; i++) x[i] = 0.0f;
+    x[5 * F] = 999.0f;
+    assert_int_equal(tw_calib_keep(x, T, F, keep), T);
+    x[5 * F] = 1001.0f;
+    assert_int_equal(tw_calib_keep(x, T, F, keep), T - 1);
+    /* nothing finite: none kept (the backend then measures the batch as it is) */
+    for (int i = 0; i < T * F; i++) x[i] = NAN;
+    assert_int_equal(tw_calib_keep(x, T, F, keep), 0);
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -582,6 +656,8 @@ int main(void)
         cmocka_unit_test(test_resnet50_vs_pytorch),
         cmocka_unit_test(test_bundle_and_f16_vs_pytorch),
         cmocka_unit_test(test_place_independent),
+        cmocka_unit_test(test_calib_range_nonfinite),
+        cmocka_unit_test(test_calib_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -311,6 +311,8 @@ static void test_demo_model(void **state)
     assert_int_equal(fc->shape[0], 4);
     assert_int_equal(fc->shape[1], 128);
     assert_non_null(tw_model_file_find(mf, "layer4.0.downsample.1.running_var"));
+    /* the committed bundles carry the checksum: the demo prints no notice */
+    assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
     const char *stats = fixture("raster_stats.txt");
     if (stats) { /* the bundle's mean/std are the raster's, as the fixtures compute them */
         float mean[6], std[6];
@@ -320,6 +322,9 @@ static void test_demo_model(void **state)
             assert_true(fabsf(mf->std[i] - std[i]) <= 1e-5f * std[i]);
         }
     }
+    tw_model_file_destroy(mf);
+    mf = load_ok(tw_test_path(src, "sample_data/demo_resnet50.h5"));
+    assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
     tw_model_file_destroy(mf);
 }
 
@@ -442,6 +447,68 @@ static void test_hostile_mutations(void **state)
     remove(tmp);
 }
 
+/* Issue 27: a NaN in fc.weight gave a map of class 0 with exit 0. Every
+ * non-finite value, in every format and dtype, is refused naming the file,
+ * the tensor and the (row-major) index of the first one. */
+static void test_nonfinite(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file, *needle;
+    } cases[] = {
+        {"nan_fc.safetensors", "tensor fc.weight[3, 5] is NaN"},
+        {"inf_conv.safetensors", "tensor conv1.weight[2, 1, 0, 2] is -Inf"},
+        {"nan_f16.safetensors", "tensor fc.weight[1, 2] is NaN"},
+        {"inf_bf16.safetensors", "tensor fc.bias[4] is +Inf"},
+        /* past the scan's first block of 4096 values */
+        {"nan_deep.safetensors", "tensor conv1.weight[50, 2, 6, 1] is NaN"},
+        /* a bundle whose checksum is right: the value check stands alone */
+        {"nan_fc.h5", "tensor fc.weight[4, 7] is NaN"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        NEED_FIXTURE(path, cases[i].file);
+        expect_model_error(path, cases[i].file, cases[i].needle);
+    }
+}
+
+/* The bundle's tensors_sha256: verified when present (also over float16
+ * and big-endian float64 datasets, hashed as stored), a mismatch refused
+ * naming the bundle and "checksum", its absence a notice, not an error. */
+static void test_checksum(void **state)
+{
+    (void)state;
+    NEED_FIXTURE(good, "ck_good.h5");
+    char note[TW_ERROR_MSG_MAX];
+    tw_model_file *mf = load_ok(good);
+    assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
+    assert_string_equal(tw_model_checksum_name(mf->checksum), "verified");
+    assert_false(tw_model_file_notice(mf, note, sizeof note));
+    tw_model_file_destroy(mf);
+
+    mf = load_ok(fixture("ck_mixed.h5"));
+    assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
+    tw_model_file_destroy(mf);
+
+    /* written without one (as every bundle before the checksum was) */
+    mf = load_ok(fixture("tiny.h5"));
+    assert_int_equal(mf->checksum, TW_CHECKSUM_ABSENT);
+    assert_true(tw_model_file_notice(mf, note, sizeof note));
+    assert_non_null(strstr(note, "tiny.h5"));
+    assert_non_null(strstr(note, "no tensors checksum"));
+    tw_model_file_destroy(mf);
+
+    /* safetensors has no checksum to verify, and nothing to say about it */
+    mf = load_ok(fixture("tiny_meta.safetensors"));
+    assert_int_equal(mf->checksum, TW_CHECKSUM_NONE);
+    assert_false(tw_model_file_notice(mf, note, sizeof note));
+    tw_model_file_destroy(mf);
+
+    expect_model_error(fixture("ck_flipped.h5"), "ck_flipped.h5", "checksum mismatch");
+    expect_model_error(fixture("ck_extra.h5"), "ck_extra.h5", "checksum mismatch");
+    expect_model_error(fixture("ck_badattr.h5"), "ck_badattr.h5",
+                       "attribute 'tensors_sha256' is not a checksum");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -456,6 +523,8 @@ int main(void)
         cmocka_unit_test(test_sha256),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_hostile_mutations),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_checksum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,12 +6,18 @@
                     [--classes a,b,c] [--tile 64]
 
 CHECKPOINT is a .pth/.pt file (a state_dict, a dict holding one under
-'state_dict' or 'model', or a whole nn.Module) or a .safetensors file. The
+'state_dict' or 'model', or a whole nn.Module), a .safetensors file, or a
+tilewise bundle (.h5): its tensors are copied (as float32, values unchanged), its metadata
+kept unless an option overrides it - the way to add the checksum to a bundle
+written before there was one. The
 bundle layout is the one documented in io/model_file.h: every tensor under
 /tensors/<name> as float32 (BN running statistics kept, num_batches_tracked
-dropped) and the metadata as root attributes, so that a run needs no retyping.
+dropped), the metadata as root attributes, so that a run needs no retyping,
+and tensors_sha256, the checksum tilewise verifies at load (tensors_checksum).
+A tensor holding NaN or Inf is refused, as tilewise would refuse it.
 """
 import argparse
+import hashlib
 import os
 import sys
 
@@ -35,6 +41,28 @@ _DEPTHS = {
 
 class ExportError(Exception):
     pass
+
+
+def _dtype_name(dt):
+    if dt.kind != "f":
+        raise ExportError(f"dtype {dt} is not a float")
+    return f"F{dt.itemsize * 8}"
+
+
+def tensors_checksum(tensors):
+    """The bundle's tensors_sha256 (io/model_file.h): tensors is name -> array
+    as stored under /tensors (float datasets only). One line per tensor,
+    "NAME<TAB>DTYPE<TAB>D0,D1,..<TAB>SHA-256 of its data as little-endian
+    bytes<LF>", lines in ascending byte order of the UTF-8 names; the
+    checksum is the SHA-256 of the lines, 64 lowercase hex digits."""
+    lines = []
+    for name in sorted(tensors, key=lambda k: k.encode("utf-8")):
+        a = np.asarray(tensors[name])
+        le = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        digest = hashlib.sha256(le.tobytes()).hexdigest()
+        shape = ",".join(str(d) for d in a.shape)
+        lines.append(f"{name}\t{_dtype_name(a.dtype)}\t{shape}\t{digest}\n")
+    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()
 
 
 def _as_numpy(v):
@@ -70,6 +98,35 @@ def load_state_dict(path):
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module."):]: v for k, v in sd.items()}
     return {k: _as_numpy(v) for k, v in sd.items() if not k.endswith("num_batches_tracked")}
+
+
+def is_bundle(path):
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89HDF\r\n\x1a\n"
+
+
+def load_bundle(path):
+    """(name -> array exactly as stored, metadata keyword arguments of export)
+    from a tilewise bundle."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("format") not in (b"tilewise-resnet", "tilewise-resnet"):
+            raise ExportError(f"{path}: not a tilewise bundle (no format 'tilewise-resnet')")
+        sd = {k: v[()] for k, v in f["tensors"].items() if v.dtype.kind == "f"}
+        a = f.attrs
+
+        def text(v):
+            return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+        meta = {"arch": text(a["arch"]) if "arch" in a else None,
+                "bands": [int(b) for b in a["bands"]] if "bands" in a else None,
+                "scale": float(a["scale"]) if "scale" in a else 1.0,
+                "mean": list(np.asarray(a["mean"], dtype=np.float32)) if "mean" in a else None,
+                "std": list(np.asarray(a["std"], dtype=np.float32)) if "std" in a else None,
+                "classes": [text(c) for c in a["classes"]] if "classes" in a else None,
+                "tile": int(a["tile"]) if "tile" in a else None,
+                "source": text(a["source"]) if "source" in a else path}
+    return sd, meta
 
 
 def infer_arch(sd):
@@ -122,6 +179,13 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
         raise ExportError(f"--classes names {len(classes)} classes but fc.weight has {n_cls}")
     if tile is not None and tile < 32:
         raise ExportError(f"--tile {tile}: a ResNet needs at least 32 pixels")
+    stored = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in sd.items()}
+    for name, a in stored.items():
+        bad = np.flatnonzero(~np.isfinite(a))
+        if bad.size:
+            idx = ", ".join(str(int(i)) for i in np.unravel_index(bad[0], a.shape))
+            raise ExportError(f"tensor {name}[{idx}] is {a.flat[bad[0]]}: non-finite weights "
+                              "cannot be exported (tilewise refuses them)")
 
     tmp = out + ".tmp"
     with h5py.File(tmp, "w") as f:
@@ -141,9 +205,10 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
             f.attrs["tile"] = np.int32(tile)
         if source:
             f.attrs["source"] = np.bytes_(os.path.basename(source))
+        f.attrs["tensors_sha256"] = np.bytes_(tensors_checksum(stored))
         g = f.create_group("tensors")
-        for name, a in sd.items():
-            g.create_dataset(name, data=np.ascontiguousarray(a, dtype=np.float32))
+        for name, a in stored.items():
+            g.create_dataset(name, data=a)
     os.replace(tmp, out)
 
 
@@ -153,7 +218,7 @@ def main(argv=None):
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--arch", choices=sorted(set(_DEPTHS.values())))
     ap.add_argument("--bands", help="1-based band numbers, comma separated")
-    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--scale", type=float, help="default 1.0 (a bundle's own)")
     ap.add_argument("--mean")
     ap.add_argument("--std")
     ap.add_argument("--classes", help="class names, comma separated")
@@ -169,8 +234,16 @@ def main(argv=None):
         mean = _floats(a.mean, "mean") if a.mean else None
         std = _floats(a.std, "std") if a.std else None
         classes = [c.strip() for c in a.classes.split(",")] if a.classes else None
-        sd = load_state_dict(a.checkpoint)
-        export(sd, a.output, a.arch, bands, a.scale, mean, std, classes, a.tile, a.checkpoint)
+        if is_bundle(a.checkpoint):
+            sd, old = load_bundle(a.checkpoint)
+            export(sd, a.output, a.arch or old["arch"], bands or old["bands"],
+                   a.scale if a.scale is not None else old["scale"], mean or old["mean"],
+                   std or old["std"], classes or old["classes"], a.tile or old["tile"],
+                   old["source"])
+        else:
+            sd = load_state_dict(a.checkpoint)
+            export(sd, a.output, a.arch, bands, 1.0 if a.scale is None else a.scale, mean, std,
+                   classes, a.tile, a.checkpoint)
     except (ExportError, OSError, ValueError, KeyError) as e:
         print(f"export_model.py: {a.checkpoint}: {e}", file=sys.stderr)
         return 1

@@ -68,6 +68,7 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
         else
             tw_json_null(&j, "tile");
         tw_json_str(&j, "sha256", mf->sha256);
+        tw_json_str(&j, "checksum", tw_model_checksum_name(mf->checksum));
         tw_json_close(&j, '}');
         fputc('\n', out);
     } else {
@@ -102,6 +103,11 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
             fprintf(out, "normalize:  not in the file (give model.mean and model.std)\n");
         if (mf->tile) fprintf(out, "tile:       %d\n", mf->tile);
         fprintf(out, "sha256:     %s\n", mf->sha256);
+        fprintf(out, "checksum:   %s\n",
+                mf->checksum == TW_CHECKSUM_VERIFIED ? "verified (the tensors match tensors_sha256)"
+                : mf->checksum == TW_CHECKSUM_ABSENT
+                    ? "absent (a bundle from before tools/export_model.py wrote one)"
+                    : "none (safetensors carries none)");
     }
     tw_resnet_destroy(net);
     tw_model_file_destroy(mf);
