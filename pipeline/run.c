@@ -645,6 +645,9 @@ tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
     tw_status st = tw_preflight_weights(p->model.weights, err);
     if (st == TW_OK) st = tw_model_file_load(p->model.weights, &mf, err);
     if (st != TW_OK) return st;
+    char note[TW_ERROR_MSG_MAX]; /* a bundle without a tensors checksum (an older export) */
+    if (tw_model_file_notice(mf, note, sizeof note))
+        tw_log_printf(run_log(c), TW_LOG_NOTICE, "%s", note);
     st = tw_resnet_create(mf, p->model.arch, &c->net, err);
     if (st == TW_OK) st = resolve_model(p, mf, c->net, &c->m, err);
     tw_model_file_destroy(mf);
