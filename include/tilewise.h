@@ -56,8 +56,9 @@ extern "C" {
  * advice, warnings as data), tilewise_info (a raster or a model file
  * described), tilewise_config_set (the CLI's --config), tilewise_api_version
  * and TILEWISE_ERR_REMOTE. The `tilewise` command runs its run, merge,
- * validate and info commands through these. */
-#define TILEWISE_API_VERSION 2
+ * validate and info commands through these.
+ * Version 3 adds tilewise_run_options.strict (and run.strict=true). */
+#define TILEWISE_API_VERSION 3
 
 /* Status codes: the same values as the library's internal ones. */
 typedef enum tilewise_status {

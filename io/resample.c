@@ -12,8 +12,9 @@
 #include "core/alloc.h"
 #include "io/gdal_msgs.h"
 
-tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *wp, int64_t *hist,
-                               int64_t *nodata_pixels, tw_error *err)
+tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *wp,
+                               const tw_resample_input *in, int64_t *hist, int64_t *nodata_pixels,
+                               int64_t *unclassified, tw_error *err)
 {
     const double *gt = wp->geotransform;
     if (gt[2] != 0.0 || gt[4] != 0.0)
@@ -56,8 +57,28 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
     if (rows < 1) rows = 1;
     if (rows > H) rows = H;
     float *probs = NULL;
-    uint8_t *has = NULL;
+    uint8_t *has = NULL, *valid = NULL;
+    void *raw = NULL;
     tw_writer *w = NULL;
+    tw_raster *src_in = NULL;
+    if (st == TW_OK && in && in->path) {
+        tw_raster_open_params op = {.tiff_direct = false};
+        st = tw_raster_open_ex(in->path, in->bands, in->n_bands, &op, &src_in, err);
+        if (st == TW_OK) {
+            const tw_raster_info *ri = tw_raster_get_info(src_in);
+            tw_raster_set_nodata(src_in, !in->nodata_auto || ri->has_nodata,
+                                 in->nodata_auto ? ri->nodata : in->nodata);
+            if (ri->width != W || ri->height != H)
+                st = tw_error_set(err, TW_ERR_INPUT, "%s is %d x %d now, the run read %d x %d",
+                                  in->path, ri->width, ri->height, W, H);
+            raw = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W *
+                                             (size_t)tw_raster_selected_bands(src_in) *
+                                             tw_dtype_size(ri->dtype));
+            valid = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W);
+            if (st == TW_OK && (!raw || !valid))
+                st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        }
+    }
     if (st == TW_OK) {
         probs = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W * (size_t)C * sizeof(float));
         has = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W);
@@ -76,9 +97,19 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
                               r + n - 1, cells_prob, msg.failure);
             break;
         }
+        if (src_in) {
+            int64_t n_nodata = 0, n_inside = 0;
+            st = tw_raster_read(src_in, 0, r, W, n, raw, valid, &n_nodata, &n_inside, err);
+            if (st != TW_OK) break;
+        }
         for (size_t q = 0; q < (size_t)n * W; q++) {
             const float *p = probs + q * (size_t)C;
             has[q] = p[0] >= 0.0f; /* nodata is -1 in every band */
+            if (valid && !valid[q]) {
+                has[q] = 0; /* nodata in the input: nodata in every product */
+            } else if (valid && !has[q] && unclassified) {
+                (*unclassified)++;
+            }
             if (!has[q]) {
                 if (nodata_pixels) (*nodata_pixels)++;
                 continue;
@@ -94,6 +125,9 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
     tw_writer_destroy(w);
     tw_free(probs);
     tw_free(has);
+    tw_free(raw);
+    tw_free(valid);
+    tw_raster_close(src_in);
     if (vrt) GDALClose(vrt);
     if (src) GDALClose(src);
     return st;

@@ -10,6 +10,7 @@
 #include "io/inspect.h"
 #include "io/raster.h"
 #include "io/url.h"
+#include "pipeline/plan.h"
 #include "pipeline/preflight.h"
 #include "pipeline/run.h"
 
@@ -112,6 +113,17 @@ static void check_values(tw_advice *a, int input, const char *path, const char *
     const char *hows[TW_MAX_BANDS];
     bool oks[TW_MAX_BANDS], flagged[TW_MAX_BANDS];
     for (int i = 0; i < n; i++) bands[i] = m->n_bands > 0 ? m->bands[i] : i + 1;
+    /* Without a mean/std (neither the workflow nor the bundle gave one: 0
+     * and 1 throughout) nothing says what the model was trained on. */
+    bool known = false;
+    for (int i = 0; i < m->n_norm; i++) known |= m->mean[i] != 0.0f || m->std[i] != 1.0f;
+    if (!known) {
+        NOTE("values",
+             "%s: the model's mean/std are not known (0 and 1): value ranges not "
+             "checked",
+             path);
+        return;
+    }
     tw_error err;
     tw_error_init(&err);
     if (tw_inspect_band_ranges(gdal_path, bands, n, los, his, hows, oks, &err) != TW_OK) return;
@@ -145,8 +157,8 @@ static void check_values(tw_advice *a, int input, const char *path, const char *
     }
     for (int i = 0; i < n; i++) {
         if (!hows[i]) continue; /* no such band: the run's checks say so */
-        if (!oks[i]) {
-            WARN("values", "%s band %d: cannot compute its range (no valid pixels?)", path,
+        if (!oks[i]) {          /* the run's own reads say what is wrong, if anything */
+            NOTE("values", "%s band %d: cannot compute its range (no valid pixels?)", path,
                  bands[i]);
             continue;
         }
@@ -166,6 +178,100 @@ static void check_values(tw_advice *a, int input, const char *path, const char *
          path, fits, n, m->scale);
 }
 
+/* Whether the tile at index (ax_i, ay_i) is classified: the run's rule
+ * (stages.c, tile_classified) on its pixels inside the raster. */
+static bool tile_classified(tw_raster *r, const tw_plan *pl, int ax_i, int ay_i, double max_frac,
+                            void *raw, uint8_t *valid)
+{
+    int x0 = tw_axis_pos(&pl->x, pl->tile, pl->stride, ax_i);
+    int y0 = tw_axis_pos(&pl->y, pl->tile, pl->stride, ay_i);
+    int64_t n_nodata = 0, n_inside = 0;
+    tw_error e;
+    tw_error_init(&e);
+    if (tw_raster_read(r, x0 < 0 ? 0 : x0, y0 < 0 ? 0 : y0, pl->tile, pl->tile, raw, valid,
+                       &n_nodata, &n_inside, &e) != TW_OK)
+        return true; /* unreadable: the run's on_error decides, not this advice */
+    return n_inside > 0 && n_nodata < n_inside && (double)n_nodata / (double)n_inside <= max_frac;
+}
+
+/* Valid pixels that no classified tile would cover (tiles above
+ * tiling.max_nodata_fraction, or edge: skip), estimated on up to 128 output
+ * cells spread evenly over the grid: each cell's valid pixels count as
+ * unclassified when none of the tiles feeding it is classified. Warned when
+ * above 1 % of the sampled valid pixels: at output.resolution: input they
+ * are nodata in every product although the input has data there. */
+static void check_unclassified(tw_advice *a, int input, const char *path, const char *src,
+                               const tw_run_params *p, const struct tw_resolved *m)
+{
+    tw_raster *r = NULL;
+    tw_error e;
+    tw_error_init(&e);
+    tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
+    if (tw_raster_open_ex(src, m->bands, m->n_bands, &op, &r, &e) != TW_OK) return;
+    const tw_raster_info *ri = tw_raster_get_info(r);
+    tw_raster_set_nodata(r, !p->input.nodata_auto || ri->has_nodata,
+                         p->input.nodata_auto ? ri->nodata : p->input.nodata);
+    tw_plan pl;
+    size_t px = (size_t)m->tile * (size_t)m->tile;
+    void *raw = malloc(px * (size_t)tw_raster_selected_bands(r) * tw_dtype_size(ri->dtype));
+    uint8_t *valid = malloc(px);
+    /* k = tile / stride tiles feed a cell on each axis: up to 64 are looked at */
+    if (raw && valid && m->tile / m->stride <= 64 &&
+        tw_plan_make(ri->width, ri->height, m->tile, m->stride, p->tiling.edge, 0, 1, &pl, &e) ==
+            TW_OK) {
+        int64_t cells = (int64_t)pl.grid_w * pl.grid_h, n_s = cells < 128 ? cells : 128;
+        int64_t valid_px = 0, lost_px = 0;
+        for (int64_t s = 0; s < n_s; s++) {
+            int64_t c = s * cells / n_s;
+            int cx = (int)(c % pl.grid_w), cy = (int)(c / pl.grid_w);
+            /* the cell's own pixels */
+            int bx = cx * m->stride, by = cy * m->stride;
+            int bw = m->stride < ri->width - bx ? m->stride : ri->width - bx;
+            int bh = m->stride < ri->height - by ? m->stride : ri->height - by;
+            int64_t nod = 0, ins = 0;
+            if (tw_raster_read(r, bx, by, bw, bh, raw, valid, &nod, &ins, &e) != TW_OK) continue;
+            int64_t v = ins - nod;
+            if (v <= 0) continue;
+            valid_px += v;
+            /* the tiles feeding the cell: aligned ones at cx-k+1..cx, and the
+             * edge-flush one (plan.h), on each axis */
+            int cand_x[65], cand_y[65], nx = 0, ny = 0;
+            for (int t = cx - pl.k + 1; t <= cx; t++)
+                if (t >= 0 && t < pl.x.n_aligned) cand_x[nx++] = t;
+            if (pl.x.shifted) cand_x[nx++] = pl.x.n_pos - 1;
+            for (int t = cy - pl.k + 1; t <= cy; t++)
+                if (t >= 0 && t < pl.y.n_aligned) cand_y[ny++] = t;
+            if (pl.y.shifted) cand_y[ny++] = pl.y.n_pos - 1;
+            bool covered = false;
+            for (int iy = 0; !covered && iy < ny; iy++) {
+                int r0, r1;
+                tw_axis_cells(&pl.y, m->tile, m->stride, cand_y[iy], &r0, &r1);
+                if (cy < r0 || cy >= r1) continue;
+                for (int ix = 0; !covered && ix < nx; ix++) {
+                    int c0, c1;
+                    tw_axis_cells(&pl.x, m->tile, m->stride, cand_x[ix], &c0, &c1);
+                    if (cx >= c0 && cx < c1)
+                        covered = tile_classified(r, &pl, cand_x[ix], cand_y[iy],
+                                                  p->tiling.max_nodata_fraction, raw, valid);
+                }
+            }
+            if (!covered) lost_px += v;
+        }
+        if (valid_px > 0 && lost_px * 100 > valid_px)
+            WARN("unclassified",
+                 "%s: about %.1f %% of its valid pixels (estimated on %lld output cells) lie "
+                 "where every tile has more than tiling.max_nodata_fraction %g nodata%s: they "
+                 "stay unclassified (nodata in every product); a larger max_nodata_fraction "
+                 "classifies them",
+                 path, 100.0 * (double)lost_px / (double)valid_px, (long long)n_s,
+                 p->tiling.max_nodata_fraction,
+                 p->tiling.edge == TW_EDGE_SKIP ? " or no tile reaches (edge: skip)" : "");
+    }
+    free(raw);
+    free(valid);
+    tw_raster_close(r);
+}
+
 void tw_advice_collect(const tw_run_params *p, const struct tw_resolved *m, tw_advice *a)
 {
     memset(a, 0, sizeof *a);
@@ -182,8 +288,11 @@ void tw_advice_collect(const tw_run_params *p, const struct tw_resolved *m, tw_a
         check_georef(a, input, shown, ri, m->tile);
         check_padding(a, input, shown, ri, m, p->tiling.edge);
         tw_inspect_destroy(ri);
-        /* Statistics read every pixel: not over the network. */
-        if (!tw_url_is_remote(p->input.paths[input])) check_values(a, input, shown, gpath, m);
+        /* Statistics and tile samples read pixels: not over the network. */
+        if (!tw_url_is_remote(p->input.paths[input])) {
+            check_values(a, input, shown, gpath, m);
+            if (!p->input.aoi[0]) check_unclassified(a, input, shown, p->input.paths[input], p, m);
+        }
         tw_raster *r = NULL;
         tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
         if (tw_raster_open_ex(p->input.paths[input], m->bands, m->n_bands, &op, &r, &err) ==

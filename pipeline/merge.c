@@ -57,8 +57,8 @@ static void writer_params_for(const tw_run_params *p, const tw_resolved *m, cons
 }
 
 tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
-                            const tw_raster_info *info, const char *config_json, tw_parts *parts,
-                            tw_input_result *res, tw_error *err)
+                            const tw_raster_info *info, const char *source, const char *config_json,
+                            tw_parts *parts, tw_input_result *res, tw_error *err)
 {
     tw_plan plan;
     tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
@@ -111,7 +111,16 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
         iw.grid_w = info->width;
         iw.grid_h = info->height;
         memcpy(iw.geotransform, info->geotransform, sizeof iw.geotransform);
-        if (st == TW_OK) st = tw_resample_to_input(cells, &iw, NULL, NULL, err);
+        /* the input's own nodata stays nodata in every product */
+        tw_resample_input rin = {.path = source,
+                                 .bands = m->bands,
+                                 .n_bands = m->n_bands,
+                                 .nodata_auto = p->input.nodata_auto,
+                                 .nodata = p->input.nodata};
+        res->valid_unclassified = 0;
+        if (st == TW_OK)
+            st = tw_resample_to_input(cells, &iw, source ? &rin : NULL, NULL, NULL,
+                                      &res->valid_unclassified, err);
     } else {
         st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, gpkg ? &gp : NULL,
                                res->hist, &res->nodata_cells, err);
@@ -195,7 +204,8 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
         tw_parts *parts = NULL;
         st = tw_parts_open(&pp, quiet, &parts, err);
         if (st == TW_OK)
-            st = tw_merge_assemble(&mf->p, &mf->m, &mf->info, mf->config_json, parts, res, err);
+            st = tw_merge_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json, parts,
+                                   res, err);
         tw_parts_close(parts);
     }
     tw_free(stems);

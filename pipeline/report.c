@@ -151,11 +151,13 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
 }
 
 /* run.json's "config": one object per section, one member per key of the
- * table (core/keys.h) in its order, with the values the run resolved. */
-static void config_object(tw_json *j, const tw_run_params *r, const tw_resolved *m)
+ * table (core/keys.h) whose flags include `flags`, in its order, with the
+ * values the run resolved. */
+static void config_object(tw_json *j, const tw_run_params *r, const tw_resolved *m, unsigned flags)
 {
     int section = -1;
     for (int k = 0; k < TW_KEY_COUNT; k++) {
+        if ((tw_keys[k].flags & flags) != flags) continue;
         int s = tw_key_section((tw_key_id)k);
         if (s != section) {
             if (section >= 0) tw_json_close(j, '}');
@@ -178,7 +180,10 @@ size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char 
     /* GDAL decides overviews, compression and CRS output: part of what
      * makes a product reproducible. */
     tw_json_str(&j, "gdal_version", GDALVersionInfo("RELEASE_NAME"));
-    config_object(&j, r, m);
+    /* The products' metadata: what made their bytes (TW_KEY_BYTES), not how
+     * (threads, memory, readers, device): products written with another
+     * thread count or reader count are the same bytes (shards, reruns). */
+    config_object(&j, r, m, TW_KEY_BYTES);
     tw_json_close(&j, '}');
     tw_free(r);
     return j.cut ? size : j.len;
@@ -221,7 +226,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
     if (r) {
         tw_run_params_resolved(p, &r->model, rp);
         tw_json_open(&j, "config", '{');
-        config_object(&j, rp, &r->model);
+        config_object(&j, rp, &r->model, 0);
         tw_json_close(&j, '}');
         tw_json_open(&j, "warnings", '[');
         for (int i = 0; i < r->advice.n; i++) {
@@ -323,6 +328,8 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
                 tw_json_int(&j, r->model.classes[c], in->hist[c]);
             tw_json_close(&j, '}');
             tw_json_int(&j, "nodata_cells", in->nodata_cells);
+            if (p->output.resolution == TW_RESOLUTION_INPUT)
+                tw_json_int(&j, "valid_pixels_unclassified", in->valid_unclassified);
             tw_json_open(&j, "outputs", '[');
             for (int o = 0; o < in->n_outputs; o++) tw_json_str(&j, NULL, in->outputs[o]);
             tw_json_close(&j, ']');

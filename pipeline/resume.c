@@ -81,6 +81,8 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
     for (int i = 0; inputs && i < p->input.n_paths; i++)
         append(inputs, put_str(p->input.paths[i]), ok);
     set(root, "inputs", inputs, ok);
+    /* merge reads the inputs' own nodata again at output.resolution: input */
+    set(root, "nodata", p->input.nodata_auto ? json_string("auto") : put_real(p->input.nodata), ok);
 
     json_t *tiling = json_object();
     if (tiling) set(tiling, "edge", json_string(tw_edge_names[p->tiling.edge]), ok);
@@ -380,10 +382,10 @@ static bool get_enum(rd *r, json_t *obj, const char *sect, const char *key,
 
 static void parse_object(rd *r, json_t *root, tw_manifest *mf)
 {
-    static const char *const top_keys[] = {"format",      "version",    "tilewise", "inputs",
-                                           "tiling",      "output",     "model",    "raster",
-                                           "config_json", "fingerprint"};
-    only_keys(r, root, "", top_keys, 10);
+    static const char *const top_keys[] = {"format",      "version",     "tilewise", "inputs",
+                                           "tiling",      "output",      "model",    "raster",
+                                           "config_json", "fingerprint", "nodata"};
+    only_keys(r, root, "", top_keys, 11);
     char ver[64];
     get_str(r, root, "", "tilewise", ver, sizeof ver);
 
@@ -394,6 +396,12 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         str_value(r, json_array_get(in, i), "inputs", "[]", p->input.paths[i],
                   sizeof p->input.paths[i]);
     if (in) p->input.n_paths = (int)json_array_size(in);
+    /* "auto" or a number (absent in a manifest written before it was carried: auto) */
+    json_t *nd = json_object_get(root, "nodata");
+    if (nd && !(json_is_string(nd) && strcmp(json_string_value(nd), "auto") == 0)) {
+        p->input.nodata_auto = false;
+        get_real(r, root, "", "nodata", false, &p->input.nodata);
+    }
 
     json_t *tiling = need_obj(r, root, "tiling");
     static const char *const tiling_keys[] = {"edge"};

@@ -548,7 +548,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
 
     /* Whole grid committed (one run, or the last of the shards): assemble. */
     if (st == TW_OK && p->shard_count == 1)
-        st = tw_merge_assemble(c->p, &c->m, info, c->config_json, pp.parts, res, err);
+        st = tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json, pp.parts, res,
+                               err);
     tw_parts_close(pp.parts);
     tw_aoi_destroy(aoi);
     res->seconds = tw_clock_now() - t0;

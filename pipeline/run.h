@@ -83,13 +83,15 @@ typedef struct tw_input_result {
     tw_stage_stats stage[TW_STAGE_COUNT];
     int64_t hist[TW_MAX_CLASSES]; /* output cells per argmax class */
     int64_t nodata_cells;
-    uint64_t steady_state_allocs;       /* tw_alloc calls after the first rows were written */
-    int rows_resumed;                   /* output rows committed by an earlier, interrupted run */
-    char reader[16];                    /* who decoded the pixels: "libtiff" or "gdal" */
-    int read_workers;                   /* reader workers (runtime.readers) */
-    int64_t read_bytes;                 /* raw pixel bytes the readers read (windows) */
-    int64_t tiff_tiles_decoded;         /* TIFF tiles the libtiff reader decoded, summed
-                                           over readers (-1: GDAL read the pixels) */
+    int64_t valid_unclassified;   /* output.resolution: input: pixels valid in the input that no
+                                     classified tile covers (nodata in the products) */
+    uint64_t steady_state_allocs; /* tw_alloc calls after the first rows were written */
+    int rows_resumed;             /* output rows committed by an earlier, interrupted run */
+    char reader[16];              /* who decoded the pixels: "libtiff" or "gdal" */
+    int read_workers;             /* reader workers (runtime.readers) */
+    int64_t read_bytes;           /* raw pixel bytes the readers read (windows) */
+    int64_t tiff_tiles_decoded;   /* TIFF tiles the libtiff reader decoded, summed
+                                     over readers (-1: GDAL read the pixels) */
     char outputs[6][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
     char skipped[512]; /* "" : run; else why it was skipped (input.on_error: skip) */
@@ -174,7 +176,9 @@ tw_status tw_report_log_attempt(const char *out_dir, const tw_run_params *p, con
                                 tw_status status, const char *message, const char *report_path,
                                 tw_error *err);
 
-/* The resolved configuration as a JSON object (for GDAL metadata). Returns
+/* The resolved configuration as a JSON object (for GDAL metadata: the keys
+ * an output byte depends on, core/keys.h TW_KEY_BYTES, and the versions;
+ * run.json's "config" has every key). Returns
  * the length it needed: size or more means it was cut (the run refuses to
  * go on with a cut one). TW_CONFIG_JSON_MAX holds any configuration that
  * params.h's limits allow. */

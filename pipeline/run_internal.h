@@ -92,10 +92,12 @@ static inline bool tw_run_keeps_tiles(unsigned products)
  * products as p asks (rasters on the cell grid or resampled onto the
  * input's, the tile table, the GeoPackage) into p->output.dir as
  * res->stem.*, with config_json as their metadata, then remove the parts.
+ * source: the raster as the run opened it (its own nodata stays nodata at
+ * output.resolution: input; NULL: not read again).
  * Fills res->hist, res->nodata_cells and res->outputs. p, m, info and
  * config_json are borrowed; parts stays the caller's to close. */
 tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
-                            const tw_raster_info *info, const char *config_json, tw_parts *parts,
-                            tw_input_result *res, tw_error *err);
+                            const tw_raster_info *info, const char *source, const char *config_json,
+                            tw_parts *parts, tw_input_result *res, tw_error *err);
 
 #endif

@@ -8,8 +8,9 @@ any, says the run failed).
 
 Some odd inputs are not errors (all nodata, 1 x 1, smaller than one tile,
 NaN/Inf pixels, a 70000 x 70000 raster): those must exit 0, print nothing on
-stderr with -q, and their outputs are checked (nodata cells, counts in
-run.json, finite probabilities).
+stderr with -q but the one warning validate's advice gives for them (a raster
+mostly padding, one without a geotransform), and their outputs are checked
+(nodata cells, counts in run.json, finite probabilities).
 """
 import glob
 import json
@@ -305,15 +306,16 @@ def check_huge_shard(out):
 # ----------------------------------------------------------------- cases --
 
 def case(name, change=None, args=None, code=EXIT_OK, needle=None, check=None, cmd="run",
-         setup=None, preflight=False):
+         setup=None, preflight=False, warning=None):
     """change: workflow overrides (dict) or a raw YAML text; args: extra
     command-line arguments, or the whole argv after the binary when it starts
     with a subcommand; check(out or stdout) -> list of problems (success cases);
     setup(tmp) -> None or a reason to skip; preflight: the failure must come
     before any tile (run.json, when written, shows 0 tiles; seconds of wall
-    time)."""
+    time); warning: a success case's one expected warning (validate's advice, which
+    run gives too, even with -q), a piece of its one line."""
     return dict(name=name, change=change, args=args, code=code, needle=needle, check=check,
-                cmd=cmd, setup=setup, preflight=preflight)
+                cmd=cmd, setup=setup, preflight=preflight, warning=warning)
 
 
 def cases(tmp, files):
@@ -441,16 +443,16 @@ def cases(tmp, files):
              check=check_all_nodata),
         case("1 x 1 raster, edge: pad (success)",
              {"input.path": f["one"], "output.products": "[class, prob]"},
-             check=check_single_cell("one")),
+             check=check_single_cell("one"), warning="100 % of the pixels of its tiles are padding"),
         case("smaller than a tile, edge: pad (success)",
              {"input.path": f["small"], "output.products": "[class, prob]"},
-             check=check_single_cell("small")),
+             check=check_single_cell("small"), warning="71 % of the pixels of its tiles are padding"),
         case("NaN/Inf pixels are nodata (success)",
              {"input.path": f["naninf"], "output.products": "[class, prob]"}, check=check_naninf),
         case("70000 x 70000 VRT: validate (success)", {"input.path": f["huge"]}, cmd="validate",
              check=check_huge_validate),
         case("70000 x 70000 VRT: last shard (success)", {"input.path": f["huge"]},
-             ["--shard", "1094/1094"], check=check_huge_shard),
+             ["--shard", "1094/1094"], check=check_huge_shard, warning="no geotransform"),
         # outputs and resources
         case("output dir is a file", {"output.dir": f["a_file"]}, code=EXIT_RESOURCE,
              needle="afile"),
@@ -553,6 +555,10 @@ def run_case(c, tmp):
         # a skipped input is a warning, said even with -q: one line naming it
         warned = c["code"] == EXIT_SKIPPED and len(lines) == 1 and "warning: skipping input" in \
             lines[0] and "nothere.tif" in lines[0]
+        if c["warning"]:
+            warned = len(lines) == 1 and "warning:" in lines[0] and c["warning"] in lines[0]
+            if not warned:
+                problems.append(f"expected one warning with '{c['warning']}'")
         if lines and not warned:
             problems.append(f"{len(lines)} lines on stderr")
         if r.returncode == c["code"] and c["check"]:

@@ -337,7 +337,7 @@ static long long jint(json_t *o, const char *key)
 static void test_run_v2_tiles_and_summary(void **state)
 {
     (void)state;
-    assert_int_equal(tilewise_api_version(), 2);
+    assert_int_equal(tilewise_api_version(), 3);
     char dir[2048], yaml[4096];
     tiles_seen seen = {0};
     tilewise_run_options o;

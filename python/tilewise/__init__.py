@@ -121,7 +121,7 @@ _LOG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 class _Options(ctypes.Structure):
-    """tilewise_run_options (API version 2); its size is checked against the
+    """tilewise_run_options (API version 3); its size is checked against the
     library's (tilewise_run_options_init sets it)."""
     _fields_ = [("size", ctypes.c_size_t), ("yaml", ctypes.c_char_p), ("yaml_len", ctypes.c_size_t),
                 ("sets", ctypes.POINTER(ctypes.c_char_p)), ("n_sets", ctypes.c_int),
@@ -132,7 +132,8 @@ class _Options(ctypes.Structure):
                 ("quiet", ctypes.c_int), ("restart", ctypes.c_int),
                 ("report_path", ctypes.c_char_p), ("tiff_direct", ctypes.c_int),
                 ("cpu_winograd", ctypes.c_int), ("cpu_gemm", ctypes.c_int),
-                ("cpu_nhwc", ctypes.c_int), ("cuda_fail_alloc_above", ctypes.c_uint64)]
+                ("cpu_nhwc", ctypes.c_int), ("cuda_fail_alloc_above", ctypes.c_uint64),
+                ("strict", ctypes.c_int)]  # API version 3
 
 
 class _RunSummary(ctypes.Structure):

@@ -380,3 +380,20 @@ def test_validate_gives_the_cli_text_and_warnings(tmp_path):
     with pytest.raises(tilewise.Error) as e:
         tilewise.validate("workflows/sample.yaml", {"tiling.stride": 33})
     assert e.value.exit_class == "usage" and "tiling.stride" in e.value.message
+
+
+def test_run_gives_validate_advice_and_strict_refuses(tmp_path):
+    """run lists validate's advice in its report; run.strict=true makes it a ValueError
+    (ConfigError, exit 2) before the first tile (issue 29.1)."""
+    os.chdir(SRC)
+    sets = {"output.dir": str(tmp_path / "out"), "runtime.device": "cpu", "input.scale": 100,
+            "runtime.memory": "4GiB"}
+    rep = tilewise.run("workflows/sample.yaml", sets)
+    assert [w["code"] for w in rep["warnings"]] == ["values"] * 6, rep["warnings"]
+    with pytest.raises(ValueError) as e:
+        tilewise.run("workflows/sample.yaml", dict(sets, **{"output.dir": str(tmp_path / "s"),
+                                                           "run.strict": "true"}))
+    assert isinstance(e.value, tilewise.ConfigError) and e.value.exit_code == 2
+    assert "--strict: 6 warnings before the first tile" in e.value.message
+    assert e.value.report and len(e.value.report["warnings"]) == 6
+
