@@ -22,7 +22,11 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
 {
     int T = plan->tile, S = plan->stride;
     int y0 = tw_axis_pos(&plan->y, T, S, plan->ty_begin);
-    int y1 = plan->ty_end > plan->ty_begin ? tw_axis_pos(&plan->y, T, S, plan->ty_end - 1) + T : y0;
+    /* a padded last tile may end past 2^31-1 */
+    int64_t y1 = plan->ty_end > plan->ty_begin
+                     ? (int64_t)tw_axis_pos(&plan->y, T, S, plan->ty_end - 1) + T
+                     : y0;
+    if (y1 > c->infos[i].info.height) y1 = c->infos[i].info.height;
     int64_t bytes = 0, reqs = 0;
     int n_obj = c->stacs[i] ? c->p->input.n_assets : 1;
     for (int k = 0; k < n_obj; k++) {
@@ -32,7 +36,7 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
         tw_error e;
         tw_error_init(&e);
         if (tw_url_to_gdal(src, gpath, sizeof gpath, &e) != TW_OK ||
-            tw_url_read_cost(gpath, y0, y1, 0, &b, &r, &e) != TW_OK || b < 0) {
+            tw_url_read_cost(gpath, y0, (int)y1, 0, &b, &r, &e) != TW_OK || b < 0) {
             bytes = -1;
             break;
         }
@@ -46,8 +50,8 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
         fprintf(out,
                 "reading   remote: at least %lld range requests, %s (the blocks of rows %d-%d, "
                 "read once; input.retries %d)\n",
-                (long long)reqs, tw_format_bytes((size_t)bytes, b1, sizeof b1), y0,
-                y1 < c->infos[i].info.height ? y1 : c->infos[i].info.height, c->p->input.retries);
+                (long long)reqs, tw_format_bytes((size_t)bytes, b1, sizeof b1), y0, (int)y1,
+                c->p->input.retries);
 }
 
 tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
