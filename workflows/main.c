@@ -665,6 +665,9 @@ static int cmd_merge(int argc, char **argv)
             if (tilewise_report_input(rep, i, &in, NULL) != TILEWISE_OK) continue;
             for (int o = 0; o < in.n_outputs; o++) printf("wrote %s\n", in.outputs[o]);
         }
+        if (sum.n_inputs == 0 && !quiet)
+            printf("%s: already merged (no parts left under %s/.tilewise/): nothing to do\n", dir,
+                   dir);
     }
     tilewise_report_free(rep);
     return st == TILEWISE_OK ? TW_EXIT_OK : fail(&err);
