@@ -160,6 +160,15 @@ static void output_bytes(void **state)
                               .height = &ht};
     /* 20 x 10 cells: class 1 + prob 4*4 + mask 1 + chunks 4*4 + 1 bytes each */
     assert_int_equal(tw_preflight_output_bytes(&pp), 200 * (1 + 17 + 17));
+    /* output.resolution: input: the rasters on the 640 x 320 input pixels
+     * (class 1 + prob 17 each), the cells' float32 probabilities (4*4) and
+     * the chunks (17) per cell. The old estimate counted cells only: 32x
+     * too small at stride 32, so a full disk went unwarned. */
+    p.output.resolution = TW_RESOLUTION_INPUT;
+    assert_int_equal(tw_preflight_output_bytes(&pp), 640 * 320 * (1 + 17) + 200 * (16 + 17));
+    p.output.prob_type = TW_PROB_UINT8;
+    p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF;
+    assert_int_equal(tw_preflight_output_bytes(&pp), 640 * 320 * (1 + 5 + 4) + 200 * (16 + 17));
     wd = 0; /* a skipped input writes nothing */
     assert_int_equal(tw_preflight_output_bytes(&pp), 0);
 }
