@@ -327,6 +327,17 @@ static tw_status check_dir(const char *dir, tw_error *err)
         return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s cannot be created in %s: %s", dir,
                             at, strerror(errno));
     }
+    /* access() says yes to root on /proc, /sys and to read-only mounts; a
+     * run's first write there is a mkdir (output.dir's path, or its
+     * .tilewise/), so try one, and remove it at once. */
+    char probe[TW_PATH_MAX + 32];
+    if (snprintf(probe, sizeof probe, "%s/.tilewise-probe-XXXXXX", at) < (int)sizeof probe) {
+        if (!mkdtemp(probe))
+            return tw_error_set(err, TW_ERR_OUTPUT,
+                                "output.dir: %s: cannot create a directory in %s: %s", dir, at,
+                                strerror(errno));
+        rmdir(probe);
+    }
     return TW_OK;
 }
 
