@@ -14,13 +14,56 @@
 #include "core/alloc.h"
 #include "io/gdal_msgs.h"
 
-#define AOI_MAX_CELLS ((int64_t)16 << 20)
+/* The cell grid's cap: its summed-area table (4 bytes a cell) is what an
+ * AOI keeps through the run, 16 MiB at most, whatever the raster's size
+ * (a byte per tile, as it was, took 97 GB for a 10^7 x 10^7 raster). */
+#define AOI_MAX_CELLS ((int64_t)4 << 20)
 
 struct tw_aoi {
-    int n_x, n_y;
-    uint8_t *inside; /* [n_y][n_x] */
+    int n_x, n_y, tile, cell;
+    int64_t gw, gh;
+    int *x0, *y0;  /* [n_x], [n_y]: the tiles' origins (a copy) */
+    uint32_t *sat; /* [gh + 1][gw + 1]: set cells above and left of each corner */
     int64_t count;
 };
+
+/* Cells [*c0, *c1) a tile at pos covers along an axis of n cells. */
+static void cell_span(int64_t pos, int tile, int cell, int64_t n, int64_t *c0, int64_t *c1)
+{
+    *c0 = pos / cell;
+    *c1 = (pos + tile + cell - 1) / cell;
+    if (*c0 < 0) *c0 = 0;
+    if (*c1 > n) *c1 = n;
+}
+
+static bool any_set(const tw_aoi *a, int64_t r0, int64_t r1, int64_t c0, int64_t c1)
+{
+    if (r1 <= r0 || c1 <= c0) return false;
+    const int64_t w = a->gw + 1;
+    return a->sat[r1 * w + c1] - a->sat[r0 * w + c1] - a->sat[r1 * w + c0] + a->sat[r0 * w + c0] >
+           0;
+}
+
+/* Consecutive tiles of an axis that cover the same cells, as runs: a
+ * huge raster's coarse grid gives about two runs a cell, so counting the
+ * tiles inside takes runs_x x runs_y queries, not n_x x n_y. Returns the
+ * number of runs (<= n); lo/hi/mult are [n]. */
+static int64_t spans_of(const int *pos, int n, int tile, int cell, int64_t cells, int64_t *lo,
+                        int64_t *hi, int64_t *mult)
+{
+    int64_t k = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t c0, c1;
+        cell_span(pos[i], tile, cell, cells, &c0, &c1);
+        if (k > 0 && lo[k - 1] == c0 && hi[k - 1] == c1) {
+            mult[k - 1]++;
+            continue;
+        }
+        lo[k] = c0, hi[k] = c1, mult[k] = 1;
+        k++;
+    }
+    return k;
+}
 
 /* Every geometry of every layer, cloned and reprojected into raster_srs
  * (NULL: no CRS; the geometries are taken as they are). */
@@ -133,8 +176,11 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
         a = tw_calloc(TW_MEM_OTHER, 1, sizeof *a);
         cells = tw_calloc(TW_MEM_OTHER, (size_t)(gw * gh), 1);
         sat = tw_calloc(TW_MEM_OTHER, (size_t)((gw + 1) * (gh + 1)), sizeof *sat);
-        if (a) a->inside = tw_calloc(TW_MEM_OTHER, (size_t)g->n_x * (size_t)g->n_y + 1, 1);
-        if (!a || !cells || !sat || !a->inside)
+        if (a) {
+            a->x0 = tw_alloc(TW_MEM_OTHER, sizeof(int) * ((size_t)g->n_x + (size_t)g->n_y + 1));
+            a->y0 = a->x0 ? a->x0 + g->n_x : NULL;
+        }
+        if (!a || !cells || !sat || !a->x0)
             st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
     }
     if (st == TW_OK) {
@@ -178,24 +224,27 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
                     sat[(r + 1) * (gw + 1) + c] - sat[r * (gw + 1) + c];
         a->n_x = g->n_x;
         a->n_y = g->n_y;
-        for (int ty = 0; ty < g->n_y; ty++) {
-            int64_t r0 = g->y0[ty] / cell, r1 = ((int64_t)g->y0[ty] + g->tile + cell - 1) / cell;
-            if (r0 < 0) r0 = 0;
-            if (r1 > gh) r1 = gh;
-            for (int tx = 0; tx < g->n_x; tx++) {
-                int64_t c0 = g->x0[tx] / cell,
-                        c1 = ((int64_t)g->x0[tx] + g->tile + cell - 1) / cell;
-                if (c0 < 0) c0 = 0;
-                if (c1 > gw) c1 = gw;
-                bool in = false;
-                if (r1 > r0 && c1 > c0) {
-                    uint32_t s = sat[r1 * (gw + 1) + c1] - sat[r0 * (gw + 1) + c1] -
-                                 sat[r1 * (gw + 1) + c0] + sat[r0 * (gw + 1) + c0];
-                    in = s > 0;
-                }
-                a->inside[(size_t)ty * (size_t)g->n_x + (size_t)tx] = in;
-                a->count += in;
-            }
+        a->tile = g->tile;
+        a->cell = cell;
+        a->gw = gw;
+        a->gh = gh;
+        a->sat = sat;
+        sat = NULL;
+        memcpy(a->x0, g->x0, sizeof(int) * (size_t)g->n_x);
+        memcpy(a->y0, g->y0, sizeof(int) * (size_t)g->n_y);
+        int64_t *runs =
+            tw_alloc(TW_MEM_OTHER, 3 * sizeof(int64_t) * ((size_t)g->n_x + (size_t)g->n_y));
+        if (!runs) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
+        } else {
+            int64_t *xl = runs, *xh = xl + g->n_x, *xm = xh + g->n_x;
+            int64_t *yl = xm + g->n_x, *yh = yl + g->n_y, *ym = yh + g->n_y;
+            int64_t nx = spans_of(g->x0, g->n_x, g->tile, cell, gw, xl, xh, xm);
+            int64_t ny = spans_of(g->y0, g->n_y, g->tile, cell, gh, yl, yh, ym);
+            for (int64_t r = 0; r < ny; r++)
+                for (int64_t c = 0; c < nx; c++)
+                    if (any_set(a, yl[r], yh[r], xl[c], xh[c])) a->count += ym[r] * xm[c];
+            tw_free(runs);
         }
     }
     for (int i = 0; i < n_geoms; i++) OGR_G_DestroyGeometry(geoms[i]);
@@ -215,7 +264,10 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
 bool tw_aoi_tile(const tw_aoi *a, int tx, int ty)
 {
     if (!a || tx < 0 || ty < 0 || tx >= a->n_x || ty >= a->n_y) return false;
-    return a->inside[(size_t)ty * (size_t)a->n_x + (size_t)tx] != 0;
+    int64_t r0, r1, c0, c1;
+    cell_span(a->y0[ty], a->tile, a->cell, a->gh, &r0, &r1);
+    cell_span(a->x0[tx], a->tile, a->cell, a->gw, &c0, &c1);
+    return any_set(a, r0, r1, c0, c1);
 }
 
 int64_t tw_aoi_count(const tw_aoi *a)
@@ -226,6 +278,7 @@ int64_t tw_aoi_count(const tw_aoi *a)
 void tw_aoi_destroy(tw_aoi *a)
 {
     if (!a) return;
-    tw_free(a->inside);
+    tw_free(a->x0);
+    tw_free(a->sat);
     tw_free(a);
 }

@@ -115,7 +115,8 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
                  tw_error *err);
 
 /* Check config, inputs and the model against each other and print the plan
- * (tile grid, batch, slots, memory estimate) to out, without running the model. */
+ * (tile grid, batch, slots, memory estimate) to out, without running the model.
+ * Sets GDAL's block cache limit (process-wide) to the budget's, as tw_run does. */
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err);
 
 /* Load the model file and resolve what the run would use (bundle values,

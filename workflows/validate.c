@@ -6,6 +6,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include <gdal.h>
+
 #include "io/inspect.h"
 #include "io/raster.h"
 #include "io/url.h"
@@ -170,11 +172,15 @@ static void validate_advice(advice *a, const tw_run_params *p)
 tw_status tw_validate_report(const tw_run_params *p, FILE *out, int *warnings, tw_error *err)
 {
     advice a = {.out = out};
+    /* tw_validate sets GDAL's block cache to the run's budget for the
+     * advice's reads; the caller's (process-wide) setting comes back after. */
+    GIntBig cache = GDALGetCacheMax64();
     tw_status st = tw_validate(p, out, err);
     if (st == TW_OK) {
         validate_advice(&a, p);
         fprintf(out, "advice    %d warning%s\n", a.warnings, a.warnings == 1 ? "" : "s");
     }
+    GDALSetCacheMax64(cache);
     if (warnings) *warnings = a.warnings;
     return st;
 }
