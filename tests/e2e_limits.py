@@ -11,10 +11,14 @@
   (67108864 cells at stride 32) and, under 128 MiB, refuses with the bytes
   the strip really needs (about 7.7 GiB; it said 16 EiB when the grid
   overflowed).
+* A run of a 64 x 10^8 VRT with an AOI at its bottom: exit 0, and its
+  allocations outside the budget's items stay under 32 MiB (one segment a
+  row, 150 MB, before).
 * `output.dir: /proc`: `validate` exits 4 as `run` does (it said ok).
 Under the sanitizer build (TW_SANITIZED) all but the RSS check run: UBSan
 traps any overflow on the way.
 """
+import json
 import os
 import subprocess
 import sys
@@ -130,6 +134,28 @@ def main():
         need = float(r.stderr.split("needs about ")[1].split()[0]) if "needs about" in r.stderr \
             else -1
         check(5 < need < 20, f"the bytes it needs are the strip's: {need} GiB (5..20)", True)
+
+        # ---- a run of a tall raster (64 x 10^8: 1562500 output rows at stride
+        # 64) with an AOI at the bottom: what it holds per row stays small
+        # (a segment of 96 bytes per row, 150 MB, was allocated before)
+        tall = f"{tmp}/tall.vrt"
+        vrt(gdal, tall, 64, 100_000_000)
+        aoi_box(gdal, tall, f"{tmp}/bottom.gpkg", 10, 100_000_000 - 100, 20, 100_000_000 - 1)
+        wf = f"{tmp}/tall.yaml"
+        write_workflow(wf, f"{tmp}/tall_out", tall, "1GiB", aoi=f"{tmp}/bottom.gpkg")
+        with open(wf) as f:
+            text = f.read().replace("stride: 32", "stride: 64").replace("[class, prob]", "[class]")
+        with open(wf, "w") as f:
+            f.write(text)
+        r = subprocess.run([BIN, "run", wf, "-q"], capture_output=True, text=True, timeout=900)
+        check(r.returncode == 0, f"run of a 64 x 10^8 VRT with an AOI: exit {r.returncode} "
+              f"({r.stderr.strip()[:300]})", True)
+        with open(f"{tmp}/tall_out/run.json") as f:
+            rep = json.load(f)
+        other = rep["memory"]["allocator_peak"]["other"]
+        print(f"     its allocator peak outside the budget's items: {other / MIB:.1f} MiB")
+        check(rep["inputs"][0]["tiles_classified"] == 2 and other < 32 * MIB,
+              f"2 tiles classified, {other / MIB:.1f} MiB of 'other' allocations (< 32 MiB)", True)
 
         # ---- output.dir where nothing can be created: validate as run
         if os.path.isdir("/proc/self"):
