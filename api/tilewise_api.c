@@ -346,8 +346,10 @@ static void log_summary(const tw_run_result *r, tilewise_log_fn log, void *user)
     for (int i = 0; log && i < r->n_inputs; i++) {
         const tw_input_result *in = &r->inputs[i];
         logf_(log, user, TILEWISE_LOG_INFO,
-              "%s: %lld tiles classified, %lld nodata, in %.2f s (%.1f tiles/s)", in->path,
-              (long long)in->tiles_classified, (long long)in->tiles_nodata, in->seconds,
+              "%s: %lld tiles classified, %lld nodata (%lld unreadable), in %.2f s (%.1f tiles/s)",
+              in->path, (long long)in->tiles_classified,
+              (long long)(in->tiles_nodata + in->tiles_read_errors),
+              (long long)in->tiles_read_errors, in->seconds,
               in->seconds > 0 ? in->tiles_classified / in->seconds : 0.0);
         for (int o = 0; o < in->n_outputs; o++)
             logf_(log, user, TILEWISE_LOG_INFO, "wrote %s", in->outputs[o]);

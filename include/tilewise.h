@@ -270,7 +270,8 @@ tilewise_status tilewise_run(const char *workflow, const tilewise_run_options *o
  * workflow asked and remove the parts. Of o (may be NULL) it uses quiet.
  * *report receives what was written (tilewise_report_input's outputs; no
  * JSON: tilewise_report_json gives ""), also on failure. TILEWISE_ERR_INPUT
- * naming the missing rows when a shard has not finished. */
+ * naming the missing rows when a shard has not finished. A directory merged
+ * already (no parts left, its products there): TILEWISE_OK, no input. */
 tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_options *o,
                                tilewise_report **report, tilewise_error *err);
 

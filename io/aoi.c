@@ -14,13 +14,107 @@
 #include "core/alloc.h"
 #include "io/gdal_msgs.h"
 
-#define AOI_MAX_CELLS ((int64_t)16 << 20)
+/* The cell grid's cap: its summed-area table (4 bytes a cell) is what an
+ * AOI keeps through the run, 16 MiB at most, whatever the raster's size
+ * (a byte per tile, as it was, took 97 GB for a 10^7 x 10^7 raster). */
+#define AOI_MAX_CELLS ((int64_t)4 << 20)
+
+/* The tile origins along an axis: a*step for a < n - 1 and `last` for the
+ * last one, as a plan lays them out (a few bytes whatever the raster's
+ * size); an axis of another shape keeps a copy of its origins. */
+typedef struct aoi_axis {
+    int n, step, last;
+    int *pos; /* [n], or NULL: regular */
+} aoi_axis;
 
 struct tw_aoi {
-    int n_x, n_y;
-    uint8_t *inside; /* [n_y][n_x] */
+    int tile, cell;
+    int64_t gw, gh;
+    aoi_axis x, y;
+    uint32_t *sat; /* [gh + 1][gw + 1]: set cells above and left of each corner */
     int64_t count;
 };
+
+static tw_status axis_init(aoi_axis *ax, const int *pos, int n, int step)
+{
+    ax->n = n;
+    ax->step = step;
+    ax->last = n > 0 ? pos[n - 1] : 0;
+    ax->pos = NULL;
+    bool regular = true;
+    for (int i = 0; i + 1 < n && regular; i++) regular = pos[i] == (int64_t)i * step;
+    if (regular) return TW_OK;
+    ax->pos = tw_alloc(TW_MEM_OTHER, sizeof(int) * (size_t)n + 1);
+    if (!ax->pos) return TW_ERR_NOMEM;
+    memcpy(ax->pos, pos, sizeof(int) * (size_t)n);
+    return TW_OK;
+}
+
+static int axis_pos(const aoi_axis *ax, int i)
+{
+    return ax->pos ? ax->pos[i] : i == ax->n - 1 ? ax->last : i * ax->step;
+}
+
+/* Cells [*c0, *c1) a tile at pos covers along an axis of n cells. */
+static void cell_span(int64_t pos, int tile, int cell, int64_t n, int64_t *c0, int64_t *c1)
+{
+    *c0 = pos / cell;
+    *c1 = (pos + tile + cell - 1) / cell;
+    if (*c0 < 0) *c0 = 0;
+    if (*c1 > n) *c1 = n;
+}
+
+static bool any_set(const tw_aoi *a, int64_t r0, int64_t r1, int64_t c0, int64_t c1)
+{
+    if (r1 <= r0 || c1 <= c0) return false;
+    const int64_t w = a->gw + 1;
+    return a->sat[r1 * w + c1] - a->sat[r0 * w + c1] - a->sat[r1 * w + c0] + a->sat[r0 * w + c0] >
+           0;
+}
+
+/* Consecutive tiles of an axis that cover the same cells form a run: a
+ * huge raster's coarse grid gives about two runs a cell, so counting the
+ * tiles inside takes runs_x x runs_y queries, not n_x x n_y. The next run
+ * from tile *i on: false at the end. */
+static bool next_run(const tw_aoi *a, const aoi_axis *ax, int64_t cells, int *i, int64_t *lo,
+                     int64_t *hi, int64_t *mult)
+{
+    if (*i >= ax->n) return false;
+    cell_span(axis_pos(ax, *i), a->tile, a->cell, cells, lo, hi);
+    *mult = 0;
+    for (; *i < ax->n; (*i)++) {
+        int64_t c0, c1;
+        cell_span(axis_pos(ax, *i), a->tile, a->cell, cells, &c0, &c1);
+        if (c0 != *lo || c1 != *hi) break;
+        (*mult)++;
+    }
+    return true;
+}
+
+/* Tiles inside: the runs of the axis with fewer of them held (24 bytes
+ * each: a few thousand at most, as the cell grid is capped), the other's
+ * streamed. */
+static tw_status count_inside(tw_aoi *a)
+{
+    int64_t nx = 0, ny = 0, lo, hi, m;
+    for (int i = 0; next_run(a, &a->x, a->gw, &i, &lo, &hi, &m);) nx++;
+    for (int i = 0; next_run(a, &a->y, a->gh, &i, &lo, &hi, &m);) ny++;
+    bool hold_x = nx <= ny;
+    const aoi_axis *held = hold_x ? &a->x : &a->y, *streamed = hold_x ? &a->y : &a->x;
+    int64_t held_cells = hold_x ? a->gw : a->gh, streamed_cells = hold_x ? a->gh : a->gw;
+    int64_t n = hold_x ? nx : ny;
+    int64_t *runs = tw_alloc(TW_MEM_OTHER, 3 * sizeof(int64_t) * (size_t)n + 1);
+    if (!runs) return TW_ERR_NOMEM;
+    int64_t *hl = runs, *hh = hl + n, *hm = hh + n, k = 0;
+    for (int i = 0; next_run(a, held, held_cells, &i, &hl[k], &hh[k], &hm[k]);) k++;
+    a->count = 0;
+    for (int i = 0; next_run(a, streamed, streamed_cells, &i, &lo, &hi, &m);)
+        for (int64_t r = 0; r < n; r++)
+            if (hold_x ? any_set(a, lo, hi, hl[r], hh[r]) : any_set(a, hl[r], hh[r], lo, hi))
+                a->count += m * hm[r];
+    tw_free(runs);
+    return TW_OK;
+}
 
 /* Every geometry of every layer, cloned and reprojected into raster_srs
  * (NULL: no CRS; the geometries are taken as they are). */
@@ -133,8 +227,10 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
         a = tw_calloc(TW_MEM_OTHER, 1, sizeof *a);
         cells = tw_calloc(TW_MEM_OTHER, (size_t)(gw * gh), 1);
         sat = tw_calloc(TW_MEM_OTHER, (size_t)((gw + 1) * (gh + 1)), sizeof *sat);
-        if (a) a->inside = tw_calloc(TW_MEM_OTHER, (size_t)g->n_x * (size_t)g->n_y + 1, 1);
-        if (!a || !cells || !sat || !a->inside)
+        if (a && (axis_init(&a->x, g->x0, g->n_x, g->stride) != TW_OK ||
+                  axis_init(&a->y, g->y0, g->n_y, g->stride) != TW_OK))
+            st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
+        if (st == TW_OK && (!a || !cells || !sat))
             st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
     }
     if (st == TW_OK) {
@@ -176,27 +272,14 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
                 sat[(r + 1) * (gw + 1) + c + 1] =
                     (cells[r * gw + c] != 0) + sat[r * (gw + 1) + c + 1] +
                     sat[(r + 1) * (gw + 1) + c] - sat[r * (gw + 1) + c];
-        a->n_x = g->n_x;
-        a->n_y = g->n_y;
-        for (int ty = 0; ty < g->n_y; ty++) {
-            int64_t r0 = g->y0[ty] / cell, r1 = ((int64_t)g->y0[ty] + g->tile + cell - 1) / cell;
-            if (r0 < 0) r0 = 0;
-            if (r1 > gh) r1 = gh;
-            for (int tx = 0; tx < g->n_x; tx++) {
-                int64_t c0 = g->x0[tx] / cell,
-                        c1 = ((int64_t)g->x0[tx] + g->tile + cell - 1) / cell;
-                if (c0 < 0) c0 = 0;
-                if (c1 > gw) c1 = gw;
-                bool in = false;
-                if (r1 > r0 && c1 > c0) {
-                    uint32_t s = sat[r1 * (gw + 1) + c1] - sat[r0 * (gw + 1) + c1] -
-                                 sat[r1 * (gw + 1) + c0] + sat[r0 * (gw + 1) + c0];
-                    in = s > 0;
-                }
-                a->inside[(size_t)ty * (size_t)g->n_x + (size_t)tx] = in;
-                a->count += in;
-            }
-        }
+        a->tile = g->tile;
+        a->cell = cell;
+        a->gw = gw;
+        a->gh = gh;
+        a->sat = sat;
+        sat = NULL;
+        if (count_inside(a) != TW_OK)
+            st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
     }
     for (int i = 0; i < n_geoms; i++) OGR_G_DestroyGeometry(geoms[i]);
     tw_free(geoms);
@@ -214,8 +297,11 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
 
 bool tw_aoi_tile(const tw_aoi *a, int tx, int ty)
 {
-    if (!a || tx < 0 || ty < 0 || tx >= a->n_x || ty >= a->n_y) return false;
-    return a->inside[(size_t)ty * (size_t)a->n_x + (size_t)tx] != 0;
+    if (!a || tx < 0 || ty < 0 || tx >= a->x.n || ty >= a->y.n) return false;
+    int64_t r0, r1, c0, c1;
+    cell_span(axis_pos(&a->y, ty), a->tile, a->cell, a->gh, &r0, &r1);
+    cell_span(axis_pos(&a->x, tx), a->tile, a->cell, a->gw, &c0, &c1);
+    return any_set(a, r0, r1, c0, c1);
 }
 
 int64_t tw_aoi_count(const tw_aoi *a)
@@ -226,6 +312,8 @@ int64_t tw_aoi_count(const tw_aoi *a)
 void tw_aoi_destroy(tw_aoi *a)
 {
     if (!a) return;
-    tw_free(a->inside);
+    tw_free(a->x.pos);
+    tw_free(a->y.pos);
+    tw_free(a->sat);
     tw_free(a);
 }

@@ -3,7 +3,7 @@
  * input.aoi names a vector file (any OGR format: GeoPackage, Shapefile,
  * GeoJSON, ...; any CRS). Its geometries are reprojected to the raster's CRS
  * and rasterized (ALL_TOUCHED) onto a grid of cells of `stride` input pixels
- * over the raster (coarser when that grid would exceed 16 M cells), and a
+ * over the raster (coarser when that grid would exceed 4 M cells), and a
  * tile is inside when any cell it covers is set: every tile whose footprint
  * touches a polygon is inside; a tile that is inside may miss a polygon by
  * less than one cell only when its edges do not fall on cell edges

@@ -766,11 +766,12 @@ tw_status tw_raster_read_tiles(tw_raster *r, int y0, const int *xs, int n, int T
     if (st != TW_OK) return st;
     const size_t tile_raw = (size_t)r->n_bands * (size_t)T * T * esz, tile_px = (size_t)T * T;
     const int64_t rows_in =
-        y0 < r->info.height ? (y0 + T > r->info.height ? r->info.height - y0 : T) : 0;
+        y0 < r->info.height ? ((int64_t)y0 + T > r->info.height ? r->info.height - y0 : T) : 0;
     for (int i = 0; i < n; i++) {
         cut_tile(win, w, T, xs[i] - x0, r->n_bands, esz, (uint8_t *)raw + (size_t)i * tile_raw);
-        int64_t cols_in =
-            xs[i] < r->info.width ? (xs[i] + T > r->info.width ? r->info.width - xs[i] : T) : 0;
+        int64_t cols_in = xs[i] < r->info.width
+                              ? ((int64_t)xs[i] + T > r->info.width ? r->info.width - xs[i] : T)
+                              : 0;
         n_inside[i] = cols_in * rows_in;
         uint8_t *v = valid + (size_t)i * tile_px;
         if (trivial) {

@@ -4,8 +4,8 @@
  * The cell-grid probabilities (a float32 GeoTIFF, one band per class, nodata
  * -1, its geotransform the input's scaled by the stride) are warped by GDAL
  * with bilinear resampling onto the input's grid (its size and geotransform
- * exactly; nodata cells are left out of the interpolation and stay nodata
- * where no valid cell is near), read strip by strip and handed to the
+ * exactly; nodata cells are left out of the interpolation, and the pixels
+ * inside a nodata cell stay nodata), read strip by strip and handed to the
  * ordinary writer, which makes every product from them: the class map is the
  * argmax of the resampled probabilities, so at a cell's centre it is that
  * cell's class. Memory: one strip of rows of the input's width.

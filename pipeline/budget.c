@@ -56,7 +56,7 @@ static size_t gdal_cache_for(const tw_budget_in *in, int readers, size_t cap)
     int bw = in->block_w > 0 ? in->block_w : in->raster_w;
     int bh = in->block_h > 0 ? in->block_h : 1;
     int stride = in->stride > 0 ? in->stride : in->tile;
-    size_t blocks_x = (size_t)((in->raster_w + bw - 1) / bw);
+    size_t blocks_x = ((size_t)in->raster_w + (size_t)bw - 1) / (size_t)bw; /* 2^31-1 wide */
     /* Block rows one tile row touches, worst case over the tile rows (the
      * pattern repeats, so a bounded scan finds it). */
     int rows = 1;

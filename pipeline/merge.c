@@ -3,8 +3,10 @@
  * whole grid) and `tilewise merge` (tw_merge, run.h) after sharded runs. */
 #include "pipeline/run.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "io/resample.h"
 #include "io/tiletable.h"
@@ -141,6 +143,28 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     return TW_OK;
 }
 
+/* Whether out_dir holds a final product (a merge, or a whole-grid run,
+ * wrote it: products are renamed to their final names only when complete). */
+static bool has_products(const char *out_dir)
+{
+    static const char *const suffixes[] = {".class.tif", ".prob.tif", ".conf.tif", ".tiles.h5",
+                                           ".tiles.gpkg"};
+    DIR *d = opendir(out_dir);
+    if (!d) return false;
+    bool found = false;
+    const struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (e->d_name[0] == '.') continue; /* temporaries: .scene.class.tif.part */
+        for (size_t k = 0; k < sizeof suffixes / sizeof suffixes[0] && !found; k++) {
+            size_t ls = strlen(suffixes[k]);
+            found = n > ls && strcmp(e->d_name + n - ls, suffixes[k]) == 0;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
 tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err)
 {
     double t0 = tw_clock_now();
@@ -151,11 +175,21 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
     tw_status st = TW_OK;
     if (!r || !stems || !mf) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     int n = st == TW_OK ? tw_parts_list(out_dir, stems, TW_MAX_INPUTS) : 0;
-    if (st == TW_OK && n <= 0)
-        st = tw_error_set(err, TW_ERR_INPUT,
-                          "%s: no shard outputs to merge (no %s/.tilewise/ parts)", out_dir,
-                          out_dir);
-    if (st == TW_OK) {
+    if (st == TW_OK && n <= 0) {
+        /* Nothing to merge. An empty .tilewise/ (a run stopped before its
+         * first chunk) goes; rmdir leaves one that holds anything. */
+        char dir[TW_PATH_MAX + 64];
+        snprintf(dir, sizeof dir, "%s/.tilewise", out_dir);
+        rmdir(dir);
+        /* Merged already (parts are removed only after the products are
+         * written): a second merge has no work and succeeds, with no input
+         * in the result. */
+        if (!has_products(out_dir))
+            st = tw_error_set(err, TW_ERR_INPUT,
+                              "%s: no shard outputs to merge (no %s/.tilewise/ parts)", out_dir,
+                              out_dir);
+    }
+    if (st == TW_OK && n > 0) {
         r->inputs = tw_calloc(TW_MEM_OTHER, (size_t)n, sizeof(tw_input_result));
         if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }

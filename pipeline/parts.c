@@ -690,9 +690,12 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         int r0, r1;
-        char tail[8];
-        if (sscanf(e->d_name, "rows-%d-%d.%4s", &r0, &r1, tail) == 3 && strcmp(tail, "bin") == 0 &&
-            strlen(e->d_name) == 24 && n < max) {
+        /* exactly the names chunk_path gives (its rows take 8 digits from
+         * row 10^7 on: a fixed name length dropped those chunks) */
+        char want[64];
+        if (sscanf(e->d_name, "rows-%d-%d.bin", &r0, &r1) == 2 &&
+            snprintf(want, sizeof want, "rows-%07d-%07d.bin", r0, r1) < (int)sizeof want &&
+            strcmp(want, e->d_name) == 0 && n < max) {
             spans[n].r0 = r0;
             spans[n].r1 = r1;
             n++;

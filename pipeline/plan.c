@@ -1,9 +1,11 @@
 /* plan.c - see plan.h */
 #include "pipeline/plan.h"
 
-static int ceil_div(int a, int b)
+/* In 64 bits: a raster may be 2^31-1 pixels wide, and a + b - 1 must not
+ * overflow (the quotient always fits an int again). */
+static int ceil_div(int64_t a, int64_t b)
 {
-    return (a + b - 1) / b;
+    return (int)((a + b - 1) / b);
 }
 
 static void axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax)
@@ -19,7 +21,8 @@ static void axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax)
         ax->n_aligned = ceil_div(size - T, S) + 1;
     } else {
         ax->n_aligned = (size - T) / S + 1;
-        if (edge == TW_EDGE_SHIFT && (ax->n_aligned - 1) * S + T < size) ax->shifted = true;
+        if (edge == TW_EDGE_SHIFT && (int64_t)(ax->n_aligned - 1) * S + T < size)
+            ax->shifted = true;
     }
     ax->n_pos = ax->n_aligned + (ax->shifted ? 1 : 0);
 }

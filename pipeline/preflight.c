@@ -294,10 +294,19 @@ uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp)
         uint64_t gw = ((uint64_t)pp->width[i] + S - 1) / S,
                  gh = ((uint64_t)pp->height[i] + S - 1) / S;
         uint64_t cells = gw * gh, per = 0;
-        if (prod & TW_PRODUCT_CLASS) per += 1;
-        if (prod & TW_PRODUCT_PROB) per += C * (p->output.prob_type == TW_PROB_UINT8 ? 1 : 4) + 1;
-        if (prod & TW_PRODUCT_CONF) per += 4;
-        per += C * 4 + 1; /* committed chunks, until assembly */
+        /* output.resolution: input writes the rasters on the input's pixel
+         * grid (stride^2 times the cells), from a float32 probability
+         * raster of the cells in the parts directory. */
+        bool input_grid = p->output.resolution == TW_RESOLUTION_INPUT;
+        uint64_t px = input_grid ? (uint64_t)pp->width[i] * (uint64_t)pp->height[i] : cells;
+        uint64_t raster = 0;
+        if (prod & TW_PRODUCT_CLASS) raster += 1;
+        if (prod & TW_PRODUCT_PROB)
+            raster += C * (p->output.prob_type == TW_PROB_UINT8 ? 1 : 4) + 1;
+        if (prod & TW_PRODUCT_CONF) raster += 4;
+        total += px * raster;
+        if (input_grid && raster) per += C * 4; /* the cells' probabilities, resampled */
+        per += C * 4 + 1;                       /* committed chunks, until assembly */
         uint64_t tiles = cells / ((uint64_t)pp->tile / S) / ((uint64_t)pp->tile / S) + 1;
         if (prod & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG))
             total +=
@@ -346,6 +355,17 @@ static tw_status check_dir(const char *dir, tw_error *err)
                                 strerror(errno));
         return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s cannot be created in %s: %s", dir,
                             at, strerror(errno));
+    }
+    /* access() says yes to root on /proc, /sys and to read-only mounts; a
+     * run's first write there is a mkdir (output.dir's path, or its
+     * .tilewise/), so try one, and remove it at once. */
+    char probe[TW_PATH_MAX + 32];
+    if (snprintf(probe, sizeof probe, "%s/.tilewise-probe-XXXXXX", at) < (int)sizeof probe) {
+        if (!mkdtemp(probe))
+            return tw_error_set(err, TW_ERR_OUTPUT,
+                                "output.dir: %s: cannot create a directory in %s: %s", dir, at,
+                                strerror(errno));
+        rmdir(probe);
     }
     return TW_OK;
 }

@@ -13,8 +13,10 @@
  * how much of an input's tiles is padding. Model fit, inputs and the
  * memory budget are checked by prepare itself, right after.
  *
- * Nothing here creates a file or a directory under output.dir: the trial
- * write goes to a temporary directory under /tmp, removed after.
+ * Nothing here leaves a file or a directory under output.dir: the trial
+ * write goes to a temporary directory under /tmp, removed after, and the
+ * output.dir check makes and removes one empty directory where the run
+ * would make its first (access() alone says yes to root on /proc).
  */
 #ifndef TW_PREFLIGHT_H
 #define TW_PREFLIGHT_H

@@ -480,10 +480,15 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     }
     tw_free(fp); /* the parts have checked and stored it */
 
-    /* Segments: the shard's rows that no earlier run has committed. */
+    /* Segments: the shard's rows that no earlier run has committed, one per
+     * run of them (counted first: one per row took 96 bytes a row, 3.2 GB
+     * for a 64 x 2^31-1 raster). */
+    int n_runs = 0;
+    for (int r = plan.row_begin; st == TW_OK && r < plan.row_end; r++)
+        n_runs += !tw_parts_row_done(pp.parts, r) &&
+                  (r == plan.row_begin || tw_parts_row_done(pp.parts, r - 1));
     if (st == TW_OK) {
-        pp.segs = tw_calloc(TW_MEM_OTHER, (size_t)(plan.row_end - plan.row_begin) + 1,
-                            sizeof(tw_segment));
+        pp.segs = tw_calloc(TW_MEM_OTHER, (size_t)n_runs + 1, sizeof(tw_segment));
         if (!pp.segs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     for (int r = plan.row_begin; st == TW_OK && r < plan.row_end;) {

@@ -121,7 +121,8 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
                  tw_error *err);
 
 /* Check config, inputs and the model against each other and print the plan
- * (tile grid, batch, slots, memory estimate) to out, without running the model. */
+ * (tile grid, batch, slots, memory estimate) to out, without running the model.
+ * Sets GDAL's block cache limit (process-wide) to the budget's, as tw_run does. */
 tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err);
 
 /* Load the model file and resolve what the run would use (bundle values,
@@ -143,7 +144,9 @@ tw_status tw_check_inputs(const tw_run_params *p, tw_error *err);
 /* `tilewise merge`: after sharded runs into out_dir, check that every
  * output row of every input is committed, then write the final products
  * (as the workflow asked: GTiff or COG, tile table) and remove the parts.
- * TW_ERR_INPUT naming the missing rows when a shard has not finished. */
+ * TW_ERR_INPUT naming the missing rows when a shard has not finished.
+ * Merged already (no parts left, final products there): TW_OK and no input
+ * in *result. */
 tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err);
 
 void tw_run_result_destroy(tw_run_result *r);

@@ -471,7 +471,7 @@ static work_result read_work(worker *w, tw_slot *s, tw_slot **out)
             int n = 0;
             while (i + n < run && (!pp->aoi || tw_aoi_tile(pp->aoi, tx + i + n, ty))) {
                 int x = tw_axis_pos(&pl->x, T, pl->stride, tx + i + n);
-                if (n > 0 && x + T - w->xs[0] > strip_w) break;
+                if (n > 0 && x - w->xs[0] + T > strip_w) break; /* x + T may pass 2^31-1 */
                 w->xs[n++] = x;
             }
             if (read_run(w, s, si, ty, tx + i, n, y0) != W_PASS) return W_FAIL;

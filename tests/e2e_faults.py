@@ -120,8 +120,15 @@ def test_on_error(tmp):
     for x, y in damaged:
         check(any(f"x={x * 64} y={y * 64}" in ln and "damaged.tif" in ln for ln in lines),
               f"on_error: skip: a warning names the tile at x={x * 64} y={y * 64}")
+    # The summary counts the unreadable tiles as the nodata they are written
+    # as (it said "0 nodata" before).
+    check(f"{len(damaged)} nodata ({len(damaged)} unreadable)" in r.stdout,
+          f"on_error: skip: the summary counts the unreadable tiles as nodata ({r.stdout[:120]!r})")
     with open(f"{tmp}/out_skip/run.json") as f:
         rep = json.load(f)["inputs"][0]
+    check(rep["nodata_cells"] == len(damaged),
+          f"run.json nodata_cells = {rep['nodata_cells']} (expected {len(damaged)}: the unreadable "
+          "tiles' cells)")
     check(rep["tiles_read_errors"] == len(damaged),
           f"run.json tiles_read_errors = {rep['tiles_read_errors']} (expected {len(damaged)})")
     got = outputs(f"{tmp}/out_skip", "damaged")

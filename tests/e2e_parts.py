@@ -120,6 +120,19 @@ def main():
         r = run("merge", "-q", out)
         check(r.returncode == 0, f"merge: {r.stderr}")
         check(same(outputs(gdal, out), ref), "merged shards equal one run", True)
+        # merging again has no work: exit 0, says so, leaves no empty .tilewise/
+        # (it was exit 3, "no shard outputs to merge"), also when an empty
+        # .tilewise/ is there (a run stopped before its first chunk)
+        for empty in (False, True):
+            if empty:
+                os.makedirs(f"{out}/.tilewise", exist_ok=True)
+            r = run("merge", out)
+            check(r.returncode == 0 and "already merged" in r.stdout and "wrote" not in r.stdout,
+                  f"a second merge (empty .tilewise/: {empty}) is exit 0 and says it is merged "
+                  f"already: {r.returncode} {r.stdout.strip()} {r.stderr.strip()}", True)
+            check(not os.path.exists(f"{out}/.tilewise"),
+                  f"no .tilewise/ left after a second merge (empty one before: {empty})", True)
+            check(same(outputs(gdal, out), ref), "the merged products are untouched", True)
 
         # ---- --restart discards the other configuration's parts
         out = f"{tmp}/restart"

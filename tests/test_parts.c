@@ -216,12 +216,54 @@ static void test_journal_line_cut_short(void **state)
     tw_parts_close(pt);
 }
 
+/* Rows from 10^7 on (a 2^31-1 tall raster has 67 M rows at stride 32):
+ * their chunk names have 8-digit rows, and assembly once ignored them
+ * ("the committed chunks do not cover rows 9999360..."). One narrow column,
+ * one class: a 10^7-row chunk of 50 MB, then one past it. */
+static void test_rows_past_ten_million(void **state)
+{
+    (void)state;
+    enum { BIG = 10000000, TAIL = 4, STEP = 1 << 16 };
+    const char *out = tw_test_path(tw_test_tmpdir(), "tall");
+    tw_parts_params p = params(out, 0, 1);
+    p.grid_w = 1;
+    p.grid_h = BIG + TAIL;
+    p.n_classes = 1;
+    tw_parts *pt = open_parts(&p);
+    float *probs = malloc(sizeof(float) * STEP);
+    uint8_t *has = malloc(STEP);
+    assert_non_null(probs);
+    assert_non_null(has);
+    for (int i = 0; i < STEP; i++) probs[i] = 1.0f, has[i] = 1;
+    tw_error err;
+    tw_error_init(&err);
+    const int spans[2][2] = {{0, BIG}, {BIG, BIG + TAIL}};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(tw_parts_chunk_begin(pt, spans[k][0], spans[k][1], &err), TW_OK);
+        for (int r = spans[k][0]; r < spans[k][1]; r += STEP) {
+            int n = spans[k][1] - r < STEP ? spans[k][1] - r : STEP;
+            assert_int_equal(tw_parts_chunk_rows(pt, r, n, probs, has, &err), TW_OK);
+        }
+        if (tw_parts_chunk_commit(pt, &err) != TW_OK) fail_msg("commit: %s", err.msg);
+    }
+    free(probs);
+    free(has);
+    assert_int_equal(tw_parts_rows_done(pt), BIG + TAIL);
+    int64_t hist[1] = {0}, nodata = 0;
+    if (tw_parts_assemble(pt, NULL, NULL, NULL, hist, &nodata, &err) != TW_OK)
+        fail_msg("assemble: %s", err.msg);
+    assert_int_equal(hist[0], BIG + TAIL);
+    assert_int_equal(nodata, 0);
+    tw_parts_close(pt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_across_shards),
         cmocka_unit_test(test_damaged_chunks_are_redone),
         cmocka_unit_test(test_journal_line_cut_short),
+        cmocka_unit_test(test_rows_past_ten_million),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

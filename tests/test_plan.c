@@ -110,6 +110,53 @@ static void test_plan_errors(void **state)
     assert_int_equal(tw_plan_make(100, 100, 64, 64, TW_EDGE_PAD, 3, 3, &p, &err), TW_ERR_USAGE);
 }
 
+/* A raster 2^31-1 pixels wide (GDAL's largest; a VRT makes one): the grid
+ * and tile counts are exact (computed here in 64 bits), and nothing on the
+ * way overflows (the ASan+UBSan build traps a signed overflow). The old
+ * ceil_div computed size + S - 1 in an int: a negative grid. */
+static void test_plan_huge(void **state)
+{
+    (void)state;
+    const int64_t W = INT32_MAX;
+    static const tw_edge_mode modes[] = {TW_EDGE_PAD, TW_EDGE_SHIFT, TW_EDGE_SKIP};
+    static const int strides[] = {64, 32, 16};
+    for (int m = 0; m < 3; m++)
+        for (int si = 0; si < 3; si++) {
+            int T = 64, S = strides[si], k = T / S;
+            tw_plan p;
+            plan_ok((int)W, 64, T, S, modes[m], &p);
+            assert_int_equal(p.grid_w, (W + S - 1) / S);
+            assert_int_equal(p.x.cells, p.grid_w);
+            int64_t aligned = modes[m] == TW_EDGE_PAD ? (W - T + S - 1) / S + 1 : (W - T) / S + 1;
+            assert_int_equal(p.x.n_aligned, aligned);
+            assert_int_equal(p.x.shifted, modes[m] == TW_EDGE_SHIFT && (aligned - 1) * S + T < W);
+            assert_int_equal(p.n_tiles, (int64_t)p.x.n_pos * (p.ty_end - p.ty_begin));
+            /* The last tile: inside the raster or (pad) starting in it. */
+            int last = p.x.n_pos - 1, c0, c1;
+            int64_t pos = tw_axis_pos(&p.x, T, S, last);
+            assert_true(pos >= 0 && pos < W);
+            if (modes[m] != TW_EDGE_PAD) assert_true(pos + T <= W);
+            tw_axis_cells(&p.x, T, S, last, &c0, &c1);
+            assert_true(c0 >= 0 && c0 < c1 && c1 <= p.grid_w);
+            if (modes[m] != TW_EDGE_SKIP) assert_int_equal(c1, p.grid_w);
+            if (p.x.shifted)
+                assert_int_equal(c0, (W - T + S - 1) / S);
+            else {
+                assert_int_equal(c0, last);
+                assert_int_equal(c1, last + k < p.grid_w ? last + k : p.grid_w);
+            }
+        }
+    /* 2^31-1 tall: shards split its rows in 64 bits too. */
+    tw_plan p;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_plan_make(64, INT32_MAX, 64, 32, TW_EDGE_PAD, 2, 3, &p, &err), TW_OK);
+    int64_t H = (W + 31) / 32;
+    assert_int_equal(p.grid_h, H);
+    assert_int_equal(p.row_begin, H * 2 / 3);
+    assert_int_equal(p.row_end, H);
+}
+
 static void test_plan_shards(void **state)
 {
     (void)state;
@@ -285,10 +332,10 @@ static void test_format_bytes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plan_pad),       cmocka_unit_test(test_plan_shift_skip),
-        cmocka_unit_test(test_plan_errors),    cmocka_unit_test(test_plan_shards),
-        cmocka_unit_test(test_stitch_average), cmocka_unit_test(test_queue),
-        cmocka_unit_test(test_format_bytes),
+        cmocka_unit_test(test_plan_pad),    cmocka_unit_test(test_plan_shift_skip),
+        cmocka_unit_test(test_plan_errors), cmocka_unit_test(test_plan_huge),
+        cmocka_unit_test(test_plan_shards), cmocka_unit_test(test_stitch_average),
+        cmocka_unit_test(test_queue),       cmocka_unit_test(test_format_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

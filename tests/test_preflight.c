@@ -145,6 +145,29 @@ static void output_dir(void **state)
     assert_non_null(strstr(err.msg, "scene.prob.tif exists and is a directory"));
 }
 
+/* A directory access() calls writable where nothing can be created: /proc
+ * for root (the old check said ok and the run then exited 4 at its first
+ * mkdir), and for anyone else too. The check leaves nothing behind. */
+static void output_dir_unwritable(void **state)
+{
+    (void)state;
+    struct stat sb;
+    if (stat("/proc/self", &sb) != 0) skip(); /* no procfs here */
+    tw_preflight_warnings w;
+    tw_error err;
+    assert_int_equal(output_check("/proc", TW_PRODUCT_CLASS, &w, &err), TW_ERR_OUTPUT);
+    assert_non_null(strstr(err.msg, "output.dir: /proc"));
+    assert_int_equal(output_check("/proc/tilewise-out", TW_PRODUCT_CLASS, &w, &err), TW_ERR_OUTPUT);
+    assert_non_null(strstr(err.msg, "/proc/tilewise-out"));
+    /* a writable one passes and keeps no probe */
+    const char *dir = tw_test_tmpdir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/probed", dir);
+    assert_int_equal(mkdir(path, 0777), 0);
+    assert_int_equal(output_check(path, TW_PRODUCT_CLASS, &w, &err), TW_OK);
+    assert_int_equal(rmdir(path), 0); /* empty: nothing was left in it */
+}
+
 static void output_bytes(void **state)
 {
     (void)state;
@@ -160,6 +183,15 @@ static void output_bytes(void **state)
                               .height = &ht};
     /* 20 x 10 cells: class 1 + prob 4*4 + mask 1 + chunks 4*4 + 1 bytes each */
     assert_int_equal(tw_preflight_output_bytes(&pp), 200 * (1 + 17 + 17));
+    /* output.resolution: input: the rasters on the 640 x 320 input pixels
+     * (class 1 + prob 17 each), the cells' float32 probabilities (4*4) and
+     * the chunks (17) per cell. The old estimate counted cells only: 32x
+     * too small at stride 32, so a full disk went unwarned. */
+    p.output.resolution = TW_RESOLUTION_INPUT;
+    assert_int_equal(tw_preflight_output_bytes(&pp), 640 * 320 * (1 + 17) + 200 * (16 + 17));
+    p.output.prob_type = TW_PROB_UINT8;
+    p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF;
+    assert_int_equal(tw_preflight_output_bytes(&pp), 640 * 320 * (1 + 5 + 4) + 200 * (16 + 17));
     wd = 0; /* a skipped input writes nothing */
     assert_int_equal(tw_preflight_output_bytes(&pp), 0);
 }
@@ -350,13 +382,10 @@ static void budget_adds_up(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(creation_options),
-        cmocka_unit_test(weights_pickle),
-        cmocka_unit_test(output_dir),
-        cmocka_unit_test(output_bytes),
-        cmocka_unit_test(padding_share),
-        cmocka_unit_test(fingerprint_diff),
-        cmocka_unit_test(parts_refuse_and_lock),
+        cmocka_unit_test(creation_options), cmocka_unit_test(weights_pickle),
+        cmocka_unit_test(output_dir),       cmocka_unit_test(output_dir_unwritable),
+        cmocka_unit_test(output_bytes),     cmocka_unit_test(padding_share),
+        cmocka_unit_test(fingerprint_diff), cmocka_unit_test(parts_refuse_and_lock),
         cmocka_unit_test(budget_adds_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

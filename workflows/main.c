@@ -553,8 +553,11 @@ static void print_summary(const tilewise_report *rep, const tilewise_run_summary
             printf("%s: skipped (input.on_error: skip): %s\n", in.path, in.skipped);
             continue;
         }
-        printf("%s: %lld tiles classified, %lld nodata, in %.2f s (%.1f tiles/s)\n", in.path,
-               (long long)in.tiles_classified, (long long)in.tiles_nodata, in.seconds,
+        /* Unreadable tiles (input.on_error: skip) are written as nodata too. */
+        printf("%s: %lld tiles classified, %lld nodata", in.path, (long long)in.tiles_classified,
+               (long long)(in.tiles_nodata + in.tiles_read_errors));
+        if (in.tiles_read_errors) printf(" (%lld unreadable)", (long long)in.tiles_read_errors);
+        printf(", in %.2f s (%.1f tiles/s)\n", in.seconds,
                in.seconds > 0 ? in.tiles_classified / in.seconds : 0.0);
         printf("  classes:");
         int64_t cells = in.nodata_cells;
@@ -722,6 +725,9 @@ static int cmd_merge(int argc, char **argv)
             if (tilewise_report_input(rep, i, &in, NULL) != TILEWISE_OK) continue;
             for (int o = 0; o < in.n_outputs; o++) printf("wrote %s\n", in.outputs[o]);
         }
+        if (sum.n_inputs == 0 && !quiet)
+            printf("%s: already merged (no parts left under %s/.tilewise/): nothing to do\n", dir,
+                   dir);
     }
     tilewise_report_free(rep);
     return st == TILEWISE_OK ? TW_EXIT_OK : fail(&err);

@@ -5,12 +5,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <gdal.h>
+
 #include "pipeline/advice.h"
 #include "pipeline/run.h"
 
 tw_status tw_validate_report(const tw_run_params *p, FILE *out, int *warnings, tw_error *err)
 {
     int n = 0;
+    /* tw_validate sets GDAL's block cache to the run's budget for the
+     * advice's reads; the caller's (process-wide) setting comes back after. */
+    GIntBig cache = GDALGetCacheMax64();
     tw_status st = tw_validate(p, out, err);
     tw_resolved m;
     tw_error e;
@@ -25,6 +30,7 @@ tw_status tw_validate_report(const tw_run_params *p, FILE *out, int *warnings, t
     }
     free(a);
     if (st == TW_OK) fprintf(out, "advice    %d warning%s\n", n, n == 1 ? "" : "s");
+    GDALSetCacheMax64(cache);
     if (warnings) *warnings = n;
     return st;
 }

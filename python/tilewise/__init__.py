@@ -511,7 +511,8 @@ def run(workflow, overrides=None, progress=None, log=None, tiles=None):
 def merge(output_dir):
     """`tilewise merge`: after sharded runs (run.shard=I/N) into output_dir,
     check every shard finished and write the final products. Returns the
-    files written, input by input: [{"path": input, "outputs": [...]}]."""
+    files written, input by input: [{"path": input, "outputs": [...]}]; []
+    when output_dir is merged already."""
     lib = _load()
     err = _Error()
     rep = ctypes.c_void_p()
