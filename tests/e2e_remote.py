@@ -332,16 +332,16 @@ def body(gdal, tmp):
     p.communicate(timeout=120)
     srv.ctl("latency=0")
     check(p.returncode == 75, f"changed: interrupted run exits 75 ({p.returncode})")
-    ident = b""
+    ident = {}
     for path in glob.glob(os.path.join(out, ".tilewise", "**"), recursive=True):
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                data = f.read()
-            k = data.find(b"object /vsis3/bucket/scene.tif size ")
-            if k >= 0:
-                ident = data[k:data.find(b"\n", k)]
-    check(b" etag " in ident and b" etag -" not in ident and b" modified -" not in ident,
-          f"changed: the resume fingerprint holds the object's size, ETag and date ({ident!r})")
+        if os.path.isfile(path) and os.path.basename(path) == "fingerprint":
+            with open(path) as f:
+                for ln in f:
+                    k, _, v = ln.rstrip("\n").partition(" ")
+                    if k.endswith("[/vsis3/bucket/scene.tif]"):
+                        ident[k.split("[")[0]] = v
+    check(set(ident) == {"size", "etag", "modified"} and "-" not in ident.values(),
+          f"changed: the resume fingerprint holds the object's size, ETag and date ({ident})")
     # A new version of the object: other pixel values, same size and grid.
     new = os.path.join(tmp, "scene_v2.tif")
     gdal.Translate(new, os.path.join(SRC, "sample_data", "L7_ETMs.tif"), creationOptions=tiled,
@@ -357,7 +357,9 @@ def body(gdal, tmp):
         check(r2.returncode == 0 and same(products(out, "scene"), products(v2_out, "scene")),
               "changed: the rerun equals a run on the new version alone")
     else:
-        check("scene" in r.stderr, f"changed: refused, naming the object ({r.stderr[:300]})")
+        check(r.returncode == 6 and "etag[/vsis3/bucket/scene.tif]" in r.stderr
+              and "--restart" in r.stderr,
+              f"changed: refused (6), naming the object and its ETag ({r.stderr[:400]})")
     no_secret(out, [r.stdout, r.stderr], "changed")
 
     print("a STAC item of three single-band COG assets")
