@@ -357,7 +357,9 @@ tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *er
     for (char *c = modified; *c; c++)
         if (*c == ' ') *c = '_';
     CSLDestroy(headers);
-    /* A key per field, naming the object: a refusal says what changed. */
+    /* One line, its key naming the object (a refusal says which), the
+     * fields most likely to change first (a refusal shows 80 characters of
+     * a value); one line, not three, so a STAC item's many assets fit. */
     char key[TW_URL_SHOWN_MAX];
     size_t j = 0;
     for (const char *s = shown; *s && j + 4 < sizeof key; s++) {
@@ -368,8 +370,8 @@ tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *er
             key[j++] = (char)ch;
     }
     key[j] = '\0';
-    snprintf(out, size, "size[%s] %lld\netag[%s] %s\nmodified[%s] %s\n", key, (long long)sb.st_size,
-             key, etag, key, modified);
+    snprintf(out, size, "object[%s] etag=%s size=%lld modified=%s\n", key, etag,
+             (long long)sb.st_size, modified);
     return TW_OK;
 }
 

@@ -58,10 +58,10 @@ void tw_url_stem(const char *path, char *out, size_t size);
 
 /* The lines identifying an input's version for the resume fingerprint,
  * "key value" each, the key naming the object or file:
- * * remote: "size[URL] N", "etag[URL] E", "modified[URL] M" (URL the
- *   redacted GDAL path; fields GDAL cannot tell are "-"), from a fresh HEAD
- *   request (GDAL's cache of the object is dropped first); TW_ERR_REMOTE
- *   when the object cannot be reached;
+ * * remote: "object[URL] etag=E size=N modified=M" (URL the redacted GDAL
+ *   path; fields GDAL cannot tell are "-"), from a fresh HEAD request
+ *   (GDAL's cache of the object is dropped first); TW_ERR_REMOTE when the
+ *   object cannot be reached;
  * * local: every file of the dataset by size, mtime and sampled content
  *   (identity.h's tw_identity_local). */
 tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *err);

@@ -338,8 +338,8 @@ def body(gdal, tmp):
             with open(path) as f:
                 for ln in f:
                     k, _, v = ln.rstrip("\n").partition(" ")
-                    if k.endswith("[/vsis3/bucket/scene.tif]"):
-                        ident[k.split("[")[0]] = v
+                    if k == "object[/vsis3/bucket/scene.tif]":
+                        ident = dict(f.split("=", 1) for f in v.split())
     check(set(ident) == {"size", "etag", "modified"} and "-" not in ident.values(),
           f"changed: the resume fingerprint holds the object's size, ETag and date ({ident})")
     # A new version of the object: other pixel values, same size and grid.
@@ -357,7 +357,7 @@ def body(gdal, tmp):
         check(r2.returncode == 0 and same(products(out, "scene"), products(v2_out, "scene")),
               "changed: the rerun equals a run on the new version alone")
     else:
-        check(r.returncode == 6 and "etag[/vsis3/bucket/scene.tif]" in r.stderr
+        check(r.returncode == 6 and "object[/vsis3/bucket/scene.tif]: etag=" in r.stderr
               and "--restart" in r.stderr,
               f"changed: refused (6), naming the object and its ETag ({r.stderr[:400]})")
     no_secret(out, [r.stdout, r.stderr], "changed")

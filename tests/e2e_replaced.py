@@ -12,7 +12,7 @@ by size, mtime and sampled content:
   and --restart; nothing deleted. --restart: exit 0, outputs equal to an
   uninterrupted run on the new raster.
 * A VRT whose source .tif is replaced (SIGTERM, exit 75): exit 6 naming the
-  source.
+  source. Shard 2/2 run on a raster replaced after shard 1/2: exit 6.
 * Same bytes: `cp -p` (mtime kept) resumes; `cp` (new mtime) is refused,
   naming the mtime (a sampled hash can miss an unsampled change; the mtime
   is what catches an in-place edit there).
@@ -140,6 +140,20 @@ def body(gdal, tmp):
     r = run(wf)
     check(r.returncode == 6 and f"content[{vsrc}]" in r.stderr and f"[{vrt}]" not in r.stderr,
           f"VRT source replaced: exit 6 naming the source, not the VRT ({r.returncode}: "
+          f"{r.stderr.strip()[:400]})")
+
+    print("shards: shard 2/2 of a replaced raster after shard 1/2")
+    shutil.copy(old, scene)
+    wf, out = e2eutil.workflow(tmp, "shards", scene, stride=64)
+    r = subprocess.run([BIN, "run", wf, "-q", "--shard", "1/2"], capture_output=True, text=True,
+                       timeout=600)
+    check(r.returncode == 0, f"shard 1/2: exit 0 ({r.stderr.strip()[:300]})")
+    shutil.copy(new, scene + ".new")
+    replace_keeping_mtime(scene + ".new", scene)
+    r = subprocess.run([BIN, "run", wf, "-q", "--shard", "2/2"], capture_output=True, text=True,
+                       timeout=600)
+    check(r.returncode == 6 and f"content[{scene}]" in r.stderr,
+          f"shard 2/2 on the replaced raster: exit 6 naming its content ({r.returncode}: "
           f"{r.stderr.strip()[:400]})")
 
     print("same bytes: cp -p resumes, cp (new mtime) is refused")
