@@ -107,6 +107,15 @@ static void capture_end(void)
     tw_gdal_capture_end();
 }
 
+/* Forget what was captured, so that the next failure is recorded (the
+ * capture keeps the first failure only). */
+static void capture_clear(gdal_msgs *m, bool warnings)
+{
+    m->failures = 0;
+    m->failure[0] = '\0';
+    if (warnings) m->last_warning[0] = '\0';
+}
+
 static const char *capture_text(const gdal_msgs *m)
 {
     return tw_gdal_capture_text(m, "no message from GDAL");
@@ -201,19 +210,26 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
 {
     const char *path = r->path;
     bool ok = open_ds(r, msgs);
+    if (!ok && r->remote && strstr(capture_text(msgs), "does not exist in the file system")) {
+        /* GDAL remembers an object it could not stat for the life of the
+         * process and then says only this: ask the server once more, at
+         * once, so that its answer (404, 503, ...) decides below. */
+        capture_clear(msgs, true);
+        VSICurlPartialClearCache(r->gpath);
+        ok = open_ds(r, msgs);
+    }
     /* A remote open can fail on a dropped connection or a truncated header
      * read (GDAL 3.6 retries only 429/5xx answers, and then says "not
      * recognized as a supported file format"): retry on a fresh connection,
-     * with backoff, within the span of GDAL's own retries - but not a
-     * definite answer (403, 404: the object is not there for us). */
+     * with backoff, within the span of GDAL's own retries - but not the
+     * server's final answer (404, 403: the object is not there for us). */
     double t0 = tw_clock_now();
     for (int attempt = 1;
-         !ok && r->remote && attempt <= r->net.retries &&
-         !strstr(capture_text(msgs), "HTTP response code: 4") &&
+         !ok && r->remote && attempt <= r->net.retries && !tw_url_definitive(capture_text(msgs)) &&
          tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay);
          attempt++) {
         sleep_s(tw_url_retry_delay(&r->net, attempt));
-        msgs->failure[0] = msgs->last_warning[0] = '\0';
+        capture_clear(msgs, true);
         VSICurlPartialClearCache(r->gpath);
         ok = open_ds(r, msgs);
     }
@@ -232,10 +248,12 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
         tw_status st = r->remote && (tw_url_transient(why) || tw_url_transient(msgs->last_warning))
                            ? TW_ERR_REMOTE
                            : TW_ERR_INPUT;
-        return tw_error_set(err, st, "%s: cannot open as a raster%s: %s", path,
-                            st == TW_ERR_REMOTE ? " (network)" : "", why);
+        return tw_error_set(
+            err, st, "%s: cannot open as a raster%s: %s%s", path,
+            st == TW_ERR_REMOTE ? " (network)" : "", why,
+            r->remote && tw_url_definitive(why) ? " (the server's final answer: not retried)" : "");
     }
-    msgs->failure[0] = '\0';
+    capture_clear(msgs, false);
 
     int count = GDALGetRasterCount(r->ds);
     int width = GDALGetRasterXSize(r->ds), height = GDALGetRasterYSize(r->ds);
@@ -294,7 +312,7 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
         memcpy(in->geotransform, ident, sizeof ident);
         in->has_geotransform = false;
     }
-    msgs->failure[0] = '\0'; /* a missing geotransform is not an error */
+    capture_clear(msgs, false); /* a missing geotransform is not an error */
     tw_status st = fill_crs(r, err);
     if (st != TW_OK) return st;
     GDALDriverH drv = GDALGetDatasetDriver(r->ds);
@@ -612,7 +630,7 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
                tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay)) {
             attempt++;
             sleep_s(tw_url_retry_delay(&r->net, attempt));
-            msgs.failure[0] = msgs.last_warning[0] = '\0';
+            capture_clear(&msgs, true);
             if (!reopen(r, &msgs)) continue;
             ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
         }

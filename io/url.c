@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "core/alloc.h"
+#include "io/identity.h"
 
 static bool starts_with_ci(const char *s, const char *prefix)
 {
@@ -20,9 +21,21 @@ static bool starts_with_ci(const char *s, const char *prefix)
 }
 
 static const char *const k_remote_vsi[] = {
-    "/vsicurl/", "/vsicurl_streaming/", "/vsis3/",           "/vsis3_streaming/", "/vsigs/",
-    "/vsiaz/",   "/vsiadls/",           "/vsioss/",          "/vsiswift/",        "/vsiwebhdfs/",
-    "/vsihdfs/", "/vsigs_streaming/",   "/vsiaz_streaming/",
+    "/vsicurl/",
+    "/vsicurl_streaming/",
+    "/vsis3/",
+    "/vsis3_streaming/",
+    "/vsigs/",
+    "/vsiaz/",
+    "/vsiadls/",
+    "/vsioss/",
+    "/vsiswift/",
+    "/vsiwebhdfs/",
+    "/vsihdfs/",
+    "/vsigs_streaming/",
+    "/vsiaz_streaming/",
+    "/vsicurl?",
+    "/vsicurl_streaming?",
 };
 
 bool tw_url_is_remote(const char *path)
@@ -63,17 +76,21 @@ tw_status tw_url_to_gdal(const char *path, char *out, size_t size, tw_error *err
 
 /* ---- redaction -------------------------------------------------------------- */
 
-/* Query parameters whose values are credentials (case-insensitive): AWS
- * SigV4 and SigV2 presigned URLs, Azure SAS, Google signed URLs, OAuth,
- * and the generic names services use. */
+/* Query parameters whose values are credentials (case-insensitive, matched
+ * after percent-decoding): AWS SigV4 and SigV2 presigned URLs, Azure SAS,
+ * Google signed URLs, CloudFront signed URLs, OAuth, and the generic names
+ * services use. */
 static const char *const k_secret_params[] = {
     "X-Amz-Signature",
     "X-Amz-Credential",
     "X-Amz-Security-Token",
     "X-Goog-Signature",
     "X-Goog-Credential",
+    "GoogleAccessId",
     "AWSAccessKeyId",
     "Signature",
+    "Policy",
+    "Key-Pair-Id",
     "sig",
     "token",
     "access_token",
@@ -106,7 +123,7 @@ static bool secret_name(const char *name, size_t len)
 
 static bool name_char(char c)
 {
-    return isalnum((unsigned char)c) || c == '-' || c == '_' || c == '.' || c == '%';
+    return isalnum((unsigned char)c) || c == '-' || c == '_' || c == '.';
 }
 
 /* A value ends at the next parameter, fragment, blank, quote or bracket. */
@@ -114,6 +131,35 @@ static bool value_end(char c)
 {
     return c == '\0' || c == '&' || c == '#' || c == ';' || isspace((unsigned char)c) || c == '"' ||
            c == '\'' || c == '<' || c == '>' || c == ')' || c == ']' || c == ',';
+}
+
+static int hex_value(char c)
+{
+    return isdigit((unsigned char)c) ? c - '0' : tolower((unsigned char)c) - 'a' + 10;
+}
+
+/* The character s stands for after percent-decoding, as many times as it
+ * was encoded ("%253A" is ':' at depth 2): *len raw bytes, *depth rounds.
+ * A URL inside a parameter (GDAL's /vsicurl?url=https%3A%2F%2F...) is one
+ * level deeper than the text around it; its separators are at its depth. */
+static char decoded(const char *s, size_t *len, int *depth)
+{
+    char c = s[0];
+    size_t n = 1;
+    int d = 0;
+    if (c == '\0') {
+        *len = 0;
+        *depth = 0;
+        return c;
+    }
+    while (c == '%' && isxdigit((unsigned char)s[n]) && isxdigit((unsigned char)s[n + 1])) {
+        c = (char)(hex_value(s[n]) * 16 + hex_value(s[n + 1]));
+        n += 2;
+        d++;
+    }
+    *len = n;
+    *depth = d;
+    return c;
 }
 
 typedef struct outbuf {
@@ -133,15 +179,38 @@ static void put(outbuf *o, const char *s, size_t n)
 
 static const char k_redacted[] = "REDACTED";
 
-/* Length of the user-info part ("user:pass") of a URL authority starting at
- * s (just after "://"), or 0 when there is none. */
-static size_t userinfo_len(const char *s)
+/* At s, "://" (each character possibly encoded)? Returns its raw length
+ * and its depth (the deepest of the three), or 0. */
+static size_t scheme_sep(const char *s, int *depth)
 {
+    const char want[3] = {':', '/', '/'};
     size_t at = 0;
-    for (size_t i = 0; s[i] && s[i] != '/' && s[i] != '?' && s[i] != '#' &&
-                       !isspace((unsigned char)s[i]) && s[i] != '"' && s[i] != '\'';
-         i++)
-        if (s[i] == '@') at = i;
+    *depth = 0;
+    for (int k = 0; k < 3; k++) {
+        size_t n;
+        int d;
+        if (decoded(s + at, &n, &d) != want[k]) return 0;
+        if (d > *depth) *depth = d;
+        at += n;
+    }
+    return at;
+}
+
+/* Raw length of the user-info part ("user:pass") of a URL authority
+ * starting at s (just after "://" of the given depth), up to its last '@',
+ * or 0 when there is none. The authority ends at a '/', '?', '#', blank or
+ * quote no deeper than the URL itself: in a plain URL an encoded '/' is a
+ * character of the password. */
+static size_t userinfo_len(const char *s, int depth)
+{
+    size_t at = 0, i = 0, n;
+    int d;
+    for (char c; (c = decoded(s + i, &n, &d)) != '\0'; i += n) {
+        if (d <= depth && (c == '/' || c == '?' || c == '#' || isspace((unsigned char)c) ||
+                           c == '"' || c == '\''))
+            break;
+        if (c == '@' && d <= depth) at = i;
+    }
     return at;
 }
 
@@ -151,30 +220,48 @@ static bool redact(const char *text, outbuf *o)
     bool found = false;
     const char *s = text;
     while (*s) {
-        if (s[0] == ':' && s[1] == '/' && s[2] == '/') {
-            size_t u = userinfo_len(s + 3);
+        int depth;
+        size_t sep = scheme_sep(s, &depth);
+        if (sep > 0) {
+            size_t u = userinfo_len(s + sep, depth);
             if (u > 0) {
                 found = true;
                 if (o) {
-                    put(o, "://", 3);
+                    put(o, s, sep);
                     put(o, k_redacted, sizeof k_redacted - 1);
                 }
-                s += 3 + u; /* at the '@' */
+                s += sep + u; /* at the '@' */
                 continue;
             }
         }
-        if (*s == '?' || *s == '&' || *s == ';') {
-            const char *name = s + 1;
-            size_t len = 0;
-            while (name_char(name[len])) len++;
-            if (len > 0 && name[len] == '=' && secret_name(name, len)) {
+        size_t n;
+        char c = decoded(s, &n, &depth);
+        if (c == '?' || c == '&' || c == ';') {
+            /* The name, decoded ("X%2DAmz%2DSignature"), then '='. */
+            char name[64];
+            size_t len = 0, at = n, m;
+            int d;
+            char nc;
+            while ((nc = decoded(s + at, &m, &d)) != '\0' && name_char(nc) && len < sizeof name) {
+                name[len++] = nc;
+                at += m;
+            }
+            if (len > 0 && decoded(s + at, &m, &d) == '=' && secret_name(name, len)) {
                 found = true;
+                at += m;
                 if (o) {
-                    put(o, s, 1 + len + 1);
+                    put(o, s, at);
                     put(o, k_redacted, sizeof k_redacted - 1);
                 }
-                s = name + len + 1;
-                while (!value_end(*s)) s++;
+                /* The value ends where a parameter of its own depth (or a
+                 * shallower one) would: an encoded '&' inside a plain
+                 * value is part of the secret. */
+                s += at;
+                while (*s) {
+                    char vc = decoded(s, &m, &d);
+                    if (d <= depth && value_end(vc)) break;
+                    s += m;
+                }
                 continue;
             }
         }
@@ -198,10 +285,30 @@ bool tw_url_has_secret(const char *text)
     return text && redact(text, NULL);
 }
 
+/* GDAL's /vsicurl?...&url=ENCODED form: the URL decoded into out, or false. */
+static bool vsicurl_query_url(const char *path, char *out, size_t size)
+{
+    const char *q = strchr(path, '?');
+    if (!q || !starts_with_ci(path, "/vsicurl")) return false;
+    for (const char *p = q; p; p = strchr(p + 1, '&')) {
+        if (strncmp(p + 1, "url=", 4) != 0) continue;
+        size_t j = 0;
+        for (const char *c = p + 5; *c && *c != '&' && j + 1 < size; j++) {
+            size_t n;
+            int d;
+            out[j] = decoded(c, &n, &d);
+            c += n;
+        }
+        out[j] = '\0';
+        return true;
+    }
+    return false;
+}
+
 void tw_url_stem(const char *path, char *out, size_t size)
 {
     char buf[TW_URL_SHOWN_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
+    if (!vsicurl_query_url(path, buf, sizeof buf)) snprintf(buf, sizeof buf, "%s", path);
     if (tw_url_is_remote(buf)) buf[strcspn(buf, "?#")] = '\0';
     size_t n = strlen(buf);
     while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
@@ -227,10 +334,10 @@ static void header_field(const char *v, char *out, size_t size)
 tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *err)
 {
     if (size) out[0] = '\0';
-    if (!tw_url_is_remote(path)) return TW_OK;
     char gpath[4096], shown[TW_URL_SHOWN_MAX];
     tw_status st = tw_url_to_gdal(path, gpath, sizeof gpath, err);
     if (st != TW_OK) return st;
+    if (!tw_url_is_remote(path)) return tw_identity_local(gpath, out, size, NULL, err);
     tw_url_redact(gpath, shown, sizeof shown);
     VSIStatBufL sb;
     /* A fresh HEAD: GDAL caches what it learnt of the object for the life of
@@ -250,8 +357,21 @@ tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *er
     for (char *c = modified; *c; c++)
         if (*c == ' ') *c = '_';
     CSLDestroy(headers);
-    snprintf(out, size, "object %s size %lld etag %s modified %s\n", shown, (long long)sb.st_size,
-             etag, modified);
+    /* One line, its key naming the object (a refusal says which), the
+     * fields most likely to change first (a refusal shows 80 characters of
+     * a value); one line, not three, so a STAC item's many assets fit. */
+    char key[TW_URL_SHOWN_MAX];
+    size_t j = 0;
+    for (const char *s = shown; *s && j + 4 < sizeof key; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch <= ' ' || ch == ']' || ch == 0x7f)
+            j += (size_t)snprintf(key + j, sizeof key - j, "%%%02X", ch);
+        else
+            key[j++] = (char)ch;
+    }
+    key[j] = '\0';
+    snprintf(out, size, "object[%s] etag=%s size=%lld modified=%s\n", key, etag,
+             (long long)sb.st_size, modified);
     return TW_OK;
 }
 
@@ -288,6 +408,23 @@ bool tw_url_transient(const char *msg)
     };
     for (size_t i = 0; i < sizeof needles / sizeof needles[0]; i++)
         if (strstr(msg, needles[i])) return true;
+    return false;
+}
+
+bool tw_url_definitive(const char *msg)
+{
+    if (!msg) return false;
+    static const char *const codes[] = {
+        "HTTP response code: ", "HTTP error code: ", "HTTP error code : ", "response code "};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        for (const char *p = strstr(msg, codes[i]); p; p = strstr(p + 1, codes[i])) {
+            int code = atoi(p + strlen(codes[i]));
+            if (code >= 400 && code < 500 && code != 408 && code != 429) return true;
+        }
+    static const char *const s3[] = {"NoSuchKey", "NoSuchBucket", "AccessDenied",
+                                     "InvalidAccessKeyId", "SignatureDoesNotMatch"};
+    for (size_t i = 0; i < sizeof s3 / sizeof s3[0]; i++)
+        if (strstr(msg, s3[i])) return true;
     return false;
 }
 

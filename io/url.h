@@ -12,7 +12,8 @@
  *   Every log line, error message, run.json and the TILEWISE_RUN metadata
  *   goes through it.
  * * Identity: for a remote object, its size, ETag and Last-Modified (a HEAD
- *   request through GDAL), so that resume refuses chunks of another version.
+ *   request through GDAL); for a local dataset, its files' sizes, mtimes and
+ *   sampled content (identity.h): resume refuses chunks of another version.
  * * Network settings: input.retries and the read-ahead defaults become GDAL
  *   configuration options for the run (set from params, never from the
  *   environment by tilewise itself) and are restored afterwards.
@@ -55,11 +56,14 @@ bool tw_url_has_secret(const char *text);
  * string or fragment (remote paths) and without the extension. */
 void tw_url_stem(const char *path, char *out, size_t size);
 
-/* One line identifying a remote object's version for the resume
- * fingerprint: "object <redacted GDAL path> size N etag E modified M\n"
- * (fields GDAL cannot tell are "-"); "" for a local path. The headers come
- * from a fresh HEAD request (GDAL's cache of the object is dropped first).
- * TW_ERR_REMOTE when the object cannot be reached. */
+/* The lines identifying an input's version for the resume fingerprint,
+ * "key value" each, the key naming the object or file:
+ * * remote: "object[URL] etag=E size=N modified=M" (URL the redacted GDAL
+ *   path; fields GDAL cannot tell are "-"), from a fresh HEAD request
+ *   (GDAL's cache of the object is dropped first); TW_ERR_REMOTE when the
+ *   object cannot be reached;
+ * * local: every file of the dataset by size, mtime and sampled content
+ *   (identity.h's tw_identity_local). */
 tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *err);
 
 /* Is a GDAL failure message one of a network outage or a dropped
@@ -67,6 +71,12 @@ tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *er
  * "Read error at ...; got 0 bytes" of a short read) rather than of a bad or
  * missing object (403, 404, a decoding error)? */
 bool tw_url_transient(const char *gdal_msg);
+
+/* Is a GDAL failure message the server's final answer about the object
+ * (an HTTP 4xx other than 408 and 429: 404 missing, 403 denied, 401, ...;
+ * S3's NoSuchKey, NoSuchBucket, AccessDenied, InvalidAccessKeyId,
+ * SignatureDoesNotMatch), which no retry can change? */
+bool tw_url_definitive(const char *gdal_msg);
 
 /* GDAL's HTTP settings for a run. */
 typedef struct tw_url_settings {

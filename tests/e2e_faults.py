@@ -216,7 +216,7 @@ def test_input_changes_mid_run(tmp, ref):
     src = f"{SRC}/sample_data/L7_ETMs.tif"
     for how in ("deleted", "truncated"):
         raster = f"{tmp}/L7_ETMs.tif"
-        shutil.copy(src, raster)
+        shutil.copy2(src, raster)  # src's mtime: the restored copy below has it too
         out = f"{tmp}/out_{how}"
         wf = f"{tmp}/{how}.yaml"
         workflow(wf, raster, out, stride=32)
@@ -244,7 +244,7 @@ def test_input_changes_mid_run(tmp, ref):
         expect_error(r, EXIT_INPUT, ["L7_ETMs.tif", "window"], out, "truncated mid-run")
         check(committed_rows(out) >= rows_before,
               f"truncated: the {rows_before} committed row(s) are kept")
-        shutil.copy(src, raster)
+        shutil.copy2(src, raster)  # same bytes and mtime: the same raster for resume
         r2 = run(wf, "--chunk-rows", "1")
         check(r2.returncode == 0, f"truncated: rerun on the restored file exits 0 "
               f"({r2.returncode} {r2.stderr.strip()[:200]})")

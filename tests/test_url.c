@@ -7,8 +7,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <cpl_conv.h>
+#include <fcntl.h>
+#include <gdal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "io/identity.h"
 #include "io/url.h"
 
 static void to_gdal(const char *in, const char *want)
@@ -33,6 +40,7 @@ static void test_paths(void **state)
     assert_true(tw_url_is_remote("s3://b/k"));
     assert_true(tw_url_is_remote("/vsis3/b/k"));
     assert_true(tw_url_is_remote("/vsizip//vsicurl/http://h/a.zip"));
+    assert_true(tw_url_is_remote("/vsicurl?url=http%3A%2F%2Fh%2Fx.tif"));
     assert_false(tw_url_is_remote("/vsimem/x.tif"));
     assert_false(tw_url_is_remote("data/https.tif"));
 
@@ -81,6 +89,28 @@ static void test_redact(void **state)
     redacts("https://h/x.tif?keyword=1&tokens=2&monkey=3",
             "https://h/x.tif?keyword=1&tokens=2&monkey=3");
     redacts("is this a raster? key: value", "is this a raster? key: value");
+    /* Percent-encoded names, separators and URLs (GDAL's /vsicurl?url=...):
+     * matched after decoding, the raw text kept around the secret. */
+    redacts("/vsicurl?url=http%3A%2F%2Fuser%3Apw%40host/x.tif",
+            "/vsicurl?url=http%3A%2F%2FREDACTED%40host/x.tif");
+    redacts("/vsicurl?max_retry=3&url=https%3a%2f%2fme%3As3cr%2540t%40h%2Fk.tif",
+            "/vsicurl?max_retry=3&url=https%3a%2f%2fREDACTED%40h%2Fk.tif");
+    redacts("https://h/x.tif?X%2DAmz%2DSignature=abc&X-Amz%2dCredential=AKIA%2F1&a=b",
+            "https://h/x.tif?X%2DAmz%2DSignature=REDACTED&X-Amz%2dCredential=REDACTED&a=b");
+    redacts("/vsicurl?url=https%3A%2F%2Fh%2Fk.tif%3FX-Amz-Signature%3Dabc%26X-Amz-Date%3D1",
+            "/vsicurl?url=https%3A%2F%2Fh%2Fk.tif%3FX-Amz-Signature%3DREDACTED%26X-Amz-Date%3D1");
+    /* Twice encoded (%25 of %3D ...) still found. */
+    redacts("/vsicurl?url=https%3A%2F%2Fh%2Fk.tif%253Fsig%253Dabc%2526se%253D2",
+            "/vsicurl?url=https%3A%2F%2Fh%2Fk.tif%253Fsig%253DREDACTED%2526se%253D2");
+    /* A value of a plain parameter ends at a plain '&' only: its encoded
+     * '&' is part of the secret. */
+    redacts("https://h/x.tif?sig=ab%26cd&se=1", "https://h/x.tif?sig=REDACTED&se=1");
+    /* CloudFront signed URLs. */
+    redacts("https://d1.cloudfront.net/x.tif?Expires=1700000000&Policy=eyJTdGF0&Signature=a~b_"
+            "&Key-Pair-Id=K2JCJMDEHXQW5F",
+            "https://d1.cloudfront.net/x.tif?Expires=1700000000&Policy=REDACTED&Signature="
+            "REDACTED&Key-Pair-Id=REDACTED");
+    redacts("50%off/scene%20a.tif", "50%off/scene%20a.tif");
     /* Truncation keeps the buffer terminated and never leaks a tail. */
     char out[24];
     tw_url_redact("https://h/x.tif?sig=0123456789abcdef", out, sizeof out);
@@ -102,6 +132,7 @@ static void test_stem(void **state)
     stem("https://h/a/LC08_B4.TIF?X-Amz-Signature=s&token=t", "LC08_B4");
     stem("s3://bucket/dir/scene.tif#frag", "scene");
     stem("/vsicurl/https://h/item.json?sig=x", "item");
+    stem("/vsicurl?max_retry=2&url=https%3A%2F%2Fh%2Fd%2FB04.tif%3Fsig%3Dx", "B04");
     stem("noext", "noext");
     stem(".hidden", ".hidden");
 }
@@ -121,6 +152,20 @@ static void test_transient(void **state)
     assert_false(tw_url_transient("HTTP response code: 403"));
     assert_false(tw_url_transient("not recognized as a supported file format"));
     assert_false(tw_url_transient(NULL));
+}
+
+static void test_definitive(void **state)
+{
+    (void)state;
+    assert_true(tw_url_definitive("HTTP response code: 404"));
+    assert_true(tw_url_definitive("HTTP response code: 403"));
+    assert_true(tw_url_definitive("HTTP error code: 401 - https://h/x"));
+    assert_true(tw_url_definitive("<Error><Code>NoSuchKey</Code></Error>"));
+    assert_false(tw_url_definitive("HTTP response code: 429"));
+    assert_false(tw_url_definitive("HTTP response code: 408"));
+    assert_false(tw_url_definitive("HTTP response code: 503"));
+    assert_false(tw_url_definitive("Connection reset by peer"));
+    assert_false(tw_url_definitive(NULL));
 }
 
 static void test_settings(void **state)
@@ -154,12 +199,156 @@ static void test_settings(void **state)
     assert_true(tw_url_retry_span(3, 0.5) == 3.5);
 }
 
+/* ---- local identity ---------------------------------------------------- */
+
+/* A w x h one-band Byte GeoTIFF whose pixel (x, y) is (x * 7 + y * 13 +
+ * seed) & 255, with creation options opts (NULL-terminated). */
+static void make_tif(const char *path, int w, int h, int seed, const char *const *opts)
+{
+    GDALAllRegister();
+    GDALDriverH drv = GDALGetDriverByName("GTiff");
+    GDALDatasetH ds = GDALCreate(drv, path, w, h, 1, GDT_Byte, (char **)opts);
+    assert_non_null(ds);
+    unsigned char *row = malloc((size_t)w);
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) row[x] = (unsigned char)((x * 7 + y * 13 + seed) & 255);
+        assert_int_equal(
+            GDALRasterIO(GDALGetRasterBand(ds, 1), GF_Write, 0, y, w, 1, row, w, 1, GDT_Byte, 0, 0),
+            CE_None);
+    }
+    free(row);
+    GDALClose(ds);
+}
+
+static void identity_of(const char *path, char *out, size_t size, tw_identity_stats *stats)
+{
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_identity_local(path, out, size, stats, &err), TW_OK);
+}
+
+/* The value of the line whose key is key (a copy), or "" */
+static const char *line_value(const char *id, const char *key, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    size_t kl = strlen(key);
+    for (const char *l = id; l && *l;) {
+        const char *nl = strchr(l, '\n');
+        if (strncmp(l, key, kl) == 0 && l[kl] == ' ') {
+            size_t n = (size_t)((nl ? nl : l + strlen(l)) - (l + kl + 1));
+            snprintf(buf, size, "%.*s", (int)(n < size - 1 ? n : size - 1), l + kl + 1);
+            return buf;
+        }
+        l = nl ? nl + 1 : NULL;
+    }
+    return buf;
+}
+
+static void set_mtime(const char *path, const struct timespec *t)
+{
+    struct timespec ts[2] = {*t, *t};
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+static void test_identity_local(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tw_ident_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char tif[256], vrt[256], key[300], a[8192], b[8192], v1[128], v2[128];
+    snprintf(tif, sizeof tif, "%s/a scene.tif", dir); /* a blank: %20 in keys */
+    const char *plain[] = {"TILED=YES", "BLOCKXSIZE=256", "BLOCKYSIZE=256", NULL};
+    make_tif(tif, 2048, 2048, 0, plain); /* 4 MiB: sampled, not read whole */
+    tw_identity_stats st;
+    identity_of(tif, a, sizeof a, &st);
+    snprintf(key, sizeof key, "size[%s/a%%20scene.tif]", dir);
+    assert_non_null(strstr(a, key));
+    assert_int_equal(st.files, 1);
+    assert_int_equal(st.files_hashed, 1);
+    /* 1 MiB sampled plus the block index (64 tiles x 16 bytes), not 4 MiB */
+    assert_int_equal(st.bytes_read, (1 << 20) + 64 * 16);
+    identity_of(tif, b, sizeof b, NULL);
+    assert_string_equal(a, b); /* deterministic */
+
+    /* Same size and layout, other pixels, the old mtime put back: only the
+     * content line tells them apart (this is the replaced-raster case). */
+    struct stat sb;
+    assert_int_equal(stat(tif, &sb), 0);
+    make_tif(tif, 2048, 2048, 1, plain);
+    set_mtime(tif, &sb.st_mtim);
+    identity_of(tif, b, sizeof b, NULL);
+    snprintf(key, sizeof key, "content[%s/a%%20scene.tif]", dir);
+    assert_string_not_equal(line_value(a, key, v1, sizeof v1), line_value(b, key, v2, sizeof v2));
+    assert_true(strncmp(v1, "sha256:", 7) == 0 && strlen(v1) == 7 + 32);
+    snprintf(key, sizeof key, "size[%s/a%%20scene.tif]", dir);
+    assert_string_equal(line_value(a, key, v1, sizeof v1), line_value(b, key, v2, sizeof v2));
+    snprintf(key, sizeof key, "mtime[%s/a%%20scene.tif]", dir);
+    assert_string_equal(line_value(a, key, v1, sizeof v1), line_value(b, key, v2, sizeof v2));
+
+    /* Same bytes, a new mtime (cp without -p): the mtime line differs. */
+    make_tif(tif, 2048, 2048, 0, plain);
+    struct timespec later = {.tv_sec = sb.st_mtim.tv_sec + 60, .tv_nsec = 5};
+    set_mtime(tif, &later);
+    identity_of(tif, b, sizeof b, NULL);
+    assert_string_not_equal(line_value(a, key, v1, sizeof v1), line_value(b, key, v2, sizeof v2));
+    snprintf(key, sizeof key, "content[%s/a%%20scene.tif]", dir);
+    assert_string_equal(line_value(a, key, v1, sizeof v1), line_value(b, key, v2, sizeof v2));
+
+    /* A compressed file with one block rewritten in place: the content
+     * hash changes (the block index, 4096 tiles x 16 bytes, is read). */
+    char z[256];
+    snprintf(z, sizeof z, "%s/z.tif", dir);
+    const char *deflate[] = {"TILED=YES", "BLOCKXSIZE=64", "BLOCKYSIZE=64", "COMPRESS=DEFLATE",
+                             NULL};
+    make_tif(z, 4096, 4096, 0, deflate);
+    identity_of(z, a, sizeof a, &st);
+    assert_int_equal(st.bytes_read, (1 << 20) + 4096 * 16);
+    GDALDatasetH ds = GDALOpen(z, GA_Update);
+    assert_non_null(ds);
+    /* Block (31, 31): constant pixels compress to fewer bytes. GDAL writes
+     * the smaller block in place of the old one (same offset). */
+    unsigned char flat[64 * 64];
+    memset(flat, 9, sizeof flat);
+    assert_int_equal(GDALRasterIO(GDALGetRasterBand(ds, 1), GF_Write, 31 * 64, 31 * 64, 64, 64,
+                                  flat, 64, 64, GDT_Byte, 0, 0),
+                     CE_None);
+    GDALClose(ds);
+    identity_of(z, b, sizeof b, NULL);
+    snprintf(key, sizeof key, "content[%s/z.tif]", dir);
+    assert_string_not_equal(line_value(a, key, v1, sizeof v1), line_value(b, key, v2, sizeof v2));
+
+    /* A VRT: its source is a file of the identity, named in its keys. */
+    snprintf(vrt, sizeof vrt, "%s/m.vrt", dir);
+    GDALDatasetH src = GDALOpen(tif, GA_ReadOnly);
+    GDALDatasetH v = GDALCreateCopy(GDALGetDriverByName("VRT"), vrt, src, 0, NULL, NULL, NULL);
+    GDALClose(v);
+    GDALClose(src);
+    identity_of(vrt, a, sizeof a, &st);
+    assert_int_equal(st.files, 2);
+    snprintf(key, sizeof key, "content[%s/a%%20scene.tif]", dir);
+    assert_non_null(strstr(a, key));
+    snprintf(key, sizeof key, "content[%s]", vrt);
+    assert_non_null(strstr(a, key));
+
+    /* A buffer too small for every file's lines: one closing line over
+     * the files that did not fit, still telling versions apart. */
+    char small[300];
+    identity_of(vrt, small, sizeof small, NULL);
+    assert_non_null(strstr(small, "files[+"));
+    assert_true(strlen(small) < sizeof small);
+
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_paths),    cmocka_unit_test(test_redact),
-        cmocka_unit_test(test_stem),     cmocka_unit_test(test_transient),
-        cmocka_unit_test(test_settings),
+        cmocka_unit_test(test_paths),          cmocka_unit_test(test_redact),
+        cmocka_unit_test(test_stem),           cmocka_unit_test(test_transient),
+        cmocka_unit_test(test_settings),       cmocka_unit_test(test_definitive),
+        cmocka_unit_test(test_identity_local),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
