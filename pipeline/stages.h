@@ -97,7 +97,7 @@ typedef struct tw_segment {
 } tw_segment;
 
 /* Seconds between checkpoints of a long chunk (tw_pipe.checkpoint_s = 0). */
-#define TW_CHECKPOINT_S 10.0
+#define TW_CHECKPOINT_S 5.0
 
 typedef struct tw_pipe {
     /* Set by the driver before tw_pipe_slots_alloc / tw_pipe_run. */
