@@ -884,6 +884,12 @@ typedef struct chunk_span {
     int r0, r1;
 } chunk_span;
 
+static int span_cmp(const void *a, const void *b)
+{
+    const chunk_span *x = a, *y = b;
+    return x->r0 != y->r0 ? (x->r0 < y->r0 ? -1 : 1) : (x->r1 > y->r1) - (x->r1 < y->r1);
+}
+
 static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
 {
     DIR *d = opendir(pt->dir);
@@ -901,16 +907,9 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
         }
     }
     closedir(d);
-    /* insertion sort by r0 (few hundred at most) */
-    for (int i = 1; i < n; i++) {
-        chunk_span s = spans[i];
-        int j = i - 1;
-        while (j >= 0 && spans[j].r0 > s.r0) {
-            spans[j + 1] = spans[j];
-            j--;
-        }
-        spans[j + 1] = s;
-    }
+    /* by r0: checkpoints (every few seconds of a slow run) can make
+     * thousands of chunks */
+    qsort(spans, (size_t)n, sizeof *spans, span_cmp);
     return n;
 }
 
