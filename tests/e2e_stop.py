@@ -26,8 +26,6 @@ import tempfile
 import threading
 import time
 
-import numpy as np
-
 from e2eutil import BIN, FIX, SRC
 
 EXIT_INTERRUPTED = 75

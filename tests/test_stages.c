@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -174,6 +175,29 @@ static const struct tw_backend_i async_iface = {
     .destroy = a_destroy,
 };
 
+/* "cpu-slow": the CPU backend, each batch g_slow_us late - a run as long as
+ * the test needs on any machine. */
+static int g_slow_us;
+
+static tw_status slow_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
+{
+    if (g_slow_us > 0) usleep((useconds_t)g_slow_us);
+    return a_infer(ctx, b, err);
+}
+
+static const struct tw_backend_i slow_iface = {
+    .name = "cpu-slow",
+    .workspace_bytes = a_workspace,
+    .auto_batch = a_auto_batch,
+    .supports = a_supports,
+    .reserve = a_reserve,
+    .consumes_weights = a_consumes,
+    .infer = slow_infer,
+    .wants_raw = a_wants_raw,
+    .get_stats = a_stats,
+    .destroy = a_destroy,
+};
+
 static tw_status async_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
 {
     async_ctx *a = calloc(1, sizeof *a);
@@ -189,6 +213,13 @@ static tw_status async_create(const tw_backend_params *params, tw_backend *out, 
     out->i = &async_iface;
     out->ctx = a;
     return TW_OK;
+}
+
+static tw_status slow_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
+{
+    tw_status st = async_create(params, out, err);
+    if (st == TW_OK) out->i = &slow_iface;
+    return st;
 }
 
 /* Every band of a raster, as doubles. */
@@ -418,6 +449,90 @@ static void test_stop_resumes_exactly(void **state)
     g_last = NULL;
 }
 
+/* Cancel (what the progress hook's 0 does: no checkpoint at the end, the
+ * open chunk's temporaries dropped - what a kill -9 leaves) once the
+ * periodic checkpoint's state file exists. */
+static const char *g_state_path;
+
+static int cancel_after_checkpoint(double f, const char *msg, void *user)
+{
+    (void)f;
+    (void)msg;
+    (void)user;
+    return access(g_state_path, F_OK) != 0;
+}
+
+/* One chunk for the whole grid, batches made 0.4 s long: after
+ * TW_CHECKPOINT_S (5 s) without a commit the write stage takes a
+ * checkpoint; the run is then cut off as a kill -9 would (see above), and
+ * the rerun resumes from the checkpoint - fewer than the 100 tiles - to the
+ * uninterrupted run's outputs, value for value. */
+static void test_periodic_checkpoint(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src) skip();
+    const char *dir = tw_test_tmpdir();
+    char ref[512], out[512], st_path[700];
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    snprintf(out, sizeof out, "%s/cut", dir);
+    snprintf(st_path, sizeof st_path, "%s/.tilewise/L7_ETMs/state.0001-of-0001", out);
+    g_state_path = st_path;
+    run_into("cpu", 1, 7, ref);
+
+    tw_run_params p = tw_run_default_params();
+    snprintf(p.input.paths[0], sizeof p.input.paths[0], "%s/sample_data/L7_ETMs.tif", src);
+    p.input.n_paths = 1;
+    snprintf(p.model.weights, sizeof p.model.weights, "%s/sample_data/demo_resnet18.h5", src);
+    p.tiling.tile = 64;
+    p.tiling.stride = 32;
+    p.tiling.batch = 7;
+    snprintf(p.runtime.device, sizeof p.runtime.device, "cpu-slow");
+    p.runtime.readers = 1;
+    p.runtime.threads = 1;
+    snprintf(p.output.dir, sizeof p.output.dir, "%s", out);
+    p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB;
+    p.quiet = true;
+    p.chunk_rows = 1000; /* one chunk: no commit before the end */
+    tw_run_hooks hooks = {.progress = cancel_after_checkpoint};
+    tw_error err;
+    tw_error_init(&err);
+    tw_run_result *r = NULL;
+    g_slow_us = 400000;
+    tw_status st = tw_run(&p, &hooks, &r, &err);
+    int64_t first = r ? r->inputs[0].tiles_classified : -1;
+    tw_run_result_destroy(r);
+    assert_int_equal(st, TW_CANCELLED);
+    assert_int_equal(access(st_path, F_OK), 0);
+
+    g_slow_us = 0;
+    hooks.progress = keep_going;
+    r = NULL;
+    tw_error_init(&err);
+    if (tw_run(&p, &hooks, &r, &err) != TW_OK) fail_msg("rerun: %s", err.msg);
+    int64_t rest = r->inputs[0].tiles_classified;
+    tw_run_result_destroy(r);
+    print_message("cut after %lld tiles; the rerun classified %lld\n", (long long)first,
+                  (long long)rest);
+    assert_true(rest > 0 && rest < 100 && rest >= 100 - first);
+    static const char *prods[] = {"class", "prob"};
+    for (int i = 0; i < 2; i++) {
+        char pa[600], pb[600];
+        snprintf(pa, sizeof pa, "%s/L7_ETMs.%s.tif", ref, prods[i]);
+        snprintf(pb, sizeof pb, "%s/L7_ETMs.%s.tif", out, prods[i]);
+        int na, nb;
+        double *va = read_raster(pa, &na), *vb = read_raster(pb, &nb);
+        assert_int_equal(na, nb);
+        for (int k = 0; k < na; k++)
+            if (va[k] != vb[k])
+                fail_msg("%s: value %d differs (%g vs %g)", prods[i], k, va[k], vb[k]);
+        free(va);
+        free(vb);
+    }
+    free(g_last);
+    g_last = NULL;
+}
+
 /* The normalize stage beside a CPU backend takes the cores its inference
  * leaves, one at least (1: no OpenMP team of its own, the inference's team
  * the only one: tw_run_normalize_threads); the reader count too is counted
@@ -445,7 +560,8 @@ int main(void)
 {
     tw_error err;
     tw_error_init(&err);
-    if (tw_backend_register("cpu-async", async_create, &err) != TW_OK) {
+    if (tw_backend_register("cpu-async", async_create, &err) != TW_OK ||
+        tw_backend_register("cpu-slow", slow_create, &err) != TW_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -454,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_async_backend_same_outputs),
         cmocka_unit_test(test_async_no_stall),
         cmocka_unit_test(test_stop_resumes_exactly),
+        cmocka_unit_test(test_periodic_checkpoint),
         cmocka_unit_test(test_normalize_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
