@@ -913,6 +913,26 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
     return n;
 }
 
+/* n rows of the grid from row r0 into the writer (w may be NULL), their
+ * argmax counted into hist and nodata_cells. */
+static tw_status assemble_rows(tw_writer *w, int r0, int n, const float *probs, const uint8_t *has,
+                               size_t W, size_t C, int64_t *hist, int64_t *nodata_cells,
+                               tw_error *err)
+{
+    for (size_t q = 0; q < (size_t)n * W; q++) {
+        if (!has[q]) {
+            (*nodata_cells)++;
+            continue;
+        }
+        const float *pr = probs + q * C;
+        size_t best = 0;
+        for (size_t c = 1; c < C; c++)
+            if (pr[c] > pr[best]) best = c;
+        hist[best]++;
+    }
+    return w ? tw_writer_write_rows(w, r0, n, probs, has, err) : TW_OK;
+}
+
 tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
                             const tw_gpkg_params *gp, int64_t *hist, int64_t *nodata_cells,
                             tw_error *err)
@@ -984,6 +1004,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
     if (st == TW_OK && tp) st = tw_tiletable_create(tp, &tt, err);
     if (st == TW_OK && gp) st = tw_gpkg_create(gp, &gk, err);
     char path[TW_PATH_MAX + 400];
+    int buf_r0 = 0, buf_n = 0; /* rows [buf_r0, buf_r0 + buf_n) read, not written */
     for (int i = 0; st == TW_OK && i < used; i++) {
         chunk_path(pt, "rows", spans[i].r0, spans[i].r1, path, sizeof path);
         FILE *f = fopen(path, "rb");
@@ -992,28 +1013,21 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
             if (f) fclose(f);
             break;
         }
-        for (int r = spans[i].r0; st == TW_OK && r < spans[i].r1;) {
-            int m = spans[i].r1 - r < batch_rows ? spans[i].r1 - r : batch_rows;
-            for (int k = 0; k < m; k++) {
-                if (fread(probs + (size_t)k * W * C, sizeof(float), W * C, f) != W * C ||
-                    fread(has + (size_t)k * W, 1, W, f) != W) {
-                    st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
-                    break;
-                }
+        /* Rows go to the writer in batches of batch_rows from row 0 on,
+         * whatever the chunks: the GeoTIFF's bytes (where a block lands,
+         * when it is compressed) then do not depend on where the chunks
+         * were cut (checkpoints cut them at times, not rows). */
+        for (int r = spans[i].r0; st == TW_OK && r < spans[i].r1; r++) {
+            if (fread(probs + (size_t)buf_n * W * C, sizeof(float), W * C, f) != W * C ||
+                fread(has + (size_t)buf_n * W, 1, W, f) != W) {
+                st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
+                break;
             }
-            for (size_t q = 0; st == TW_OK && q < (size_t)m * W; q++) {
-                if (!has[q]) {
-                    (*nodata_cells)++;
-                    continue;
-                }
-                const float *pr = probs + q * C;
-                size_t best = 0;
-                for (size_t c = 1; c < C; c++)
-                    if (pr[c] > pr[best]) best = c;
-                hist[best]++;
+            if (++buf_n == batch_rows || r + 1 == H) {
+                st = assemble_rows(w, buf_r0, buf_n, probs, has, W, C, hist, nodata_cells, err);
+                buf_r0 += buf_n;
+                buf_n = 0;
             }
-            if (st == TW_OK && w) st = tw_writer_write_rows(w, r, m, probs, has, err);
-            r += m;
         }
         fclose(f);
         if (st != TW_OK || (!tt && !gk)) continue;
