@@ -193,9 +193,10 @@ typedef struct tilewise_run_options {
      * non-zero the run claims no new tiles, finishes the batch being
      * computed, commits and checkpoints every tile classified (within 10 s)
      * and returns TILEWISE_CANCELLED; a rerun resumes from there. The
-     * library only reads it, with an atomic load, in its stages' loops. Setting it is async-signal-safe: a signal handler may
-     * store 1 to it (`*stop = 1`, or __atomic_store_n(stop, 1,
-     * __ATOMIC_RELAXED) to be free of data races with the run's threads);
+     * library only reads it, with an atomic load, in its stages' loops.
+     * Setting it is async-signal-safe: a signal handler may store 1 to it
+     * (`*stop = 1`, or __atomic_store_n(stop, 1, __ATOMIC_RELAXED) to be
+     * free of data races with the run's threads);
      * another thread stores the same way. It is never reset by the library.
      * NULL: no stop flag. */
     volatile sig_atomic_t *stop;
