@@ -31,11 +31,15 @@
  *     rest pass through not run, as do queued batches;
  *   - the write stage stitches the batches inferred, in order, up to the
  *     first one not run, and takes a checkpoint there (parts.h): the
- *     finished rows are committed, the stitcher's held rows and the row's
- *     tile records saved - a few MB at most, one fsync.
- * So every tile classified before the stop is kept (a batch inferred after
- * a gap that was not filled is the one exception) and a rerun resumes at
+ *     finished rows are committed, the stitcher's held rows (its strip of
+ *     the budget: k x grid_w x classes floats, 12 MB for a row 10^7 pixels
+ *     wide at stride 32 and 4 classes) and the row's tile records saved,
+ *     with a few fsyncs.
+ * So every tile classified before the stop is kept (the exception: batches
+ * inferred after one a reader dropped half read) and a rerun resumes at
  * the next tile, skipping the segment's tiles before it (tw_segment.skip).
+ * Not bounded here: a remote read under way finishes its retries, and a
+ * stop that comes once every tile is in waits for the final products.
  * The same checkpoint is taken every TW_CHECKPOINT_S seconds when no chunk
  * was committed meanwhile (a long row), so a kill -9 loses at most that;
  * never more often than keeps its cost under 2 % of the run. The outputs
