@@ -191,12 +191,13 @@ typedef struct tilewise_run_options {
     tilewise_log_fn log;
     void *user;
     /* Graceful stop (the CLI's SIGINT/SIGTERM/SIGUSR1): when *stop becomes
-     * non-zero the run claims no new rows, finishes and commits the chunk
-     * under way and returns TILEWISE_CANCELLED; a rerun resumes from there.
-     * The library only reads it, with an atomic load, at each claim and
-     * commit point. Setting it is async-signal-safe: a signal handler may
-     * store 1 to it (`*stop = 1`, or __atomic_store_n(stop, 1,
-     * __ATOMIC_RELAXED) to be free of data races with the run's threads);
+     * non-zero the run claims no new tiles, finishes the batch being
+     * computed, commits and checkpoints every tile classified (within 10 s)
+     * and returns TILEWISE_CANCELLED; a rerun resumes from there. The
+     * library only reads it, with an atomic load, in its stages' loops.
+     * Setting it is async-signal-safe: a signal handler may store 1 to it
+     * (`*stop = 1`, or __atomic_store_n(stop, 1, __ATOMIC_RELAXED) to be
+     * free of data races with the run's threads);
      * another thread stores the same way. It is never reset by the library.
      * NULL: no stop flag. */
     volatile sig_atomic_t *stop;

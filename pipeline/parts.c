@@ -16,6 +16,7 @@
 
 #define CHUNK_MAGIC "TWCHUNK1"
 #define TILES_MAGIC "TWTILES1"
+#define STATE_MAGIC "TWSTATE1"
 #define FNV_OFFSET 1469598103934665603ULL
 #define FNV_PRIME 1099511628211ULL
 
@@ -31,6 +32,13 @@ typedef struct tiles_header {
     int64_t n_tiles;
     uint64_t fnv;
 } tiles_header;
+
+typedef struct state_header {
+    char magic[8];
+    int32_t r0, row_end, ty, tx, grid_w, n_classes, k, feat_dim;
+    int64_t n_tiles;
+    uint64_t fnv;
+} state_header;
 
 typedef struct open_file {
     FILE *f;
@@ -53,6 +61,13 @@ struct tw_parts {
     int c_r0, c_r1, c_next;
     int64_t c_tiles;
     open_file rows, tiles;
+    int64_t mark_tiles; /* tile records before the mark (tw_parts_chunk_mark) */
+    uint64_t mark_fnv;  /* the tile file's checksum at the mark */
+    /* checkpoint state */
+    char state_path[TW_PATH_MAX + 400];
+    bool has_state; /* read, verified and still counting */
+    tw_parts_state state;
+    int64_t state_tiles;
 };
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
@@ -363,6 +378,47 @@ static void load_journals(tw_parts *pt)
     closedir(d);
 }
 
+static size_t tile_record_bytes(const tw_parts *pt)
+{
+    return 8 + ((size_t)pt->p.n_classes + (size_t)pt->p.feat_dim) * sizeof(float);
+}
+
+/* Bytes of a state's sums and counts. */
+static size_t state_rows_bytes(const tw_parts *pt, int k)
+{
+    return (size_t)k * (size_t)pt->p.grid_w * ((size_t)pt->p.n_classes * sizeof(float) + 4);
+}
+
+/* Read and verify this shard's state: it counts when it fits this grid and
+ * its row r0 is not committed (see parts.h). */
+static void load_state(tw_parts *pt)
+{
+    FILE *f = fopen(pt->state_path, "rb");
+    if (!f) return;
+    state_header h;
+    const tw_parts_params *p = &pt->p;
+    bool ok = fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, STATE_MAGIC, 8) == 0 &&
+              h.grid_w == p->grid_w && h.n_classes == p->n_classes && h.feat_dim == p->feat_dim &&
+              h.r0 >= 0 && h.r0 < h.row_end && h.row_end <= p->grid_h && h.k >= 1 && h.k <= 65536 &&
+              h.ty >= 0 && h.tx >= 0 && h.n_tiles >= 0 && (p->tiles || h.n_tiles == 0) &&
+              !pt->done[h.r0];
+    uint64_t fnv = FNV_OFFSET;
+    char buf[65536];
+    size_t total = 0, n;
+    while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) {
+        fnv = fnv1a(fnv, buf, n);
+        total += n;
+    }
+    ok = ok && !ferror(f) && fnv == h.fnv &&
+         total == state_rows_bytes(pt, h.k) + (size_t)h.n_tiles * tile_record_bytes(pt);
+    fclose(f);
+    if (!ok) return;
+    pt->has_state = true;
+    pt->state =
+        (tw_parts_state){.r0 = h.r0, .row_end = h.row_end, .ty = h.ty, .tx = h.tx, .k = h.k};
+    pt->state_tiles = h.n_tiles;
+}
+
 /* The fingerprint stored in the parts directory (allocated), or NULL. */
 static char *fingerprint_read(const char *path)
 {
@@ -448,6 +504,8 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
              p->shard_index + 1, p->shard_count);
     snprintf(pt->lock_path, sizeof pt->lock_path, "%s/lock.%04d-of-%04d", pt->dir,
              p->shard_index + 1, p->shard_count);
+    snprintf(pt->state_path, sizeof pt->state_path, "%s/state.%04d-of-%04d", pt->dir,
+             p->shard_index + 1, p->shard_count);
     tw_status st = tw_mkdir_p(pt->dir, err);
     if (st != TW_OK) {
         tw_parts_close(pt);
@@ -504,6 +562,7 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
                      (int)(H * (p->shard_index + 1) / p->shard_count), err);
     }
     load_journals(pt);
+    if (!p->merge_only) load_state(pt);
     *out = pt;
     return TW_OK;
 }
@@ -535,7 +594,7 @@ static tw_status open_temp(tw_parts *pt, open_file *of, const char *kind, size_t
     chunk_path(pt, kind, pt->c_r0, pt->c_r1, of->final, sizeof of->final);
     if (snprintf(of->tmp, sizeof of->tmp, "%s.part", of->final) >= (int)sizeof of->tmp)
         return tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s", of->final);
-    of->f = fopen(of->tmp, "wb");
+    of->f = fopen(of->tmp, "w+b"); /* read back by a checkpoint */
     if (!of->f)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", of->tmp, strerror(errno));
     of->fnv = FNV_OFFSET;
@@ -560,6 +619,8 @@ tw_status tw_parts_chunk_begin(tw_parts *pt, int r0, int r1, tw_error *err)
     pt->c_r1 = r1;
     pt->c_next = r0;
     pt->c_tiles = 0;
+    pt->mark_tiles = 0;
+    pt->mark_fnv = FNV_OFFSET;
     tw_status st = open_temp(pt, &pt->rows, "rows", sizeof(chunk_header), err);
     if (st == TW_OK && pt->p.tiles)
         st = open_temp(pt, &pt->tiles, "tiles", sizeof(tiles_header), err);
@@ -663,6 +724,149 @@ tw_status tw_parts_chunk_commit(tw_parts *pt, tw_error *err)
     return st;
 }
 
+void tw_parts_chunk_mark(tw_parts *pt)
+{
+    pt->mark_tiles = pt->c_tiles;
+    pt->mark_fnv = pt->tiles.fnv;
+}
+
+/* Copy n bytes at offset off of file src (read with pread) to of, or to
+ * the plain file dst (fnv: its running checksum) when of is NULL. */
+static tw_status copy_bytes(int src, const char *src_name, off_t off, size_t n, open_file *of,
+                            FILE *dst, const char *dst_name, uint64_t *fnv, tw_error *err)
+{
+    char buf[65536];
+    while (n > 0) {
+        size_t m = n < sizeof buf ? n : sizeof buf;
+        ssize_t got = pread(src, buf, m, off);
+        if (got <= 0)
+            return tw_error_set(err, TW_ERR_OUTPUT, "cannot read %s: %s", src_name,
+                                got < 0 ? strerror(errno) : "file too short");
+        if (of) {
+            tw_status st = write_payload(of, buf, (size_t)got, err);
+            if (st != TW_OK) return st;
+        } else {
+            *fnv = fnv1a(*fnv, buf, (size_t)got);
+            if (fwrite(buf, 1, (size_t)got, dst) != (size_t)got)
+                return tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", dst_name,
+                                    strerror(errno));
+        }
+        off += got;
+        n -= (size_t)got;
+    }
+    return TW_OK;
+}
+
+tw_status tw_parts_checkpoint(tw_parts *pt, const tw_parts_state *s, const float *sum,
+                              const uint32_t *count, tw_error *err)
+{
+    const bool open = pt->c_r0 >= 0;
+    TW_ASSERT(!open || (pt->c_next == s->r0 && pt->c_r0 <= s->r0 && s->r0 < pt->c_r1));
+    const size_t rec = tile_record_bytes(pt);
+    const off_t mark_off = (off_t)sizeof(tiles_header) + (off_t)pt->mark_tiles * (off_t)rec;
+    const int64_t pending = open && pt->p.tiles ? pt->c_tiles - pt->mark_tiles : 0;
+    const size_t cells = (size_t)s->k * (size_t)pt->p.grid_w;
+
+    /* 1. The new state, durable under its temporary name. */
+    char tmp[TW_PATH_MAX + 420];
+    snprintf(tmp, sizeof tmp, "%s.part", pt->state_path);
+    FILE *f = fopen(tmp, "w+b");
+    if (!f) return tw_error_set(err, TW_ERR_OUTPUT, "cannot create %s: %s", tmp, strerror(errno));
+    state_header h = {.r0 = s->r0,
+                      .row_end = s->row_end,
+                      .ty = s->ty,
+                      .tx = s->tx,
+                      .grid_w = pt->p.grid_w,
+                      .n_classes = pt->p.n_classes,
+                      .k = s->k,
+                      .feat_dim = pt->p.feat_dim,
+                      .n_tiles = pending,
+                      .fnv = FNV_OFFSET};
+    memcpy(h.magic, STATE_MAGIC, 8);
+    tw_status st = TW_OK;
+    size_t sum_bytes = cells * (size_t)pt->p.n_classes * sizeof(float);
+    if (fwrite(&h, sizeof h, 1, f) != 1 || fwrite(sum, 1, sum_bytes, f) != sum_bytes ||
+        fwrite(count, sizeof(uint32_t), cells, f) != cells)
+        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
+    h.fnv = fnv1a(fnv1a(h.fnv, sum, sum_bytes), count, cells * sizeof(uint32_t));
+    if (st == TW_OK && pending > 0) {
+        if (fflush(pt->tiles.f) != 0)
+            st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", pt->tiles.tmp,
+                              strerror(errno));
+        else
+            st = copy_bytes(fileno(pt->tiles.f), pt->tiles.tmp, mark_off, (size_t)pending * rec,
+                            NULL, f, tmp, &h.fnv, err);
+    }
+    if (st == TW_OK) {
+        bool ok = fseek(f, 0, SEEK_SET) == 0 && fwrite(&h, sizeof h, 1, f) == 1;
+        ok = fflush(f) == 0 && ok;
+        ok = fsync(fileno(f)) == 0 && ok;
+        if (!ok) st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
+    }
+
+    /* 2. The open chunk's finished rows, committed as a shorter chunk; its
+     * rest reopened from r0 with the records of row r0. */
+    if (st == TW_OK && open && pt->c_next > pt->c_r0) {
+        int old_r1 = pt->c_r1;
+        if (pt->p.tiles) {
+            bool ok = fflush(pt->tiles.f) == 0 && ftruncate(fileno(pt->tiles.f), mark_off) == 0 &&
+                      fseek(pt->tiles.f, 0, SEEK_END) == 0;
+            if (!ok)
+                st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", pt->tiles.tmp,
+                                  strerror(errno));
+            pt->tiles.fnv = pt->mark_fnv;
+            pt->c_tiles = pt->mark_tiles;
+        }
+        pt->c_r1 = pt->c_next;
+        chunk_path(pt, "rows", pt->c_r0, pt->c_r1, pt->rows.final, sizeof pt->rows.final);
+        chunk_path(pt, "tiles", pt->c_r0, pt->c_r1, pt->tiles.final, sizeof pt->tiles.final);
+        if (st == TW_OK) st = tw_parts_chunk_commit(pt, err);
+        if (st == TW_OK) st = tw_parts_chunk_begin(pt, s->r0, old_r1, err);
+        if (st == TW_OK && pending > 0)
+            st = copy_bytes(fileno(f), tmp, (off_t)(sizeof h + sum_bytes + cells * 4),
+                            (size_t)pending * rec, &pt->tiles, NULL, NULL, NULL, err);
+        if (st == TW_OK) pt->c_tiles = pending;
+    }
+    bool closed = fclose(f) == 0;
+    if (st == TW_OK && !closed)
+        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
+
+    /* 3. The state counts from its rename on. */
+    if (st == TW_OK && rename(tmp, pt->state_path) != 0)
+        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s: %s", tmp, strerror(errno));
+    if (st == TW_OK) st = tw_fsync_dir(pt->dir, err);
+    if (st != TW_OK) unlink(tmp);
+    return st;
+}
+
+bool tw_parts_state_get(const tw_parts *pt, tw_parts_state *out)
+{
+    if (pt->has_state) *out = pt->state;
+    return pt->has_state;
+}
+
+tw_status tw_parts_state_restore(tw_parts *pt, float *sum, uint32_t *count, tw_error *err)
+{
+    TW_ASSERT(pt->has_state && (pt->state_tiles == 0 || pt->c_r0 == pt->state.r0));
+    pt->has_state = false;
+    FILE *f = fopen(pt->state_path, "rb");
+    const size_t cells = (size_t)pt->state.k * (size_t)pt->p.grid_w;
+    const size_t C = (size_t)pt->p.n_classes;
+    tw_status st = TW_OK;
+    if (!f || fseek(f, (long)sizeof(state_header), SEEK_SET) != 0 ||
+        fread(sum, sizeof(float), cells * C, f) != cells * C ||
+        fread(count, sizeof(uint32_t), cells, f) != cells)
+        st = tw_error_set(err, TW_ERR_OUTPUT, "cannot read %s", pt->state_path);
+    if (st == TW_OK && pt->state_tiles > 0)
+        st = copy_bytes(fileno(f), pt->state_path,
+                        (off_t)(sizeof(state_header) + cells * (C * sizeof(float) + 4)),
+                        (size_t)pt->state_tiles * tile_record_bytes(pt), &pt->tiles, NULL, NULL,
+                        NULL, err);
+    if (st == TW_OK) pt->c_tiles += pt->state_tiles;
+    if (f) fclose(f);
+    return st;
+}
+
 void tw_parts_chunk_abort(tw_parts *pt)
 {
     open_file *ofs[2] = {&pt->rows, &pt->tiles};
@@ -681,6 +885,12 @@ void tw_parts_chunk_abort(tw_parts *pt)
 typedef struct chunk_span {
     int r0, r1;
 } chunk_span;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const chunk_span *x = a, *y = b;
+    return x->r0 != y->r0 ? (x->r0 < y->r0 ? -1 : 1) : (x->r1 > y->r1) - (x->r1 < y->r1);
+}
 
 static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
 {
@@ -702,17 +912,30 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
         }
     }
     closedir(d);
-    /* insertion sort by r0 (few hundred at most) */
-    for (int i = 1; i < n; i++) {
-        chunk_span s = spans[i];
-        int j = i - 1;
-        while (j >= 0 && spans[j].r0 > s.r0) {
-            spans[j + 1] = spans[j];
-            j--;
-        }
-        spans[j + 1] = s;
-    }
+    /* by r0: checkpoints (every few seconds of a slow run) can make
+     * thousands of chunks */
+    qsort(spans, (size_t)n, sizeof *spans, span_cmp);
     return n;
+}
+
+/* n rows of the grid from row r0 into the writer (w may be NULL), their
+ * argmax counted into hist and nodata_cells. */
+static tw_status assemble_rows(tw_writer *w, int r0, int n, const float *probs, const uint8_t *has,
+                               size_t W, size_t C, int64_t *hist, int64_t *nodata_cells,
+                               tw_error *err)
+{
+    for (size_t q = 0; q < (size_t)n * W; q++) {
+        if (!has[q]) {
+            (*nodata_cells)++;
+            continue;
+        }
+        const float *pr = probs + q * C;
+        size_t best = 0;
+        for (size_t c = 1; c < C; c++)
+            if (pr[c] > pr[best]) best = c;
+        hist[best]++;
+    }
+    return w ? tw_writer_write_rows(w, r0, n, probs, has, err) : TW_OK;
 }
 
 tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
@@ -786,6 +1009,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
     if (st == TW_OK && tp) st = tw_tiletable_create(tp, &tt, err);
     if (st == TW_OK && gp) st = tw_gpkg_create(gp, &gk, err);
     char path[TW_PATH_MAX + 400];
+    int buf_r0 = 0, buf_n = 0; /* rows [buf_r0, buf_r0 + buf_n) read, not written */
     for (int i = 0; st == TW_OK && i < used; i++) {
         chunk_path(pt, "rows", spans[i].r0, spans[i].r1, path, sizeof path);
         FILE *f = fopen(path, "rb");
@@ -794,28 +1018,21 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
             if (f) fclose(f);
             break;
         }
-        for (int r = spans[i].r0; st == TW_OK && r < spans[i].r1;) {
-            int m = spans[i].r1 - r < batch_rows ? spans[i].r1 - r : batch_rows;
-            for (int k = 0; k < m; k++) {
-                if (fread(probs + (size_t)k * W * C, sizeof(float), W * C, f) != W * C ||
-                    fread(has + (size_t)k * W, 1, W, f) != W) {
-                    st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
-                    break;
-                }
+        /* Rows go to the writer in batches of batch_rows from row 0 on,
+         * whatever the chunks: the GeoTIFF's bytes (where a block lands,
+         * when it is compressed) then do not depend on where the chunks
+         * were cut (checkpoints cut them at times, not rows). */
+        for (int r = spans[i].r0; st == TW_OK && r < spans[i].r1; r++) {
+            if (fread(probs + (size_t)buf_n * W * C, sizeof(float), W * C, f) != W * C ||
+                fread(has + (size_t)buf_n * W, 1, W, f) != W) {
+                st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
+                break;
             }
-            for (size_t q = 0; st == TW_OK && q < (size_t)m * W; q++) {
-                if (!has[q]) {
-                    (*nodata_cells)++;
-                    continue;
-                }
-                const float *pr = probs + q * C;
-                size_t best = 0;
-                for (size_t c = 1; c < C; c++)
-                    if (pr[c] > pr[best]) best = c;
-                hist[best]++;
+            if (++buf_n == batch_rows || r + 1 == H) {
+                st = assemble_rows(w, buf_r0, buf_n, probs, has, W, C, hist, nodata_cells, err);
+                buf_r0 += buf_n;
+                buf_n = 0;
             }
-            if (st == TW_OK && w) st = tw_writer_write_rows(w, r, m, probs, has, err);
-            r += m;
         }
         fclose(f);
         if (st != TW_OK || (!tt && !gk)) continue;

@@ -19,6 +19,27 @@
  * n_classes, feat_dim, int64 n_tiles, uint64 FNV-1a; payload per tile:
  * int32 row, col, float32 probs[n_classes], float32 emb[feat_dim].
  * A tile belongs to the chunk holding its first output row.
+ *
+ * Checkpoints. A chunk holds whole output rows, and with overlapping tiles
+ * a row is finished only once the k tile rows over it are; on a raster
+ * 10^7 pixels wide one tile row is 156,250 tiles, minutes of work. So the
+ * work done since the last commit is also kept by a checkpoint, taken on a
+ * stop request (SIGTERM, ...) and every few seconds of a long chunk
+ * (stages.h): the open chunk's finished rows [r0', r0) are committed as a
+ * shorter chunk (with the tile records whose first row lies in them), and
+ * OUT/.tilewise/<stem>/state.I-of-N (temporary, fsync, rename, after that
+ * commit) holds the rest: the stitcher's k held rows of running sums and
+ * counts as they are, the next tile to run, and the tile records of row r0
+ * classified so far. A resumed run puts the sums back and adds the tiles
+ * from there on, in the same order as an uninterrupted run: the same bytes.
+ * A state counts only while its row r0 is not committed (so an older state
+ * left by a crash between the commit and the rename is ignored), and only
+ * in a run of the same fingerprint (it lives in the parts directory); one
+ * that is damaged or does not fit is ignored, and its rows are redone.
+ * State file: "TWSTATE1", int32 r0, row_end, ty, tx, grid_w, n_classes, k,
+ * feat_dim, int64 n_tiles, uint64 FNV-1a; payload: float32
+ * sum[k][grid_w][n_classes], uint32 count[k][grid_w], then n_tiles tile
+ * records as in a tile chunk.
  */
 #ifndef TW_PARTS_H
 #define TW_PARTS_H
@@ -87,6 +108,39 @@ int tw_parts_chunk_end(const tw_parts *pt);
 tw_status tw_parts_chunk_commit(tw_parts *pt, tw_error *err);
 /* Drop the open chunk (its temporary files). Cannot fail. */
 void tw_parts_chunk_abort(tw_parts *pt);
+
+/* Where a checkpoint resumes: the stitcher's first held row r0 (not
+ * finished) and the end of its segment's rows, the next tile to run
+ * (absolute tile row and column), the rows the stitcher holds (its k). */
+typedef struct tw_parts_state {
+    int r0, row_end;
+    int ty, tx;
+    int k;
+} tw_parts_state;
+
+/* Say that the open chunk's tile records from here on have their first row
+ * at the stitcher's next row (a tile row begins); those before it, in
+ * finished rows. Call after opening the chunk for a tile row, before its
+ * records. Cannot fail. */
+void tw_parts_chunk_mark(tw_parts *pt);
+
+/* Take a checkpoint (see the top): commit the open chunk's rows up to
+ * s->r0 (the open chunk must have reached r0: its rows [c_r0, r0) are
+ * written), reopen the chunk's rest from r0 with the records after the mark,
+ * and replace the state with s, sum [k][grid_w][n_classes] and count
+ * [k][grid_w]. On an error the state on disk is the previous one. */
+tw_status tw_parts_checkpoint(tw_parts *pt, const tw_parts_state *s, const float *sum,
+                              const uint32_t *count, tw_error *err);
+
+/* The state this shard's last run left (read and verified at open), if it
+ * counts (see the top): true and *out filled. */
+bool tw_parts_state_get(const tw_parts *pt, tw_parts_state *out);
+
+/* Read the state's sums and counts into sum [k][grid_w][n_classes] and
+ * count [k][grid_w], and add its tile records to the open chunk (which the
+ * caller has begun at its r0). The state is used up: tw_parts_state_get then
+ * says false. TW_ERR_OUTPUT when the file can no longer be read. */
+tw_status tw_parts_state_restore(tw_parts *pt, float *sum, uint32_t *count, tw_error *err);
 
 /* Stream all chunks into the final products: wp describes the full grid
  * (rows 0..grid_h), may be NULL; tp (may be NULL) the tile table; gp (may be

@@ -379,8 +379,10 @@ static tw_status fingerprint(const run_ctx *c, const tw_raster_info *info, const
     return TW_OK;
 }
 
-/* Rows per committed chunk: about 1024 tiles, at least one tile row's cells,
- * so that finishing the chunk under way after a stop request takes seconds. */
+/* Rows per committed chunk: about 1024 tiles, at least one tile row's cells.
+ * A stop does not wait for the chunk under way, and one that takes longer
+ * than TW_CHECKPOINT_S (a row of a very wide raster) is checkpointed
+ * meanwhile (stages.h, "Stopping"). */
 static int chunk_rows_for(const tw_plan *plan)
 {
     int per_row = plan->x.n_pos > 0 ? plan->x.n_pos : 1;

@@ -224,7 +224,7 @@ static void locate(const tw_pipe *pp, int64_t t, int *si, int *ty, int *tx)
 {
     *si = seg_of(pp, t);
     const tw_plan *pl = &pp->segs[*si].plan;
-    int64_t off = t - pp->segs[*si].first;
+    int64_t off = t - pp->segs[*si].first + pp->segs[*si].skip;
     *ty = pl->ty_begin + (int)(off / pl->x.n_pos);
     *tx = (int)(off % pl->x.n_pos);
 }
@@ -235,33 +235,19 @@ typedef struct batch_claim {
 } batch_claim;
 
 /* The next batch: up to `batch` tiles from next_tile on. A stop request
- * (SIGTERM, ...) is honoured here, at a tile row: the chunk under way is
- * finished (its rows' tiles are still claimed), nothing after it. false:
- * no more batches. */
+ * (SIGTERM, ...) ends the claims at once (stages.h, "Stopping"). false: no
+ * more batches. */
 static bool claim_batch(tw_pipe *pp, batch_claim *c)
 {
     pthread_mutex_lock(&pp->mu);
     const int B = pp->bud->batch;
     int64_t t = pp->next_tile;
     int n = 0;
+    if (!pp->claims_done && stop_requested(pp)) pp->claims_done = true;
     while (!pp->claims_done && n < B && t + n < pp->n_tiles) {
         int si, ty, tx;
         locate(pp, t + n, &si, &ty, &tx);
-        const tw_segment *seg = &pp->segs[si];
-        const tw_plan *pl = &seg->plan;
-        int c0, c1;
-        tw_axis_cells(&pl->y, pl->tile, pl->stride, ty, &c0, &c1);
-        int stop_row = atomic_load(&pp->stop_row);
-        if (stop_row < 0 && stop_requested(pp)) {
-            int r0, r1;
-            chunk_of(pp, seg, c0 > pl->row_begin ? c0 : pl->row_begin, &r0, &r1);
-            stop_row = r1;
-            atomic_store(&pp->stop_row, stop_row);
-        }
-        if (stop_row >= 0 && c0 >= stop_row) {
-            pp->claims_done = true;
-            break;
-        }
+        const tw_plan *pl = &pp->segs[si].plan;
         int left = pl->x.n_pos - tx; /* tiles left in this tile row */
         int take = B - n < left ? B - n : left;
         if (t + n + take > pp->n_tiles) take = (int)(pp->n_tiles - t - n);
@@ -292,7 +278,9 @@ typedef struct worker {
     tw_pipe *pp;
     int index;
     double wait_s, t_start;
-    /* infer stage, with a backend that has infer_begin/infer_end */
+    /* infer stage */
+    int64_t seq_end; /* 1 + the highest batch number inferred */
+    /* with a backend that has infer_begin/infer_end */
     tw_slot *held; /* begun, not ended */
     int held_lane, lane;
     tw_queue *in; /* the stage's input queue */
@@ -450,9 +438,16 @@ static work_result read_work(worker *w, tw_slot *s, tw_slot **out)
     batch_claim c;
     if (!claim_batch(pp, &c)) return W_END;
     s->seq = c.seq;
+    s->first = c.first;
+    s->n_tiles = c.n;
+    s->dropped = false;
     s->n_refs = s->n_kept = 0;
     const int strip_w = pp->bud->read_strip_w;
     for (int64_t t = c.first, end = c.first + c.n; t < end && !aborted(pp);) {
+        if (stop_requested(pp)) { /* a batch not read yet is not inferred either */
+            s->dropped = true;
+            break;
+        }
         int si, ty, tx;
         locate(pp, t, &si, &ty, &tx);
         const tw_plan *pl = &pp->segs[si].plan;
@@ -467,6 +462,10 @@ static work_result read_work(worker *w, tw_slot *s, tw_slot **out)
                 add_ref(s, si, ty, tx + i)->outside_aoi = 1;
                 i++;
                 continue;
+            }
+            if (stop_requested(pp)) {
+                s->dropped = true;
+                return W_PASS;
             }
             int n = 0;
             while (i + n < run && (!pp->aoi || tw_aoi_tile(pp->aoi, tx + i + n, ty))) {
@@ -489,7 +488,7 @@ static work_result normalize_work(worker *w, tw_slot *s, tw_slot **out)
     *out = s;
     tw_pipe *pp = w->pp;
     const int T = pp->segs[0].plan.tile;
-    if (!pp->wants_raw && s->n_kept > 0)
+    if (!pp->wants_raw && s->n_kept > 0 && !s->dropped)
         tw_normalize(s->raw, pp->dtype, s->valid, s->n_kept, T, T, &pp->norm, pp->norm_threads,
                      s->x);
     return W_PASS;
@@ -512,6 +511,23 @@ static work_result infer_work(worker *w, tw_slot *s, tw_slot **out)
     tw_pipe *pp = w->pp;
     out[0] = s;
     const int T = pp->segs[0].plan.tile;
+    /* After a stop request only the batches that fill a gap before one
+     * already inferred are run (several readers finish out of order): the
+     * write stage keeps the tiles up to the first batch not run. */
+    if (!s->dropped && s->seq >= w->seq_end && stop_requested(pp)) s->dropped = true;
+    if (s->dropped) {
+        int n = 0;
+        if (w->held) {
+            tw_infer_batch hb = slot_batch(pp, w->held, w->held->n_kept, T);
+            if (tw_backend_infer_end(pp->be, &hb, w->held_lane, pp->err) != TW_OK) goto fail;
+            out[n++] = w->held;
+            w->held = NULL;
+        }
+        out[n++] = s;
+        if (n < 2) out[n] = NULL;
+        return W_PASS;
+    }
+    if (s->seq >= w->seq_end) w->seq_end = s->seq + 1;
     tw_infer_batch b = slot_batch(pp, s, s->n_kept, T);
     if (!tw_backend_overlaps(pp->be)) {
         if (s->n_kept == 0 || tw_backend_infer(pp->be, &b, pp->err) == TW_OK) return W_PASS;
@@ -593,7 +609,10 @@ tw_status tw_pipe_parts_sink(void *user, int row0, int n, const float *probs, co
         int end = tw_parts_chunk_end(pp->parts);
         int m = end - row < n ? end - row : n;
         tw_status st = tw_parts_chunk_rows(pp->parts, row, m, probs, has, err);
-        if (st == TW_OK && row + m == end) st = tw_parts_chunk_commit(pp->parts, err);
+        if (st == TW_OK && row + m == end) {
+            st = tw_parts_chunk_commit(pp->parts, err);
+            pp->t_commit = tw_clock_now();
+        }
         if (st != TW_OK) return st;
         row += m;
         n -= m;
@@ -616,6 +635,62 @@ static tw_status writer_begin_row(tw_pipe *pp, const tw_segment *seg, int ty, tw
         chunk_of(pp, seg, c0, &r0, &r1);
         st = tw_parts_chunk_begin(pp->parts, r0, r1, err);
     }
+    /* the tile records that follow are the unfinished row's (checkpoint) */
+    if (st == TW_OK && tw_parts_chunk_end(pp->parts) >= 0) tw_parts_chunk_mark(pp->parts);
+    return st;
+}
+
+/* The first tile of the segment a checkpoint resumes is about to be added:
+ * put the stitcher's rows back and reopen the chunk of the unfinished row
+ * with its tile records (parts.h, "Checkpoints"). */
+static tw_status restore_state(tw_pipe *pp, const tw_segment *seg, int *cur_ty)
+{
+    const tw_parts_state *ps = &pp->state;
+    float *sum;
+    uint32_t *count;
+    tw_stitch_restore(pp->stitch, ps->r0, &sum, &count);
+    int r0, r1;
+    chunk_of(pp, seg, ps->r0, &r0, &r1);
+    tw_status st = tw_parts_chunk_begin(pp->parts, ps->r0, r1, pp->err);
+    if (st == TW_OK) st = tw_parts_state_restore(pp->parts, sum, count, pp->err);
+    /* mid-row: the row has begun (its rows above are flushed, its records
+     * are those just restored) */
+    if (ps->tx > 0) *cur_ty = ps->ty;
+    pp->state_seg = -1;
+    return st;
+}
+
+/* Seconds between checkpoints of a long chunk (hooks may not set it). */
+static double checkpoint_interval(const tw_pipe *pp)
+{
+    double s = pp->checkpoint_s > 0 ? pp->checkpoint_s : TW_CHECKPOINT_S;
+    /* what a checkpoint costs stays under 2 % of the run */
+    return s > 50.0 * pp->checkpoint_cost ? s : 50.0 * pp->checkpoint_cost;
+}
+
+/* Keep what the write stage has stitched: every tile before written_end.
+ * At the end of the current segment (its last tile is in) that is its
+ * remaining rows, finished and committed (when `ending`; otherwise the next
+ * segment's first tile finishes them); inside it, a checkpoint. */
+static tw_status checkpoint(tw_pipe *pp, bool ending)
+{
+    if (pp->cur_seg < 0) return TW_OK; /* nothing stitched by this run */
+    const tw_segment *seg = &pp->segs[pp->cur_seg];
+    if (pp->written_end >= seg->first + seg->plan.n_tiles - seg->skip)
+        return ending ? tw_stitch_finish(pp->stitch, pp->err) : TW_OK;
+    if (pp->written_end == pp->checkpoint_end) return TW_OK; /* kept already */
+    int si, ty, tx;
+    locate(pp, pp->written_end, &si, &ty, &tx);
+    TW_ASSERT(si == pp->cur_seg);
+    const float *sum;
+    const uint32_t *count;
+    tw_parts_state ps = {.row_end = seg->plan.row_end, .ty = ty, .tx = tx};
+    ps.r0 = tw_stitch_held(pp->stitch, &sum, &count, &ps.k);
+    double t0 = tw_clock_now();
+    tw_status st = tw_parts_checkpoint(pp->parts, &ps, sum, count, pp->err);
+    pp->t_commit = tw_clock_now();
+    pp->checkpoint_cost = pp->t_commit - t0;
+    pp->checkpoint_end = pp->written_end;
     return st;
 }
 
@@ -639,6 +714,9 @@ static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
             pp->cur_seg = ref->seg;
             tw_stitch_reset(pp->stitch, &pp->segs[ref->seg].plan);
             *cur_ty = -1;
+            if (ref->seg == pp->state_seg &&
+                restore_state(pp, &pp->segs[ref->seg], cur_ty) != TW_OK)
+                return pp->err->status;
         }
         const tw_segment *seg = &pp->segs[pp->cur_seg];
         if (ref->ty != *cur_ty) {
@@ -672,10 +750,15 @@ static work_result write_work(worker *w, tw_slot *s, tw_slot **out)
 {
     *out = s;
     tw_pipe *pp = w->pp;
+    /* Batches come in order: the first one not run (a stop) ends the tiles
+     * kept; the rest only go back to the pool. */
+    if (s->dropped) pp->write_halted = true;
+    if (pp->write_halted) return W_PASS;
     if (write_tiles(pp, s) != TW_OK) {
         pipe_abort(pp);
         return W_FAIL;
     }
+    pp->written_end = s->first + s->n_tiles;
     pp->tiles_done += s->n_refs;
     if (!pp->steady && tw_stitch_rows_done(pp->stitch) > 0) {
         pp->steady = true;
@@ -692,6 +775,13 @@ static work_result write_work(worker *w, tw_slot *s, tw_slot **out)
             return W_FAIL;
         }
     }
+    /* A long chunk (a wide raster's tile row) is kept every few seconds:
+     * a kill -9 then loses no more than that. */
+    if (tw_clock_now() - pp->t_commit >= checkpoint_interval(pp) && !stop_requested(pp) &&
+        checkpoint(pp, false) != TW_OK) {
+        pipe_abort(pp);
+        return W_FAIL;
+    }
     return W_PASS;
 }
 
@@ -699,9 +789,9 @@ static tw_status write_stop(worker *w)
 {
     tw_pipe *pp = w->pp;
     if (aborted(pp) || pp->cur_seg < 0) return TW_OK;
-    int stop_row = atomic_load(&pp->stop_row);
-    tw_status st = stop_row >= 0 ? tw_stitch_flush_until(pp->stitch, stop_row, pp->err)
-                                 : tw_stitch_finish(pp->stitch, pp->err);
+    /* every tile in: finish the rows; stopped early: keep what is in */
+    tw_status st = pp->written_end >= pp->n_tiles ? tw_stitch_finish(pp->stitch, pp->err)
+                                                  : checkpoint(pp, true);
     if (st != TW_OK) pipe_abort(pp);
     return st;
 }
@@ -773,17 +863,49 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* A checkpoint of an earlier run resumes the segment that starts at its
+ * row (the rows above it are committed), at its tile: the tiles before are
+ * skipped. One that fits no segment is ignored: its rows are redone. */
+static void resume_checkpoint(tw_pipe *pp)
+{
+    pp->state_seg = -1;
+    bool have = pp->parts && tw_parts_state_get(pp->parts, &pp->state);
+    const tw_parts_state ps = pp->state;
+    for (int i = 0; have && i < pp->n_segs; i++) {
+        tw_segment *sg = &pp->segs[i];
+        const tw_plan *pl = &sg->plan;
+        int64_t off = (int64_t)(ps.ty - pl->ty_begin) * pl->x.n_pos + ps.tx;
+        sg->skip = 0;
+        if (pl->row_begin == ps.r0 && pl->row_end == ps.row_end && pl->k == ps.k &&
+            ps.ty >= pl->ty_begin && ps.tx < pl->x.n_pos && off > 0 && off < pl->n_tiles) {
+            sg->skip = off;
+            pp->state_seg = i;
+        }
+    }
+    pp->n_tiles = 0;
+    for (int i = 0; i < pp->n_segs; i++) {
+        pp->segs[i].first = pp->n_tiles;
+        pp->n_tiles += pp->segs[i].plan.n_tiles - pp->segs[i].skip;
+    }
+    if (pp->res) pp->res->tiles_total = pp->n_tiles;
+}
+
 tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
 {
     *interrupted = false;
     tw_error *err = pp->err;
     atomic_store(&pp->abort, 0);
     atomic_store(&pp->cancelled, 0);
-    atomic_store(&pp->stop_row, -1);
     pp->next_tile = pp->next_seq = 0;
     pp->claims_done = false;
     pp->tiles_done = 0;
     pp->cur_seg = -1;
+    pp->written_end = 0;
+    pp->write_halted = false;
+    pp->checkpoint_end = -1;
+    pp->checkpoint_cost = 0;
+    pp->t_commit = tw_clock_now();
+    resume_checkpoint(pp);
     const int readers = pp->bud->readers > 0 ? pp->bud->readers : 1;
     pp->res->read_workers = readers;
     pp->res->tiff_tiles_decoded = -1;
@@ -841,7 +963,8 @@ tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted)
         if (i != infer_arg) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&pp->mu);
     if (st == TW_OK) {
-        if (atomic_load(&pp->cancelled) || atomic_load(&pp->stop_row) >= 0)
+        if (atomic_load(&pp->cancelled) ||
+            (!atomic_load(&pp->abort) && pp->written_end < pp->n_tiles))
             *interrupted = true;
         else if (atomic_load(&pp->abort))
             st = err->status != TW_OK ? err->status

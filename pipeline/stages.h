@@ -18,6 +18,35 @@
  * raster order. The reorder window is the slot pool itself: every batch in
  * flight holds a slot, so it is bounded and counted by the budget.
  *
+ * Stopping (SIGTERM, SIGINT, SIGUSR1: hooks->stop). The bound is 10 s
+ * whatever the model, tile or raster width, so nothing waits for a chunk
+ * or a tile row to end (a row of a raster 10^7 pixels wide is 156,250
+ * tiles). What a stop request still costs, in order:
+ *   - the claims end at once; a reader drops the batch it is reading at
+ *     its next strip (it would not be inferred);
+ *   - the infer stage finishes the batch it is computing (one batch: with
+ *     the CPU's auto batch a fraction of a second to ~1 s; a batch set by
+ *     hand is that batch's time) and runs only batches that fill a gap
+ *     before one already inferred (several readers end out of order); the
+ *     rest pass through not run, as do queued batches;
+ *   - the write stage stitches the batches inferred, in order, up to the
+ *     first one not run, and takes a checkpoint there (parts.h): the
+ *     finished rows are committed, the stitcher's held rows (its strip of
+ *     the budget: k x grid_w x classes floats, 12 MB for a row 10^7 pixels
+ *     wide at stride 32 and 4 classes) and the row's tile records saved,
+ *     with a few fsyncs.
+ * So every tile classified before the stop is kept (the exception: batches
+ * inferred after one a reader dropped half read) and a rerun resumes at
+ * the next tile, skipping the segment's tiles before it (tw_segment.skip).
+ * Not bounded here: a remote read under way finishes its retries, and a
+ * stop that comes once every tile is in waits for the final products.
+ * The same checkpoint is taken every TW_CHECKPOINT_S seconds when no chunk
+ * was committed meanwhile (a long row), so a kill -9 loses at most that;
+ * never more often than keeps its cost under 2 % of the run. The outputs
+ * are those of an uninterrupted run byte for byte: the checkpoint holds
+ * the stitcher's sums as they are, and the tiles after it add to them in
+ * the same order (stitch.h); shards checkpoint their own rows.
+ *
  * Internal to pipeline/: run.c fills a tw_pipe and drives it.
  */
 #ifndef TW_STAGES_H
@@ -48,7 +77,10 @@ typedef struct tw_tile_ref {
 
 /* One batch slot: everything a batch needs from its read to its write. */
 typedef struct tw_slot {
-    int64_t seq; /* the batch's sequence number */
+    int64_t seq;   /* the batch's sequence number */
+    int64_t first; /* its first tile's number (tw_segment.first) */
+    int n_tiles;   /* tiles claimed: refs once read */
+    bool dropped;  /* not read or not inferred after a stop request */
     int n_refs, n_kept;
     tw_tile_ref *refs;    /* [batch]: every tile of the batch, in raster order */
     void *raw;            /* [batch][bands][T][T] raw type: kept tiles only */
@@ -64,8 +96,12 @@ typedef struct tw_slot {
  * the readers run the tile rows touching it, the stitcher averages them. */
 typedef struct tw_segment {
     tw_plan plan;  /* restricted to the segment's rows */
-    int64_t first; /* number of its first tile among all segments' tiles */
+    int64_t first; /* number of its first tile run among all segments' tiles */
+    int64_t skip;  /* its first tiles, stitched by an earlier run (a checkpoint) */
 } tw_segment;
+
+/* Seconds between checkpoints of a long chunk (tw_pipe.checkpoint_s = 0). */
+#define TW_CHECKPOINT_S 5.0
 
 typedef struct tw_pipe {
     /* Set by the driver before tw_pipe_slots_alloc / tw_pipe_run. */
@@ -84,7 +120,8 @@ typedef struct tw_pipe {
     tw_segment *segs; /* in raster order, `first` filled */
     int n_segs;
     int chunk_rows;
-    int64_t n_tiles; /* over all segments */
+    double checkpoint_s; /* 0: TW_CHECKPOINT_S */
+    int64_t n_tiles;     /* over all segments (tw_pipe_run deducts the skipped ones) */
     tw_stitch *stitch;
     tw_parts *parts;
     tw_input_result *res; /* stage seconds, tile counts, reader, bytes read */
@@ -99,12 +136,18 @@ typedef struct tw_pipe {
     tw_tiff_cache *tiles; /* decoded TIFF tiles, shared by the readers */
     atomic_int abort;     /* an error or a cancel: every stage stops */
     atomic_int cancelled;
-    atomic_int stop_row; /* on a stop request: rows up to here are finished */
-    pthread_mutex_t mu;  /* claims and the stage totals */
-    int64_t next_tile;   /* first tile of the next batch to claim */
+    pthread_mutex_t mu; /* claims and the stage totals */
+    int64_t next_tile;  /* first tile of the next batch to claim */
     int64_t next_seq;
     bool claims_done;
     int cur_seg, cur_ty; /* the write stage's (one worker) */
+    int64_t written_end; /* tiles before it are stitched */
+    bool write_halted;   /* a batch not run came: nothing after it is kept */
+    double t_commit;     /* when the last chunk or checkpoint was committed */
+    double checkpoint_cost;
+    int64_t checkpoint_end; /* written_end at the last checkpoint */
+    int state_seg;          /* the segment a checkpoint resumes, or -1 */
+    tw_parts_state state;
     int64_t tiles_done;
     uint64_t allocs_mark;
     bool steady;
@@ -127,8 +170,10 @@ tw_status tw_pipe_parts_sink(void *user, int row0, int n, const float *probs, co
                              tw_error *err);
 
 /* Run every stage to the end. TW_OK also when stopped early: *interrupted
- * then says so (a stop request after committing the chunk under way, or
- * the progress hook returned 0). Errors: the first stage error (in pp->err). */
+ * then says so (a stop request, after a checkpoint of every tile stitched;
+ * or the progress hook returned 0). Errors: the first stage error (in
+ * pp->err). Resumes this shard's checkpoint when one fits (pp->n_tiles and
+ * pp->res->tiles_total then count only the tiles still to run). */
 tw_status tw_pipe_run(tw_pipe *pp, bool *interrupted);
 
 #endif

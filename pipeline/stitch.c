@@ -178,3 +178,19 @@ void tw_stitch_reset(tw_stitch *s, const tw_plan *plan)
     s->plan = plan;
     s->next_row = plan->row_begin;
 }
+
+int tw_stitch_held(const tw_stitch *s, const float **sum, const uint32_t **count, int *k)
+{
+    *sum = s->sum;
+    *count = s->count;
+    *k = s->k;
+    return s->next_row;
+}
+
+void tw_stitch_restore(tw_stitch *s, int next_row, float **sum, uint32_t **count)
+{
+    TW_ASSERT(next_row >= s->plan->row_begin && next_row <= s->plan->row_end);
+    s->next_row = next_row;
+    *sum = s->sum;
+    *count = s->count;
+}

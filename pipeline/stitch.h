@@ -5,6 +5,12 @@
  * the tiles that covered it. Only k = tile/stride rows of cells are held:
  * when a new tile row starts, every row above its first cell row is final
  * and goes to the writer. Allocation happens in create only.
+ *
+ * A checkpoint (stages.h) saves what the stitcher holds - the running sums
+ * and counts of its k rows, exactly as they are - and a resumed run puts
+ * them back (tw_stitch_restore) before adding the tiles that follow: each
+ * cell's sum then sees the same additions in the same order as in an
+ * uninterrupted run, so its bytes are the same.
  */
 #ifndef TW_STITCH_H
 #define TW_STITCH_H
@@ -40,6 +46,17 @@ tw_status tw_stitch_flush_until(tw_stitch *s, int row, tw_error *err);
 /* Start over on another plan with the same grid width and k (a new band of
  * rows); the histogram keeps counting. Allocates nothing. */
 void tw_stitch_reset(tw_stitch *s, const tw_plan *plan);
+
+/* The held rows, for a checkpoint: returns the first row still held
+ * (absolute); *sum [k][grid_w][n_classes] and *count [k][grid_w] are
+ * borrowed, valid until the next call that changes the stitcher; *k the
+ * rows held (the plan's k, also past the plan's end, where they are 0). */
+int tw_stitch_held(const tw_stitch *s, const float **sum, const uint32_t **count, int *k);
+/* Put held rows back after tw_stitch_reset on the same plan: next_row
+ * becomes the first row held and *sum, *count receive the k rows' buffers
+ * to fill (borrowed, as above). next_row must lie in the plan's rows.
+ * Cannot fail. */
+void tw_stitch_restore(tw_stitch *s, int next_row, float **sum, uint32_t **count);
 
 /* Output cells per class written so far (argmax), and nodata cells.
  * Borrowed: [n_classes] counts, valid until destroy. */

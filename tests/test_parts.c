@@ -2,7 +2,10 @@
  * found again by a later open (resume), across shards; a chunk whose bytes
  * changed (checksum), whose journal line was cut short by a crash, or that
  * was aborted is not counted; assembly refuses an unfinished grid naming the
- * rows, and counts the argmax of what was committed. */
+ * rows, and counts the argmax of what was committed. A checkpoint commits the
+ * finished rows, keeps the unfinished row's tile records with the saved sums,
+ * gives them back bit for bit to the next open, and stops counting once its
+ * row is committed or its bytes change. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -216,6 +219,161 @@ static void test_journal_line_cut_short(void **state)
     tw_parts_close(pt);
 }
 
+/* Tile records as a tile chunk holds them: int32 row, col, float probs[NC]. */
+typedef struct rec {
+    int32_t row, col;
+    float p[NC];
+} rec;
+
+static void add_tiles(tw_parts *pt, int row, int n, int col0)
+{
+    int32_t rows[8], cols[8];
+    float probs[8 * NC];
+    for (int i = 0; i < n; i++) {
+        rows[i] = row;
+        cols[i] = col0 + i;
+        for (int k = 0; k < NC; k++)
+            probs[i * NC + k] = (float)row + 0.125f * (float)(col0 + i + k);
+    }
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_parts_chunk_tiles(pt, n, rows, cols, probs, NULL, &err), TW_OK);
+}
+
+/* The records of the committed tile chunk [r0, r1): returns their count. */
+static int read_tiles(const char *out, int r0, int r1, rec *recs, int max)
+{
+    char both[32];
+    snprintf(both, sizeof both, "%07d-%07d.bin", r0, r1);
+    FILE *f = fopen(parts_file(out, "tiles-", both), "rb");
+    assert_non_null(f);
+    char magic[8];
+    int32_t hdr[4];
+    int64_t n;
+    uint64_t fnv;
+    assert_int_equal(fread(magic, 8, 1, f), 1);
+    assert_int_equal(fread(hdr, sizeof hdr, 1, f), 1);
+    assert_int_equal(fread(&n, sizeof n, 1, f), 1);
+    assert_int_equal(fread(&fnv, sizeof fnv, 1, f), 1);
+    assert_memory_equal(magic, "TWTILES1", 8);
+    assert_true(n <= max);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(fread(&recs[i], sizeof(rec), 1, f), 1);
+    fclose(f);
+    return (int)n;
+}
+
+/* A checkpoint in the middle of row 2 of the chunk [0, 6): rows 0-1 are
+ * finished (committed as the chunk [0, 2) with their tile records), row 2
+ * is not: its sums and counts (k = 2 rows held) and its 3 tile records so
+ * far go to the state. The next open finds the state, gives back the same
+ * sums and counts bit for bit, and the records come first in the reopened
+ * chunk [2, 6), before the tiles added after the resume. */
+static void test_checkpoint_resume(void **state)
+{
+    (void)state;
+    const char *out = tw_test_tmpdir();
+    tw_parts_params p = params(out, 0, 1);
+    p.tiles = true;
+    tw_parts *pt = open_parts(&p);
+    tw_parts_state none;
+    assert_false(tw_parts_state_get(pt, &none));
+    tw_error err;
+    tw_error_init(&err);
+    float probs[GH * GW * NC];
+    uint8_t has[GH * GW];
+    fill_rows(0, 2, probs, has);
+    assert_int_equal(tw_parts_chunk_begin(pt, 0, 6, &err), TW_OK);
+    tw_parts_chunk_mark(pt);
+    add_tiles(pt, 0, 2, 0);
+    tw_parts_chunk_mark(pt);
+    add_tiles(pt, 1, 2, 0);
+    assert_int_equal(tw_parts_chunk_rows(pt, 0, 2, probs, has, &err), TW_OK);
+    tw_parts_chunk_mark(pt); /* tile row of row 2 begins */
+    add_tiles(pt, 2, 3, 0);
+
+    enum { K = 2 };
+    float sum[K * GW * NC];
+    uint32_t count[K * GW];
+    for (int i = 0; i < K * GW * NC; i++) sum[i] = 1.0f / (float)(i + 3); /* not round */
+    for (int i = 0; i < K * GW; i++) count[i] = (uint32_t)(i % 3);
+    tw_parts_state ps = {.r0 = 2, .row_end = GH, .ty = 2, .tx = 3, .k = K};
+    if (tw_parts_checkpoint(pt, &ps, sum, count, &err) != TW_OK) fail_msg("%s", err.msg);
+    assert_true(tw_parts_row_done(pt, 1));
+    assert_false(tw_parts_row_done(pt, 2));
+    assert_int_equal(tw_parts_chunk_end(pt), 6); /* the rest reopened from row 2 */
+    rec recs[16];
+    assert_int_equal(read_tiles(out, 0, 2, recs, 16), 4);
+    assert_int_equal(recs[3].row, 1);
+    tw_parts_close(pt); /* a kill: the open chunk's temporaries are dropped */
+
+    pt = open_parts(&p);
+    assert_int_equal(tw_parts_rows_done(pt), 2);
+    tw_parts_state got;
+    assert_true(tw_parts_state_get(pt, &got));
+    assert_int_equal(got.r0, 2);
+    assert_int_equal(got.row_end, GH);
+    assert_int_equal(got.ty, 2);
+    assert_int_equal(got.tx, 3);
+    assert_int_equal(got.k, K);
+    float sum2[K * GW * NC];
+    uint32_t count2[K * GW];
+    memset(sum2, 0xff, sizeof sum2);
+    assert_int_equal(tw_parts_chunk_begin(pt, 2, 6, &err), TW_OK);
+    assert_int_equal(tw_parts_state_restore(pt, sum2, count2, &err), TW_OK);
+    assert_false(tw_parts_state_get(pt, &got)); /* used up */
+    assert_memory_equal(sum2, sum, sizeof sum);
+    assert_memory_equal(count2, count, sizeof count);
+    add_tiles(pt, 2, 2, 3); /* the rest of row 2, after the resume */
+    fill_rows(2, 4, probs, has);
+    assert_int_equal(tw_parts_chunk_rows(pt, 2, 4, probs, has, &err), TW_OK);
+    assert_int_equal(tw_parts_chunk_commit(pt, &err), TW_OK);
+    int n = read_tiles(out, 2, 6, recs, 16);
+    assert_int_equal(n, 5);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(recs[i].row, 2);
+        assert_int_equal(recs[i].col, i); /* raster order across the resume */
+        assert_true(recs[i].p[1] == 2.0f + 0.125f * (float)(i + 1));
+    }
+    tw_parts_close(pt);
+
+    /* row 2 is committed now: the state no longer counts */
+    pt = open_parts(&p);
+    assert_int_equal(tw_parts_rows_done(pt), GH);
+    assert_false(tw_parts_state_get(pt, &got));
+    tw_parts_close(pt);
+}
+
+/* A state whose bytes changed is ignored: its rows are redone from the last
+ * committed row. */
+static void test_damaged_state_is_ignored(void **state)
+{
+    (void)state;
+    const char *out = tw_test_tmpdir();
+    tw_parts_params p = params(out, 0, 1);
+    tw_parts *pt = open_parts(&p);
+    tw_error err;
+    tw_error_init(&err);
+    float sum[GW * NC] = {0.5f};
+    uint32_t count[GW] = {1};
+    tw_parts_state ps = {.r0 = 0, .row_end = GH, .ty = 0, .tx = 2, .k = 1};
+    assert_int_equal(tw_parts_checkpoint(pt, &ps, sum, count, &err), TW_OK);
+    tw_parts_close(pt);
+    pt = open_parts(&p);
+    tw_parts_state got;
+    assert_true(tw_parts_state_get(pt, &got));
+    tw_parts_close(pt);
+
+    const char *path = parts_file(out, "state.", NULL);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 60, SEEK_SET), 0); /* in the sums */
+    fputc(0x7f, f);
+    fclose(f);
+    pt = open_parts(&p);
+    assert_false(tw_parts_state_get(pt, &got));
+    tw_parts_close(pt);
+}
+
 /* Rows from 10^7 on (a 2^31-1 tall raster has 67 M rows at stride 32):
  * their chunk names have 8-digit rows, and assembly once ignored them
  * ("the committed chunks do not cover rows 9999360..."). One narrow column,
@@ -264,6 +422,8 @@ int main(void)
         cmocka_unit_test(test_damaged_chunks_are_redone),
         cmocka_unit_test(test_journal_line_cut_short),
         cmocka_unit_test(test_rows_past_ten_million),
+        cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_damaged_state_is_ignored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -180,6 +181,29 @@ static const struct tw_backend_i async_iface = {
     .destroy = a_destroy,
 };
 
+/* "cpu-slow": the CPU backend, each batch g_slow_us late - a run as long as
+ * the test needs on any machine. */
+static int g_slow_us;
+
+static tw_status slow_infer(void *ctx, const tw_infer_batch *b, tw_error *err)
+{
+    if (g_slow_us > 0) usleep((useconds_t)g_slow_us);
+    return a_infer(ctx, b, err);
+}
+
+static const struct tw_backend_i slow_iface = {
+    .name = "cpu-slow",
+    .workspace_bytes = a_workspace,
+    .auto_batch = a_auto_batch,
+    .supports = a_supports,
+    .reserve = a_reserve,
+    .consumes_weights = a_consumes,
+    .infer = slow_infer,
+    .wants_raw = a_wants_raw,
+    .get_stats = a_stats,
+    .destroy = a_destroy,
+};
+
 static tw_status async_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
 {
     async_ctx *a = calloc(1, sizeof *a);
@@ -195,6 +219,13 @@ static tw_status async_create(const tw_backend_params *params, tw_backend *out, 
     out->i = &async_iface;
     out->ctx = a;
     return TW_OK;
+}
+
+static tw_status slow_create(const tw_backend_params *params, tw_backend *out, tw_error *err)
+{
+    tw_status st = async_create(params, out, err);
+    if (st == TW_OK) out->i = &slow_iface;
+    return st;
 }
 
 /* Every band of a raster, as doubles. */
@@ -311,6 +342,207 @@ static void test_async_no_stall(void **state)
     g_last = NULL;
 }
 
+/* A stop request from the run's own tiles hook once `at` tiles are done
+ * (what the CLI's SIGTERM handler does, from another thread). */
+typedef struct stopper {
+    volatile sig_atomic_t flag;
+    int64_t at;
+} stopper;
+
+static int keep_going(double f, const char *msg, void *user)
+{
+    (void)f;
+    (void)msg;
+    (void)user;
+    return 1;
+}
+
+static void stop_at(int64_t done, int64_t total, const char *msg, void *user)
+{
+    (void)total;
+    (void)msg;
+    stopper *s = user;
+    if (s->at >= 0 && done >= s->at) __atomic_store_n(&s->flag, 1, __ATOMIC_RELAXED);
+}
+
+/* One run of the sample raster (as run_into) that stops after `at` tiles
+ * (at < 0: never). Returns its status; *classified: the tiles it stitched. */
+static tw_status run_stopping(const char *device, int readers, int batch, const char *dir,
+                              int64_t at, int64_t *classified)
+{
+    const char *src = getenv("TW_SOURCE_DIR");
+    tw_run_params p = tw_run_default_params();
+    snprintf(p.input.paths[0], sizeof p.input.paths[0], "%s/sample_data/L7_ETMs.tif", src);
+    p.input.n_paths = 1;
+    snprintf(p.model.weights, sizeof p.model.weights, "%s/sample_data/demo_resnet18.h5", src);
+    p.tiling.tile = 64;
+    p.tiling.stride = 32;
+    p.tiling.batch = batch;
+    snprintf(p.runtime.device, sizeof p.runtime.device, "%s", device);
+    p.runtime.readers = readers;
+    p.runtime.threads = 1;
+    snprintf(p.output.dir, sizeof p.output.dir, "%s", dir);
+    p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB;
+    p.quiet = true;
+    p.chunk_rows = 4; /* chunks of 4 cell rows: stops land inside and between them */
+    stopper st = {.flag = 0, .at = at};
+    tw_run_hooks hooks = {.progress = keep_going, .tiles = stop_at, .progress_user = &st};
+    hooks.stop = &st.flag;
+    tw_error err;
+    tw_error_init(&err);
+    tw_run_result *r = NULL;
+    tw_status status = tw_run(&p, &hooks, &r, &err);
+    if (status != TW_OK && status != TW_CANCELLED) fail_msg("%s: %s", device, err.msg);
+    *classified = r && r->n_inputs == 1 ? r->inputs[0].tiles_classified : -1;
+    tw_run_result_destroy(r);
+    return status;
+}
+
+/* Stopped twice (after 23 tiles, then after 41 more), then run to the end:
+ * the outputs are the uninterrupted run's, value for value, each stopped run
+ * kept its tiles and went little further, and every one of the 100 tiles was
+ * stitched exactly once over the three runs (none lost at a stop, none
+ * redone) - with the plain CPU backend, and with two
+ * batches in flight and readers ending out of order (cpu-async, 1 and 3
+ * readers: the batches after a stop are dropped or, before one already
+ * inferred, run to fill the gap). */
+static void test_stop_resumes_exactly(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src) skip();
+    const char *dir = tw_test_tmpdir();
+    char ref[512], out[512];
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    run_into("cpu", 1, 7, ref);
+    const char *devices[] = {"cpu", "cpu-async", "cpu-async"};
+    const int readers[] = {1, 1, 3};
+    for (int v = 0; v < 3; v++) {
+        snprintf(out, sizeof out, "%s/stop%d", dir, v);
+        /* A run that the stop reaches once every tile is inferred (the
+         * write stage lags) finishes instead: no third run then. */
+        const int64_t at[3] = {23, 41, -1};
+        int64_t n[3] = {0, 0, 0}, sum = 0;
+        for (int k = 0; k < 3; k++) {
+            tw_status st = run_stopping(devices[v], readers[v], 7, out, at[k], &n[k]);
+            sum += n[k];
+            if (st == TW_OK) break;
+            assert_int_equal(st, TW_CANCELLED);
+            assert_true(at[k] >= 0);
+            /* kept what was stitched and inferred, little more: the batch
+             * that crossed the mark and at most one per slot (those
+             * inferred before the stop came, the one being inferred, gap
+             * fillers); finishing the chunk under way went further */
+            int slots = readers[v] + (v > 0 ? 4 : 3);
+            assert_true(n[k] >= at[k] && n[k] <= at[k] + 7 * (1 + slots));
+        }
+        print_message("%s, %d readers: %lld + %lld + %lld tiles\n", devices[v], readers[v],
+                      (long long)n[0], (long long)n[1], (long long)n[2]);
+        assert_int_equal(sum, 100);
+        static const char *prods[] = {"class", "prob"};
+        for (int i = 0; i < 2; i++) {
+            char pa[600], pb[600];
+            snprintf(pa, sizeof pa, "%s/L7_ETMs.%s.tif", ref, prods[i]);
+            snprintf(pb, sizeof pb, "%s/L7_ETMs.%s.tif", out, prods[i]);
+            int na, nb;
+            double *va = read_raster(pa, &na), *vb = read_raster(pb, &nb);
+            assert_int_equal(na, nb);
+            for (int k = 0; k < na; k++)
+                if (va[k] != vb[k])
+                    fail_msg("%s: value %d differs (%g vs %g), %s, %d readers", prods[i], k, va[k],
+                             vb[k], devices[v], readers[v]);
+            free(va);
+            free(vb);
+        }
+    }
+    free(g_last);
+    g_last = NULL;
+}
+
+/* Cancel (what the progress hook's 0 does: no checkpoint at the end, the
+ * open chunk's temporaries dropped - what a kill -9 leaves) once the
+ * periodic checkpoint's state file exists. */
+static const char *g_state_path;
+
+static int cancel_after_checkpoint(double f, const char *msg, void *user)
+{
+    (void)f;
+    (void)msg;
+    (void)user;
+    return access(g_state_path, F_OK) != 0;
+}
+
+/* One chunk for the whole grid, batches made 0.4 s long: after
+ * TW_CHECKPOINT_S (5 s) without a commit the write stage takes a
+ * checkpoint; the run is then cut off as a kill -9 would (see above), and
+ * the rerun resumes from the checkpoint - fewer than the 100 tiles - to the
+ * uninterrupted run's outputs, value for value. */
+static void test_periodic_checkpoint(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src) skip();
+    const char *dir = tw_test_tmpdir();
+    char ref[512], out[512], st_path[700];
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    snprintf(out, sizeof out, "%s/cut", dir);
+    snprintf(st_path, sizeof st_path, "%s/.tilewise/L7_ETMs/state.0001-of-0001", out);
+    g_state_path = st_path;
+    run_into("cpu", 1, 7, ref);
+
+    tw_run_params p = tw_run_default_params();
+    snprintf(p.input.paths[0], sizeof p.input.paths[0], "%s/sample_data/L7_ETMs.tif", src);
+    p.input.n_paths = 1;
+    snprintf(p.model.weights, sizeof p.model.weights, "%s/sample_data/demo_resnet18.h5", src);
+    p.tiling.tile = 64;
+    p.tiling.stride = 32;
+    p.tiling.batch = 7;
+    snprintf(p.runtime.device, sizeof p.runtime.device, "cpu-slow");
+    p.runtime.readers = 1;
+    p.runtime.threads = 1;
+    snprintf(p.output.dir, sizeof p.output.dir, "%s", out);
+    p.output.products = TW_PRODUCT_CLASS | TW_PRODUCT_PROB;
+    p.quiet = true;
+    p.chunk_rows = 1000; /* one chunk: no commit before the end */
+    tw_run_hooks hooks = {.progress = cancel_after_checkpoint};
+    tw_error err;
+    tw_error_init(&err);
+    tw_run_result *r = NULL;
+    g_slow_us = 400000;
+    tw_status st = tw_run(&p, &hooks, &r, &err);
+    int64_t first = r ? r->inputs[0].tiles_classified : -1;
+    tw_run_result_destroy(r);
+    assert_int_equal(st, TW_CANCELLED);
+    assert_int_equal(access(st_path, F_OK), 0);
+
+    g_slow_us = 0;
+    hooks.progress = keep_going;
+    r = NULL;
+    tw_error_init(&err);
+    if (tw_run(&p, &hooks, &r, &err) != TW_OK) fail_msg("rerun: %s", err.msg);
+    int64_t rest = r->inputs[0].tiles_classified;
+    tw_run_result_destroy(r);
+    print_message("cut after %lld tiles; the rerun classified %lld\n", (long long)first,
+                  (long long)rest);
+    assert_true(rest > 0 && rest < 100 && rest >= 100 - first);
+    static const char *prods[] = {"class", "prob"};
+    for (int i = 0; i < 2; i++) {
+        char pa[600], pb[600];
+        snprintf(pa, sizeof pa, "%s/L7_ETMs.%s.tif", ref, prods[i]);
+        snprintf(pb, sizeof pb, "%s/L7_ETMs.%s.tif", out, prods[i]);
+        int na, nb;
+        double *va = read_raster(pa, &na), *vb = read_raster(pb, &nb);
+        assert_int_equal(na, nb);
+        for (int k = 0; k < na; k++)
+            if (va[k] != vb[k])
+                fail_msg("%s: value %d differs (%g vs %g)", prods[i], k, va[k], vb[k]);
+        free(va);
+        free(vb);
+    }
+    free(g_last);
+    g_last = NULL;
+}
+
 /* The normalize stage beside a CPU backend takes the cores its inference
  * leaves, one at least (1: no OpenMP team of its own, the inference's team
  * the only one: tw_run_normalize_threads); the reader count too is counted
@@ -402,7 +634,8 @@ int main(void)
 {
     tw_error err;
     tw_error_init(&err);
-    if (tw_backend_register("cpu-async", async_create, &err) != TW_OK) {
+    if (tw_backend_register("cpu-async", async_create, &err) != TW_OK ||
+        tw_backend_register("cpu-slow", slow_create, &err) != TW_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -410,6 +643,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_backend_same_outputs),
         cmocka_unit_test(test_async_no_stall),
+        cmocka_unit_test(test_stop_resumes_exactly),
+        cmocka_unit_test(test_periodic_checkpoint),
         cmocka_unit_test(test_normalize_threads),
         cmocka_unit_test(test_threads_on_few_cores),
     };

@@ -216,7 +216,8 @@ static void test_script_lines(void **state)
     assert_non_null(strstr(a, "#!/bin/bash\n"));
     assert_non_null(strstr(a, "\n#SBATCH --array=0-3\n"));
     assert_non_null(strstr(a, "\n#SBATCH --requeue\n"));
-    assert_non_null(strstr(a, "\n#SBATCH --signal=B:USR1@120\n"));
+    /* a stop takes at most 10 s: 30 s before the limit leaves 20 for the requeue */
+    assert_non_null(strstr(a, "\n#SBATCH --signal=B:USR1@30\n"));
     assert_non_null(strstr(a, "\n#SBATCH --cpus-per-task=3\n"));
     assert_non_null(strstr(a, "\n#SBATCH --mem=2048M\n")); /* 1 GiB + 1 GiB margin */
     assert_non_null(strstr(a, "\n#SBATCH --job-name=flow\n"));

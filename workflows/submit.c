@@ -23,7 +23,10 @@
 /* Memory asked of SLURM on top of runtime.memory: the program, its
  * libraries, GDAL's and oneDNN's own allocations, a CUDA context. */
 #define MEM_MARGIN_MIB 1024
-#define SIGNAL_LEAD_S 120
+/* SIGUSR1 this long before the time limit: a stop takes at most 10 s
+ * (pipeline/stages.h), the rest is for the task's scontrol requeue. SLURM
+ * may send it up to 60 s earlier than asked, never later. */
+#define SIGNAL_LEAD_S 30
 
 tw_submit_params tw_submit_default_params(void)
 {

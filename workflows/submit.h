@@ -16,9 +16,10 @@
  * The scripts cd back to the directory submit was run from before starting
  * tilewise, so relative --set values mean what they meant on the command line.
  *
- * Time limits: the array asks for SIGUSR1 120 s before its limit on the batch
- * shell (--signal=B:USR1@120). The script forwards it to tilewise, which
- * commits the chunk under way and exits 75; the task then requeues itself
+ * Time limits: the array asks for SIGUSR1 30 s before its limit on the batch
+ * shell (--signal=B:USR1@30). The script forwards it to tilewise, which
+ * keeps every tile classified and exits 75 within 10 s (pipeline/stages.h);
+ * the task then requeues itself
  * (scontrol requeue) and resumes from the committed rows. SIGTERM (scancel)
  * is forwarded too but never requeues.
  *
