@@ -161,14 +161,17 @@ static void test_config_json(void **state)
                         "for\"est");
     assert_true(json_number_value(json_array_get(json_object_get(model, "std"), 1)) == 0.25);
     json_t *tiling = json_object_get(root, "tiling");
-    assert_string_equal(json_string_value(json_object_get(tiling, "batch")), "auto");
+    /* the products' metadata holds what made their bytes, not how the run
+     * computed them (core/keys.h TW_KEY_BYTES): no batch, memory or threads */
+    assert_null(json_object_get(tiling, "batch"));
     assert_int_equal(json_integer_value(json_object_get(tiling, "stride")), 32);
     json_t *prods = json_object_get(json_object_get(root, "output"), "products");
     assert_int_equal(json_array_size(prods), 2);
     assert_string_equal(json_string_value(json_array_get(prods, 1)), "tiles_gpkg");
-    assert_int_equal(
-        json_integer_value(json_object_get(json_object_get(root, "runtime"), "memory")),
-        (long long)3 << 30);
+    json_t *rt = json_object_get(root, "runtime");
+    assert_null(json_object_get(rt, "memory"));
+    assert_null(json_object_get(rt, "threads"));
+    assert_string_equal(json_string_value(json_object_get(rt, "precision")), "fp32");
     json_decref(root);
     /* A buffer too small: cut and terminated, and the length says so (>= size),
      * so that no caller keeps a cut configuration without knowing. */
@@ -219,6 +222,15 @@ static void test_run_json(void **state)
                         "out/one.class.tif");
     json_t *cfg_model = json_object_get(json_object_get(root, "config"), "model");
     assert_string_equal(json_string_value(json_object_get(cfg_model, "arch")), "resnet50");
+    /* run.json's config has every key of the table, execution keys included */
+    json_t *cfg = json_object_get(root, "config");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(cfg, "runtime"), "memory")),
+                     (long long)3 << 30);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(cfg, "tiling"), "batch")),
+                        "auto");
+    assert_non_null(json_object_get(json_object_get(cfg, "runtime"), "readers"));
+    assert_non_null(json_object_get(json_object_get(cfg, "output"), "name"));
+    assert_int_equal(json_array_size(json_object_get(root, "warnings")), 0);
     json_decref(root);
 
     /* Without a result (failed before any work): status and message only. */

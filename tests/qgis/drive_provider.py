@@ -66,7 +66,8 @@ def main():
     except QgsProcessingException as e:
         result["cancelled"] = str(e)
     result["progress_seen"] = fb.max_progress
-    with open(os.path.join(out, "run.json")) as f:
+    # a cancelled attempt reports in run.failed.json: run.json belongs to a finished run
+    with open(os.path.join(out, "run.failed.json")) as f:
         result["first_status"] = json.load(f)["status"]
 
     # Rerun: resumes; the outputs load into the project with their legend.
