@@ -55,7 +55,8 @@ format-check: setup
 	if [ -n "$$bad" ]; then echo "not clang-formatted (run: clang-format -i FILE):"; echo "$$bad"; exit 1; fi; \
 	echo "format-check: $$(echo $$files | wc -w) files clang-formatted"
 
-# DESIGN.md's layering: core/ <- io/, model/ (cuda/) <- pipeline/ <- workflows/.
+# DESIGN.md's layering: core/ <- io/, model/ (cuda/) <- pipeline/ <- config/ <- api/
+# <- workflows/ (the CLI).
 layer-check:
 	@bash scripts/check_layers.sh
 

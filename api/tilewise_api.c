@@ -27,9 +27,9 @@
 #include "pipeline/normalize.h"
 #include "pipeline/preflight.h"
 #include "pipeline/run.h"
-#include "workflows/info.h"
-#include "workflows/validate.h"
-#include "workflows/workflow.h"
+#include "api/info.h"
+#include "api/validate.h"
+#include "config/workflow.h"
 
 /* The public values mirror the internal ones; keep them in step. */
 _Static_assert(

@@ -7,7 +7,11 @@
 #   model/     core/, io/, model/
 #   cuda/      core/, io/, model/, cuda/      (behind the backend seam)
 #   pipeline/  core/, io/, model/, pipeline/
-#   workflows/ core/, io/, model/, pipeline/, workflows/
+#   config/    core/, io/, model/, pipeline/, config/   (the YAML parser)
+#   api/       core/, io/, model/, pipeline/, config/, api/   (the library's door)
+#   workflows/ core/, io/, model/, pipeline/, config/, workflows/   (the CLI:
+#              not api/'s private headers; it reaches the library through
+#              tilewise.h, the headers above being what it still uses)
 # (tests/, fuzz/, bench/ may include anything.) A private header,
 # pipeline/*_internal.h, is included from pipeline/ only, wherever the
 # includer lives (tests/ and the bindings too). Prints one line per
@@ -20,11 +24,13 @@ declare -A allowed=(
   [model]="core io model"
   [cuda]="core io model cuda"
   [pipeline]="core io model pipeline"
-  [workflows]="core io model pipeline workflows"
+  [config]="core io model pipeline config"
+  [api]="core io model pipeline config api"
+  [workflows]="core io model pipeline config workflows"
 )
 bad=0
 checked=0
-for layer in core io model cuda pipeline workflows; do
+for layer in core io model cuda pipeline config api workflows; do
   [ -d "$root/$layer" ] || continue
   while IFS= read -r -d '' f; do
     checked=$((checked + 1))

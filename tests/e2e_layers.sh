@@ -17,6 +17,10 @@ cases=(
   'io/bad.c|#include "pipeline/run.h"|io/bad.c:2: io/ may not include pipeline/'
   'core/bad.h|#include "io/raster.h"|core/bad.h:2: core/ may not include io/'
   'model/bad.c|  #  include "workflows/workflow.h"|model/bad.c:2: model/ may not include workflows/'
+  'api/bad.c|#include "workflows/submit.h"|api/bad.c:2: api/ may not include workflows/'
+  'config/bad.c|#include "api/info.h"|config/bad.c:2: config/ may not include api/'
+  'pipeline/bad.c|#include "config/workflow.h"|pipeline/bad.c:2: pipeline/ may not include config/'
+  'workflows/bad.c|#include "api/validate.h"|workflows/bad.c:2: workflows/ may not include api/'
   'workflows/bad.c|#include "pipeline/run_internal.h"|workflows/bad.c:2: pipeline/run_internal.h is private to pipeline/'
   'tests/test_bad.c|#include "pipeline/run_internal.h"|tests/test_bad.c:2: pipeline/run_internal.h is private to pipeline/'
 )
@@ -40,4 +44,22 @@ mkdir -p "$tmp/ok/io" "$tmp/ok/pipeline"
 printf '#include "core/error.h"\n#include "io/raster.h"\n' >"$tmp/ok/io/fine.c"
 printf '#include "pipeline/run_internal.h"\n' >"$tmp/ok/pipeline/merge.c"
 bash "$check" "$tmp/ok" >/dev/null || { echo "FAIL: a legal include was refused"; fail=1; }
+# nothing of the CLI is in the library: libtilewise.so holds no object of
+# workflows/ (submit, shard) and exports only the public API
+so=$(dirname "${TW_BIN:-}")/libtilewise.so
+if [ -n "${TW_BIN:-}" ] && [ -e "$so" ] && command -v nm >/dev/null; then
+  cli=$(nm "$so" 2>/dev/null | grep -E ' (tw_cli_|tw_shard_resolve|tw_submit)' || true)
+  exported=$(nm -D --defined-only "$so" | awk '$2 != "A" {print $3}' | grep -v '^tilewise_' | grep -v '^_' || true)
+  if [ -n "$cli" ]; then
+    echo "FAIL: libtilewise.so holds CLI code: $cli"
+    fail=1
+  elif [ -n "$exported" ]; then
+    echo "FAIL: libtilewise.so exports more than tilewise_*: $exported"
+    fail=1
+  else
+    echo "ok   libtilewise.so holds no CLI code and exports tilewise_* only"
+  fi
+else
+  echo "note: no libtilewise.so beside TW_BIN: the symbol check is skipped"
+fi
 [ $fail -eq 0 ] && echo "e2e_layers: all checks passed" || exit 1

@@ -23,7 +23,7 @@
 #include "pipeline/resume.h"
 #include "tests/testutil.h"
 #include "tests/tiff_roundtrip.h"
-#include "workflows/workflow.h"
+#include "config/workflow.h"
 
 /* Run directly from an ASan build (leak detection on), the raw HDF5 corpus
  * shows libhdf5 1.10's own leaks on corrupt files (see fuzz/README.md).

@@ -25,7 +25,7 @@
 #include "core/keys.h"
 #include "pipeline/parts.h"
 #include "tests/testutil.h"
-#include "workflows/workflow.h"
+#include "config/workflow.h"
 
 /* A workflow that gives every key a value other than its default. */
 static const char k_every[] = "input:\n"

@@ -26,7 +26,7 @@
 
 #include "testutil.h"
 #include "workflows/submit.h"
-#include "workflows/workflow.h"
+#include "config/workflow.h"
 
 /* Names no shell may mangle: every character that means something to bash. */
 static const char *nasty[] = {

@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "tests/testutil.h"
-#include "workflows/workflow.h"
+#include "config/workflow.h"
 
 /* Every key, one per line; line numbers below refer to this text. */
 static const char k_good[] =

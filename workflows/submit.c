@@ -16,7 +16,7 @@
 #include "core/fileio.h"
 #include "pipeline/run.h"
 #include "pipeline/preflight.h"
-#include "workflows/workflow.h"
+#include "config/workflow.h"
 
 #define MAX_SETS 128
 #define MAX_SBATCH_OPTS 64

@@ -14,7 +14,7 @@
  * All work happens on a private copy of the params: *out is written only on
  * success, so a failed parse leaves the caller's struct as it was.
  */
-#include "workflows/workflow.h"
+#include "config/workflow.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* validate.c - what `tilewise validate` prints: the plan (tw_validate) and
  * the advice every run also gives (pipeline/advice.h), as text (validate.h). */
-#include "workflows/validate.h"
+#include "api/validate.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* info.c - what `tilewise info` prints about a raster or a model file (info.h). */
-#include "workflows/info.h"
+#include "api/info.h"
 
 #include <math.h>
 #include <stdio.h>
