@@ -24,30 +24,56 @@ ASAN_BASE=allocator_may_return_null=1
 export LSAN_OPTIONS=suppressions=$ROOT/fuzz/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-status=0
-for h in $HARNESSES; do
-    work=$BUILD/corpus/$h           # grows across runs; the seeds stay in fuzz/corpus/
+# One harness: libFuzzer for its time, then one line of result in $BUILD/result_$h.
+fuzz_one() {
+    local h=$1
+    local work=$BUILD/corpus/$h           # grows across runs; the seeds stay in fuzz/corpus/
     mkdir -p "$work"
-    log=$BUILD/fuzz_$h.log
+    local log=$BUILD/fuzz_$h.log
     # libhdf5 has no frame pointers: the suppressions in lsan.supp only match
     # with the slow unwinder (3-4x fewer executions, so only where needed).
-    export ASAN_OPTIONS=$ASAN_BASE
-    [ "$h" = hdf5_raw ] && export ASAN_OPTIONS=$ASAN_BASE:fast_unwind_on_malloc=0:malloc_context_size=30
+    local asan=$ASAN_BASE
+    [ "$h" = hdf5_raw ] && asan=$ASAN_BASE:fast_unwind_on_malloc=0:malloc_context_size=30
     # The manifest is a small JSON grammar read by jansson: its coverage stops
     # growing within seconds, so it gets half the time (30 s in `make test`).
-    secs=$SECONDS_EACH
+    local secs=$SECONDS_EACH
     [ "$h" = manifest ] && secs=$(( SECONDS_EACH > 1 ? SECONDS_EACH / 2 : 1 ))
-    "$BUILD/fuzz_$h" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    ASAN_OPTIONS=$asan "$BUILD/fuzz_$h" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
         -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$h-" \
         "$work" "$ROOT/fuzz/corpus/$h" >"$log" 2>&1
-    rc=$?
+    local rc=$?
+    local runs cov
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
     if [ $rc -eq 0 ]; then
-        echo "fuzz_$h: clean, ${runs:-?} executions in ${secs}s, $cov"
+        echo "fuzz_$h: clean, ${runs:-?} executions in ${secs}s, $cov" >"$BUILD/result_$h"
     else
-        echo "fuzz_$h: FAILED (exit $rc) after ${runs:-?} executions; log: $log"
-        grep -m1 -A12 -E '^==[0-9]+==ERROR|runtime error|^SUMMARY|deadly signal' "$log"
+        { echo "fuzz_$h: FAILED (exit $rc) after ${runs:-?} executions; log: $log"
+          grep -m1 -A12 -E '^==[0-9]+==ERROR|runtime error|^SUMMARY|deadly signal' "$log"
+        } >"$BUILD/result_$h"
+    fi
+}
+
+# JOBS harnesses at a time (each single-threaded, for its full time), then
+# the results in the harnesses' order.
+status=0
+running=0
+for h in $HARNESSES; do
+    rm -f "$BUILD/result_$h"
+    fuzz_one "$h" &
+    running=$((running + 1))
+    if [ "$running" -ge "${JOBS:-2}" ]; then
+        wait -n
+        running=$((running - 1))
+    fi
+done
+wait
+for h in $HARNESSES; do
+    if [ -s "$BUILD/result_$h" ]; then
+        cat "$BUILD/result_$h"
+        grep -q ': FAILED' "$BUILD/result_$h" && status=1
+    else
+        echo "fuzz_$h: FAILED (no result)"
         status=1
     fi
 done
