@@ -430,6 +430,12 @@ bool tw_raster_is_remote(const tw_raster *r)
     return r->remote;
 }
 
+void tw_raster_set_nodata_rule(tw_raster *r, bool nodata_auto, double nodata)
+{
+    const tw_raster_info *info = tw_raster_get_info(r);
+    tw_raster_set_nodata(r, !nodata_auto || info->has_nodata, nodata_auto ? info->nodata : nodata);
+}
+
 void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value)
 {
     r->use_nodata = use_nodata;

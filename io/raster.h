@@ -85,6 +85,11 @@ bool tw_raster_is_remote(const tw_raster *r);
  * always invalid. A pixel is invalid when any selected band is invalid. */
 void tw_raster_set_nodata(tw_raster *r, bool use_nodata, double nodata_value);
 
+/* input.nodata's rule: nodata_auto, the raster's own nodata value (none
+ * when it has none); else nodata. The one place the run's readers, the
+ * resampling at output.resolution: input and the advice agree on it. */
+void tw_raster_set_nodata_rule(tw_raster *r, bool nodata_auto, double nodata);
+
 /* Read the window with top-left (x0, y0) and size w x h (may extend past the
  * right/bottom edge and start at x0 >= 0, y0 >= 0). Output:
  *   raw   [bands][h][w] in the raster's dtype (pixels outside: 0)

@@ -66,8 +66,7 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
         st = tw_raster_open_ex(in->path, in->bands, in->n_bands, &op, &src_in, err);
         if (st == TW_OK) {
             const tw_raster_info *ri = tw_raster_get_info(src_in);
-            tw_raster_set_nodata(src_in, !in->nodata_auto || ri->has_nodata,
-                                 in->nodata_auto ? ri->nodata : in->nodata);
+            tw_raster_set_nodata_rule(src_in, in->nodata_auto, in->nodata);
             if (ri->width != W || ri->height != H)
                 st = tw_error_set(err, TW_ERR_INPUT, "%s is %d x %d now, the run read %d x %d",
                                   in->path, ri->width, ri->height, W, H);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "io/inspect.h"
 #include "io/raster.h"
 #include "io/url.h"
@@ -209,12 +210,12 @@ static void check_unclassified(tw_advice *a, int input, const char *path, const 
     tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
     if (tw_raster_open_ex(src, m->bands, m->n_bands, &op, &r, &e) != TW_OK) return;
     const tw_raster_info *ri = tw_raster_get_info(r);
-    tw_raster_set_nodata(r, !p->input.nodata_auto || ri->has_nodata,
-                         p->input.nodata_auto ? ri->nodata : p->input.nodata);
+    tw_raster_set_nodata_rule(r, p->input.nodata_auto, p->input.nodata);
     tw_plan pl;
     size_t px = (size_t)m->tile * (size_t)m->tile;
-    void *raw = malloc(px * (size_t)tw_raster_selected_bands(r) * tw_dtype_size(ri->dtype));
-    uint8_t *valid = malloc(px);
+    void *raw =
+        tw_alloc(TW_MEM_OTHER, px * (size_t)tw_raster_selected_bands(r) * tw_dtype_size(ri->dtype));
+    uint8_t *valid = tw_alloc(TW_MEM_OTHER, px);
     /* k = tile / stride tiles feed a cell on each axis: up to 64 are looked at */
     if (raw && valid && m->tile / m->stride <= 64 &&
         tw_plan_make(ri->width, ri->height, m->tile, m->stride, p->tiling.edge, 0, 1, &pl, &e) ==
@@ -267,8 +268,8 @@ static void check_unclassified(tw_advice *a, int input, const char *path, const 
                  p->tiling.max_nodata_fraction,
                  p->tiling.edge == TW_EDGE_SKIP ? " or no tile reaches (edge: skip)" : "");
     }
-    free(raw);
-    free(valid);
+    tw_free(raw);
+    tw_free(valid);
     tw_raster_close(r);
 }
 

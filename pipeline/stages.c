@@ -43,9 +43,7 @@ static tw_status open_input(const tw_pipe *pp, tw_raster **r, tw_error *err)
     tw_raster_open_params op = {.tiff_direct = pp->p->input.tiff_direct, .shared_tiles = pp->tiles};
     tw_status st = tw_raster_open_ex(pp->path, pp->m->bands, pp->m->n_bands, &op, r, err);
     if (st != TW_OK) return st;
-    const tw_raster_info *info = tw_raster_get_info(*r);
-    tw_raster_set_nodata(*r, !pp->p->input.nodata_auto || info->has_nodata,
-                         pp->p->input.nodata_auto ? info->nodata : pp->p->input.nodata);
+    tw_raster_set_nodata_rule(*r, pp->p->input.nodata_auto, pp->p->input.nodata);
     return TW_OK;
 }
 
