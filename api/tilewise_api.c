@@ -646,11 +646,11 @@ tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_option
 /* ---- validate ---- */
 
 struct tilewise_validation {
-    char *text;
+    tw_validation data;
+    char *text; /* tw_validate_write's rendering */
     size_t len;
     int n_warnings;
-    const char **warnings; /* [n_warnings], into text (the lines cut at their '\n') */
-    char *lines;           /* a copy of text, cut into lines */
+    int *warnings; /* [n_warnings]: indexes of data.advice's warnings */
 };
 
 tilewise_status tilewise_validate(const char *workflow, const tilewise_run_options *opts,
@@ -663,34 +663,24 @@ tilewise_status tilewise_validate(const char *workflow, const tilewise_run_optio
     tw_status st = load_workflow(workflow, opts, &o, &p, &err);
     if (st != TW_OK) return give(out, st, &err);
     tilewise_validation *va = calloc(1, sizeof *va);
-    FILE *f = va ? open_memstream(&va->text, &va->len) : NULL;
-    if (!f) {
-        free(va);
+    if (!va) {
         free(p);
         return give_new(out, TW_ERR_NOMEM, "out of memory");
     }
-    st = tw_validate_report(p, f, NULL, &err);
+    st = tw_validate_collect(p, &va->data, &err);
     free(p);
-    if (fclose(f) != 0 && st == TW_OK) st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory");
-    /* The warning lines, as data. */
-    va->lines = va->text ? strdup(va->text) : NULL;
-    int n = 0;
-    for (const char *c = va->text; c && *c; c++) n += *c == '\n';
-    va->warnings = calloc((size_t)n + 1, sizeof *va->warnings);
-    if (!va->lines || !va->warnings) {
+    const tw_advice *a = &va->data.advice;
+    va->warnings = calloc((size_t)a->n + 1, sizeof *va->warnings);
+    FILE *f = open_memstream(&va->text, &va->len);
+    if (!f || !va->warnings) {
+        if (f) fclose(f);
         tilewise_validation_free(va);
         return give_new(out, TW_ERR_NOMEM, "out of memory");
     }
-    for (char *line = va->lines, *next; *line; line = next) {
-        char *nl = strchr(line, '\n');
-        next = nl ? nl + 1 : line + strlen(line);
-        if (nl) *nl = '\0';
-        if (strncmp(line, "warning", 7) == 0) {
-            const char *w = line + 7;
-            while (*w == ' ') w++;
-            va->warnings[va->n_warnings++] = w;
-        }
-    }
+    tw_validate_write(&va->data, f);
+    if (fclose(f) != 0 && st == TW_OK) st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < a->n; i++)
+        if (a->items[i].warning) va->warnings[va->n_warnings++] = i;
     if (v)
         *v = va;
     else
@@ -710,14 +700,91 @@ int tilewise_validation_warnings(const tilewise_validation *v)
 
 const char *tilewise_validation_warning(const tilewise_validation *v, int i)
 {
-    return v && i >= 0 && i < v->n_warnings ? v->warnings[i] : NULL;
+    return v && i >= 0 && i < v->n_warnings ? v->data.advice.items[v->warnings[i]].text : NULL;
+}
+
+const char *tilewise_validation_warning_code(const tilewise_validation *v, int i)
+{
+    return v && i >= 0 && i < v->n_warnings ? v->data.advice.items[v->warnings[i]].code : NULL;
+}
+
+tilewise_status tilewise_validation_plan(const tilewise_validation *v, tilewise_plan_summary *s,
+                                         tilewise_error *out)
+{
+    if (!v || !s || s->size < offsetof(tilewise_plan_summary, margin_bytes) + sizeof(uint64_t))
+        return give_new(out, TW_ERR_USAGE,
+                        "tilewise_validation_plan: no validation, no summary or its size not "
+                        "set (size = sizeof(tilewise_plan_summary))");
+    const tw_validation *d = &v->data;
+    const tw_budget *b = &d->budget;
+    tilewise_plan_summary f = {
+        .size = s->size,
+        .resolved = d->resolved,
+        .planned = d->planned,
+        .arch = d->model.arch,
+        .model_sha256 = d->model.model_sha256,
+        .bands = d->model.in_bands,
+        .n_classes = d->model.n_classes,
+        .features = d->model.feat_dim,
+        .tile = d->model.tile,
+        .stride = d->model.stride,
+        .backend = d->backend,
+        .precision = d->resolved ? tw_precision_name(d->precision) : "",
+        .n_inputs = d->n_inputs,
+        .batch = b->batch,
+        .slots = b->n_slots,
+        .readers = b->readers,
+        .memory_bytes = d->memory,
+        .estimate_bytes = b->estimate,
+        .worst_bytes = b->total,
+        .base_bytes = b->base,
+        .weights_bytes = b->weights,
+        .slots_bytes = b->slots,
+        .read_bytes = b->read,
+        .workspace_bytes = b->workspace,
+        .strip_bytes = b->strip,
+        .gdal_cache_bytes = b->gdal_cache,
+        .margin_bytes = b->margin,
+    };
+    memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
+    return give(out, TW_OK, NULL);
+}
+
+tilewise_status tilewise_validation_input(const tilewise_validation *v, int i,
+                                          tilewise_plan_input *s, tilewise_error *out)
+{
+    if (!v || !s || i < 0 || i >= v->data.n_inputs ||
+        s->size < offsetof(tilewise_plan_input, remote_bytes) + sizeof(int64_t))
+        return give_new(out, TW_ERR_USAGE,
+                        "tilewise_validation_input: no validation, input %d not planned, or "
+                        "the summary's size not set (size = sizeof(tilewise_plan_input))",
+                        i);
+    const tw_validation_input *in = &v->data.inputs[i];
+    tilewise_plan_input f = {
+        .size = s->size,
+        .path = in->shown,
+        .skipped = in->skipped ? in->skip_reason : "",
+        .width = in->width,
+        .height = in->height,
+        .bands = in->bands,
+        .dtype = in->skipped ? "" : tw_dtype_name(in->dtype),
+        .tiles_x = in->tiles_x,
+        .tiles_y = in->tiles_y,
+        .tiles = in->n_tiles,
+        .grid_width = in->grid_w,
+        .grid_height = in->grid_h,
+        .aoi_tiles = in->aoi_tiles,
+        .remote = in->remote,
+        .remote_bytes = in->remote ? in->remote_bytes : -1,
+    };
+    memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
+    return give(out, TW_OK, NULL);
 }
 
 void tilewise_validation_free(tilewise_validation *v)
 {
     if (!v) return;
     free(v->text);
-    free(v->lines);
     free(v->warnings);
     free(v);
 }

@@ -1,15 +1,12 @@
-/* validate.h - `tilewise validate`'s report: the plan and the advice.
+/* validate.h - `tilewise validate`'s listing, one rendering of the plan and
+ * the advice (pipeline/run.h: tw_validation).
  *
  * The plan is tw_validate's (config, inputs and model checked against each
- * other; tiles, grid, batch, memory estimate). The advice follows, for
- * raster inputs (not STAC items): georeferencing (CRS, pixel size and a
- * tile's ground size; rotated, stretched or odd pixels, no CRS), value
- * ranges (each band's range after input.scale and the model's mean/std: far
- * off, very wide or flat ranges usually mean a wrong input.scale; not for
- * remote inputs, whose statistics would read every pixel), and which reader
- * decodes the pixels. Advice lines start with "warning"; they are advice for
- * a person, never errors. The text is what the command prints on stdout;
- * the library only writes it to the caller's stream.
+ * other; tiles, grid, batch, memory estimate), the advice every run also
+ * gives (pipeline/advice.h): georeferencing, value ranges, padding, and
+ * which reader decodes the pixels. Warning lines start with "warning"; they
+ * are advice for a person, never errors. The C API hands the same data out
+ * through its accessors; the library only writes text to a caller's stream.
  */
 #ifndef TW_VALIDATE_H
 #define TW_VALIDATE_H
@@ -18,11 +15,16 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "pipeline/run.h"
 
-/* Write the plan, then (when it passed) the advice and a last line
- * "advice    N warning(s)" to out; *warnings (may be NULL) receives N. On
- * error out holds the plan as far as it got; the status and message are
- * tw_validate's. */
-tw_status tw_validate_report(const tw_run_params *p, FILE *out, int *warnings, tw_error *err);
+/* tw_validate, with GDAL's process-wide block cache limit as the caller had
+ * it afterwards (tw_validate sets the run's for the advice's reads). */
+tw_status tw_validate_collect(const tw_run_params *p, tw_validation *v, tw_error *err);
+
+/* Write v as the command prints it: the model, each input planned, batch,
+ * readers and memory, the output checks' warnings, "ok", then the advice
+ * and a last line "advice    N warning(s)" (N: every warning, the output
+ * checks' included). A plan that failed is written as far as it got. */
+void tw_validate_write(const tw_validation *v, FILE *out);
 
 #endif

@@ -57,8 +57,10 @@ extern "C" {
  * described), tilewise_config_set (the CLI's --config), tilewise_api_version
  * and TILEWISE_ERR_REMOTE. The `tilewise` command runs its run, merge,
  * validate and info commands through these.
- * Version 3 adds tilewise_run_options.strict (and run.strict=true). */
-#define TILEWISE_API_VERSION 3
+ * Version 3 adds tilewise_run_options.strict (and run.strict=true).
+ * Version 4 adds the validation as data: tilewise_validation_plan,
+ * tilewise_validation_input and tilewise_validation_warning_code. */
+#define TILEWISE_API_VERSION 4
 
 /* Status codes: the same values as the library's internal ones. */
 typedef enum tilewise_status {
@@ -290,11 +292,59 @@ tilewise_status tilewise_validate(const char *workflow, const tilewise_run_optio
                                   tilewise_validation **v, tilewise_error *err);
 /* The whole text, lines ending in '\n'. Borrowed until free. "" for NULL. */
 const char *tilewise_validation_text(const tilewise_validation *v);
-/* The text's warning lines (those starting "warning": advice, and the
- * plan's own), without that word and the spaces after it. i in
- * [0, count); NULL outside. Borrowed until free. */
+/* The warnings (the text's lines starting "warning": the output checks'
+ * and the advice's), without that word. i in [0, count); NULL outside.
+ * Borrowed until free. */
 int tilewise_validation_warnings(const tilewise_validation *v);
 const char *tilewise_validation_warning(const tilewise_validation *v, int i);
+/* Warning i's stable code: "output" (the output checks: free disk space, an
+ * AOI that touches no tile) or advice's ("no_crs", "values", "padding", ...;
+ * README "Advice"). NULL outside [0, count). Borrowed until free. */
+const char *tilewise_validation_warning_code(const tilewise_validation *v, int i);
+
+/* The plan as numbers (what the listing's model, batch, readers and memory
+ * lines say). Set size = sizeof(tilewise_plan_summary) before the call; the
+ * library fills what fits. Strings borrowed until tilewise_validation_free. */
+typedef struct tilewise_plan_summary {
+    size_t size;
+    int resolved;     /* the model and backend below are known */
+    int planned;      /* every input planned: the budget below holds */
+    const char *arch; /* "resnet50" */
+    const char *model_sha256;
+    int bands, n_classes, features, tile, stride;
+    const char *backend; /* "cpu", "cuda" */
+    const char *precision;
+    int n_inputs; /* planned so far; tilewise_validation_input takes 0 <= i < n_inputs */
+    int batch, slots, readers;
+    uint64_t memory_bytes;   /* runtime.memory */
+    uint64_t estimate_bytes; /* the expected peak */
+    uint64_t worst_bytes;    /* the worst case, within memory_bytes */
+    /* The worst case's items: */
+    uint64_t base_bytes, weights_bytes, slots_bytes, read_bytes, workspace_bytes, strip_bytes,
+        gdal_cache_bytes, margin_bytes;
+} tilewise_plan_summary;
+
+/* One input as planned. Set size as above. */
+typedef struct tilewise_plan_input {
+    size_t size;
+    const char *path;    /* credentials redacted */
+    const char *skipped; /* "": planned; else why it is skipped (input.on_error: skip) */
+    int width, height, bands;
+    const char *dtype; /* GDAL's name: "Byte", "UInt16", "Float32" */
+    int tiles_x, tiles_y;
+    int64_t tiles;               /* this shard's */
+    int grid_width, grid_height; /* output cells */
+    int64_t aoi_tiles;           /* tiles touching input.aoi; -1: no AOI */
+    int remote;                  /* read over the network */
+    int64_t remote_bytes;        /* at least; -1: unknown or not remote */
+} tilewise_plan_input;
+
+/* Fill *s / input i's *s. TILEWISE_ERR_USAGE for NULL arguments, i out of
+ * range or a size too small. */
+tilewise_status tilewise_validation_plan(const tilewise_validation *v, tilewise_plan_summary *s,
+                                         tilewise_error *err);
+tilewise_status tilewise_validation_input(const tilewise_validation *v, int i,
+                                          tilewise_plan_input *s, tilewise_error *err);
 void tilewise_validation_free(tilewise_validation *v);
 
 /* `tilewise info`: describe a raster (any GDAL path, https:// and s3:// as

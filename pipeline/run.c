@@ -642,6 +642,18 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
     return st;
 }
 
+void tw_run_checks_advice(const run_ctx *c, tw_advice *a)
+{
+    for (int i = 0; i < c->warn.n && a->n < TW_ADVICE_MAX; i++) {
+        tw_advice_item *it = &a->items[a->n++];
+        memset(it, 0, sizeof *it);
+        it->warning = true;
+        a->n_warnings++;
+        snprintf(it->code, sizeof it->code, "output");
+        snprintf(it->text, sizeof it->text, "%s", c->warn.msg[i]);
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Preparing a run (run_internal.h): shared with validate.c.                */
 
@@ -775,13 +787,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
     /* Warnings before the first tile: the output checks', then the advice
      * validate gives (advice.h), logged, kept for run.json and the report,
      * and under --strict a refusal. */
-    for (int i = 0; st == TW_OK && i < c->warn.n; i++) {
-        tw_advice_item *it = &r->advice.items[r->advice.n++];
-        it->warning = true;
-        r->advice.n_warnings++;
-        snprintf(it->code, sizeof it->code, "output");
-        snprintf(it->text, sizeof it->text, "%s", c->warn.msg[i]);
-    }
+    if (st == TW_OK) tw_run_checks_advice(c, &r->advice);
     if (st == TW_OK) {
         tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
         if (!a) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");

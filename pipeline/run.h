@@ -120,10 +120,52 @@ typedef struct tw_run_result {
 tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
                  tw_error *err);
 
-/* Check config, inputs and the model against each other and print the plan
- * (tile grid, batch, slots, memory estimate) to out, without running the model.
- * Sets GDAL's block cache limit (process-wide) to the budget's, as tw_run does. */
-tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err);
+/* One input as tw_validate planned it. */
+typedef struct tw_validation_input {
+    char shown[2048];      /* the path, credentials redacted (url.h) */
+    bool skipped;          /* not opened (input.on_error: skip) */
+    char skip_reason[512]; /* why */
+    int width, height, bands;
+    tw_dtype dtype;
+    int tiles_x, tiles_y; /* this shard's tile columns and rows */
+    int64_t n_tiles;
+    int tile, stride;
+    int grid_w, grid_h;                    /* this shard's output cells */
+    bool remote;                           /* some object is read over the network */
+    int64_t remote_bytes, remote_requests; /* at least; -1: unknown (not a tiled COG) */
+    int remote_row0, remote_row1;          /* the rows whose blocks are read */
+    int64_t aoi_tiles, all_tiles;          /* tiles touching input.aoi (-1: no AOI) of all */
+} tw_validation_input;
+
+/* What tw_validate found, as data: validate's listing is one rendering of
+ * it (api/validate.c), the C API's accessors and Python's dict others. */
+typedef struct tw_validation {
+    char weights[TW_PATH_MAX]; /* model.weights */
+    char aoi[TW_PATH_MAX];     /* input.aoi */
+    int retries;               /* input.retries */
+    bool resolved;             /* model, backend and precision below are set */
+    tw_resolved model;
+    char backend[16];
+    tw_precision precision;
+    int n_inputs; /* planned so far: all of them when planned */
+    tw_validation_input inputs[TW_MAX_INPUTS];
+    bool planned; /* every input planned: budget and checks hold */
+    tw_budget budget;
+    size_t memory; /* runtime.memory */
+    /* Every warning a run would give before the first tile, in its order:
+     * the output checks' (code "output": free disk space, an AOI that
+     * touches no tile), then advice.h's warnings and notes. */
+    tw_advice advice;
+    int n_checks; /* the first n_checks items are the output checks' */
+} tw_validation;
+
+/* Check config, inputs and the model against each other and plan the run
+ * (tile grid, batch, slots, memory estimate) into *v (cleared first; filled
+ * as far as it got on error), without running the model; when planned, the
+ * advice for its inputs (advice.h) too. Sets GDAL's block cache limit
+ * (process-wide) to the budget's, as tw_run does, for the advice's reads:
+ * callers that share the process restore it (api/validate.c). */
+tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err);
 
 /* Load the model file and resolve what the run would use (bundle values,
  * config overrides, defaults: bands, scale, mean, std, classes, tile) into

@@ -73,6 +73,11 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
  * caller's. Cannot fail. */
 void tw_run_ctx_release(run_ctx *c);
 
+/* Append the output checks' warnings (c->warn, as prepare left them) to *a
+ * as warnings with code "output", as far as TW_ADVICE_MAX allows: a run
+ * logs them first, validate lists them with the plan. */
+void tw_run_checks_advice(const run_ctx *c, tw_advice *a);
+
 /* The output name of input i of p (its files are OUT/name.*, its parts
  * OUT/.tilewise/name/): output.name's template (core/keys.h,
  * tw_output_name_expand) over the input's stem (its file name without the

@@ -6,6 +6,7 @@
 #include "pipeline/run.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include <gdal.h>
 
@@ -14,13 +15,17 @@
 #include "io/url.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "pipeline/advice.h"
 #include "pipeline/plan.h"
 #include "pipeline/run_internal.h"
 
-/* validate's line on what reading a remote input costs for the plan: the
- * bytes of the blocks its tile rows touch and about how many range
- * requests (url.h), per object for a STAC item's VRT. */
-static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
+_Static_assert(sizeof(((tw_validation_input *)0)->shown) == TW_URL_SHOWN_MAX,
+               "tw_validation_input.shown holds a redacted URL");
+
+/* What reading a remote input costs for the plan: the bytes of the blocks
+ * its tile rows touch and about how many range requests (url.h), per object
+ * for a STAC item's VRT; -1 when unknown. */
+static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, tw_validation_input *in)
 {
     int T = plan->tile, S = plan->stride;
     int y0 = tw_axis_pos(&plan->y, T, S, plan->ty_begin);
@@ -39,21 +44,16 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
         tw_error_init(&e);
         if (tw_url_to_gdal(src, gpath, sizeof gpath, &e) != TW_OK ||
             tw_url_read_cost(gpath, y0, (int)y1, 0, &b, &r, &e) != TW_OK || b < 0) {
-            bytes = -1;
+            bytes = reqs = -1;
             break;
         }
         bytes += b;
         reqs += r + 2; /* and the HEAD and header read of each object */
     }
-    char b1[32];
-    if (bytes < 0)
-        fprintf(out, "reading   remote; its cost is unknown (not a tiled GeoTIFF/COG)\n");
-    else
-        fprintf(out,
-                "reading   remote: at least %lld range requests, %s (the blocks of rows %d-%d, "
-                "read once; input.retries %d)\n",
-                (long long)reqs, tw_format_bytes((size_t)bytes, b1, sizeof b1), y0, (int)y1,
-                c->p->input.retries);
+    in->remote_bytes = bytes;
+    in->remote_requests = reqs;
+    in->remote_row0 = y0;
+    in->remote_row1 = (int)y1;
 }
 
 tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
@@ -67,73 +67,79 @@ tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
     return st;
 }
 
-tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
+tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
 {
+    memset(v, 0, sizeof *v);
+    snprintf(v->weights, sizeof v->weights, "%s", p->model.weights);
+    snprintf(v->aoi, sizeof v->aoi, "%s", p->input.aoi);
+    v->retries = p->input.retries;
+    v->memory = p->runtime.memory;
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
     if (!c) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     c->p = p;
     tw_status st = tw_run_prepare(c, p, true, err);
     if (st == TW_OK) {
-        char b1[32], b2[32], b3[32];
-        const tw_budget *b = &c->bud;
-        fprintf(out, "model     %s: %s, %d bands, %d classes, %d features (sha256 %.12s)\n",
-                p->model.weights, c->m.arch, c->m.in_bands, c->m.n_classes, c->m.feat_dim,
-                c->m.model_sha256);
-        fprintf(out, "backend   %s, precision %s\n", c->be.i->name,
-                tw_precision_name(p->runtime.precision));
+        v->resolved = true;
+        v->model = c->m;
+        snprintf(v->backend, sizeof v->backend, "%s", c->be.i->name);
+        v->precision = p->runtime.precision;
         for (int i = 0; i < p->input.n_paths; i++) {
             const tw_raster_info *info = &c->infos[i].info;
+            tw_validation_input *in = &v->inputs[i];
+            tw_url_redact(p->input.paths[i], in->shown, sizeof in->shown);
+            in->aoi_tiles = -1;
             if (c->infos[i].skipped) {
-                char shown[TW_URL_SHOWN_MAX];
-                tw_url_redact(p->input.paths[i], shown, sizeof shown);
-                fprintf(out, "input     %s: skipped (input.on_error: skip): %s\n", shown,
-                        c->infos[i].skip_reason);
+                in->skipped = true;
+                snprintf(in->skip_reason, sizeof in->skip_reason, "%s", c->infos[i].skip_reason);
+                v->n_inputs = i + 1;
                 continue;
             }
             tw_plan plan;
             st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
                               p->shard_index, p->shard_count, &plan, err);
             if (st != TW_OK) break;
-            char shown[TW_URL_SHOWN_MAX];
-            tw_url_redact(p->input.paths[i], shown, sizeof shown);
-            fprintf(out,
-                    "input     %s: %d x %d, %d bands %s; tiles %d x %d = %lld (tile %d, stride "
-                    "%d); output grid %d x %d\n",
-                    shown, info->width, info->height, c->infos[i].bands, tw_dtype_name(info->dtype),
-                    plan.x.n_pos, plan.ty_end - plan.ty_begin, (long long)plan.n_tiles, plan.tile,
-                    plan.stride, plan.grid_w, plan.row_end - plan.row_begin);
-            bool remote = tw_url_is_remote(p->input.paths[i]);
+            v->n_inputs = i + 1;
+            in->width = info->width;
+            in->height = info->height;
+            in->bands = c->infos[i].bands;
+            in->dtype = info->dtype;
+            in->tiles_x = plan.x.n_pos;
+            in->tiles_y = plan.ty_end - plan.ty_begin;
+            in->n_tiles = plan.n_tiles;
+            in->tile = plan.tile;
+            in->stride = plan.stride;
+            in->grid_w = plan.grid_w;
+            in->grid_h = plan.row_end - plan.row_begin;
+            in->remote = tw_url_is_remote(p->input.paths[i]);
             for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
-                remote = remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
-            if (remote) remote_cost(c, i, &plan, out);
-            if (c->infos[i].aoi_tiles >= 0)
-                fprintf(out,
-                        "aoi       %s: %lld of %lld tiles touch %s; the others are not "
-                        "computed (nodata)\n",
-                        shown, (long long)c->infos[i].aoi_tiles, (long long)c->infos[i].all_tiles,
-                        p->input.aoi);
+                in->remote = in->remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
+            if (in->remote) remote_cost(c, i, &plan, in);
+            in->aoi_tiles = c->infos[i].aoi_tiles;
+            in->all_tiles = c->infos[i].all_tiles;
         }
         if (st == TW_OK) {
-            fprintf(out, "batch     %d tiles, %d slots of %s\n", b->batch, b->n_slots,
-                    tw_format_bytes(b->slot_bytes, b1, sizeof b1));
-            char b9[32], items[512];
-            fprintf(out, "readers   %d, each with a read strip of %d x %d pixels (%s in all)\n",
-                    b->readers, b->read_strip_w, c->m.tile,
-                    tw_format_bytes(b->read, b9, sizeof b9));
-            fprintf(out, "memory    estimate %s of %s: %s\n",
-                    tw_format_bytes(b->estimate, b2, sizeof b2),
-                    tw_format_bytes(p->runtime.memory, b3, sizeof b3),
-                    tw_budget_breakdown(b, false, items, sizeof items));
-            fprintf(out, "          worst case %s (GDAL cache limit %s)\n",
-                    tw_format_bytes(b->total, b1, sizeof b1),
-                    tw_format_bytes(b->gdal_cache, b2, sizeof b2));
-            for (int i = 0; i < c->warn.n; i++) fprintf(out, "warning   %s\n", c->warn.msg[i]);
-            fprintf(out, "ok\n");
+            v->planned = true;
+            v->budget = c->bud;
+            tw_run_checks_advice(c, &v->advice);
+            v->n_checks = v->advice.n;
             /* GDAL's block cache as the run sets it (run.c): what validate
              * reads next (value ranges) stays within the budget too, where
              * GDAL's default (5 % of the machine's memory) took 1.3 GB on
              * a 10^7 x 10^7 VRT. */
-            GDALSetCacheMax64((GIntBig)b->gdal_cache);
+            GDALSetCacheMax64((GIntBig)c->bud.gdal_cache);
+        }
+    }
+    if (v->planned) {
+        tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
+        if (a) {
+            tw_advice_collect(p, &c->m, a);
+            for (int i = 0; i < a->n && v->advice.n < TW_ADVICE_MAX; i++) {
+                v->advice.items[v->advice.n++] = a->items[i];
+                v->advice.n_warnings += a->items[i].warning;
+            }
+            tw_free(a);
+        } else {
+            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
         }
     }
     tw_run_ctx_release(c);

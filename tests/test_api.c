@@ -337,7 +337,7 @@ static long long jint(json_t *o, const char *key)
 static void test_run_v2_tiles_and_summary(void **state)
 {
     (void)state;
-    assert_int_equal(tilewise_api_version(), 3);
+    assert_int_equal(tilewise_api_version(), 4);
     char dir[2048], yaml[4096];
     tiles_seen seen = {0};
     tilewise_run_options o;
@@ -692,6 +692,44 @@ static void test_validate(void **state)
     }
     assert_null(tilewise_validation_warning(v, 6));
     assert_null(tilewise_validation_warning(v, -1));
+    /* The same plan as data (API version 4): codes, numbers, the input. */
+    for (int i = 0; i < 6; i++)
+        assert_string_equal(tilewise_validation_warning_code(v, i), "values");
+    assert_null(tilewise_validation_warning_code(v, 6));
+    tilewise_plan_summary ps = {.size = 8};
+    assert_int_equal(tilewise_validation_plan(v, &ps, &e), TILEWISE_ERR_USAGE);
+    ps.size = sizeof ps;
+    assert_int_equal(tilewise_validation_plan(v, &ps, &e), TILEWISE_OK);
+    assert_true(ps.resolved && ps.planned);
+    assert_int_equal(ps.n_inputs, 1);
+    assert_int_equal(ps.bands, 6);
+    assert_int_equal(ps.tile, 64);
+    assert_int_equal(ps.stride, 32);
+    assert_string_equal(ps.backend, "cpu");
+    assert_int_equal(strlen(ps.model_sha256), 64);
+    char line[128];
+    snprintf(line, sizeof line, "\nbatch     %d tiles, %d slots of ", ps.batch, ps.slots);
+    assert_non_null(strstr(text, line));
+    snprintf(line, sizeof line, "\nreaders   %d, each", ps.readers);
+    assert_non_null(strstr(text, line));
+    assert_true(ps.batch >= 1 && ps.estimate_bytes > 0);
+    assert_true(ps.estimate_bytes <= ps.worst_bytes && ps.worst_bytes <= ps.memory_bytes);
+    assert_true(ps.weights_bytes > 0 && ps.slots_bytes > 0 && ps.base_bytes > 0);
+    tilewise_plan_input pi = {.size = sizeof pi};
+    assert_int_equal(tilewise_validation_input(v, 1, &pi, &e), TILEWISE_ERR_USAGE);
+    assert_int_equal(tilewise_validation_input(v, 0, &pi, &e), TILEWISE_OK);
+    assert_non_null(strstr(pi.path, "L7_ETMs.tif"));
+    assert_string_equal(pi.skipped, "");
+    assert_string_equal(pi.dtype, "Byte");
+    assert_int_equal(pi.tiles_x, 10);
+    assert_int_equal(pi.tiles_y, 10);
+    assert_int_equal(pi.tiles, 100);
+    assert_int_equal(pi.aoi_tiles, -1);
+    assert_false(pi.remote);
+    snprintf(line, sizeof line, "%d x %d, %d bands Byte;", pi.width, pi.height, pi.bands);
+    assert_non_null(strstr(text, line));
+    snprintf(line, sizeof line, "output grid %d x %d\n", pi.grid_width, pi.grid_height);
+    assert_non_null(strstr(text, line));
     tilewise_validation_free(v);
     /* Without the scale: no warnings. Not writing the output folder. */
     o.n_sets = 0;

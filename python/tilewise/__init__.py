@@ -157,6 +157,44 @@ class _InputSummary(ctypes.Structure):
                 ("n_outputs", ctypes.c_int), ("outputs", ctypes.POINTER(ctypes.c_char_p))]
 
 
+_U64 = ctypes.c_uint64
+
+
+class _PlanSummary(ctypes.Structure):
+    """tilewise_plan_summary (API version 4)."""
+    _fields_ = [("size", ctypes.c_size_t), ("resolved", ctypes.c_int), ("planned", ctypes.c_int),
+                ("arch", ctypes.c_char_p), ("model_sha256", ctypes.c_char_p),
+                ("bands", ctypes.c_int), ("n_classes", ctypes.c_int), ("features", ctypes.c_int),
+                ("tile", ctypes.c_int), ("stride", ctypes.c_int), ("backend", ctypes.c_char_p),
+                ("precision", ctypes.c_char_p), ("n_inputs", ctypes.c_int),
+                ("batch", ctypes.c_int), ("slots", ctypes.c_int), ("readers", ctypes.c_int),
+                ("memory_bytes", _U64), ("estimate_bytes", _U64), ("worst_bytes", _U64),
+                ("base_bytes", _U64), ("weights_bytes", _U64), ("slots_bytes", _U64),
+                ("read_bytes", _U64), ("workspace_bytes", _U64), ("strip_bytes", _U64),
+                ("gdal_cache_bytes", _U64), ("margin_bytes", _U64)]
+
+
+class _PlanInput(ctypes.Structure):
+    """tilewise_plan_input (API version 4)."""
+    _fields_ = [("size", ctypes.c_size_t), ("path", ctypes.c_char_p), ("skipped", ctypes.c_char_p),
+                ("width", ctypes.c_int), ("height", ctypes.c_int), ("bands", ctypes.c_int),
+                ("dtype", ctypes.c_char_p), ("tiles_x", ctypes.c_int), ("tiles_y", ctypes.c_int),
+                ("tiles", ctypes.c_int64), ("grid_width", ctypes.c_int),
+                ("grid_height", ctypes.c_int), ("aoi_tiles", ctypes.c_int64),
+                ("remote", ctypes.c_int), ("remote_bytes", ctypes.c_int64)]
+
+
+def _struct_dict(st, skip=("size",)):
+    """A ctypes struct as a dict, bytes decoded."""
+    out = {}
+    for name, _ in st._fields_:
+        if name in skip:
+            continue
+        v = getattr(st, name)
+        out[name] = v.decode(errors="replace") if isinstance(v, bytes) else v
+    return out
+
+
 def _declare(lib):
     P, I, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
     E = ctypes.POINTER(_Error)
@@ -176,6 +214,9 @@ def _declare(lib):
         "tilewise_validation_text": (S, [P]),
         "tilewise_validation_warnings": (I, [P]),
         "tilewise_validation_warning": (S, [P, I]),
+        "tilewise_validation_warning_code": (S, [P, I]),
+        "tilewise_validation_plan": (I, [P, ctypes.POINTER(_PlanSummary), E]),
+        "tilewise_validation_input": (I, [P, I, ctypes.POINTER(_PlanInput), E]),
         "tilewise_validation_free": (None, [P]),
         "tilewise_report_summary": (I, [P, ctypes.POINTER(_RunSummary), E]),
         "tilewise_report_input": (I, [P, I, ctypes.POINTER(_InputSummary), E]),
@@ -193,7 +234,7 @@ def _declare(lib):
         try:
             f = getattr(lib, name)
         except AttributeError:
-            raise ImportError(f"{lib._name} lacks {name}: this package needs API version 2 "
+            raise ImportError(f"{lib._name} lacks {name}: this package needs API version 4 "
                               "(the library of the same build)") from None
         f.restype = res
         f.argtypes = args
@@ -394,8 +435,11 @@ def _options(workflow, overrides):
 def validate(workflow, overrides=None):
     """`tilewise validate`: check the workflow, its inputs and the model
     against each other without running the model. Returns {"text": what the
-    command prints (plan and advice), "warnings": [the advice lines]};
-    raises Error when the run could not start."""
+    command prints (plan and advice), "warnings": [the warning lines],
+    "codes": [each warning's code: "output", "no_crs", "values", ...],
+    "plan": the plan's numbers (tilewise_plan_summary's fields) with
+    "inputs": [each input's (tilewise_plan_input's)]}; raises Error when
+    the run could not start."""
     lib = _load()
     opts, name, keep = _options(workflow, overrides)
     err = _Error()
@@ -403,14 +447,27 @@ def validate(workflow, overrides=None):
     rc = lib.tilewise_validate(name, ctypes.byref(opts), ctypes.byref(v), ctypes.byref(err))
     try:
         text = lib.tilewise_validation_text(v).decode(errors="replace")
+        n = lib.tilewise_validation_warnings(v)
         warnings = [lib.tilewise_validation_warning(v, i).decode(errors="replace")
-                    for i in range(lib.tilewise_validation_warnings(v))]
+                    for i in range(n)]
+        codes = [lib.tilewise_validation_warning_code(v, i).decode() for i in range(n)]
+        plan = {}
+        ps = _PlanSummary(size=ctypes.sizeof(_PlanSummary))
+        perr = _Error()
+        if v and lib.tilewise_validation_plan(v, ctypes.byref(ps), ctypes.byref(perr)) == 0:
+            plan = _struct_dict(ps)
+            plan["inputs"] = []
+            for i in range(ps.n_inputs):
+                pi = _PlanInput(size=ctypes.sizeof(_PlanInput))
+                if lib.tilewise_validation_input(v, i, ctypes.byref(pi), ctypes.byref(perr)) != 0:
+                    _raise(perr.status, perr)
+                plan["inputs"].append(_struct_dict(pi))
     finally:
         lib.tilewise_validation_free(v)
     del keep
     if rc != 0:
         _raise(rc, err)
-    return {"text": text, "warnings": warnings}
+    return {"text": text, "warnings": warnings, "codes": codes, "plan": plan}
 
 
 def run(workflow, overrides=None, progress=None, log=None, tiles=None):

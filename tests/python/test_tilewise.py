@@ -377,6 +377,16 @@ def test_validate_gives_the_cli_text_and_warnings(tmp_path):
     assert steady(got["text"]) == steady(want) and len(steady(want)) > 5
     assert len(got["warnings"]) == 6 and all("is input.scale 1 meant" in w for w in got["warnings"])
     assert got["text"].endswith("advice    6 warnings\n")
+    # The plan as data (API version 4): what the text says, as numbers.
+    assert got["codes"] == ["values"] * 6
+    plan = got["plan"]
+    assert plan["planned"] == 1 and plan["backend"] in ("cpu", "cuda") and plan["tile"] == 64
+    assert f"\nbatch     {plan['batch']} tiles, {plan['slots']} slots of " in got["text"]
+    assert plan["estimate_bytes"] <= plan["worst_bytes"] <= plan["memory_bytes"] == 4 << 30
+    (inp,) = plan["inputs"]
+    assert inp["path"].endswith("L7_ETMs.tif") and inp["skipped"] == "" and inp["aoi_tiles"] == -1
+    assert (f"{inp['width']} x {inp['height']}, {inp['bands']} bands {inp['dtype']}; tiles "
+            f"{inp['tiles_x']} x {inp['tiles_y']} = {inp['tiles']} ") in got["text"]
     with pytest.raises(tilewise.Error) as e:
         tilewise.validate("workflows/sample.yaml", {"tiling.stride": 33})
     assert e.value.exit_class == "usage" and "tiling.stride" in e.value.message
