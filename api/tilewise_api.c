@@ -24,6 +24,7 @@
 #include "model/resnet.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "pipeline/normalize.h"
 #include "pipeline/preflight.h"
 #include "pipeline/run.h"
@@ -234,7 +235,7 @@ const char *tilewise_report_path(const tilewise_report *r)
 void tilewise_report_free(tilewise_report *r)
 {
     if (!r) return;
-    free(r->json);
+    tw_free(r->json);
     free(r->outputs);
     tw_run_result_destroy(r->r);
     free(r);
@@ -305,26 +306,6 @@ tilewise_status tilewise_report_input(const tilewise_report *rep, int i, tilewis
     };
     memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
     return give(out, TW_OK, NULL);
-}
-
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *s = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (s = malloc((size_t)n + 1)) != NULL) {
-            if (fread(s, 1, (size_t)n, f) != (size_t)n) {
-                free(s);
-                s = NULL;
-            } else {
-                s[n] = '\0';
-            }
-        }
-    }
-    fclose(f);
-    return s;
 }
 
 static void logf_(tilewise_log_fn log, void *user, int level, const char *fmt, ...)
@@ -542,27 +523,27 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
              st == TW_OK ? "" : ".failed");
     tilewise_report *rep = report_new(r, p->output.dir, run_json, p->shard_index, p->shard_count);
     if (!rep) r = NULL; /* freed by report_new */
+    /* run.json rendered once: the same bytes go to the output folder, to
+     * run.report_path and back to the caller. */
     char path[TW_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s", run_json);
     struct stat sb;
     bool in_dir = st != TW_ERR_LOCKED && stat(p->output.dir, &sb) == 0 && S_ISDIR(sb.st_mode);
-    int tmp_fd = -1;
-    if (in_dir) {
-        snprintf(path, sizeof path, "%s", run_json);
+    char *json = NULL;
+    size_t json_len = 0;
+    tw_error rerr;
+    tw_error_init(&rerr);
+    tw_status rs =
+        tw_report_render(p, r, st, st == TW_OK ? NULL : err.msg, &json, &json_len, &rerr);
+    if (rs == TW_OK && in_dir) rs = tw_write_file_atomic(path, json, json_len, &rerr);
+    if (rs == TW_OK && p->report_path[0])
+        rs = tw_write_file_atomic(p->report_path, json, json_len, &rerr);
+    if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
+    if (rep && json) {
+        rep->json = json;
+        if (in_dir && rs == TW_OK) snprintf(rep->path, sizeof rep->path, "%s", path);
     } else {
-        snprintf(path, sizeof path, "%s/tilewise-report-XXXXXX", P_tmpdir);
-        tmp_fd = mkstemp(path);
-        if (tmp_fd >= 0) close(tmp_fd);
-    }
-    if (in_dir || tmp_fd >= 0) {
-        tw_error rerr;
-        tw_error_init(&rerr);
-        tw_status rs = tw_report_write(path, p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
-        if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
-        if (rs == TW_OK && rep) {
-            rep->json = read_text(path);
-            if (in_dir) snprintf(rep->path, sizeof rep->path, "%s", path);
-        }
-        if (!in_dir) unlink(path);
+        tw_free(json);
     }
     if (in_dir) {
         /* the log is best effort: a run's outcome does not depend on it */
@@ -576,13 +557,6 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
             snprintf(failed, sizeof failed, "%s/run%s.failed.json", p->output.dir, shard);
             unlink(failed);
         }
-    }
-    if (p->report_path[0]) {
-        tw_error rerr;
-        tw_error_init(&rerr);
-        tw_status rs =
-            tw_report_write(p->report_path, p, r, st, st == TW_OK ? NULL : err.msg, &rerr);
-        if (rs != TW_OK && st == TW_OK) st = tw_error_set(&err, rs, "%s", rerr.msg);
     }
     if (o->log_summary && st == TW_OK && r) log_summary(r, o->log, o->user);
     if (o->log_summary && st == TW_CANCELLED)

@@ -191,9 +191,11 @@ size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char 
 
 static const char *stage_names[TW_STAGE_COUNT] = {"read", "normalize", "infer", "write"};
 
-tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run_result *r,
-                          tw_status status, const char *message, tw_error *err)
+tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_status status,
+                           const char *message, char **json, size_t *len, tw_error *err)
 {
+    *json = NULL;
+    *len = 0;
     size_t size = (size_t)1 << 20;
     if (r) size += (size_t)r->n_inputs * ((size_t)r->model.n_classes * 48 + 4096);
     char *buf = tw_alloc(TW_MEM_OTHER, size);
@@ -341,10 +343,23 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
     tw_json_raw(&j, "\n");
 
     tw_free(rp);
-    tw_status st =
-        j.cut ? tw_error_set(err, TW_ERR_INTERNAL, "%s: the run report was cut short", path)
-              : tw_write_file_atomic(path, buf, j.len, err);
-    tw_free(buf);
+    if (j.cut) {
+        tw_free(buf);
+        return tw_error_set(err, TW_ERR_INTERNAL, "the run report was cut short");
+    }
+    *json = buf;
+    *len = j.len;
+    return TW_OK;
+}
+
+tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run_result *r,
+                          tw_status status, const char *message, tw_error *err)
+{
+    char *json;
+    size_t len;
+    tw_status st = tw_report_render(p, r, status, message, &json, &len, err);
+    if (st == TW_OK) st = tw_write_file_atomic(path, json, len, err);
+    tw_free(json);
     return st;
 }
 

@@ -209,6 +209,11 @@ int tw_run_normalize_threads(const tw_run_params *p, const tw_backend *be);
  * run.json show them. Cannot fail; *out may be large (a tw_run_params). */
 void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run_params *out);
 
+/* run.json for params p and result r, as text: *json (NUL-terminated,
+ * from tw_alloc: free it with tw_free) and its length. TW_ERR_NOMEM, or
+ * TW_ERR_INTERNAL when it would be cut short; *json NULL then. */
+tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_status status,
+                           const char *message, char **json, size_t *len, tw_error *err);
 /* Write run.json for params p and result r to path (atomically: temp + rename). */
 tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run_result *r,
                           tw_status status, const char *message, tw_error *err);

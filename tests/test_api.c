@@ -334,6 +334,29 @@ static long long jint(json_t *o, const char *key)
     return json_integer_value(v);
 }
 
+/* A whole file, NUL-terminated (malloc'ed), or NULL. */
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *s = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = 2 * cap + 8192;
+            char *t = realloc(s, cap);
+            if (!t) break;
+            s = t;
+        }
+        size_t k = fread(s + n, 1, 4096, f);
+        n += k;
+        if (k < 4096) break;
+    }
+    fclose(f);
+    if (s) s[n] = '\0';
+    return s;
+}
+
 static void test_run_v2_tiles_and_summary(void **state)
 {
     (void)state;
@@ -347,10 +370,26 @@ static void test_run_v2_tiles_and_summary(void **state)
     assert_int_equal(o.cpu_gemm, -1);
     o.tiles = on_tiles; /* without progress: still called */
     o.user = &seen;
+    char also[2100];
+    snprintf(also, sizeof also, "%s.report.json", dir);
+    o.report_path = also;
     tilewise_report *rep = NULL;
     tilewise_error e;
     assert_int_equal(tilewise_run("<v2>", &o, &rep, &e), TILEWISE_OK);
     json_t *j = report_json(rep);
+    /* One rendering: run.json, the --report copy and the caller's text are
+     * the same bytes (the API once wrote the file and read it back, and
+     * rendered the copy again). */
+    char in_dir[2100];
+    snprintf(in_dir, sizeof in_dir, "%s/run.json", dir);
+    char *bytes1 = read_all(in_dir), *bytes2 = read_all(also);
+    assert_non_null(bytes1);
+    assert_non_null(bytes2);
+    assert_string_equal(bytes1, tilewise_report_json(rep));
+    assert_string_equal(bytes2, tilewise_report_json(rep));
+    free(bytes1);
+    free(bytes2);
+    unlink(also);
 
     /* The tiles callback: counted up to the input's tiles_total. */
     json_t *in0 = json_array_get(json_object_get(j, "inputs"), 0);
