@@ -126,10 +126,15 @@ static tw_status info_raster(const char *user_path, bool json, bool tiff_direct,
     tw_error uerr;
     tw_error_init(&uerr);
     tw_inspect *ri = NULL;
-    /* An input error, also when a remote raster could not be reached
-     * (`tilewise info` says "network error" then, and exits 3). */
+    /* An input error; TW_ERR_REMOTE when a remote raster could not be
+     * reached (a network outage, not a bad object: `tilewise info` says
+     * "network error" then, and exits 3 as for any input it cannot read). */
     if (tw_inspect_raster(gpath, path, &ri, &uerr) != TW_OK)
-        return tw_error_set(err, TW_ERR_INPUT, "%s", uerr.msg);
+        return tw_error_set(err,
+                            tw_url_is_remote(user_path) && tw_url_transient(uerr.msg)
+                                ? TW_ERR_REMOTE
+                                : TW_ERR_INPUT,
+                            "%s", uerr.msg);
     /* Whether tilewise itself accepts it (all bands one supported type). */
     tw_error rerr;
     tw_error_init(&rerr);

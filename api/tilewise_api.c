@@ -20,6 +20,7 @@
 #include <cpl_conv.h>
 
 #include "io/model_file.h"
+#include "io/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"
@@ -57,6 +58,24 @@ const char *tilewise_status_name(int status)
 int tilewise_exit_code(int status)
 {
     return tw_status_exit_code((tw_status)status);
+}
+
+/* The public exit codes are the internal ones (core/error.h). */
+_Static_assert((int)TILEWISE_EXIT_OK == (int)TW_EXIT_OK &&
+                   (int)TILEWISE_EXIT_INTERNAL == (int)TW_EXIT_INTERNAL &&
+                   (int)TILEWISE_EXIT_USAGE == (int)TW_EXIT_USAGE &&
+                   (int)TILEWISE_EXIT_INPUT == (int)TW_EXIT_INPUT &&
+                   (int)TILEWISE_EXIT_RESOURCE == (int)TW_EXIT_RESOURCE &&
+                   (int)TILEWISE_EXIT_SKIPPED == (int)TW_EXIT_SKIPPED &&
+                   (int)TILEWISE_EXIT_PARTS == (int)TW_EXIT_PARTS &&
+                   (int)TILEWISE_EXIT_LOCKED == (int)TW_EXIT_LOCKED &&
+                   (int)TILEWISE_EXIT_INTERRUPTED == (int)TW_EXIT_INTERRUPTED,
+               "tilewise.h's exit codes are core/error.h's");
+
+void tilewise_redact(const char *text, char *out, size_t size)
+{
+    if (!out || size == 0) return;
+    tw_url_redact(text ? text : "", out, size);
 }
 
 const char *tilewise_version(void)

@@ -58,8 +58,11 @@ extern "C" {
  * and TILEWISE_ERR_REMOTE. The `tilewise` command runs its run, merge,
  * validate and info commands through these.
  * Version 3 adds tilewise_run_options.strict (and run.strict=true).
- * Version 4 adds the validation as data: tilewise_validation_plan,
- * tilewise_validation_input and tilewise_validation_warning_code. */
+ * Version 4 adds the validation as data (tilewise_validation_plan,
+ * tilewise_validation_input, tilewise_validation_warning_code), the exit
+ * codes by name (TILEWISE_EXIT_*), tilewise_redact, and tilewise_info's
+ * TILEWISE_ERR_REMOTE for a remote raster that could not be reached (an
+ * outage; version 3 returned TILEWISE_ERR_INPUT). */
 #define TILEWISE_API_VERSION 4
 
 /* Status codes: the same values as the library's internal ones. */
@@ -92,6 +95,27 @@ typedef struct tilewise_error {
     char exit_class[16];
     char message[TILEWISE_MESSAGE_MAX]; /* one line, no trailing newline */
 } tilewise_error;
+
+/* The `tilewise` command's exit codes (README "Exit codes"; version 4
+ * names them): tilewise_exit_code maps a status onto them. */
+enum {
+    TILEWISE_EXIT_OK = 0,
+    TILEWISE_EXIT_INTERNAL = 1,
+    TILEWISE_EXIT_USAGE = 2,        /* command line or workflow file */
+    TILEWISE_EXIT_INPUT = 3,        /* bad raster or model */
+    TILEWISE_EXIT_RESOURCE = 4,     /* memory, disk, device, output not writable, network outage */
+    TILEWISE_EXIT_SKIPPED = 5,      /* finished, but inputs were skipped (input.on_error: skip) */
+    TILEWISE_EXIT_PARTS = 6,        /* parts of another configuration in output.dir: refused */
+    TILEWISE_EXIT_LOCKED = 7,       /* another process runs the same shard of the same output */
+    TILEWISE_EXIT_INTERRUPTED = 75, /* interrupted, resumable: run the same command again */
+};
+
+/* Copy text into out[size] (NUL-terminated, cut to fit) with the secrets
+ * of any URL in it replaced by "REDACTED", as the library's own messages
+ * have them: presigned-URL signatures and tokens, user:password@. For what
+ * a caller prints that did not come from the library (an input's path as
+ * the user gave it). Safe on any text; thread-safe. Version 4. */
+void tilewise_redact(const char *text, char *out, size_t size);
 
 /* Short name of a status ("config error", ...). Never NULL; static storage. */
 const char *tilewise_status_name(int status);
@@ -355,8 +379,9 @@ void tilewise_validation_free(tilewise_validation *v);
  * json 0: the command's text; non-zero: `info --json`'s one JSON object.
  * Of o (may be NULL) it uses tiff_direct. *text (malloc'ed, free it with
  * tilewise_string_free) is NULL on error. Errors: TILEWISE_ERR_INPUT (a file
- * that cannot be opened, also a remote raster that could not be reached),
- * TILEWISE_ERR_MODEL, TILEWISE_ERR_USAGE (NULL path or text). */
+ * that cannot be opened or read), TILEWISE_ERR_REMOTE (a remote raster that
+ * could not be reached: an outage, not a bad object), TILEWISE_ERR_MODEL,
+ * TILEWISE_ERR_USAGE (NULL path or text). */
 tilewise_status tilewise_info(const char *path, const tilewise_run_options *o, int json,
                               char **text, tilewise_error *err);
 /* Free a string the library returned as `char **`. Accepts NULL. */

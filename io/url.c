@@ -375,6 +375,18 @@ tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *er
     return TW_OK;
 }
 
+/* The status in GDAL's /vsicurl/ open failure, "HTTP response code on
+ * URL: 503" (the URL may hold ": " itself: the code follows the last one);
+ * -1 when msg has no such phrase. */
+static int http_code_on(const char *msg)
+{
+    const char *p = strstr(msg, "HTTP response code on ");
+    if (!p) return -1;
+    const char *c = NULL;
+    for (const char *q = strstr(p, ": "); q; q = strstr(q + 1, ": ")) c = q + 2;
+    return c && *c >= '0' && *c <= '9' ? atoi(c) : -1;
+}
+
 bool tw_url_transient(const char *msg)
 {
     if (!msg) return false;
@@ -408,7 +420,7 @@ bool tw_url_transient(const char *msg)
     };
     for (size_t i = 0; i < sizeof needles / sizeof needles[0]; i++)
         if (strstr(msg, needles[i])) return true;
-    return false;
+    return http_code_on(msg) >= 500 || http_code_on(msg) == 429;
 }
 
 bool tw_url_definitive(const char *msg)
@@ -421,6 +433,8 @@ bool tw_url_definitive(const char *msg)
             int code = atoi(p + strlen(codes[i]));
             if (code >= 400 && code < 500 && code != 408 && code != 429) return true;
         }
+    int code = http_code_on(msg);
+    if (code >= 400 && code < 500 && code != 408 && code != 429) return true;
     static const char *const s3[] = {"NoSuchKey", "NoSuchBucket", "AccessDenied",
                                      "InvalidAccessKeyId", "SignatureDoesNotMatch"};
     for (size_t i = 0; i < sizeof s3 / sizeof s3[0]; i++)

@@ -176,9 +176,17 @@ def body(gdal, tmp):
     print("an outage from the start: exit 4 at open")
     srv.ctl("reset=1&kind=outage")
     r = run(workflow(os.path.join(tmp, "down.yaml"), url, os.path.join(tmp, "down")))
+    # info over the same outage: the library says TILEWISE_ERR_REMOTE (data,
+    # API version 4), where the CLI once matched the message's text.
+    t0 = time.monotonic()
+    i = subprocess.run([BIN, "info", url], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, GDAL_HTTP_MAX_RETRY="1", GDAL_HTTP_RETRY_DELAY="0.05"))
     srv.ctl("kind=none")
     check(r.returncode == 4 and "network error" in r.stderr and "scene.tif" in r.stderr,
           f"outage at open: exit 4 naming the URL ({r.returncode}: {r.stderr.strip()[:200]})")
+    check(i.returncode == 3 and "tilewise: network error: " in i.stderr and "scene.tif" in i.stderr,
+          f"info in an outage: exit 3, 'network error' ({i.returncode}: {i.stderr.strip()[:200]}; "
+          f"{time.monotonic() - t0:.1f} s)")
 
     print("a long outage mid-run, then resume")
     out = os.path.join(tmp, "outage")

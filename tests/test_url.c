@@ -151,6 +151,12 @@ static void test_transient(void **state)
     assert_false(tw_url_transient("HTTP response code: 404"));
     assert_false(tw_url_transient("HTTP response code: 403"));
     assert_false(tw_url_transient("not recognized as a supported file format"));
+    /* GDAL 3.6's /vsicurl/ open failure: the code after the URL, which may
+     * hold ": " itself */
+    assert_true(tw_url_transient("HTTP response code on http://h:80/a.tif: 503"));
+    assert_true(tw_url_transient("HTTP response code on http://h/a: b.tif: 429"));
+    assert_false(tw_url_transient("HTTP response code on http://h/a.tif: 404"));
+    assert_false(tw_url_transient("HTTP response code on http://h/a.tif: 0"));
     assert_false(tw_url_transient(NULL));
 }
 
@@ -165,6 +171,8 @@ static void test_definitive(void **state)
     assert_false(tw_url_definitive("HTTP response code: 408"));
     assert_false(tw_url_definitive("HTTP response code: 503"));
     assert_false(tw_url_definitive("Connection reset by peer"));
+    assert_true(tw_url_definitive("HTTP response code on http://h:80/a.tif: 404"));
+    assert_false(tw_url_definitive("HTTP response code on http://h:80/a.tif: 503"));
     assert_false(tw_url_definitive(NULL));
 }
 

@@ -14,7 +14,9 @@
  * tilewise_merge, tilewise_validate, tilewise_info, the report's
  * summaries), as any program linking libtilewise is: this file turns
  * arguments and environment knobs into tilewise_run_options and prints
- * what comes back. submit (workflows/submit.c) is the CLI's own.
+ * what comes back. submit (workflows/submit.c) is the CLI's own. Of
+ * tilewise's headers it includes tilewise.h and the CLI's own (workflows/);
+ * scripts/check_layers.sh holds it to that.
  */
 #include <malloc.h>
 #include <math.h>
@@ -26,16 +28,58 @@
 #include <unistd.h>
 
 #include <gdal.h>
+#include <jansson.h>
 
-#include "io/url.h"
-#include "pipeline/json.h"
-#include "core/error.h"
-#include "core/params.h"
 #include "tilewise.h"
 #include "workflows/shard.h"
 #include "workflows/submit.h"
 
 #define MAX_SETS 128
+#define MSG_MAX (TILEWISE_MESSAGE_MAX * 2) /* a message, redacted */
+#define PATH_MAX_ 4096
+
+/* ---- JSON events (--progress=json): one object per stderr line ---- */
+
+/* A JSON string of s; bytes that are not UTF-8 (a Latin-1 file name)
+ * become '?', where jansson would refuse the whole string. */
+static json_t *jstr(const char *s)
+{
+    json_t *v = json_string(s ? s : "");
+    if (v) return v;
+    char buf[MSG_MAX];
+    size_t n = 0;
+    for (; s[n] && n + 1 < sizeof buf; n++) buf[n] = (unsigned char)s[n] < 0x80 ? s[n] : '?';
+    buf[n] = '\0';
+    return json_string(buf);
+}
+
+/* A number; null for NaN and infinities (JSON has neither), rounded to
+ * `digits` decimals when digits >= 0. */
+static json_t *jnum(double v, int digits)
+{
+    if (!isfinite(v)) return json_null();
+    if (digits >= 0) {
+        double k = pow(10, digits);
+        v = round(v * k) / k;
+    }
+    return json_real(v);
+}
+
+/* Write event (consumed) as one line on stderr, its keys in the order set. */
+static void emit_event(json_t *event)
+{
+    if (!event) return;
+    json_dumpf(event, stderr, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    fputc('\n', stderr);
+    json_decref(event);
+}
+
+static json_t *new_event(const char *name)
+{
+    json_t *e = json_object();
+    if (e) json_object_set_new(e, "event", json_string(name));
+    return e;
+}
 
 /* The graceful stop flag (tilewise_run_options.stop): a volatile
  * sig_atomic_t, what C lets a handler store to; the store and the loads are
@@ -180,25 +224,21 @@ static double mono_s(void);
 static void json_done(int status, int exit_code, const char *message, int inputs, long long tiles,
                       double seconds, const char *report)
 {
-    char shown[TW_ERROR_MSG_MAX];
-    tw_json j = tw_json_file(stderr);
-    tw_json_open(&j, NULL, '{');
-    tw_json_str(&j, "event", "done");
-    tw_json_str(&j, "status", status == TILEWISE_OK ? "ok" : tilewise_status_name(status));
-    tw_json_int(&j, "exit_code", exit_code);
+    json_t *e = new_event("done");
+    if (!e) return;
+    json_object_set_new(e, "status",
+                        jstr(status == TILEWISE_OK ? "ok" : tilewise_status_name(status)));
+    json_object_set_new(e, "exit_code", json_integer(exit_code));
     if (message) {
-        tw_url_redact(message, shown, sizeof shown);
-        tw_json_str(&j, "message", shown);
+        char shown[MSG_MAX];
+        tilewise_redact(message, shown, sizeof shown);
+        json_object_set_new(e, "message", jstr(shown));
     }
-    tw_json_int(&j, "inputs", inputs);
-    tw_json_int(&j, "tiles_classified", tiles);
-    tw_json_fixed(&j, "seconds", seconds, 3);
-    if (report)
-        tw_json_str(&j, "report", report);
-    else
-        tw_json_null(&j, "report");
-    tw_json_close(&j, '}');
-    fputc('\n', stderr);
+    json_object_set_new(e, "inputs", json_integer(inputs));
+    json_object_set_new(e, "tiles_classified", json_integer(tiles));
+    json_object_set_new(e, "seconds", jnum(seconds, 3));
+    json_object_set_new(e, "report", report ? jstr(report) : json_null());
+    emit_event(e);
     fflush(stderr);
 }
 
@@ -206,15 +246,15 @@ static double g_t0; /* when main started: the done event's seconds before a run 
 
 static int usage_error(const char *fmt, const char *arg)
 {
-    char msg[TW_ERROR_MSG_MAX];
+    char msg[MSG_MAX];
     int n = snprintf(msg, sizeof msg, fmt, arg);
     if (n >= 0 && (size_t)n < sizeof msg)
         snprintf(msg + n, sizeof msg - (size_t)n, " (see tilewise --help)");
     if (g_json_done)
-        json_done(TILEWISE_ERR_USAGE, TW_EXIT_USAGE, msg, 0, 0, mono_s() - g_t0, NULL);
+        json_done(TILEWISE_ERR_USAGE, TILEWISE_EXIT_USAGE, msg, 0, 0, mono_s() - g_t0, NULL);
     else
         fprintf(stderr, "tilewise: %s\n", msg);
-    return TW_EXIT_USAGE;
+    return TILEWISE_EXIT_USAGE;
 }
 
 /* "tilewise: STATUS: MESSAGE" on stderr (a done event under
@@ -228,8 +268,8 @@ static int fail(const tilewise_error *err)
     }
     /* Messages name inputs redacted where they are made (io/url.h); this
      * catches one that quotes a URL from elsewhere. */
-    char msg[TW_ERROR_MSG_MAX];
-    tw_url_redact(err->message, msg, sizeof msg);
+    char msg[MSG_MAX];
+    tilewise_redact(err->message, msg, sizeof msg);
     fprintf(stderr, "tilewise: %s: %s\n", tilewise_status_name(err->status), msg);
     return tilewise_exit_code(err->status);
 }
@@ -278,13 +318,13 @@ typedef enum { PROGRESS_TEXT = 0, PROGRESS_JSON, PROGRESS_NONE } progress_mode;
 typedef struct progress_state {
     progress_mode mode;
     bool tty;
-    char current[TW_PATH_MAX]; /* input under way; "" before the first */
-    int last_step;             /* text: of 40 (2.5 % each), 41 = line closed */
-    int last_pct;              /* json: last whole percent written */
-    double t0;                 /* when the input started */
-    double last_draw;          /* tty: last redraw */
-    int64_t done, total;       /* tiles, from the tiles hook */
-    bool quiet;                /* -q: notices are not shown */
+    char current[PATH_MAX_]; /* input under way; "" before the first */
+    int last_step;           /* text: of 40 (2.5 % each), 41 = line closed */
+    int last_pct;            /* json: last whole percent written */
+    double t0;               /* when the input started */
+    double last_draw;        /* tty: last redraw */
+    int64_t done, total;     /* tiles, from the tiles hook */
+    bool quiet;              /* -q: notices are not shown */
 } progress_state;
 
 static double mono_s(void)
@@ -327,18 +367,16 @@ static void progress_json(progress_state *ps, double complete)
 {
     double rate, eta;
     progress_rate(ps, complete, &rate, &eta);
-    tw_json j = tw_json_file(stderr);
-    tw_json_open(&j, NULL, '{');
-    tw_json_str(&j, "event", "progress");
-    tw_json_str(&j, "input", ps->current);
-    tw_json_fixed(&j, "fraction", complete, 6);
-    tw_json_int(&j, "tiles_done", (long long)ps->done);
-    tw_json_int(&j, "tiles_total", (long long)ps->total);
-    tw_json_num(&j, "tiles_per_s", rate);
-    tw_json_num(&j, "eta_s", eta);
-    tw_json_fixed(&j, "elapsed_s", mono_s() - ps->t0, 3);
-    tw_json_close(&j, '}');
-    fputc('\n', stderr);
+    json_t *e = new_event("progress");
+    if (!e) return;
+    json_object_set_new(e, "input", jstr(ps->current));
+    json_object_set_new(e, "fraction", jnum(complete, 6));
+    json_object_set_new(e, "tiles_done", json_integer(ps->done));
+    json_object_set_new(e, "tiles_total", json_integer(ps->total));
+    json_object_set_new(e, "tiles_per_s", jnum(rate, -1));
+    json_object_set_new(e, "eta_s", jnum(eta, -1));
+    json_object_set_new(e, "elapsed_s", jnum(mono_s() - ps->t0, 3));
+    emit_event(e);
 }
 
 /* The dots of steps 0..step, as GDAL prints them. */
@@ -356,7 +394,7 @@ static int progress_cb(double complete, const char *message, void *user)
     if (complete > 1) complete = 1;
     char shown[sizeof ps->current]; /* the input's path: a presigned URL's signature redacted */
     if (message) {
-        tw_url_redact(message, shown, sizeof shown);
+        tilewise_redact(message, shown, sizeof shown);
         message = shown;
     }
     if (message && strcmp(ps->current, message) != 0) {
@@ -367,13 +405,12 @@ static int progress_cb(double complete, const char *message, void *user)
         ps->t0 = mono_s();
         ps->last_draw = 0;
         if (ps->mode == PROGRESS_JSON) {
-            tw_json j = tw_json_file(stderr);
-            tw_json_open(&j, NULL, '{');
-            tw_json_str(&j, "event", "start");
-            tw_json_str(&j, "input", message);
-            tw_json_int(&j, "tiles_total", (long long)ps->total);
-            tw_json_close(&j, '}');
-            fputc('\n', stderr);
+            json_t *e = new_event("start");
+            if (e) {
+                json_object_set_new(e, "input", jstr(message));
+                json_object_set_new(e, "tiles_total", json_integer(ps->total));
+                emit_event(e);
+            }
         } else if (!ps->tty) {
             fprintf(stderr, "%s: ", message);
         }
@@ -589,18 +626,18 @@ static void log_cb(int level, const char *msg, void *user)
 {
     const progress_state *ps = user;
     if (level == TILEWISE_LOG_INFO && ps->quiet) return;
-    char shown[TW_ERROR_MSG_MAX * 2]; /* a warning may name a presigned URL (io/url.h) */
-    tw_url_redact(msg, shown, sizeof shown);
+    char shown[MSG_MAX]; /* a warning may name a presigned URL */
+    tilewise_redact(msg, shown, sizeof shown);
     msg = shown;
     flockfile(stderr);
     if (ps->mode == PROGRESS_JSON) {
-        tw_json j = tw_json_file(stderr);
-        tw_json_open(&j, NULL, '{');
-        tw_json_str(&j, "event", "log");
-        tw_json_str(&j, "level", level == TILEWISE_LOG_WARNING ? "warning" : "notice");
-        tw_json_str(&j, "message", msg);
-        tw_json_close(&j, '}');
-        fputc('\n', stderr);
+        json_t *e = new_event("log");
+        if (e) {
+            json_object_set_new(e, "level",
+                                json_string(level == TILEWISE_LOG_WARNING ? "warning" : "notice"));
+            json_object_set_new(e, "message", jstr(msg));
+            emit_event(e);
+        }
     } else {
         fprintf(stderr, "tilewise: %s%s\n", level == TILEWISE_LOG_WARNING ? "warning: " : "", msg);
     }
@@ -611,7 +648,7 @@ static int cmd_run(int argc, char **argv)
 {
     if (help_asked(argc, argv)) {
         fputs(run_help, stdout);
-        return TW_EXIT_OK;
+        return TILEWISE_EXIT_OK;
     }
     g_json_done = json_progress_asked(argc, argv);
     cli_opts o;
@@ -674,7 +711,7 @@ static int cmd_validate(int argc, char **argv)
 {
     if (help_asked(argc, argv)) {
         fputs(validate_help, stdout);
-        return TW_EXIT_OK;
+        return TILEWISE_EXIT_OK;
     }
     cli_opts o;
     int rc = parse_opts(argc, argv, false, &o);
@@ -690,14 +727,14 @@ static int cmd_validate(int argc, char **argv)
     /* The plan as far as it got, then the error. */
     fputs(tilewise_validation_text(v), stdout);
     tilewise_validation_free(v);
-    return st == TILEWISE_OK ? TW_EXIT_OK : fail(&err);
+    return st == TILEWISE_OK ? TILEWISE_EXIT_OK : fail(&err);
 }
 
 static int cmd_merge(int argc, char **argv)
 {
     if (help_asked(argc, argv)) {
         fputs(merge_help, stdout);
-        return TW_EXIT_OK;
+        return TILEWISE_EXIT_OK;
     }
     bool quiet = false;
     const char *dir = NULL;
@@ -730,14 +767,14 @@ static int cmd_merge(int argc, char **argv)
                    dir);
     }
     tilewise_report_free(rep);
-    return st == TILEWISE_OK ? TW_EXIT_OK : fail(&err);
+    return st == TILEWISE_OK ? TILEWISE_EXIT_OK : fail(&err);
 }
 
 static int cmd_info(int argc, char **argv)
 {
     if (help_asked(argc, argv)) {
         fputs(info_help, stdout);
-        return TW_EXIT_OK;
+        return TILEWISE_EXIT_OK;
     }
     bool json = false;
     const char *path = NULL;
@@ -760,12 +797,14 @@ static int cmd_info(int argc, char **argv)
     tilewise_status st = tilewise_info(path, &ro, json, &text, &err);
     if (text) fputs(text, stdout);
     tilewise_string_free(text);
-    if (st == TILEWISE_OK) return TW_EXIT_OK;
+    if (st == TILEWISE_OK) return TILEWISE_EXIT_OK;
     /* A remote raster that could not be reached is an input error to
      * info (exit 3), named as what it is. */
-    if (st == TILEWISE_ERR_INPUT && tw_url_is_remote(path) && tw_url_transient(err.message)) {
-        fprintf(stderr, "tilewise: network error: %s\n", err.message);
-        return TW_EXIT_INPUT;
+    if (st == TILEWISE_ERR_REMOTE) {
+        char msg[MSG_MAX];
+        tilewise_redact(err.message, msg, sizeof msg);
+        fprintf(stderr, "tilewise: network error: %s\n", msg);
+        return TILEWISE_EXIT_INPUT;
     }
     return fail(&err);
 }
@@ -782,12 +821,12 @@ static int print_help(const char *cmd)
     for (size_t i = 0; cmd && i < sizeof helps / sizeof *helps; i++) {
         if (strcmp(cmd, helps[i].name) == 0) {
             fputs(*helps[i].text, stdout);
-            return TW_EXIT_OK;
+            return TILEWISE_EXIT_OK;
         }
     }
     if (cmd) return usage_error("no help for unknown command '%s'", cmd);
     fputs(usage_text, stdout);
-    return TW_EXIT_OK;
+    return TILEWISE_EXIT_OK;
 }
 
 int main(int argc, char **argv)
@@ -806,7 +845,7 @@ int main(int argc, char **argv)
                   json_progress_asked(argc - 2, argv + 2) && !help_asked(argc - 2, argv + 2);
     if (argc < 2) {
         fputs(usage_text, stderr);
-        return TW_EXIT_USAGE;
+        return TILEWISE_EXIT_USAGE;
     }
     /* --config KEY VALUE, anywhere, as GDAL's own tools take it: set here,
      * before any GDAL call, and removed from the arguments (so that a
@@ -825,15 +864,15 @@ int main(int argc, char **argv)
     argv[argc] = NULL;
     if (argc < 2) {
         fputs(usage_text, stderr);
-        return TW_EXIT_USAGE;
+        return TILEWISE_EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0)
         return print_help(argc > 2 ? argv[2] : NULL);
     if (strcmp(cmd, "--version") == 0) {
-        printf("tilewise %s\n", TW_VERSION);
+        printf("tilewise %s\n", tilewise_version());
         printf("GDAL %s\n", GDALVersionInfo("RELEASE_NAME"));
-        return TW_EXIT_OK;
+        return TILEWISE_EXIT_OK;
     }
     if (strcmp(cmd, "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(cmd, "validate") == 0) return cmd_validate(argc - 2, argv + 2);
