@@ -27,8 +27,10 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "pipeline/normalize.h"
+#include "pipeline/plan.h"
 #include "pipeline/preflight.h"
 #include "pipeline/run.h"
+#include "pipeline/stitch.h"
 #include "api/info.h"
 #include "api/validate.h"
 #include "config/workflow.h"
@@ -1103,51 +1105,15 @@ static tw_status reserve(tilewise_model *mo, int T, tw_error *err)
     return TW_OK;
 }
 
-/* Sample i of a raw buffer as a double. */
-static double sample(const void *p, tw_dtype t, size_t i)
+/* The readers' nodata rule (io/raster.h, tw_mark_nodata) on one tile
+ * [bands][T][T]: clears valid[] where it says nodata. Returns the invalid
+ * count. */
+static int64_t mark_valid(const void *tile, tw_dtype t, int bands, int T, bool use_nd, double nd,
+                          uint8_t *valid)
 {
-    switch (t) {
-    case TW_DT_BYTE: return ((const uint8_t *)p)[i];
-    case TW_DT_INT8: return ((const int8_t *)p)[i];
-    case TW_DT_UINT16: return ((const uint16_t *)p)[i];
-    case TW_DT_INT16: return ((const int16_t *)p)[i];
-    case TW_DT_UINT32: return ((const uint32_t *)p)[i];
-    case TW_DT_INT32: return ((const int32_t *)p)[i];
-    case TW_DT_FLOAT32: return ((const float *)p)[i];
-    case TW_DT_FLOAT64: return ((const double *)p)[i];
-    }
-    return 0;
-}
-
-/* The raster reader's nodata rule (io/raster.h, tw_raster_set_nodata): a
- * pixel is invalid when any band equals the nodata value as the band's type
- * holds it, or (float types) is not finite. Returns the invalid count. */
-static int64_t mark_valid(const void *tile, tw_dtype t, int bands, size_t px, bool use_nd,
-                          double nd, uint8_t *valid)
-{
-    bool is_float = t == TW_DT_FLOAT32 || t == TW_DT_FLOAT64;
-    /* The value nodata takes in the type, or none: integers only match an
-     * integral in-range nodata; float32 compares after rounding to float. */
-    bool match = use_nd && !isnan(nd);
-    double ndv = nd;
-    if (match && !is_float) {
-        static const double lo[] = {0, 0, -32768, 0, -2147483648.0, 0, 0, -128};
-        static const double hi[] = {255, 65535, 32767, 4294967295.0, 2147483647.0, 0, 0, 127};
-        if (!(nd >= lo[t] && nd <= hi[t]) || nd != floor(nd)) match = false;
-    } else if (match && t == TW_DT_FLOAT32) {
-        if (fabs(nd) > 3.4028234663852886e38)
-            match = false;
-        else
-            ndv = (double)(float)nd;
-    }
-    for (int b = 0; b < bands; b++) {
-        size_t off = (size_t)b * px;
-        for (size_t i = 0; i < px; i++) {
-            double v = sample(tile, t, off + i);
-            bool bad = (is_float && !isfinite(v)) || (match && v == ndv);
-            if (bad) valid[i] = 0;
-        }
-    }
+    const size_t px = (size_t)T * (size_t)T, plane = px * tw_dtype_size(t);
+    for (int b = 0; b < bands; b++)
+        tw_mark_nodata(t, (const char *)tile + (size_t)b * plane, T, T, T, use_nd, nd, valid);
     int64_t n = 0;
     for (size_t i = 0; i < px; i++) n += valid[i] == 0;
     return n;
@@ -1210,8 +1176,8 @@ tilewise_status tilewise_model_classify(tilewise_model *mo, const tilewise_tiles
              * inside the image. */
             int64_t inside = (int64_t)px - outside;
             int64_t bad =
-                mark_valid(src, t, in->bands, px, in->use_nodata != 0, in->nodata, v) - outside;
-            if (inside <= 0 || bad >= inside || (double)bad / (double)inside > max_frac) {
+                mark_valid(src, t, in->bands, T, in->use_nodata != 0, in->nodata, v) - outside;
+            if (!tw_tile_classified(bad, inside, max_frac)) {
                 for (int c = 0; c < K; c++) probs[(size_t)next * K + c] = NAN;
                 if (emb)
                     for (int f = 0; f < F; f++) emb[(size_t)next * F + f] = NAN;
@@ -1239,4 +1205,125 @@ tilewise_status tilewise_model_classify(tilewise_model *mo, const tilewise_tiles
         }
     }
     return give(oerr, TW_OK, &err);
+}
+
+/* ---- a whole image: the run's plan and stitcher ---- */
+
+/* Where the stitcher's finished rows go: probs [K][grid_h][grid_w]. */
+typedef struct image_sink {
+    float *out;
+    int K, grid_w, grid_h;
+} image_sink;
+
+static tw_status image_rows(void *user, int row0, int n, const float *probs, const uint8_t *has,
+                            tw_error *err)
+{
+    (void)err;
+    const image_sink *is = user;
+    const size_t plane = (size_t)is->grid_w * (size_t)is->grid_h;
+    for (int r = 0; r < n; r++)
+        for (int x = 0; x < is->grid_w; x++) {
+            size_t cell = (size_t)r * is->grid_w + x, at = (size_t)(row0 + r) * is->grid_w + x;
+            for (int c = 0; c < is->K; c++)
+                is->out[(size_t)c * plane + at] = has[cell] ? probs[cell * is->K + c] : NAN;
+        }
+    return TW_OK;
+}
+
+/* Tile (x0, y0) of img into tile [bands][T][T] and its validity: 1 valid,
+ * 0 nodata (the caller's mask; the nodata rule follows in classify), 2
+ * outside the image (padding, zeros). */
+static void cut_image_tile(const tilewise_image *img, size_t esz, int T, int x0, int y0,
+                           uint8_t *tile, uint8_t *valid)
+{
+    const int cols = x0 + T <= img->width ? T : img->width - x0;
+    const size_t plane = (size_t)img->width * (size_t)img->height;
+    for (int y = 0; y < T; y++) {
+        const bool row_in = y0 + y < img->height;
+        const size_t src_px = (size_t)(y0 + y) * (size_t)img->width + (size_t)x0;
+        for (int b = 0; b < img->bands; b++) {
+            uint8_t *dst = tile + (((size_t)b * T + y) * T) * esz;
+            if (row_in) {
+                memcpy(dst, (const uint8_t *)img->pixels + ((size_t)b * plane + src_px) * esz,
+                       (size_t)cols * esz);
+                memset(dst + (size_t)cols * esz, 0, (size_t)(T - cols) * esz);
+            } else {
+                memset(dst, 0, (size_t)T * esz);
+            }
+        }
+        uint8_t *v = valid + (size_t)y * T;
+        for (int x = 0; x < T; x++)
+            v[x] = !row_in || x >= cols ? 2 : img->valid ? img->valid[src_px + x] != 0 : 1;
+    }
+}
+
+tilewise_status tilewise_model_classify_image(tilewise_model *mo, const tilewise_image *img,
+                                              int stride, float *probs, tilewise_error *oerr)
+{
+    if (!mo || !img || !probs || !img->pixels)
+        return give_new(oerr, TW_ERR_USAGE,
+                        "tilewise_model_classify_image: no model, image, pixels or output");
+    if (img->width <= 0 || img->height <= 0)
+        return give_new(oerr, TW_ERR_USAGE, "an image of %d x %d pixels", img->width, img->height);
+    bool ok;
+    tw_dtype t = to_internal(img->dtype, &ok);
+    if (!ok) /* tilewise_model_classify names the type */
+        return tilewise_model_classify(mo, &(tilewise_tiles){.dtype = img->dtype, .n = 1}, probs,
+                                       NULL, oerr);
+    const int T = mo->m.tile, S = stride > 0 ? stride : T, K = mo->m.n_classes;
+    tw_error err;
+    tw_error_init(&err);
+    tw_plan plan;
+    tw_status st = tw_plan_make(img->width, img->height, T, S, TW_EDGE_PAD, 0, 1, &plan, &err);
+    if (st != TW_OK) return give(oerr, st == TW_ERR_CONFIG ? TW_ERR_USAGE : st, &err);
+    st = reserve(mo, T, &err);
+    if (st != TW_OK) return give(oerr, st, &err);
+    image_sink sink = {.out = probs, .K = K, .grid_w = plan.grid_w, .grid_h = plan.grid_h};
+    tw_stitch *stitch = NULL;
+    st = tw_stitch_create(&plan, K, image_rows, &sink, &stitch, &err);
+    if (st != TW_OK) return give(oerr, st, &err);
+    /* A tile row at a time, in batches: cut, classify (the nodata rule and
+     * the backend as for tiles), add to the stitcher in raster order. */
+    const size_t esz = tw_dtype_size(t), px = (size_t)T * (size_t)T;
+    const size_t tile_raw = px * (size_t)img->bands * esz;
+    const int cap = mo->batch > 0 ? mo->batch : 1;
+    uint8_t *raw = tw_alloc(TW_MEM_SLOTS, (size_t)cap * tile_raw);
+    uint8_t *valid = tw_alloc(TW_MEM_SLOTS, (size_t)cap * px);
+    float *tp = tw_alloc(TW_MEM_SLOTS, (size_t)cap * (size_t)K * sizeof(float));
+    if (!raw || !valid || !tp) st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory");
+    tilewise_status ret = TILEWISE_OK;
+    tilewise_error e2;
+    for (int ty = plan.ty_begin; st == TW_OK && ret == TILEWISE_OK && ty < plan.ty_end; ty++) {
+        st = tw_stitch_begin_row(stitch, ty, &err);
+        const int y0 = tw_axis_pos(&plan.y, T, S, ty);
+        for (int tx0 = 0; st == TW_OK && tx0 < plan.x.n_pos; tx0 += cap) {
+            const int n = plan.x.n_pos - tx0 < cap ? plan.x.n_pos - tx0 : cap;
+            for (int i = 0; i < n; i++)
+                cut_image_tile(img, esz, T, tw_axis_pos(&plan.x, T, S, tx0 + i), y0,
+                               raw + (size_t)i * tile_raw, valid + (size_t)i * px);
+            tilewise_tiles tiles = {.pixels = raw,
+                                    .dtype = img->dtype,
+                                    .n = n,
+                                    .bands = img->bands,
+                                    .size = T,
+                                    .valid = valid,
+                                    .use_nodata = img->use_nodata,
+                                    .nodata = img->nodata};
+            ret = tilewise_model_classify(mo, &tiles, tp, NULL, &e2);
+            if (ret != TILEWISE_OK) break;
+            for (int i = 0; i < n; i++)
+                if (!isnan(tp[(size_t)i * K])) /* NaN: not classified (nodata) */
+                    tw_stitch_add(stitch, tx0 + i, ty, tp + (size_t)i * K);
+        }
+    }
+    if (st == TW_OK && ret == TILEWISE_OK) st = tw_stitch_finish(stitch, &err);
+    tw_stitch_destroy(stitch);
+    tw_free(raw);
+    tw_free(valid);
+    tw_free(tp);
+    if (ret != TILEWISE_OK) {
+        if (oerr) *oerr = e2;
+        return ret;
+    }
+    return give(oerr, st, &err);
 }

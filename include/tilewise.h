@@ -62,7 +62,9 @@ extern "C" {
  * tilewise_validation_input, tilewise_validation_warning_code), the exit
  * codes by name (TILEWISE_EXIT_*), tilewise_redact, and tilewise_info's
  * TILEWISE_ERR_REMOTE for a remote raster that could not be reached (an
- * outage; version 3 returned TILEWISE_ERR_INPUT). */
+ * outage; version 3 returned TILEWISE_ERR_INPUT) and
+ * tilewise_model_classify_image (an image through the run's tiling and
+ * stitching). */
 #define TILEWISE_API_VERSION 4
 
 /* Status codes: the same values as the library's internal ones. */
@@ -514,6 +516,33 @@ typedef struct tilewise_tiles {
  * size below 32), TILEWISE_ERR_NOMEM when not even one tile fits. */
 tilewise_status tilewise_model_classify(tilewise_model *m, const tilewise_tiles *tiles,
                                         float *probs, float *emb, tilewise_error *err);
+
+/* An image in memory: raw pixels, C order [bands][height][width] of dtype,
+ * as read from a raster. valid [height][width] may be NULL (all valid):
+ * 0 = nodata, any other value = valid; use_nodata and nodata as in
+ * tilewise_tiles. */
+typedef struct tilewise_image {
+    const void *pixels;
+    int dtype; /* a tilewise_dtype */
+    int bands, width, height;
+    const uint8_t *valid;
+    int use_nodata;
+    double nodata;
+} tilewise_image;
+
+/* Classify a whole image as `tilewise run` classifies a raster with
+ * tiling.edge pad and tiling.stride = stride (0: the model's tile, which
+ * stride must divide): the same tiles, the same nodata rule, each tile's
+ * probabilities averaged into the stride x stride cells it covers, by the
+ * run's own tiling plan and stitcher (the same bytes as prob.tif's).
+ * probs [K][grid_h][grid_w] with grid_w = ceil(width / stride), grid_h =
+ * ceil(height / stride); a cell that no classified tile covers is NaN.
+ * Holds a batch of tiles and tile/stride rows of cells besides the
+ * caller's arrays. Errors as tilewise_model_classify's, and
+ * TILEWISE_ERR_USAGE for a stride that does not divide the tile or an
+ * empty image. Version 4. */
+tilewise_status tilewise_model_classify_image(tilewise_model *m, const tilewise_image *img,
+                                              int stride, float *probs, tilewise_error *err);
 
 #ifdef __cplusplus
 }

@@ -486,8 +486,8 @@ static bool nodata_as_int(double v, double lo, double hi, int64_t *out)
         }                                                                                          \
     } while (0)
 
-static void mark_band(tw_dtype t, const void *plane, int w, int xr, int yr, bool use_nd, double nd,
-                      uint8_t *valid)
+void tw_mark_nodata(tw_dtype t, const void *plane, int w, int xr, int yr, bool use_nd, double nd,
+                    uint8_t *valid)
 {
     switch (t) {
     case TW_DT_BYTE:
@@ -668,8 +668,8 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
         }
     }
     for (int b = 0; b < r->n_bands; b++)
-        mark_band(r->info.dtype, rb + (size_t)b * plane * esz, w, xr, yr, r->use_nodata,
-                  r->nodata_value, valid);
+        tw_mark_nodata(r->info.dtype, rb + (size_t)b * plane * esz, w, xr, yr, r->use_nodata,
+                       r->nodata_value, valid);
 
     int64_t inside = (int64_t)xr * yr, good = 0;
     for (int y = 0; y < yr; y++) {

@@ -126,4 +126,14 @@ int tw_raster_strip_width(const tw_raster *r);
 tw_status tw_raster_read_tiles(tw_raster *r, int y0, const int *xs, int n, int T, void *raw,
                                uint8_t *valid, int64_t *n_nodata, int64_t *n_inside, tw_error *err);
 
+/* The reader's nodata rule on one band plane: clear valid[] (row stride w,
+ * the clipped xr x yr region) where the pixel equals nd as type t holds it
+ * (use_nd; an integer type only matches an integral in-range nd, float32
+ * compares with nd rounded to float) or, for float types, is not finite.
+ * Call once per band: a pixel is nodata when any band says so. The one
+ * place the rule is written: the readers and the C API's in-memory tiles
+ * (api/tilewise_api.c) both call it. Cannot fail. */
+void tw_mark_nodata(tw_dtype t, const void *plane, int w, int xr, int yr, bool use_nd, double nd,
+                    uint8_t *valid);
+
 #endif

@@ -180,7 +180,7 @@ static void check_values(tw_advice *a, int input, const char *path, const char *
 }
 
 /* Whether the tile at index (ax_i, ay_i) is classified: the run's rule
- * (stages.c, tile_classified) on its pixels inside the raster. */
+ * (plan.h, tw_tile_classified) on its pixels inside the raster. */
 static bool tile_classified(tw_raster *r, const tw_plan *pl, int ax_i, int ay_i, double max_frac,
                             void *raw, uint8_t *valid)
 {
@@ -192,7 +192,7 @@ static bool tile_classified(tw_raster *r, const tw_plan *pl, int ax_i, int ay_i,
     if (tw_raster_read(r, x0 < 0 ? 0 : x0, y0 < 0 ? 0 : y0, pl->tile, pl->tile, raw, valid,
                        &n_nodata, &n_inside, &e) != TW_OK)
         return true; /* unreadable: the run's on_error decides, not this advice */
-    return n_inside > 0 && n_nodata < n_inside && (double)n_nodata / (double)n_inside <= max_frac;
+    return tw_tile_classified(n_nodata, n_inside, max_frac);
 }
 
 /* Valid pixels that no classified tile would cover (tiles above

@@ -97,3 +97,9 @@ void tw_plan_restrict(tw_plan *p, int row_begin, int row_end)
     if (p->ty_end < p->ty_begin) p->ty_end = p->ty_begin;
     p->n_tiles = (int64_t)(p->ty_end - p->ty_begin) * p->x.n_pos;
 }
+
+bool tw_tile_classified(int64_t n_nodata, int64_t n_inside, double max_nodata_fraction)
+{
+    return n_inside > 0 && n_nodata < n_inside &&
+           (double)n_nodata / (double)n_inside <= max_nodata_fraction;
+}

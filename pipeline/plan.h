@@ -57,4 +57,11 @@ int tw_axis_pos(const tw_axis *ax, int tile, int stride, int a);
 /* Cells [*c0, *c1) fed by tile index a along an axis (clipped to the grid). */
 void tw_axis_cells(const tw_axis *ax, int tile, int stride, int a, int *c0, int *c1);
 
+/* Is a tile with n_nodata nodata pixels of its n_inside pixels inside the
+ * raster classified, or nodata in every output? Classified when some
+ * inside pixel is valid and the nodata share is at most
+ * max_nodata_fraction (tiling.max_nodata_fraction). The one rule of the
+ * run's readers, validate's advice and the C API's in-memory tiles. */
+bool tw_tile_classified(int64_t n_nodata, int64_t n_inside, double max_nodata_fraction);
+
 #endif

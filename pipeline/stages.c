@@ -48,11 +48,10 @@ static tw_status open_input(const tw_pipe *pp, tw_raster **r, tw_error *err)
 }
 
 /* Is a tile with n_nodata of its n_inside pixels (those inside the raster)
- * classified, or nodata in every output? */
+ * classified, or nodata in every output? (plan.h) */
 static bool tile_classified(const tw_pipe *pp, int64_t n_nodata, int64_t n_inside)
 {
-    return n_inside > 0 && n_nodata < n_inside &&
-           (double)n_nodata / (double)n_inside <= pp->p->tiling.max_nodata_fraction;
+    return tw_tile_classified(n_nodata, n_inside, pp->p->tiling.max_nodata_fraction);
 }
 
 static size_t raw_tile_bytes(const tw_pipe *pp, int tile)

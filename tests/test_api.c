@@ -845,10 +845,112 @@ static void test_info_and_config(void **state)
     assert_int_equal(tilewise_config_set(NULL, "1", &e), TILEWISE_ERR_USAGE);
 }
 
+/* tilewise_model_classify_image (API version 4): the run's plan and
+ * stitcher over an image in memory, against a reference written here: the
+ * edge-pad tiles cut by hand (padding marked 2), classified as tiles, each
+ * cell the float mean of the classified tiles covering it, in raster
+ * order. W x H not multiples of the stride; a nodata block makes NaN cells. */
+static void test_classify_image(void **state)
+{
+    (void)state;
+    enum { W = 75, H = 90, S = 32, C = T / S };
+    const char *sets[] = {"runtime.device=cpu", "runtime.memory=256MiB", "tiling.batch=3"};
+    tilewise_model *m = NULL;
+    tilewise_error e;
+    assert_int_equal(tilewise_model_open(MODEL, sets, 3, &m, &e), TILEWISE_OK);
+    const int K = tilewise_model_classes(m);
+    uint8_t *img = malloc((size_t)BANDS * W * H), valid[W * H];
+    tw_raster *r = NULL;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_raster_open(SRC "/sample_data/L7_ETMs.tif", NULL, 0, &r, &err), TW_OK);
+    int64_t nd, in;
+    assert_int_equal(tw_raster_read(r, 40, 50, W, H, img, valid, &nd, &in, &err), TW_OK);
+    tw_raster_close(r);
+    for (int b = 0; b < BANDS; b++) /* nodata rows 0..59, columns 0..39 */
+        for (int y = 0; y < 60; y++) memset(img + ((size_t)b * H + y) * W, 0, 40);
+    const int gw = (W + S - 1) / S, gh = (H + S - 1) / S;
+    float *got = malloc(sizeof(float) * K * gw * gh);
+    tilewise_image im = {.pixels = img,
+                         .dtype = TILEWISE_DT_BYTE,
+                         .bands = BANDS,
+                         .width = W,
+                         .height = H,
+                         .use_nodata = 1,
+                         .nodata = 0};
+    assert_int_equal(tilewise_model_classify_image(m, &im, S, got, &e), TILEWISE_OK);
+
+    /* The reference: tiles at 0, S, ... while the previous did not reach
+     * the edge (tiling.edge pad). */
+    const int nx = W <= T ? 1 : (W - T + S - 1) / S + 1, ny = H <= T ? 1 : (H - T + S - 1) / S + 1;
+    uint8_t *tiles = calloc((size_t)nx * ny, (size_t)BANDS * T * T);
+    uint8_t *tv = malloc((size_t)nx * ny * T * T);
+    for (int ty = 0; ty < ny; ty++)
+        for (int tx = 0; tx < nx; tx++) {
+            size_t i = (size_t)ty * nx + tx;
+            for (int y = 0; y < T; y++)
+                for (int x = 0; x < T; x++) {
+                    int px = tx * S + x, py = ty * S + y;
+                    bool inside = px < W && py < H;
+                    tv[(i * T + y) * T + x] = inside ? 1 : 2;
+                    for (int b = 0; b < BANDS && inside; b++)
+                        tiles[((i * BANDS + b) * T + y) * T + x] =
+                            img[((size_t)b * H + py) * W + px];
+                }
+        }
+    float *tp = malloc(sizeof(float) * K * nx * ny);
+    tilewise_tiles ts = {.pixels = tiles,
+                         .dtype = TILEWISE_DT_BYTE,
+                         .n = nx * ny,
+                         .bands = BANDS,
+                         .size = T,
+                         .valid = tv,
+                         .use_nodata = 1,
+                         .nodata = 0};
+    assert_int_equal(tilewise_model_classify(m, &ts, tp, NULL, &e), TILEWISE_OK);
+    int nan_cells = 0;
+    for (int cy = 0; cy < gh; cy++)
+        for (int cx = 0; cx < gw; cx++) {
+            float sum[16] = {0};
+            int n = 0;
+            for (int ty = 0; ty < ny; ty++)
+                for (int tx = 0; tx < nx; tx++) {
+                    const float *p = tp + ((size_t)ty * nx + tx) * K;
+                    /* the tile at pixel t * S covers cells [t, t + C) */
+                    if (isnan(p[0]) || cy < ty || cy >= ty + C || cx < tx || cx >= tx + C) continue;
+                    for (int c = 0; c < K; c++) sum[c] += p[c];
+                    n++;
+                }
+            for (int c = 0; c < K; c++) {
+                float g = got[((size_t)c * gh + cy) * gw + cx];
+                if (n == 0) {
+                    assert_true(isnan(g));
+                } else {
+                    float want = n == 1 ? sum[c] : sum[c] * (1.0f / (float)n);
+                    assert_float_equal(g, want, 1e-6);
+                }
+            }
+            nan_cells += n == 0;
+        }
+    assert_true(nan_cells > 0 && nan_cells < gw * gh);
+    /* A stride that does not divide the tile: a usage error. */
+    assert_int_equal(tilewise_model_classify_image(m, &im, 24, got, &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "24"));
+    im.width = 0;
+    assert_int_equal(tilewise_model_classify_image(m, &im, S, got, &e), TILEWISE_ERR_USAGE);
+    free(img);
+    free(got);
+    free(tiles);
+    free(tv);
+    free(tp);
+    tilewise_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_classify_matches_reference),
+        cmocka_unit_test(test_classify_image),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_run_cancel_resume),
         cmocka_unit_test(test_run_v2_tiles_and_summary),

@@ -115,6 +115,13 @@ class _Tiles(ctypes.Structure):
                 ("nodata", ctypes.c_double)]
 
 
+class _Image(ctypes.Structure):
+    """tilewise_image (API version 4)."""
+    _fields_ = [("pixels", ctypes.c_void_p), ("dtype", ctypes.c_int), ("bands", ctypes.c_int),
+                ("width", ctypes.c_int), ("height", ctypes.c_int), ("valid", ctypes.c_void_p),
+                ("use_nodata", ctypes.c_int), ("nodata", ctypes.c_double)]
+
+
 _PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p)
 _TILES = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p)
 _LOG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -227,6 +234,7 @@ def _declare(lib):
         "tilewise_model_close": (None, [P]),
         "tilewise_model_info_json": (S, [P]),
         "tilewise_model_classify": (I, [P, ctypes.POINTER(_Tiles), P, P, E]),
+        "tilewise_model_classify_image": (I, [P, ctypes.POINTER(_Image), I, P, E]),
         "tilewise_info": (I, [S, ctypes.POINTER(_Options), I, ctypes.POINTER(P), E]),
         "tilewise_string_free": (None, [P]),
     }
@@ -725,54 +733,33 @@ class Model:
             raise _usage(f"expected (bands, H, W) or (N, bands, T, T), got shape {a.shape}")
         if embeddings:
             raise _usage("embeddings are given per tile: pass (N, bands, T, T) tiles")
+        if self._h is None:
+            raise _usage("the model is closed")
         inf = self.info
         self._check_bands(a.shape[0], inf)
         t = inf["tile"]
         s = stride or t
         if s <= 0 or t % s:
             raise _usage(f"stride {s} does not divide tile {t}")
+        a = _as_supported(a)
         bands, h, w = a.shape
-        # tiling.edge pad (pipeline/plan.c): tiles at a*s for a < n, the last
-        # reaching past the edge; pixels outside the image are padding.
-        ny, nx = _n_tiles(h, t, s), _n_tiles(w, t, s)
-        gh, gw = -(-h // s), -(-w // s)
-        ph, pw = max((ny - 1) * s + t, h), max((nx - 1) * s + t, w)
-        pad = np.zeros((bands, ph, pw), a.dtype)
-        pad[:, :h, :w] = a
-        vm = np.full((ph, pw), 2, np.uint8)  # 2: outside the image
-        vm[:h, :w] = 1 if valid is None else (np.asarray(valid) != 0)
-        tiles = np.empty((ny * nx, bands, t, t), a.dtype)
-        vt = np.empty((ny * nx, t, t), np.uint8)
-        for i in range(ny):
-            for j in range(nx):
-                tiles[i * nx + j] = pad[:, i * s:i * s + t, j * s:j * s + t]
-                vt[i * nx + j] = vm[i * s:i * s + t, j * s:j * s + t]
-        probs = self.classify_tiles(tiles, nodata=nodata, valid=vt)
-        # The stitcher's averaging (pipeline/stitch.c), in float32 and in
-        # raster order, so that the numbers are the run's to the bit.
-        k = probs.shape[1]
-        acc = np.zeros((gh, gw, k), np.float32)
-        cnt = np.zeros((gh, gw), np.uint32)
-        c = t // s
-        for i in range(ny):
-            for j in range(nx):
-                p = probs[i * nx + j]
-                if np.isnan(p[0]):
-                    continue
-                acc[i:i + c, j:j + c] += p
-                cnt[i:i + c, j:j + c] += 1
-        out = np.full((gh, gw, k), np.nan, np.float32)
-        one = cnt == 1
-        out[one] = acc[one]
-        many = cnt > 1
-        inv = np.float32(1) / cnt[many].astype(np.float32)
-        out[many] = acc[many] * inv[:, None]
-        return np.ascontiguousarray(out.transpose(2, 0, 1))
-
-
-def _n_tiles(n, t, s):
-    """Tiles along an axis of n pixels, tile t, stride s, tiling.edge pad."""
-    return 1 if n <= t else -(-(n - t) // s) + 1
+        v = None
+        if valid is not None:
+            v = np.ascontiguousarray(np.asarray(valid) != 0, dtype=np.uint8)
+            if v.shape != (h, w):
+                raise _usage(f"valid mask must have shape {(h, w)}, got {v.shape}")
+        # The run's tiling plan and stitcher (pipeline/plan.c, stitch.c) in
+        # the library: the same tiles and the same averaged bytes as prob.tif.
+        probs = np.empty((inf["n_classes"], -(-h // s), -(-w // s)), np.float32)
+        desc = _Image(a.ctypes.data, _DTYPES[a.dtype], bands, w, h,
+                      v.ctypes.data if v is not None else None, nodata is not None,
+                      float(nodata) if nodata is not None else 0.0)
+        err = _Error()
+        rc = self._lib.tilewise_model_classify_image(self._h, ctypes.byref(desc), s,
+                                                     probs.ctypes.data, ctypes.byref(err))
+        if rc != 0:
+            _raise(rc, err)
+        return probs
 
 
 def info(path):

@@ -171,6 +171,65 @@ def test_classify_image_equals_prob_tif(tmp_path):
     assert np.abs(got - want).max() <= 1e-6
 
 
+def _reference_image_probs(m, a, stride, nodata=None, valid=None):
+    """An independent numpy reference of tiling.edge pad + the stitcher's
+    averaging (the code Model.classify had before it went through the
+    library's plan.c/stitch.c): tiles cut here, classified as tiles, their
+    probabilities averaged in float32 in raster order."""
+    t = m.info["tile"]
+    s = stride
+    bands, h, w = a.shape
+    n_tiles = lambda n: 1 if n <= t else -(-(n - t) // s) + 1  # noqa: E731
+    ny, nx = n_tiles(h), n_tiles(w)
+    gh, gw = -(-h // s), -(-w // s)
+    ph, pw = max((ny - 1) * s + t, h), max((nx - 1) * s + t, w)
+    pad = np.zeros((bands, ph, pw), a.dtype)
+    pad[:, :h, :w] = a
+    vm = np.full((ph, pw), 2, np.uint8)
+    vm[:h, :w] = 1 if valid is None else (valid != 0)
+    tiles = np.stack([pad[:, i * s:i * s + t, j * s:j * s + t]
+                      for i in range(ny) for j in range(nx)])
+    vt = np.stack([vm[i * s:i * s + t, j * s:j * s + t] for i in range(ny) for j in range(nx)])
+    probs = m.classify_tiles(tiles, nodata=nodata, valid=vt)
+    k, c = probs.shape[1], t // s
+    acc = np.zeros((gh, gw, k), np.float32)
+    cnt = np.zeros((gh, gw), np.uint32)
+    for i in range(ny):
+        for j in range(nx):
+            p = probs[i * nx + j]
+            if not np.isnan(p[0]):
+                acc[i:i + c, j:j + c] += p
+                cnt[i:i + c, j:j + c] += 1
+    out = np.full((gh, gw, k), np.nan, np.float32)
+    out[cnt == 1] = acc[cnt == 1]
+    many = cnt > 1
+    out[many] = acc[many] * (np.float32(1) / cnt[many].astype(np.float32))[:, None]
+    return out.transpose(2, 0, 1)
+
+
+def test_classify_image_through_the_library_plan_and_stitcher():
+    """Model.classify((bands, H, W)) goes through tilewise_model_classify_image
+    (the run's plan.c and stitch.c, API version 4): equal to an independent
+    numpy tiling + averaging, with a nodata block, a validity mask, strides
+    1/2 and 1/4 of the tile and sizes that are not multiples of the stride."""
+    m = tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"),
+                       {"runtime.device": "cpu", "runtime.memory": "256MiB"})
+    a = sample_image()[:, :150, :133].copy()
+    a[:, 20:120, 10:90] = 0  # whole tiles of nodata, and tiles above max_nodata_fraction
+    valid = np.ones(a.shape[1:], np.uint8)
+    valid[130:, 100:] = 0
+    for stride, nodata, v in ((32, 0, None), (16, 0, valid), (64, None, valid)):
+        got = m.classify(a, stride=stride, nodata=nodata, valid=v)
+        want = _reference_image_probs(m, a, stride, nodata, v)
+        assert got.shape == want.shape
+        assert np.array_equal(np.isnan(got), np.isnan(want)), stride
+        assert np.isnan(got).any() or nodata is None
+        assert np.nanmax(np.abs(got - want)) <= 1e-6, stride
+    with pytest.raises(tilewise.Error) as e:
+        m.classify(a, stride=24)
+    assert "does not divide" in e.value.message and e.value.exit_class == "usage"
+
+
 def test_nodata_tiles_are_nan():
     m = tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"),
                        {"runtime.device": "cpu"})
