@@ -112,7 +112,24 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
                         "computed (nodata)\n",
                         shown, (long long)c->infos[i].aoi_tiles, (long long)c->infos[i].all_tiles,
                         p->input.aoi);
+            if (p->output.stac) {
+                char stem[256];
+                tw_run_output_name(p, i, stem, sizeof stem, NULL);
+                const tw_stac_input *si = &c->infos[i].stac;
+                fprintf(out, "stac      %s/%s.stac.json: datetime %s (%s)%s%s\n", p->output.dir,
+                        stem, si->datetime, si->source,
+                        si->derived_from[0] ? ", derived from " : "", si->derived_from);
+            }
         }
+        int n_items = 0;
+        for (int i = 0; st == TW_OK && p->output.stac && i < p->input.n_paths; i++)
+            n_items += !c->infos[i].skipped;
+        if (st == TW_OK && n_items > 1 && p->shard_count == 1)
+            fprintf(out, "stac      %s/collection.json: a collection of the %d items\n",
+                    p->output.dir, n_items);
+        if (st == TW_OK && p->output.stac && p->shard_count > 1)
+            fprintf(out, "stac      written by `tilewise merge %s` with the merged products\n",
+                    p->output.dir);
         if (st == TW_OK) {
             fprintf(out, "batch     %d tiles, %d slots of %s\n", b->batch, b->n_slots,
                     tw_format_bytes(b->slot_bytes, b1, sizeof b1));
