@@ -347,6 +347,17 @@ static bool raster_fields(const char *path, json_t *asset, const asset_kind *k, 
         push(shape, json_integer(GDALGetRasterXSize(ds)), ok);
         set(asset, "proj:shape", shape, ok);
         set(asset, "proj:transform", proj_transform(gt, ok), ok);
+        /* proj:bbox of the asset's own grid: GDAL's STACIT takes bbox and
+         * shape before the transform, so it must be this grid's */
+        double X = GDALGetRasterXSize(ds), Y = GDALGetRasterYSize(ds);
+        double xs[2] = {gt[0], gt[0] + X * gt[1] + Y * gt[2]};
+        double ys[2] = {gt[3], gt[3] + X * gt[4] + Y * gt[5]};
+        json_t *pb = json_array();
+        push(pb, json_real(fmin(xs[0], xs[1])), ok);
+        push(pb, json_real(fmin(ys[0], ys[1])), ok);
+        push(pb, json_real(fmax(xs[0], xs[1])), ok);
+        push(pb, json_real(fmax(ys[0], ys[1])), ok);
+        set(asset, "proj:bbox", pb, ok);
     }
     json_t *bands = json_array();
     for (int b = 1; b <= GDALGetRasterCount(ds); b++) {
@@ -601,8 +612,10 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
     set(props, "datetime", json_string(ip->datetime), &ok);
     if (ip->created) set(props, "created", json_string(ip->created), &ok);
     set(props, "tilewise:version", json_string(TW_VERSION), &ok);
-    /* proj: the input's CRS; the grid of the products (the class map's, or
-     * the first raster's) is set below from the assets */
+    /* proj: the input's CRS and extent; the grid of the products (the
+     * class map's, or the first raster's: its shape, transform and bbox,
+     * which covers whole cells past the input's edge) replaces the extent
+     * below when there is one */
     int epsg = 0;
     if (ip->crs_wkt && ip->crs_wkt[0]) {
         OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
@@ -696,6 +709,7 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
             /* the item's grid: the first raster's (the class map comes first) */
             set(props, "proj:shape", json_deep_copy(json_object_get(a, "proj:shape")), &ok);
             set(props, "proj:transform", json_deep_copy(json_object_get(a, "proj:transform")), &ok);
+            set(props, "proj:bbox", json_deep_copy(json_object_get(a, "proj:bbox")), &ok);
             have_grid = true;
         }
         set(assets, k.key, a, &ok);
