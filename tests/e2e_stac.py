@@ -36,9 +36,11 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -377,6 +379,35 @@ def main():
               not [n for n in os.listdir(out) if n.endswith(".part")],
               "a rerun with other products rewrites the item (its checks pass), no temporaries",
               True)
+
+        # -- killed runs: an item with its final name always describes the
+        # files next to it (the item is removed before the products are
+        # replaced, and written atomically after them); the rerun writes it --
+        wf, out = workflow(tmp, "killed", [left], products="[class, prob]",
+                           extra="  stac: true\n")
+        t0 = time.monotonic()
+        r = run("run", wf, "-q")
+        took = time.monotonic() - t0
+        check(r.returncode == 0, f"killed: first run {r.stderr}")
+        states = []
+        for frac in (0.5, 0.7, 0.85, 1.0):
+            p = subprocess.Popen([BIN, "run", wf, "-q", "--chunk-rows", "1", "--set",
+                                  "output.products=[class, confidence]"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(took * frac)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            path = f"{out}/left.stac.json"
+            if os.path.exists(path):
+                it = check_item(path, weights)  # sizes and SHA-256 match the files there
+                states.append("new" if "confidence" in it["assets"] else "old")
+            else:
+                states.append("none")
+        r = run("run", wf, "-q", "--set", "output.products=[class, confidence]")
+        it = check_item(f"{out}/left.stac.json", weights)
+        check(r.returncode == 0 and sorted(it["assets"]) == ["class", "confidence", "model"],
+              f"4 runs killed (SIGKILL) at 50-100 % of a run's time: an item left describes "
+              f"the files there (old, new or none: {states}); the rerun writes it", True)
 
         # -- an input that came from a STAC item: derived_from, its datetime ----
         crop = f"{tmp}/crop"
