@@ -435,19 +435,24 @@ def main():
               "the input item's datetime comes first; mlm bands are its asset names", True)
 
         # -- shards + merge: the merged products' item ---------------------------
-        wf, out = workflow(tmp, "shards", [left], products="[class, prob]",
-                           extra="  stac: true\n")
+        wf, out = workflow(tmp, "shards", [left, right], products="[class, prob]",
+                           extra="  stac: true\n",
+                           input_extra=f"  datetime: \"{FALLBACK}\"\n")
         for s in ("1/2", "2/2"):
             r = run("run", wf, "-q", "--shard", s)
             check(r.returncode == 0, f"shard {s}: {r.stderr}")
-            check(not os.path.exists(f"{out}/left.stac.json"), f"shard {s} writes no item")
+            check(not [n for n in os.listdir(out)
+                       if n.endswith(".stac.json") or n == "collection.json"],
+                  f"shard {s} writes no item nor collection")
         r = run("merge", out, "-q")
         check(r.returncode == 0, f"merge: {r.stderr}")
-        merged = check_item(f"{out}/left.stac.json", weights)
-        check(merged["properties"]["datetime"] == WHEN and sorted(merged["assets"]) ==
-              ["class", "model", "prob"],
-              "merge writes the merged products' item (structural check, checksums of the "
-              "merged files)", True)
+        merged = [check_item(f"{out}/{n}.stac.json", weights) for n in ("left", "right")]
+        check_collection(f"{out}/collection.json", merged)
+        check(merged[0]["properties"]["datetime"] == WHEN and
+              merged[1]["properties"]["datetime"] == FALLBACK and
+              sorted(merged[0]["assets"]) == ["class", "model", "prob"],
+              "merge writes the merged products' items and collection (structural checks, "
+              "checksums of the merged files, the datetimes the shards resolved)", True)
     print("e2e_stac: all checks passed")
     return 0
 
