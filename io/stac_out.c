@@ -519,7 +519,7 @@ static void mlm_fields(json_t *props, const tw_stac_model *m, bool *ok)
     set(props, "mlm:architecture", json_string(arch), ok);
     const char *tasks[] = {"classification"};
     set(props, "mlm:tasks", strs(tasks, 1, ok), ok);
-    set(props, "mlm:framework", json_string("PyTorch"), ok);
+    set(props, "mlm:framework", json_string(m->framework ? m->framework : "PyTorch"), ok);
 
     json_t *in = json_object();
     set(in, "name", json_string("tiles"), ok);

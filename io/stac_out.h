@@ -55,6 +55,7 @@ bool tw_stac_raster_datetime(const char *gdal_path, char *out, size_t size, char
 typedef struct tw_stac_model {
     const char *name;           /* mlm:name: the weights file's stem */
     const char *arch;           /* "resnet18" */
+    const char *framework;      /* mlm:framework: "PyTorch" (torchvision layout), "ONNX" */
     const char *weights_href;   /* the model asset's href ("" none): relative to the item */
     const char *weights_sha256; /* hex SHA-256 of the weights file (64 chars) */
     int64_t weights_size;       /* bytes; -1 unknown */

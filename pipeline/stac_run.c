@@ -64,19 +64,21 @@ tw_status tw_stac_run_item(const tw_run_params *p, const tw_resolved *m, const t
                            const tw_stac_input *si, const char *collection_id, tw_input_result *res,
                            tw_error *err)
 {
-    /* the model: its file as an asset, relative to the item when local */
+    /* the model: its file as an asset, relative to the item when it can be
+     * resolved here (a merge on another node: the path as the run gave it) */
     char href[TW_PATH_MAX * 2] = "", name[256];
     int64_t wsize = -1;
     struct stat sb;
-    if (p->model.weights[0] && stat(p->model.weights, &sb) == 0) {
+    if (p->model.weights[0])
         tw_stac_relative_href(p->output.dir, p->model.weights, href, sizeof href);
-        wsize = (int64_t)sb.st_size;
-    }
+    if (p->model.weights[0] && stat(p->model.weights, &sb) == 0) wsize = (int64_t)sb.st_size;
+    const char *ext = strrchr(p->model.weights, '.');
     tw_url_stem(p->model.weights, name, sizeof name);
     bool named = p->input.n_assets == m->in_bands;
     tw_stac_model sm = {
         .name = name,
         .arch = m->arch,
+        .framework = ext && strcmp(ext, ".onnx") == 0 ? "ONNX" : "PyTorch",
         .weights_href = href,
         .weights_sha256 = m->model_sha256,
         .weights_size = wsize,
