@@ -289,6 +289,7 @@ tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out
         if (!f) return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open", path);
         fclose(f);
     }
+    if (tw_info_is_stac(path)) return tw_info_stac(path, json, out, err);
     return looks_like_model(path) ? info_model(path, json, out, err)
                                   : info_raster(path, json, tiff_direct, out, err);
 }

@@ -27,4 +27,12 @@
  * (TW_ERR_MODEL), a URL that cannot be used (tw_url_to_gdal's status). */
 tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out, tw_error *err);
 
+/* (info_stac.c) Whether path names a STAC item or collection a run writes
+ * (*.stac.json, collection.json), and its summary onto out: id, datetime
+ * (a collection's time span), bbox, CRS and grid, every asset with its
+ * href, size and type, the model (mlm), the links. TW_ERR_INPUT for a file
+ * that is not JSON or not a STAC Item/Collection. */
+bool tw_info_is_stac(const char *path);
+tw_status tw_info_stac(const char *path, bool json, FILE *out, tw_error *err);
+
 #endif

@@ -43,6 +43,10 @@ static void write_input(const tw_validation *v, const tw_validation_input *in, F
                 "aoi       %s: %lld of %lld tiles touch %s; the others are not "
                 "computed (nodata)\n",
                 in->shown, (long long)in->aoi_tiles, (long long)in->all_tiles, v->aoi);
+    if (v->stac)
+        fprintf(out, "stac      %s/%s.stac.json: datetime %s (%s)%s%s\n", v->out_dir, in->stem,
+                in->stac_datetime, in->stac_source,
+                in->stac_derived_from[0] ? ", derived from " : "", in->stac_derived_from);
 }
 
 void tw_validate_write(const tw_validation *v, FILE *out)
@@ -54,6 +58,12 @@ void tw_validate_write(const tw_validation *v, FILE *out)
     fprintf(out, "backend   %s, precision %s\n", v->backend, tw_precision_name(v->precision));
     for (int i = 0; i < v->n_inputs; i++) write_input(v, &v->inputs[i], out);
     if (!v->planned) return;
+    if (v->stac && v->stac_items > 1 && v->shard_count == 1)
+        fprintf(out, "stac      %s/collection.json: a collection of the %d items\n", v->out_dir,
+                v->stac_items);
+    if (v->stac && v->shard_count > 1)
+        fprintf(out, "stac      written by `tilewise merge %s` with the merged products\n",
+                v->out_dir);
     const tw_budget *b = &v->budget;
     char b1[32], b2[32], b3[32], items[512];
     fprintf(out, "batch     %d tiles, %d slots of %s\n", b->batch, b->n_slots,

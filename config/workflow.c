@@ -32,6 +32,7 @@
 #include <yaml.h>
 
 #include "core/keys.h"
+#include "io/stac_out.h"
 
 /* A workflow file is a few hundred bytes; anything this large is a mistake
  * (a raster passed instead of the YAML), not a config to read into memory. */
@@ -492,6 +493,34 @@ static tw_status set_input_aoi(wf_ctx *c, const yaml_node_t *v, tw_run_params *p
                       p->input.aoi, TW_PATH_MAX);
 }
 
+/* An RFC 3339 date-time (io/stac_out.h), checked here so that a typo is a
+ * config error naming the key, not a bad STAC item after the run. */
+static tw_status set_input_datetime(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *what = "an RFC 3339 date-time such as 2021-06-01T10:30:00Z";
+    char s[sizeof p->input.datetime], why[160];
+    tw_status st = get_string(c, v, what, s, sizeof s);
+    if (st) return st;
+    if (!tw_stac_datetime_check(s, why, sizeof why))
+        return fail(c, v, "'%s' is not %s: %s", s, what, why);
+    memcpy(p->input.datetime, s, sizeof s);
+    return TW_OK;
+}
+
+/* true or false; YAML 1.1's yes/no and on/off too (what libyaml leaves as text). */
+static tw_status set_bool(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
+{
+    static const char *const words[] = {"false", "true", "no", "yes", "off", "on"};
+    int i;
+    tw_status st = get_choice(c, v, words, 6, &i);
+    if (st) return st;
+    switch ((tw_key_id)c->key) {
+    case TW_KEY_OUTPUT_STAC: p->output.stac = (i % 2) == 1; break;
+    default: TW_ASSERT(!"set_bool: a key of another kind");
+    }
+    return TW_OK;
+}
+
 static tw_status set_model_weights(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
     return get_string(c, v, "a model file path", p->model.weights, TW_PATH_MAX);
@@ -708,6 +737,7 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_INPUT_RETRIES] = set_int,
     [TW_KEY_INPUT_RETRY_DELAY] = set_number,
     [TW_KEY_INPUT_AOI] = set_input_aoi,
+    [TW_KEY_INPUT_DATETIME] = set_input_datetime,
     [TW_KEY_MODEL_WEIGHTS] = set_model_weights,
     [TW_KEY_MODEL_ARCH] = set_enum,
     [TW_KEY_MODEL_MEAN] = set_model_mean,
@@ -726,6 +756,7 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_RUNTIME_READERS] = set_auto_int,
     [TW_KEY_OUTPUT_DIR] = set_output_dir,
     [TW_KEY_OUTPUT_NAME] = set_output_name,
+    [TW_KEY_OUTPUT_STAC] = set_bool,
     [TW_KEY_OUTPUT_PRODUCTS] = set_output_products,
     [TW_KEY_OUTPUT_PROB_TYPE] = set_enum,
     [TW_KEY_OUTPUT_RESOLUTION] = set_enum,

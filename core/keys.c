@@ -48,6 +48,10 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
     [TW_KEY_INPUT_AOI] = {"input.aoi", TW_KT_PATH,
                           .range = "a vector file path (GeoPackage, Shapefile, GeoJSON, ...)",
                           .flags = TW_KEY_BYTES},
+    [TW_KEY_INPUT_DATETIME] = {"input.datetime", TW_KT_STRING,
+                               .range = "an RFC 3339 date-time (2021-06-01T10:30:00Z)",
+                               .why = "only the STAC item's datetime depends on it, and every "
+                                      "run writes the item anew from the finished products"},
     [TW_KEY_MODEL_WEIGHTS] = {"model.weights", TW_KT_PATH, .range = "a model file path",
                               .flags = TW_KEY_BYTES},
     [TW_KEY_MODEL_ARCH] = {"model.arch", TW_KT_ENUM, NAMES(arch_names),
@@ -101,6 +105,9 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
                             .def = "\"{stem}\"",
                             .why = "it names the files, not their bytes (the parts of each name "
                                    "are compared on their own)"},
+    [TW_KEY_OUTPUT_STAC] = {"output.stac", TW_KT_BOOL, .range = "true or false", .def = "false",
+                            .why = "it adds the STAC items, written from the finished products; "
+                                   "no product byte depends on it"},
     [TW_KEY_OUTPUT_PRODUCTS] = {"output.products", TW_KT_ENUMS, NAMES(product_words),
                                 .def = "[class, prob]", .flags = TW_KEY_BYTES},
     [TW_KEY_OUTPUT_PROB_TYPE] = {"output.prob_type", TW_KT_ENUM, NAMES(tw_prob_type_names),
@@ -274,6 +281,7 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
     case TW_KEY_INPUT_RETRIES: add(&b, "%d", in->retries); break;
     case TW_KEY_INPUT_RETRY_DELAY: add_double(&b, in->retry_delay); break;
     case TW_KEY_INPUT_AOI: add_str(&b, in->aoi); break;
+    case TW_KEY_INPUT_DATETIME: add_str(&b, in->datetime); break;
     case TW_KEY_MODEL_WEIGHTS: add_str(&b, m->weights); break;
     case TW_KEY_MODEL_ARCH: add_str(&b, m->arch[0] ? m->arch : "auto"); break;
     case TW_KEY_MODEL_MEAN: add_floats(&b, m->mean, m->n_mean); break;
@@ -298,6 +306,7 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
     case TW_KEY_RUNTIME_READERS: add_auto_int(&b, p->runtime.readers); break;
     case TW_KEY_OUTPUT_DIR: add_str(&b, p->output.dir); break;
     case TW_KEY_OUTPUT_NAME: add_str(&b, p->output.name); break;
+    case TW_KEY_OUTPUT_STAC: add(&b, "%s", p->output.stac ? "true" : "false"); break;
     case TW_KEY_OUTPUT_PRODUCTS: add_products(&b, p->output.products); break;
     case TW_KEY_OUTPUT_PROB_TYPE: add(&b, "%s", word(k, (int)p->output.prob_type)); break;
     case TW_KEY_OUTPUT_RESOLUTION: add(&b, "%s", word(k, (int)p->output.resolution)); break;

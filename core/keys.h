@@ -40,6 +40,7 @@ typedef enum tw_key_id {
     TW_KEY_INPUT_RETRIES,
     TW_KEY_INPUT_RETRY_DELAY,
     TW_KEY_INPUT_AOI,
+    TW_KEY_INPUT_DATETIME,
     TW_KEY_MODEL_WEIGHTS,
     TW_KEY_MODEL_ARCH,
     TW_KEY_MODEL_MEAN,
@@ -58,6 +59,7 @@ typedef enum tw_key_id {
     TW_KEY_RUNTIME_READERS,
     TW_KEY_OUTPUT_DIR,
     TW_KEY_OUTPUT_NAME,
+    TW_KEY_OUTPUT_STAC,
     TW_KEY_OUTPUT_PRODUCTS,
     TW_KEY_OUTPUT_PROB_TYPE,
     TW_KEY_OUTPUT_RESOLUTION,
@@ -81,6 +83,7 @@ typedef enum tw_key_type {
     TW_KT_STRINGS,  /* a list of strings */
     TW_KT_STRING,   /* one string */
     TW_KT_SPECIAL,  /* words and numbers, as the key's row says (nodata, device) */
+    TW_KT_BOOL,     /* true or false (YAML's yes/no, on/off too) */
 } tw_key_type;
 
 /* tw_key.flags */

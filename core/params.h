@@ -68,6 +68,7 @@ typedef struct tw_input_params {
     double nodata;    /* used when !nodata_auto */
     tw_on_error on_error;
     char aoi[TW_PATH_MAX]; /* "" : none; else a vector file limiting the tiles computed */
+    char datetime[40];     /* input.datetime: RFC 3339 acquisition time for STAC items; "" none */
     bool tiff_direct; /* plain tiled GeoTIFFs through libtiff (CLI: TILEWISE_TIFF_DIRECT=0 off) */
     /* STAC items (url.h, stac.h): the assets that become the bands, in order;
      * n_assets == 0: the paths are rasters. */
@@ -123,6 +124,7 @@ typedef struct tw_output_params {
     tw_format format;
     char creation_options[TW_MAX_CREATION_OPTIONS][128];
     int n_creation_options;
+    bool stac; /* output.stac: a STAC Item per input (+ collection.json), pipeline/stac_run.h */
 } tw_output_params;
 
 /* The per-band map from raw pixels to the model's input: x = (v * scale -

@@ -22,6 +22,7 @@
 struct tw_stac {
     char item[TW_PATH_MAX];
     char vrt[128];
+    char datetime[64]; /* properties.datetime (else start_datetime), "" none */
     int n;
     char **hrefs; /* [n] GDAL paths of the assets, CPLStrdup'ed */
 };
@@ -165,6 +166,10 @@ tw_status tw_stac_open(const char *item, const char (*assets)[TW_NAME_MAX], int 
                           type && strcmp(type, "FeatureCollection") == 0
                               ? ": it is a collection; give one item per input.path"
                               : "");
+    json_t *props = json_object_get(root, "properties");
+    const char *dt = json_string_value(json_object_get(props, "datetime"));
+    if (!dt) dt = json_string_value(json_object_get(props, "start_datetime"));
+    snprintf(s->datetime, sizeof s->datetime, "%s", dt ? dt : "");
     double gt0[6] = {0, 1, 0, 0, 0, 1};
     int w0 = 0, h0 = 0;
     char crs0[4096];
@@ -232,6 +237,11 @@ tw_status tw_stac_open(const char *item, const char (*assets)[TW_NAME_MAX], int 
 const char *tw_stac_path(const tw_stac *s)
 {
     return s->vrt;
+}
+
+const char *tw_stac_datetime(const tw_stac *s)
+{
+    return s->datetime;
 }
 
 const char *tw_stac_asset(const tw_stac *s, int k)

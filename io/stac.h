@@ -34,6 +34,10 @@ tw_status tw_stac_open(const char *item, const char (*assets)[TW_NAME_MAX], int 
 /* The GDAL path of the VRT (a /vsimem/ name). Borrowed; valid until destroy. */
 const char *tw_stac_path(const tw_stac *s);
 
+/* The item's properties.datetime (else its start_datetime) as the item
+ * gives it, "" when it has neither. Borrowed; valid until destroy. */
+const char *tw_stac_datetime(const tw_stac *s);
+
 /* The GDAL path of asset k (0-based, in input.assets order). Borrowed;
  * valid until destroy. */
 const char *tw_stac_asset(const tw_stac *s, int k);

@@ -17,6 +17,7 @@
 #include "pipeline/plan.h"
 #include "pipeline/resume.h"
 #include "pipeline/run_internal.h"
+#include "pipeline/stac_run.h"
 
 static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, double gt[6])
 {
@@ -173,6 +174,8 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
     tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
     if (result) *result = r;
     tw_status st = TW_OK;
+    char collection_id[300] = ""; /* output.stac over several inputs */
+    int n_items = 0;
     if (!r || !stems || !mf) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     int n = st == TW_OK ? tw_parts_list(out_dir, stems, TW_MAX_INPUTS) : 0;
     if (st == TW_OK && n <= 0) {
@@ -237,11 +240,22 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
         };
         tw_parts *parts = NULL;
         st = tw_parts_open(&pp, quiet, &parts, err);
+        /* output.stac: the merged products' item, written once they are final */
+        bool stac = mf->p.output.stac;
+        if (stac && i == 0 && n > 1)
+            tw_stac_run_collection_id(out_dir, collection_id, sizeof collection_id);
+        if (st == TW_OK && stac)
+            st = tw_stac_run_forget(&mf->p, stems[i], collection_id[0] != '\0', err);
         if (st == TW_OK)
             st = tw_merge_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json, parts,
                                    res, err);
+        if (st == TW_OK && stac)
+            st = tw_stac_run_item(&mf->p, &mf->m, &mf->info, &mf->stac,
+                                  collection_id[0] ? collection_id : NULL, res, err);
+        n_items += st == TW_OK && stac;
         tw_parts_close(parts);
     }
+    if (st == TW_OK && n_items > 1) st = tw_stac_run_collection(out_dir, &r->model, r, err);
     tw_free(stems);
     tw_free(mf);
     if (r) {

@@ -55,6 +55,10 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_INPUT_AOI:
         if (in->aoi[0]) tw_json_str(j, key, in->aoi);
         break;
+    case TW_KEY_INPUT_DATETIME:
+        if (in->datetime[0]) tw_json_str(j, key, in->datetime);
+        break;
+    case TW_KEY_OUTPUT_STAC: tw_json_bool(j, key, r->output.stac); break;
     case TW_KEY_MODEL_WEIGHTS:
         tw_json_str(j, key, r->model.weights);
         tw_json_str(j, "sha256", m->model_sha256);

@@ -117,6 +117,19 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
     }
     set(root, "output", out, ok);
 
+    if (p->output.stac) { /* merge writes the merged products' STAC item */
+        json_t *stac = json_object();
+        set(stac, "datetime", json_string(mf->stac.datetime), ok);
+        set(stac, "source", put_str(mf->stac.source), ok);
+        set(stac, "derived_from", put_str(mf->stac.derived_from), ok);
+        set(stac, "weights", put_str(p->model.weights), ok);
+        json_t *names = json_array();
+        for (int i = 0; names && i < p->input.n_assets; i++)
+            append(names, put_str(p->input.assets[i]), ok);
+        set(stac, "assets", names, ok);
+        set(root, "stac", stac, ok);
+    }
+
     json_t *model = json_object();
     if (model) {
         set(model, "arch", put_str(m->arch), ok);
@@ -384,8 +397,8 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
 {
     static const char *const top_keys[] = {"format",      "version",     "tilewise", "inputs",
                                            "tiling",      "output",      "model",    "raster",
-                                           "config_json", "fingerprint", "nodata"};
-    only_keys(r, root, "", top_keys, 11);
+                                           "config_json", "fingerprint", "nodata",   "stac"};
+    only_keys(r, root, "", top_keys, 12);
     char ver[64];
     get_str(r, root, "", "tilewise", ver, sizeof ver);
 
@@ -544,6 +557,26 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         get_bool(r, ras, "raster", "has_geotransform", &info->has_geotransform);
         get_str(r, ras, "raster", "crs_wkt", info->crs_wkt, sizeof info->crs_wkt);
         get_str(r, ras, "raster", "driver", info->driver, sizeof info->driver);
+    }
+    /* output.stac: absent in a manifest of a run without it (or before it) */
+    json_t *stac = json_object_get(root, "stac");
+    if (stac) {
+        static const char *const stac_keys[] = {"datetime", "source", "derived_from", "weights",
+                                                "assets"};
+        json_t *so = need_obj(r, root, "stac");
+        if (so) only_keys(r, so, "stac", stac_keys, 5);
+        p->output.stac = so != NULL;
+        get_str(r, so, "stac", "datetime", mf->stac.datetime, sizeof mf->stac.datetime);
+        get_str(r, so, "stac", "source", mf->stac.source, sizeof mf->stac.source);
+        get_str(r, so, "stac", "derived_from", mf->stac.derived_from, sizeof mf->stac.derived_from);
+        get_str(r, so, "stac", "weights", p->model.weights, sizeof p->model.weights);
+        json_t *names = so ? need_arr(r, so, "stac", "assets", TW_MAX_BANDS) : NULL;
+        for (size_t i = 0; names && r->st == TW_OK && i < json_array_size(names); i++)
+            str_value(r, json_array_get(names, i), "stac", "assets", p->input.assets[i],
+                      sizeof p->input.assets[i]);
+        if (names) p->input.n_assets = (int)json_array_size(names);
+        if (r->st == TW_OK && !tw_stac_datetime_check(mf->stac.datetime, NULL, 0))
+            fail(r, "key stac.datetime is not an RFC 3339 date-time");
     }
     get_str(r, root, "", "config_json", mf->config_json, sizeof mf->config_json);
     get_str(r, root, "", "fingerprint", mf->fingerprint, sizeof mf->fingerprint);

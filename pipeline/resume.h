@@ -24,6 +24,7 @@
 #include "core/params.h"
 #include "pipeline/parts.h"
 #include "pipeline/run.h"
+#include "pipeline/stac_run.h"
 
 #define TW_MANIFEST_VERSION 2
 #define TW_MANIFEST_MAX_BYTES ((size_t)4 << 20) /* larger files are refused as damaged */
@@ -31,7 +32,9 @@
 /* The manifest's content. Of p, only these fields are carried (the rest
  * stay at tw_run_default_params()): input.paths, input.n_paths,
  * tiling.edge, output.dir, output.name, output.products, output.prob_type,
- * output.format, output.creation_options, output.n_creation_options.
+ * output.format, output.creation_options, output.n_creation_options, and
+ * with output.stac (key "stac", absent without): output.stac, model.weights,
+ * input.assets and the input's STAC facts (stac).
  * m and info are carried whole. */
 typedef struct tw_manifest {
     tw_run_params p;
@@ -39,6 +42,7 @@ typedef struct tw_manifest {
     tw_raster_info info;
     char config_json[TW_CONFIG_JSON_MAX];
     char fingerprint[TW_FINGERPRINT_MAX];
+    tw_stac_input stac; /* with p.output.stac: what the merged item says */
 } tw_manifest;
 
 /* "<out_dir>/.tilewise/<stem>/manifest" into buf. TW_ERR_OUTPUT when it

@@ -473,6 +473,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
                 tw_url_redact(p->input.paths[k], mf->p.input.paths[k], TW_PATH_MAX);
             mf->m = c->m;
             mf->info = *info;
+            mf->stac = c->infos[idx].stac;
             snprintf(mf->config_json, sizeof mf->config_json, "%s", c->config_json);
             snprintf(mf->fingerprint, sizeof mf->fingerprint, "%s", fp);
             st = tw_manifest_path(p->output.dir, res->stem, mpath, sizeof mpath, err);
@@ -553,10 +554,17 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     tw_pipe_slots_free(&pp);
     tw_free(pp.segs);
 
-    /* Whole grid committed (one run, or the last of the shards): assemble. */
+    /* Whole grid committed (one run, or the last of the shards): assemble,
+     * then (output.stac) the item of the finished files. */
+    bool stac = p->output.stac && p->shard_count == 1;
+    if (st == TW_OK && stac)
+        st = tw_stac_run_forget(p, res->stem, c->collection_id[0] != '\0', err);
     if (st == TW_OK && p->shard_count == 1)
         st = tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json, pp.parts, res,
                                err);
+    if (st == TW_OK && stac)
+        st = tw_stac_run_item(p, &c->m, info, &c->infos[idx].stac,
+                              c->collection_id[0] ? c->collection_id : NULL, res, err);
     tw_parts_close(pp.parts);
     tw_aoi_destroy(aoi);
     res->seconds = tw_clock_now() - t0;
@@ -691,7 +699,16 @@ tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
             c->sources[i] = tw_stac_path(c->stacs[i]);
         }
     }
-    return check_inputs(p, &c->m, c->sources, c->infos, err);
+    st = check_inputs(p, &c->m, c->sources, c->infos, err);
+    /* output.stac: every input's datetime is known before the first tile */
+    for (int i = 0; st == TW_OK && p->output.stac && i < p->input.n_paths; i++) {
+        if (c->infos[i].skipped) continue;
+        char gpath[TW_PATH_MAX + 16];
+        const char *src = c->sources[i];
+        if (!c->stacs[i] && tw_url_to_gdal(src, gpath, sizeof gpath, NULL) == TW_OK) src = gpath;
+        st = tw_stac_run_input(p, i, src, c->stacs[i], &c->infos[i].stac, err);
+    }
+    return st;
 }
 
 tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
@@ -835,6 +852,12 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         r->budget = c->bud;
     }
     if (st == TW_OK) st = make_dirs(p->output.dir, err);
+    int n_items = 0; /* output.stac: inputs that get an item; several make a collection */
+    for (int i = 0; st == TW_OK && p->output.stac && p->shard_count == 1 && i < p->input.n_paths;
+         i++)
+        n_items += !c->infos[i].skipped;
+    if (st == TW_OK && n_items > 1)
+        tw_stac_run_collection_id(p->output.dir, c->collection_id, sizeof c->collection_id);
     if (st == TW_OK) {
         r->inputs = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(tw_input_result));
         if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -852,6 +875,7 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
         st = run_one(c, i, &r->inputs[i], err);
         r->tiles_classified += r->inputs[i].tiles_classified;
     }
+    if (st == TW_OK && n_items > 1) st = tw_stac_run_collection(p->output.dir, &c->m, r, err);
     if (c->have_be) tw_backend_get_stats(&c->be, &r->backend_stats);
     tw_run_ctx_release(c);
     tw_free(c);

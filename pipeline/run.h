@@ -92,7 +92,7 @@ typedef struct tw_input_result {
     int64_t read_bytes;           /* raw pixel bytes the readers read (windows) */
     int64_t tiff_tiles_decoded;   /* TIFF tiles the libtiff reader decoded, summed
                                      over readers (-1: GDAL read the pixels) */
-    char outputs[6][TW_PATH_MAX + 320]; /* files written */
+    char outputs[8][TW_PATH_MAX + 320]; /* files written (the products, then the STAC item) */
     int n_outputs;
     char skipped[512]; /* "" : run; else why it was skipped (input.on_error: skip) */
 } tw_input_result;
@@ -135,6 +135,11 @@ typedef struct tw_validation_input {
     int64_t remote_bytes, remote_requests; /* at least; -1: unknown (not a tiled COG) */
     int remote_row0, remote_row1;          /* the rows whose blocks are read */
     int64_t aoi_tiles, all_tiles;          /* tiles touching input.aoi (-1: no AOI) of all */
+    /* output.stac: the item's name and datetime (pipeline/stac_run.h) */
+    char stem[256];
+    char stac_datetime[64];
+    char stac_source[48];                    /* where the datetime came from */
+    char stac_derived_from[TW_PATH_MAX * 2]; /* the input's own STAC item, or "" */
 } tw_validation_input;
 
 /* What tw_validate found, as data: validate's listing is one rendering of
@@ -143,7 +148,11 @@ typedef struct tw_validation {
     char weights[TW_PATH_MAX]; /* model.weights */
     char aoi[TW_PATH_MAX];     /* input.aoi */
     int retries;               /* input.retries */
-    bool resolved;             /* model, backend and precision below are set */
+    char out_dir[TW_PATH_MAX]; /* output.dir */
+    bool stac;                 /* output.stac */
+    int stac_items;            /* items a run writes (inputs not skipped) */
+    int shard_count;
+    bool resolved; /* model, backend and precision below are set */
     tw_resolved model;
     char backend[16];
     tw_precision precision;

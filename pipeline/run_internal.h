@@ -24,6 +24,7 @@
 #include "pipeline/parts.h"
 #include "pipeline/preflight.h"
 #include "pipeline/run.h"
+#include "pipeline/stac_run.h"
 
 /* What the checks found out about one input, before any work. */
 typedef struct input_info {
@@ -34,6 +35,7 @@ typedef struct input_info {
     int64_t aoi_tiles;     /* tiles touching input.aoi (-1: no AOI) */
     int64_t all_tiles;     /* tiles of the full plan */
     char skip_reason[512]; /* why */
+    tw_stac_input stac;    /* output.stac: its datetime and STAC item (stac_run.h) */
 } input_info;
 
 /* A prepared run: calloc it, set p (and hooks for a run), then prepare it;
@@ -53,6 +55,7 @@ typedef struct run_ctx {
     tw_url_saved *net_saved;
     tw_preflight_warnings warn;
     char config_json[TW_CONFIG_JSON_MAX];
+    char collection_id[300]; /* output.stac over several inputs: collection.json's id, else "" */
 } run_ctx;
 
 /* The model against the config and every input against the model: loads

@@ -73,6 +73,9 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
     snprintf(v->weights, sizeof v->weights, "%s", p->model.weights);
     snprintf(v->aoi, sizeof v->aoi, "%s", p->input.aoi);
     v->retries = p->input.retries;
+    v->stac = p->output.stac;
+    v->shard_count = p->shard_count;
+    snprintf(v->out_dir, sizeof v->out_dir, "%s", p->output.dir);
     v->memory = p->runtime.memory;
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
     if (!c) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -116,7 +119,17 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
             if (in->remote) remote_cost(c, i, &plan, in);
             in->aoi_tiles = c->infos[i].aoi_tiles;
             in->all_tiles = c->infos[i].all_tiles;
+            if (p->output.stac) {
+                const tw_stac_input *si = &c->infos[i].stac;
+                tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
+                snprintf(in->stac_datetime, sizeof in->stac_datetime, "%s", si->datetime);
+                snprintf(in->stac_source, sizeof in->stac_source, "%s", si->source);
+                snprintf(in->stac_derived_from, sizeof in->stac_derived_from, "%s",
+                         si->derived_from);
+            }
         }
+        for (int i = 0; st == TW_OK && p->output.stac && i < p->input.n_paths; i++)
+            v->stac_items += !c->infos[i].skipped;
         if (st == TW_OK) {
             v->planned = true;
             v->budget = c->bud;

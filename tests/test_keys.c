@@ -38,6 +38,7 @@ static const char k_every[] = "input:\n"
                               "  retries: 3\n"
                               "  retry_delay: 0.25\n"
                               "  aoi: \"area #1.gpkg\"\n"
+                              "  datetime: \"2021-06-01T10:30:00.25+02:00\"\n"
                               "model:\n"
                               "  weights: models/r50.safetensors\n"
                               "  arch: ResNet50\n"
@@ -60,6 +61,7 @@ static const char k_every[] = "input:\n"
                               "output:\n"
                               "  dir: out/land cover\n"
                               "  name: \"{stem}_{index}\"\n"
+                              "  stac: yes\n"
                               "  products: [class, confidence, embeddings, tiles_gpkg]\n"
                               "  prob_type: uint8\n"
                               "  resolution: input\n"
@@ -127,7 +129,8 @@ static void format_round_trips(void **state)
                 (k == TW_KEY_MODEL_MEAN || k == TW_KEY_MODEL_STD || k == TW_KEY_MODEL_CLASSES ||
                  k == TW_KEY_MODEL_COLORS || k == TW_KEY_INPUT_ASSETS))
                 continue;
-            if (strcmp(text, "\"\"") == 0 && k == TW_KEY_INPUT_AOI) continue;
+            if (strcmp(text, "\"\"") == 0 && (k == TW_KEY_INPUT_AOI || k == TW_KEY_INPUT_DATETIME))
+                continue;
             snprintf(set, sizeof set, "%s=%s", tw_keys[k].path, text);
             const char *sets[1] = {set};
             /* mean and std must agree in length: give both */
@@ -309,6 +312,7 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_INPUT_RETRIES] = "4",
         [TW_KEY_INPUT_RETRY_DELAY] = "1",
         [TW_KEY_INPUT_AOI] = "other.gpkg",
+        [TW_KEY_INPUT_DATETIME] = "2020-01-01T00:00:00Z",
         [TW_KEY_MODEL_WEIGHTS] = "other.h5",
         [TW_KEY_MODEL_ARCH] = "resnet101",
         [TW_KEY_MODEL_MEAN] = "[0.1, 0.2, 0.4]",
@@ -327,6 +331,7 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_RUNTIME_READERS] = "auto",
         [TW_KEY_OUTPUT_DIR] = "elsewhere",
         [TW_KEY_OUTPUT_NAME] = "\"{parent}-{stem}\"",
+        [TW_KEY_OUTPUT_STAC] = "false",
         [TW_KEY_OUTPUT_PRODUCTS] = "[class, prob]",
         [TW_KEY_OUTPUT_PROB_TYPE] = "float32",
         [TW_KEY_OUTPUT_RESOLUTION] = "cells",
