@@ -28,7 +28,14 @@
  *   - Strings returned as `const char *` are borrowed: they stay valid until
  *     the handle they came from is closed or freed.
  *   - A handle may be used by one thread at a time; distinct handles may be
- *     used from distinct threads. Callbacks run on the run's worker threads.
+ *     used from distinct threads, and two runs may run at once on two
+ *     threads: each writes the bytes it writes alone, and its report's
+ *     allocator figures (memory.allocator_peak, steady_state_allocs) are its
+ *     own. Process-wide stay: GDAL's block cache limit (the last run to
+ *     start sets it), GDAL's HTTP retry and read-ahead options while a run
+ *     reads remote inputs (GDAL 3.6 has no per-path options for /vsicurl/),
+ *     and peak_rss_bytes (the process's VmHWM). Callbacks run on the run's
+ *     worker threads.
  *     The only thing a signal handler may do with this API is store to a
  *     run's stop flag (tilewise_run_options.stop).
  *

@@ -270,7 +270,7 @@ tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_st
         tw_json_close(&j, '}');
         tw_json_open(&j, "allocator_peak", '{');
         for (int t = 0; t <= TW_MEM_TAG_COUNT; t++)
-            tw_json_int(&j, tw_mem_tag_name((tw_mem_tag)t), (long long)tw_mem_peak((tw_mem_tag)t));
+            tw_json_int(&j, tw_mem_tag_name((tw_mem_tag)t), (long long)r->mem_peak[t]);
         tw_json_close(&j, '}');
         tw_json_close(&j, '}');
 

@@ -412,6 +412,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
 
     tw_pipe pp;
     memset(&pp, 0, sizeof pp);
+    pp.scope = tw_mem_scope_current(); /* tw_run's */
     pp.p = p;
     pp.m = &c->m;
     pp.bud = &c->bud;
@@ -542,7 +543,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
                               "run the same command again to finish",
                               res->path, tw_parts_rows_done(pp.parts), plan.grid_h);
         if (st == TW_OK && pp.steady)
-            res->steady_state_allocs = tw_mem_alloc_count() - pp.allocs_mark;
+            res->steady_state_allocs = tw_pipe_alloc_count(&pp) - pp.allocs_mark;
         if (pp.stitch) {
             int64_t nod = 0;
             const int64_t *h = tw_stitch_histogram(pp.stitch, &nod);
@@ -777,16 +778,41 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     return tw_budget_plan(&bin, &c->bud, err);
 }
 
+/* The run proper: tw_run inside the run's allocator scope. */
+static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
+                            tw_run_result **result, tw_error *err);
+
 tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
                  tw_error *err)
+{
+    /* The run's own allocator counters (core/alloc.h): its report's peaks
+     * and steady-state count are its own, whatever else the process runs. */
+    tw_mem_scope *scope = tw_mem_scope_open();
+    tw_mem_scope *outer = tw_mem_scope_enter(scope);
+    tw_run_result *r = NULL;
+    tw_status st = run_scoped(p, hooks, &r, err);
+    if (r)
+        for (int t = 0; t <= TW_MEM_TAG_COUNT; t++)
+            r->mem_peak[t] =
+                scope ? tw_mem_scope_peak(scope, (tw_mem_tag)t) : tw_mem_peak((tw_mem_tag)t);
+    tw_mem_scope_enter(outer);
+    tw_mem_scope_close(scope);
+    if (result)
+        *result = r;
+    else
+        tw_run_result_destroy(r);
+    return st;
+}
+
+static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
+                            tw_run_result **result, tw_error *err)
 {
     double t0 = tw_clock_now();
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
     tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
-    if (result) *result = r;
+    *result = r;
     if (!c || !r) {
         tw_free(c);
-        if (!result) tw_free(r);
         return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     c->p = p;
@@ -881,7 +907,6 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
     tw_free(c);
     r->seconds = tw_clock_now() - t0;
     r->peak_rss = tw_rss_peak();
-    if (!result) tw_run_result_destroy(r);
     return st;
 }
 

@@ -21,6 +21,7 @@
 
 #include "model/backend.h"
 #include "pipeline/budget.h"
+#include "core/alloc.h"
 #include "core/error.h"
 #include "pipeline/advice.h"
 #include "core/params.h"
@@ -105,7 +106,11 @@ typedef struct tw_run_result {
     int n_inputs;
     tw_input_result *inputs; /* [n_inputs] */
     double seconds;
-    size_t peak_rss;
+    size_t peak_rss; /* the process's (VmHWM): in a process that runs other
+                        things too, more than this run's */
+    /* This run's allocator peaks per tag and in all ([TW_MEM_TAG_COUNT]):
+     * its own blocks only (core/alloc.h, tw_mem_scope). */
+    size_t mem_peak[TW_MEM_TAG_COUNT + 1];
     int64_t tiles_classified;
     int inputs_skipped; /* inputs not opened (input.on_error: skip); the CLI exits 5 */
     /* Every warning given before the first tile, in the order logged: the

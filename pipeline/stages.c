@@ -759,7 +759,7 @@ static work_result write_work(worker *w, tw_slot *s, tw_slot **out)
     pp->tiles_done += s->n_refs;
     if (!pp->steady && tw_stitch_rows_done(pp->stitch) > 0) {
         pp->steady = true;
-        pp->allocs_mark = tw_mem_alloc_count();
+        pp->allocs_mark = tw_pipe_alloc_count(pp);
     }
     if (pp->hooks && pp->hooks->progress) {
         double f = pp->n_tiles > 0 ? (double)pp->tiles_done / (double)pp->n_tiles : 1.0;
@@ -816,11 +816,17 @@ static bool pass_on(thread_arg *a, tw_slot *s)
                           : tw_queue_push(a->out, s, &a->w.wait_s);
 }
 
+uint64_t tw_pipe_alloc_count(const tw_pipe *pp)
+{
+    return pp->scope ? tw_mem_scope_alloc_count(pp->scope) : tw_mem_alloc_count();
+}
+
 static void *worker_main(void *arg)
 {
     thread_arg *a = arg;
     worker *w = &a->w;
     tw_pipe *pp = w->pp;
+    tw_mem_scope *outer = tw_mem_scope_enter(pp->scope);
     w->t_start = tw_clock_now();
     double cpu0 = tw_clock_thread_cpu();
     tw_status st = a->def->start ? a->def->start(w) : TW_OK;
@@ -857,6 +863,7 @@ static void *worker_main(void *arg)
     ss->wait_s += w->wait_s;
     if (a->def->id == TW_STAGE_READ) pp->res->read_bytes += w->bytes_read;
     pthread_mutex_unlock(&pp->mu);
+    tw_mem_scope_enter(outer);
     return NULL;
 }
 

@@ -151,7 +151,14 @@ typedef struct tw_pipe {
     int64_t tiles_done;
     uint64_t allocs_mark;
     bool steady;
+    /* The run's allocator scope (core/alloc.h): every stage thread counts
+     * its blocks there, so steady_state_allocs and the report's peaks are
+     * this run's alone. NULL: the process's counters. */
+    tw_mem_scope *scope;
 } tw_pipe;
+
+/* Blocks allocated so far in pp's scope (or the process's without one). */
+uint64_t tw_pipe_alloc_count(const tw_pipe *pp);
 
 /* The slot pool: bud->n_slots slots of bud->batch tiles, raw pixels in the
  * backend's host memory (pinned on CUDA) where it has some. Free with

@@ -946,6 +946,122 @@ static void test_classify_image(void **state)
     tilewise_model_close(m);
 }
 
+/* ---- two runs on two threads of one process (issue 28.5) ---- */
+
+typedef struct thread_run {
+    char yaml[4096];
+    char dir[2048];
+    tilewise_status st;
+    tilewise_report *rep;
+} thread_run;
+
+static void thread_run_init(thread_run *t, const char *name, int stride, int batch,
+                            const char *products)
+{
+    snprintf(t->dir, sizeof t->dir, "%s/%s", tw_test_tmpdir(), name);
+    snprintf(t->yaml, sizeof t->yaml,
+             "input:\n  path: %s/sample_data/L7_ETMs.tif\nmodel:\n  weights: %s\n"
+             "tiling:\n  stride: %d\n  batch: %d\nruntime:\n  device: cpu\n  threads: 1\n"
+             "  memory: 1GiB\noutput:\n  dir: %s\n  products: %s\n",
+             SRC, MODEL, stride, batch, t->dir, products);
+    t->rep = NULL;
+}
+
+static void *thread_run_main(void *arg)
+{
+    thread_run *t = arg;
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    o.yaml = t->yaml;
+    o.yaml_len = strlen(t->yaml);
+    o.quiet = 1;
+    tilewise_error e;
+    t->st = tilewise_run("<thread>", &o, &t->rep, &e);
+    return NULL;
+}
+
+/* Whether two files hold the same bytes. */
+static bool same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+static json_int_t peak_of(const tilewise_report *rep, const char *tag)
+{
+    json_error_t jerr;
+    json_t *j = json_loads(tilewise_report_json(rep), 0, &jerr);
+    assert_non_null(j);
+    json_t *v =
+        json_object_get(json_object_get(json_object_get(j, "memory"), "allocator_peak"), tag);
+    assert_non_null(v);
+    json_int_t n = json_integer_value(v);
+    json_decref(j);
+    return n;
+}
+
+/* Two different workflows, first one after the other, then at the same
+ * time on two threads: each concurrent run writes its sequential run's
+ * bytes, and its report's allocator figures are its own (the peaks of its
+ * weights, batch slots, workspace, strip and read buffers as when it ran
+ * alone, no allocation in its steady state), where the counters were once
+ * the process's. */
+static void test_two_runs_two_threads(void **state)
+{
+    (void)state;
+    thread_run seq[2], par[2];
+    thread_run_init(&seq[0], "seq_a", 32, 4, "[class, prob]");
+    thread_run_init(&seq[1], "seq_b", 64, 2, "[class, confidence]");
+    thread_run_init(&par[0], "par_a", 32, 4, "[class, prob]");
+    thread_run_init(&par[1], "par_b", 64, 2, "[class, confidence]");
+    for (int i = 0; i < 2; i++) {
+        thread_run_main(&seq[i]);
+        assert_int_equal(seq[i].st, TILEWISE_OK);
+    }
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, thread_run_main, &par[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    static const char *const products[2][2] = {{"class", "prob"}, {"class", "conf"}};
+    static const char *const tags[] = {"weights", "slots", "workspace", "strip", "read"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(par[i].st, TILEWISE_OK);
+        for (int k = 0; k < 2; k++) {
+            char a[2200], b[2200];
+            snprintf(a, sizeof a, "%s/L7_ETMs.%s.tif", seq[i].dir, products[i][k]);
+            snprintf(b, sizeof b, "%s/L7_ETMs.%s.tif", par[i].dir, products[i][k]);
+            printf("run %c: %s equal: %d\n", 'a' + i, products[i][k], same_file(a, b));
+            assert_true(same_file(a, b));
+        }
+        for (size_t t = 0; t < sizeof tags / sizeof tags[0]; t++) {
+            json_int_t alone = peak_of(seq[i].rep, tags[t]),
+                       together = peak_of(par[i].rep, tags[t]);
+            printf("run %c: allocator peak %s alone %lld, beside the other %lld\n", 'a' + i,
+                   tags[t], (long long)alone, (long long)together);
+            assert_int_equal(alone, together);
+        }
+        json_error_t jerr;
+        json_t *j = json_loads(tilewise_report_json(par[i].rep), 0, &jerr);
+        json_t *in0 = json_array_get(json_object_get(j, "inputs"), 0);
+        assert_int_equal(json_integer_value(json_object_get(in0, "steady_state_allocs")), 0);
+        json_decref(j);
+    }
+    /* The two runs' figures differ (batch 4 vs 2): each report is its own. */
+    assert_true(peak_of(par[0].rep, "slots") != peak_of(par[1].rep, "slots"));
+    for (int i = 0; i < 2; i++) {
+        tilewise_report_free(seq[i].rep);
+        tilewise_report_free(par[i].rep);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -959,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_run_v2_bad_arguments),
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_info_and_config),
+        cmocka_unit_test(test_two_runs_two_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
