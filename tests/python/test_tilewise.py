@@ -74,6 +74,44 @@ output:
 """
 
 
+def test_two_runs_on_two_threads(tmp_path):
+    """Two workflows at once on two Python threads (ctypes lets the GIL go):
+    each writes the bytes it writes alone, and its report's allocator
+    figures are its own (issue 28.5)."""
+    import threading
+    flows = {"a": dict(stride=32, products="[class, prob]"),
+             "b": dict(stride=64, products="[class, confidence]")}
+    batch = {"a": 4, "b": 2}
+
+    def flow(k, out):
+        return fixture_workflow(out, **flows[k]).replace(
+            "tiling:\n", f"tiling:\n  batch: {batch[k]}\n")
+    alone, together = {}, {}
+    for k in flows:
+        out = str(tmp_path / f"seq_{k}")
+        alone[k] = (out, tilewise.run(flow(k, out)))
+    threads = []
+    for k in flows:
+        out = str(tmp_path / f"par_{k}")
+
+        def go(k=k, out=out):
+            together[k] = (out, tilewise.run(flow(k, out)))
+        threads.append(threading.Thread(target=go))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in flows:
+        (a_out, a_rep), (p_out, p_rep) = alone[k], together[k]
+        assert tifs(a_out) == tifs(p_out) and len(tifs(a_out)) == 2, k
+        for tag in ("weights", "slots", "workspace", "strip", "read"):
+            assert (a_rep["memory"]["allocator_peak"][tag] ==
+                    p_rep["memory"]["allocator_peak"][tag]), (k, tag)
+        assert p_rep["inputs"][0]["steady_state_allocs"] == 0
+    assert (together["a"][1]["memory"]["allocator_peak"]["slots"] !=
+            together["b"][1]["memory"]["allocator_peak"]["slots"])
+
+
 def test_run_gives_the_cli_bytes(tmp_path):
     out = str(tmp_path / "out")
     sets = {"output.dir": out, "runtime.device": "cpu"}
