@@ -173,12 +173,12 @@ static const char *S(const char *s)
     return s ? s : "";
 }
 
-/* A name fit for a one-line message: printable ASCII, at most 80 bytes. */
+/* A name fit for a one-line message: printable ASCII, cut to fit buf. */
 static const char *clean(const char *s, char *buf, size_t cap)
 {
     size_t o = 0;
     s = S(s);
-    for (; *s && o + 4 < cap && o < 80; s++) buf[o++] = (*s >= 0x20 && *s < 0x7f) ? *s : '?';
+    for (; *s && o + 4 < cap; s++) buf[o++] = (*s >= 0x20 && *s < 0x7f) ? *s : '?';
     if (*s) {
         buf[o++] = '.';
         buf[o++] = '.';
@@ -345,7 +345,7 @@ static tw_status read_external(octx *c, const Onnx__TensorProto *tp, const char 
     if (!loc || !*loc)
         return tw_model_error(c->err, c->path, "tensor '%s': external data without a location",
                               tname);
-    char lb[96];
+    char lb[400];
     /* ONNX's own rule: a path relative to the model's folder, never above it */
     bool escapes = loc[0] == '/' || strcmp(loc, "..") == 0 || strncmp(loc, "../", 3) == 0 ||
                    strstr(loc, "/../") != NULL ||
