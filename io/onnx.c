@@ -1576,11 +1576,13 @@ tw_status tw_onnx_load(tw_model_file *mf, uint64_t file_size, tw_error *err)
     if (wire_ok(&onnx__model_proto__descriptor, buf, (size_t)file_size))
         model = onnx__model_proto__unpack(&k_pb_allocator, (size_t)file_size, buf);
     tw_free(buf);
-    if (!model || !model->graph)
-        return tw_model_error(err, path,
-                              "not an ONNX model (truncated or corrupt: its protobuf does not "
-                              "decode%s)",
-                              model ? ", or it has no graph" : "");
+    if (!model || !model->graph) {
+        bool decoded = model != NULL;
+        if (model) onnx__model_proto__free_unpacked(model, &k_pb_allocator);
+        return tw_model_error(err, path, "not an ONNX model (%s)",
+                              decoded ? "it has no graph"
+                                      : "truncated or corrupt: its protobuf does not decode");
+    }
 
     octx c = {.mf = mf, .err = err, .path = path, .model = model, .g = model->graph};
     tw_onnx_info *oi = &mf->onnx;
