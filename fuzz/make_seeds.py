@@ -308,6 +308,9 @@ def onnx_seeds(sd):
     write("onnx", "foreign_clip", onnx_resnet(sd, foreign="Clip"))
     write("onnx", "truncated", good[:len(good) // 3])
     write("onnx", "bad_meta", onnx_resnet(sd, meta={"class_names": "{0: 'a'"}))
+    # class names as Deepness also reads them: a Python dict (ast.literal_eval)
+    write("onnx", "resnet18_pydict", onnx_resnet(
+        sd, bn_nodes=False, meta={"class_names": "{0: 'water', 1: \"it's\", 2: 'c', 3: 'd'}"}))
 
 
 def main():

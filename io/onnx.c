@@ -1350,11 +1350,67 @@ static tw_status meta_floats(octx *c, const char *key, const char *text, float *
     return tw_model_set_floats(c->mf, key, v, (int64_t)m, dst, n, dst == c->mf->std, c->err);
 }
 
-/* class_names: {"0": "water", "1": "forest"} (Deepness's, keys 0..K-1) or
- * ["water", "forest"]. */
+/* Deepness also reads class names written as a Python dict, {0: 'water',
+ * 1: "forest"} (it falls back to ast.literal_eval): that form, with integer
+ * keys and quoted strings (backslash escapes the next character), as a JSON
+ * object; NULL when text is not of it. */
+static json_t *python_dict(const char *text)
+{
+    json_t *o = json_object();
+    const char *p = text;
+    char name[TW_NAME_MAX];
+#define SKIP_WS()                                                                                  \
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++
+    SKIP_WS();
+    if (!o || *p++ != '{') goto bad;
+    SKIP_WS();
+    while (*p != '}') {
+        char *end;
+        long id = strtol(p, &end, 10);
+        if (end == p || id < 0 || id >= TW_MAX_CLASSES) goto bad;
+        p = end;
+        SKIP_WS();
+        if (*p++ != ':') goto bad;
+        SKIP_WS();
+        char q = *p++;
+        if (q != '\'' && q != '"') goto bad;
+        size_t n = 0;
+        while (*p && *p != q) {
+            if (*p == '\\' && p[1]) p++;
+            if (n + 1 >= sizeof name) goto bad;
+            name[n++] = *p++;
+        }
+        if (*p++ != q) goto bad;
+        name[n] = '\0';
+        char ids[24];
+        snprintf(ids, sizeof ids, "%ld", id);
+        if (json_object_get(o, ids) || json_object_set_new(o, ids, json_string(name)) != 0)
+            goto bad;
+        SKIP_WS();
+        if (*p == ',') {
+            p++;
+            SKIP_WS();
+        } else if (*p != '}') {
+            goto bad;
+        }
+    }
+    p++;
+    SKIP_WS();
+    if (*p) goto bad;
+#undef SKIP_WS
+    return o;
+bad:
+    json_decref(o);
+    return NULL;
+}
+
+/* class_names: {"0": "water", "1": "forest"} (Deepness's, keys 0..K-1; or
+ * as a Python dict) or ["water", "forest"]. */
 static tw_status meta_classes(octx *c, const char *key, const char *text)
 {
-    json_t *j = meta_json(c, key, text);
+    json_t *j = json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+    if (!j) j = python_dict(text);
+    if (!j) j = meta_json(c, key, text); /* the JSON error, for the message */
     if (!j) return TW_ERR_MODEL;
     tw_model_file *mf = c->mf;
     tw_status st = TW_OK;
@@ -1484,6 +1540,9 @@ static tw_status recognise(octx *c)
             return node_error(c, (int)i,
                               "is not part of a ResNet (the first such node of the "
                               "graph)");
+        /* a ResNet's ops take 5 inputs at most (BatchNormalization) */
+        if (n->n_input > 8 || n->n_output > 8)
+            return node_error(c, (int)i, "has %zu inputs and %zu outputs", n->n_input, n->n_output);
     }
     tw_status st = index_graph(c);
     if (st != TW_OK) return st;

@@ -201,6 +201,23 @@ static void test_info(void **state)
     assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
 }
 
+/* Deepness's class names as a Python dict (what it reads with
+ * ast.literal_eval), from the fuzz seeds (fuzz/make_seeds.py). */
+static void test_python_dict_classes(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/onnx", src ? src : TW_SOURCE_DIR);
+    tw_model_file *mf = load_ok(tw_test_path(dir, "resnet18_pydict"));
+    assert_int_equal(mf->n_classes, 4);
+    assert_string_equal(mf->classes[0], "water");
+    assert_string_equal(mf->classes[1], "it's");
+    assert_string_equal(mf->onnx.metadata, "class_names");
+    tw_model_file_destroy(mf);
+    assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
+}
+
 static void expect_refused(const char *name, const char *what)
 {
     NEED_FIXTURE(p, name);
@@ -246,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_exporter_folded),
         cmocka_unit_test(test_info),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_python_dict_classes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
