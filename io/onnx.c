@@ -293,6 +293,12 @@ static size_t elem_size(int32_t dt)
 
 static void le_to_float(int32_t dt, const uint8_t *p, float *dst, int64_t n)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (dt == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT) { /* the common case: no per-value work */
+        memcpy(dst, p, (size_t)n * sizeof(float));
+        return;
+    }
+#endif
     for (int64_t i = 0; i < n; i++) {
         if (dt == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT) {
             const uint8_t *q = p + 4 * i;
