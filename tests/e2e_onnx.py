@@ -163,7 +163,8 @@ def main():
                            ("onnx_r18_o17_bn.onnx", "opset 17, BN nodes, no constant folding"),
                            ("onnx_r18_o11_bn.onnx", "opset 11, BN nodes"),
                            ("onnx_r18_ext.onnx", "opset 17, external data"),
-                           ("onnx_r18_other.onnx", "ReduceMean/Reshape/MatMul+Add/Softmax, opset 18")]:
+                           ("onnx_r18_other.onnx",
+                            "ReduceMean/Reshape/MatMul+Add/Softmax, opset 18")]:
             # the workflow's mean/std (and scale) win over Deepness's metadata
             extra = "\n  scale: 1.0" if "other" in name else ""
             r, out = run(tmp, name[:-5], fx(name), win, input_extra=extra)
