@@ -205,11 +205,13 @@ def tiff_seeds():
         write("tiff", name, bytes(head) + px)
 
 
-def onnx_resnet(sd, bn_nodes=True, head="gemm", opset=17, meta=None, foreign=None):
+def onnx_resnet(sd, bn_nodes=True, head="gemm", opset=17, meta=None, foreign=None,
+                inits_as_inputs=False):
     """The ResNet-18 of sd as an ONNX graph the way torch.onnx.export lays it
     out (BatchNormalization nodes, or folded into the Conv's bias), or with
     another converter's head (ReduceMean, MatMul + Add, Softmax); foreign
-    replaces the first ReLU by that op."""
+    replaces the first ReLU by that op; inits_as_inputs lists the weights
+    among the graph's inputs too (IR < 4, keep_initializers_as_inputs)."""
     import onnx
     from onnx import helper, numpy_helper
     nodes, inits = [], []
@@ -287,6 +289,9 @@ def onnx_resnet(sd, bn_nodes=True, head="gemm", opset=17, meta=None, foreign=Non
                                                       ["n", bands, 32, 32])],
         [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["n", w.shape[0]])],
         inits)
+    if inits_as_inputs:
+        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                           for t in inits)
     model = helper.make_model(graph, producer_name="make_seeds", producer_version="1",
                               opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -308,6 +313,8 @@ def onnx_seeds(sd):
     write("onnx", "foreign_clip", onnx_resnet(sd, foreign="Clip"))
     write("onnx", "truncated", good[:len(good) // 3])
     write("onnx", "bad_meta", onnx_resnet(sd, meta={"class_names": "{0: 'a'"}))
+    write("onnx", "resnet18_inits_as_inputs", onnx_resnet(sd, bn_nodes=False, opset=9,
+                                                          inits_as_inputs=True))
     # class names as Deepness also reads them: a Python dict (ast.literal_eval)
     write("onnx", "resnet18_pydict", onnx_resnet(
         sd, bn_nodes=False, meta={"class_names": "{0: 'water', 1: \"it's\", 2: 'c', 3: 'd'}"}))

@@ -202,9 +202,10 @@ static void test_info(void **state)
     assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
 }
 
-/* Deepness's class names as a Python dict (what it reads with
- * ast.literal_eval), from the fuzz seeds (fuzz/make_seeds.py). */
-static void test_python_dict_classes(void **state)
+/* From the fuzz seeds (fuzz/make_seeds.py): Deepness's class names as a
+ * Python dict (what it reads with ast.literal_eval); weights among the
+ * graph's inputs. */
+static void test_seed_models(void **state)
 {
     (void)state;
     const char *src = getenv("TW_SOURCE_DIR");
@@ -215,6 +216,14 @@ static void test_python_dict_classes(void **state)
     assert_string_equal(mf->classes[0], "water");
     assert_string_equal(mf->classes[1], "it's");
     assert_string_equal(mf->onnx.metadata, "class_names");
+    tw_model_file_destroy(mf);
+
+    /* the weights listed among the graph's inputs too (IR < 4,
+     * keep_initializers_as_inputs): still one image input */
+    mf = load_ok(tw_test_path(dir, "resnet18_inits_as_inputs"));
+    assert_int_equal(mf->onnx.opset, 9);
+    assert_int_equal(mf->onnx.input_size, 32);
+    assert_non_null(tw_model_file_find(mf, "layer4.1.conv2.weight"));
     tw_model_file_destroy(mf);
     assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
 }
@@ -260,11 +269,9 @@ static void test_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bn_nodes_exact),
-        cmocka_unit_test(test_exporter_folded),
-        cmocka_unit_test(test_info),
-        cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_python_dict_classes),
+        cmocka_unit_test(test_bn_nodes_exact), cmocka_unit_test(test_exporter_folded),
+        cmocka_unit_test(test_info),           cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_seed_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
