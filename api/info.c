@@ -17,7 +17,8 @@ static bool looks_like_model(const char *path)
 {
     const char *dot = strrchr(path, '.');
     if (!dot) return false;
-    return strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 || strcmp(dot, ".safetensors") == 0;
+    return strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 ||
+           strcmp(dot, ".safetensors") == 0 || strcmp(dot, ".onnx") == 0;
 }
 
 static tw_status info_model(const char *path, bool json, FILE *out, tw_error *err)
@@ -69,10 +70,47 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
             tw_json_null(&j, "tile");
         tw_json_str(&j, "sha256", mf->sha256);
         tw_json_str(&j, "checksum", tw_model_checksum_name(mf->checksum));
+        if (mf->format == TW_MODEL_FORMAT_ONNX) {
+            const tw_onnx_info *o = &mf->onnx;
+            tw_json_open(&j, "onnx", '{');
+            tw_json_int(&j, "ir_version", o->ir_version);
+            tw_json_int(&j, "opset", o->opset);
+            tw_json_str(&j, "producer", o->producer);
+            tw_json_int(&j, "nodes", o->n_nodes);
+            tw_json_int(&j, "batchnorm_folded_at_load", o->n_bn);
+            tw_json_int(&j, "external_tensors", o->n_external);
+            tw_json_str(&j, "head", o->head);
+            tw_json_str(&j, "metadata", o->metadata);
+            tw_json_num(&j, "resolution_cm", o->resolution);
+            tw_json_str(&j, "model_type", o->model_type);
+            tw_json_close(&j, '}');
+        }
         tw_json_close(&j, '}');
         fputc('\n', out);
     } else {
         fprintf(out, "model:      %s\n", path);
+        if (mf->format == TW_MODEL_FORMAT_ONNX) {
+            const tw_onnx_info *o = &mf->onnx;
+            fprintf(out, "format:     ONNX (IR %lld, opset %lld, from %s), %d nodes\n",
+                    (long long)o->ir_version, (long long)o->opset,
+                    o->producer[0] ? o->producer : "an unnamed producer", o->n_nodes);
+            fprintf(out, "graph:      batch norm %s; head %s%s\n",
+                    o->n_bn ? "in BatchNormalization nodes (folded at load)"
+                            : "folded into the convolutions by the exporter",
+                    o->head, o->softmax ? "" : " (tilewise applies the softmax)");
+            if (o->n_external)
+                fprintf(out, "external:   %d tensors in external data files\n", o->n_external);
+            fprintf(out, "metadata:   %s%s\n", o->metadata[0] ? o->metadata : "none used",
+                    o->metadata[0] && !isnan(mf->scale) && mf->n_mean
+                        ? " (Deepness: values / 255, then (x - mean) / std)"
+                        : "");
+            if (!isnan(o->resolution))
+                fprintf(out,
+                        "resolution: %g cm/px (Deepness's; not used: tilewise reads the "
+                        "raster at its own)\n",
+                        o->resolution);
+            if (o->model_type[0]) fprintf(out, "model_type: %s\n", o->model_type);
+        }
         fprintf(out, "arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
                 net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0],
                 net->stage_blocks[1], net->stage_blocks[2], net->stage_blocks[3]);
@@ -107,7 +145,8 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
                 mf->checksum == TW_CHECKSUM_VERIFIED ? "verified (the tensors match tensors_sha256)"
                 : mf->checksum == TW_CHECKSUM_ABSENT
                     ? "absent (a bundle from before tools/export_model.py wrote one)"
-                    : "none (safetensors carries none)");
+                : mf->format == TW_MODEL_FORMAT_ONNX ? "none (ONNX carries none)"
+                                                     : "none (safetensors carries none)");
     }
     tw_resnet_destroy(net);
     tw_model_file_destroy(mf);

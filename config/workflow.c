@@ -1138,8 +1138,9 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
     if (!given(c, TW_KEY_INPUT_PATH))
         return fail_at(c, 0, NULL, "input.path is required (the raster(s) to classify)");
     if (!given(c, TW_KEY_MODEL_WEIGHTS))
-        return fail_at(c, 0, NULL,
-                       "model.weights is required (an HDF5 bundle or a safetensors file)");
+        return fail_at(
+            c, 0, NULL,
+            "model.weights is required (an HDF5 bundle, a safetensors file or an ONNX model)");
     const tw_tiling_params *t = &p->tiling;
     if (t->tile > 0 && t->stride > 0) {
         if (t->stride > t->tile)

@@ -8,7 +8,8 @@
  * reader picks HDF5 from the file's signature, else safetensors. Built twice
  * (fuzz_safetensors, fuzz_hdf5) with different seed corpora; FUZZ_FORCE_HDF5
  * makes the HDF5 build put the signature in front of inputs that lack it, so
- * that its time is spent in the bundle reader.
+ * that its time is spent in the bundle reader. FUZZ_ONNX (fuzz_onnx) names the
+ * scratch file *.onnx, which sends every input to the ONNX reader.
  *
  * Checked besides crashes and sanitizer reports: an error leaves no result
  * and a message naming the file; the counting allocator is back to zero; no
@@ -50,7 +51,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const uint8_t sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     if (!scratch[0]) {
+#ifdef FUZZ_ONNX
+        snprintf(scratch, sizeof scratch, "/dev/shm/tw_fuzz_model_%d.onnx", (int)getpid());
+#else
         snprintf(scratch, sizeof scratch, "/dev/shm/tw_fuzz_model_%d", (int)getpid());
+#endif
         atexit(remove_scratch);
     }
     int fd = open(scratch, O_WRONLY | O_CREAT | O_TRUNC, 0600);

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Write the committed seed corpora under fuzz/corpus/<harness>/
-(workflow, safetensors, hdf5 for the bundle harness, hdf5_raw, tiff).
+(workflow, safetensors, hdf5 for the bundle harness, hdf5_raw, tiff, onnx).
 
 Seeds are small valid inputs plus a few hostile ones, so that the fuzzer
 starts from inputs that reach deep into each parser. Run from anywhere with
@@ -205,9 +205,125 @@ def tiff_seeds():
         write("tiff", name, bytes(head) + px)
 
 
+def onnx_resnet(sd, bn_nodes=True, head="gemm", opset=17, meta=None, foreign=None,
+                inits_as_inputs=False):
+    """The ResNet-18 of sd as an ONNX graph the way torch.onnx.export lays it
+    out (BatchNormalization nodes, or folded into the Conv's bias), or with
+    another converter's head (ReduceMean, MatMul + Add, Softmax); foreign
+    replaces the first ReLU by that op; inits_as_inputs lists the weights
+    among the graph's inputs too (IR < 4, keep_initializers_as_inputs)."""
+    import onnx
+    from onnx import helper, numpy_helper
+    nodes, inits = [], []
+    count = [0]
+
+    def name(prefix):
+        count[0] += 1
+        return f"{prefix}_{count[0]}"
+
+    def init(arr, n):
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), n))
+        return n
+
+    def conv(x, prefix, bn_prefix, stride, pad):
+        w = sd[prefix + ".weight"]
+        g, b, m, v = (sd[bn_prefix + "." + k] for k in ("weight", "bias", "running_mean",
+                                                          "running_var"))
+        y = name("conv")
+        k = w.shape[2]
+        attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,
+                     dilations=[1, 1], group=1)
+        if bn_nodes:
+            nodes.append(helper.make_node("Conv", [x, init(w, prefix + ".weight")], [y], y,
+                                          **attrs))
+            z = name("bn")
+            nodes.append(helper.make_node("BatchNormalization",
+                                          [y] + [init(a, f"{bn_prefix}.{k2}") for a, k2 in
+                                                 zip((g, b, m, v), ("w", "b", "m", "v"))],
+                                          [z], z, epsilon=1e-5))
+            return z
+        s_ = g / np.sqrt(v + 1e-5)
+        nodes.append(helper.make_node("Conv", [x, init(w * s_[:, None, None, None], y + ".w"),
+                                               init(b - m * s_, y + ".b")], [y], y, **attrs))
+        return y
+
+    def relu(x, first=[True]):
+        y = name("relu")
+        op = foreign if foreign and first[0] else "Relu"
+        first[0] = False
+        nodes.append(helper.make_node(op, [x], [y], y))
+        return y
+
+    bands = sd["conv1.weight"].shape[1]
+    x = relu(conv("image", "conv1", "bn1", 2, 3))
+    y = name("pool")
+    nodes.append(helper.make_node("MaxPool", [x], [y], y, kernel_shape=[3, 3], strides=[2, 2],
+                                  pads=[1, 1, 1, 1]))
+    x = y
+    for stage in range(4):
+        for block in range(2):
+            p = f"layer{stage + 1}.{block}"
+            stride = 2 if stage > 0 and block == 0 else 1
+            h = relu(conv(x, p + ".conv1", p + ".bn1", stride, 1))
+            h = conv(h, p + ".conv2", p + ".bn2", 1, 1)
+            sc = x
+            if p + ".downsample.0.weight" in sd:
+                sc = conv(x, p + ".downsample.0", p + ".downsample.1", stride, 0)
+            a = name("add")
+            nodes.append(helper.make_node("Add", [h, sc], [a], a))
+            x = relu(a)
+    w, b = sd["fc.weight"], sd["fc.bias"]
+    if head == "gemm":
+        nodes.append(helper.make_node("GlobalAveragePool", [x], ["gap"], "gap"))
+        nodes.append(helper.make_node("Flatten", ["gap"], ["flat"], "flat", axis=1))
+        nodes.append(helper.make_node("Gemm", ["flat", init(w, "fc.weight"), init(b, "fc.bias")],
+                                      ["logits"], "fc", alpha=1.0, beta=1.0, transB=1))
+    else:
+        nodes.append(helper.make_node("ReduceMean", [x], ["flat"], "pool2", axes=[2, 3],
+                                      keepdims=0))
+        nodes.append(helper.make_node("MatMul", ["flat", init(w.T, "fc_wt")], ["mm"], "mm"))
+        nodes.append(helper.make_node("Add", ["mm", init(b, "fc_b")], ["out"], "bias"))
+        nodes.append(helper.make_node("Softmax", ["out"], ["logits"], "softmax", axis=1))
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("image", onnx.TensorProto.FLOAT,
+                                                      ["n", bands, 32, 32])],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["n", w.shape[0]])],
+        inits)
+    if inits_as_inputs:
+        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                           for t in inits)
+    model = helper.make_model(graph, producer_name="make_seeds", producer_version="1",
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    for k, v in (meta or {}).items():
+        e = model.metadata_props.add()
+        e.key, e.value = k, v
+    return model.SerializeToString()
+
+
+def onnx_seeds(sd):
+    meta = {"class_names": json.dumps({0: "a", 1: "b", 2: "c", 3: "d"}),
+            "standardization_mean": json.dumps([0.1, 0.2, 0.3]),
+            "standardization_std": json.dumps([0.5, 0.5, 0.5]), "tiles_size": "32",
+            "resolution": "50", "model_type": json.dumps("Recognition")}
+    good = onnx_resnet(sd)
+    write("onnx", "resnet18_bn", good)
+    write("onnx", "resnet18_folded_o11", onnx_resnet(sd, bn_nodes=False, opset=11))
+    write("onnx", "resnet18_matmul_meta", onnx_resnet(sd, head="matmul", meta=meta))
+    write("onnx", "foreign_clip", onnx_resnet(sd, foreign="Clip"))
+    write("onnx", "truncated", good[:len(good) // 3])
+    write("onnx", "bad_meta", onnx_resnet(sd, meta={"class_names": "{0: 'a'"}))
+    write("onnx", "resnet18_inits_as_inputs", onnx_resnet(sd, bn_nodes=False, opset=9,
+                                                          inits_as_inputs=True))
+    # class names as Deepness also reads them: a Python dict (ast.literal_eval)
+    write("onnx", "resnet18_pydict", onnx_resnet(
+        sd, bn_nodes=False, meta={"class_names": "{0: 'water', 1: \"it's\", 2: 'c', 3: 'd'}"}))
+
+
 def main():
     rng = np.random.default_rng(2024)
     sd = tiny_resnet(rng)
+    onnx_seeds(sd)
     safetensors_seeds(sd)
     hdf5_seeds(sd)
     bundle_seeds()

@@ -8,7 +8,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${FUZZ_BUILD:-$ROOT/build-fuzz}
 SECONDS_EACH=${FUZZ_SECONDS:-60}
-HARNESSES=${FUZZ_ONLY:-workflow safetensors hdf5 tiff manifest}  # also: hdf5_raw (see README.md)
+HARNESSES=${FUZZ_ONLY:-workflow safetensors hdf5 tiff manifest onnx}  # also: hdf5_raw (see README.md)
 
 if ! command -v clang >/dev/null; then
     echo "fuzz: clang not found (scripts/setup.sh installs it)" >&2

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "core/alloc.h"
@@ -304,6 +305,17 @@ static tw_status check_finite(const tw_model_file *mf, tw_error *err)
 
 /* ------------------------------------------------------------------------ */
 
+/* ONNX: the name says so, or the bytes do where safetensors' would not (a
+ * safetensors header length is followed by '{'; a ModelProto written by
+ * onnx or torch starts with field 1, ir_version, as a varint: byte 0x08). */
+static bool looks_like_onnx(const char *path, const unsigned char *head, size_t got)
+{
+    size_t n = strlen(path);
+    if (n >= 5 && strcasecmp(path + n - 5, ".onnx") == 0) return true;
+    if (got >= 9 && head[8] == '{') return false;
+    return got >= 1 && head[0] == 0x08;
+}
+
 tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *err)
 {
     *out = NULL;
@@ -320,17 +332,23 @@ tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *er
     uint64_t size = 0;
     tw_status st = hash_file(path, mf->sha256, &size, err);
     if (st == TW_OK) {
-        unsigned char sig[8] = {0};
+        unsigned char sig[9] = {0};
         FILE *f = fopen(path, "rb");
         if (!f) {
             st = tw_model_error(err, path, "cannot open: %s", strerror(errno));
         } else {
             size_t got = fread(sig, 1, sizeof sig, f);
             fclose(f);
-            if (got == sizeof sig && memcmp(sig, HDF5_SIGNATURE, sizeof sig) == 0)
+            if (got >= sizeof HDF5_SIGNATURE &&
+                memcmp(sig, HDF5_SIGNATURE, sizeof HDF5_SIGNATURE) == 0) {
+                mf->format = TW_MODEL_FORMAT_HDF5;
                 st = tw_h5bundle_load(mf, err);
-            else
+            } else if (looks_like_onnx(path, sig, got)) {
+                mf->format = TW_MODEL_FORMAT_ONNX;
+                st = tw_onnx_load(mf, size, err);
+            } else {
                 st = tw_safetensors_load(mf, size, err);
+            }
         }
     }
     if (st == TW_OK) st = check_finite(mf, err);

@@ -1,4 +1,6 @@
-/* model_file.h - read model weights: safetensors or the tilewise HDF5 bundle.
+/* model_file.h - read model weights: safetensors, the tilewise HDF5 bundle or
+ * an ONNX graph of a ResNet (io/onnx.c: the graph is mapped onto the same
+ * torchvision-layout tensors, see tw_onnx_info below).
  *
  * Both formats hold a torchvision-layout ResNet state_dict (conv1.weight,
  * bn1.weight/bias/running_mean/running_var, layer1.0.conv1.weight, ...,
@@ -59,6 +61,36 @@ typedef enum tw_model_checksum {
     TW_CHECKSUM_VERIFIED, /* the bundle's tensors_sha256 matched its tensors */
 } tw_model_checksum;
 
+/* The file's format, as detected from its content (and a .onnx name). */
+typedef enum tw_model_format {
+    TW_MODEL_FORMAT_SAFETENSORS = 0,
+    TW_MODEL_FORMAT_HDF5,
+    TW_MODEL_FORMAT_ONNX,
+} tw_model_format;
+
+/* What an ONNX file said besides its weights (io/onnx.c), for `info`.
+ * The graph is recognised by data flow, not by names, and mapped onto the
+ * tensors of a torchvision ResNet state_dict: conv1.weight, bn1.*, ...,
+ * fc.weight, fc.bias. Batch norm (a BatchNormalization node with its own
+ * epsilon, or already folded into a Conv's bias by the exporter) is folded
+ * at load; each bn*.* of the result is then an exact identity (weight 2^20,
+ * running_var 2^40, running_mean 0, bias = the folded bias), so that
+ * model/resnet.c's fold returns the folded convolution bit for bit. */
+typedef struct tw_onnx_info {
+    int64_t ir_version;
+    int64_t opset;       /* of the default domain */
+    char producer[64];   /* producer_name and producer_version */
+    int n_nodes;         /* nodes in the graph */
+    int n_bn;            /* BatchNormalization nodes folded at load (0: folded by the exporter) */
+    int n_external;      /* tensors read from external data files */
+    int input_size;      /* the graph input's fixed height = width, 0 when not fixed */
+    char head[64];       /* the pooling and head ops, e.g. "GlobalAveragePool, Flatten, Gemm" */
+    bool softmax;        /* the graph ends in Softmax (tilewise applies one either way) */
+    char metadata[160];  /* metadata_props keys used, comma-separated ("" when none) */
+    double resolution;   /* Deepness's 'resolution' (cm/px), NaN when absent: shown, not used */
+    char model_type[32]; /* Deepness's 'model_type', "" when absent */
+} tw_onnx_info;
+
 typedef struct tw_model_file {
     char path[TW_PATH_MAX];
     tw_tensor *tensors;
@@ -75,11 +107,15 @@ typedef struct tw_model_file {
     char classes[TW_MAX_CLASSES][TW_NAME_MAX];
     int n_classes;
     int tile;
-    char sha256[65]; /* hex digest of the whole file */
+    char sha256[65]; /* hex digest of the whole file (ONNX with external data: of the
+                        file's digest followed by every external tensor's bytes) */
     tw_model_checksum checksum;
+    tw_model_format format;
+    tw_onnx_info onnx; /* format == TW_MODEL_FORMAT_ONNX only */
 } tw_model_file;
 
-/* Load a model file; the format is detected from its content (HDF5 signature,
+/* Load a model file; the format is detected from its content (HDF5 signature;
+ * ONNX: a name ending in .onnx, or a protobuf that starts with ir_version;
  * else safetensors). On success *out owns everything and must be released
  * with tw_model_file_destroy. On error *out is NULL and err names the file
  * and what is wrong (TW_ERR_MODEL; TW_ERR_NOMEM for allocation failures):

@@ -30,6 +30,15 @@ tw_status tw_model_set_class(tw_model_file *mf, int i, const char *name, tw_erro
  * mf->path into mf (io/safetensors.c). */
 tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *err);
 
+/* Read an ONNX model of file_size bytes at mf->path (io/onnx.c): recognise
+ * the ResNet in its graph and fill mf's tensors (torchvision names) and the
+ * metadata Deepness's keys carry. mf->sha256 holds the file's digest on
+ * entry; it is extended when tensors live in external data files. */
+tw_status tw_onnx_load(tw_model_file *mf, uint64_t file_size, tw_error *err);
+
+/* IEEE half to float (io/safetensors.c), exact. */
+float tw_half_to_float(uint16_t h);
+
 /* Read the tensors and metadata of an HDF5 bundle at mf->path into mf
  * (io/h5bundle.c). */
 tw_status tw_h5bundle_load(tw_model_file *mf, tw_error *err);

@@ -26,7 +26,7 @@
 /* ------------------------------------------------------------------------ */
 /* Tensor conversion                                                         */
 
-static float half_to_float(uint16_t h)
+float tw_half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h >> 15) << 31;
     uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
@@ -68,7 +68,7 @@ static void convert_le(st_dtype dt, const unsigned char *src, float *dst, int64_
             const unsigned char *p = src + 2 * i;
             uint16_t u = (uint16_t)(p[0] | p[1] << 8);
             if (dt == ST_F16) {
-                dst[i] = half_to_float(u);
+                dst[i] = tw_half_to_float(u);
             } else {
                 uint32_t w = (uint32_t)u << 16;
                 memcpy(&dst[i], &w, 4);

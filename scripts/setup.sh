@@ -6,9 +6,10 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config clang clang-format libclang-rt-14-dev
   libgdal-dev gdal-bin libhdf5-dev libtiff-dev libcmocka-dev libyaml-dev libjansson-dev nettle-dev
+  libonnx-dev protobuf-c-compiler libprotobuf-c-dev
   libdnnl-dev libopenblas-dev
   python3 python3-numpy python3-torch python3-torchvision python3-rasterio python3-h5py
-  python3-yaml python3-gdal python3-pytest
+  python3-yaml python3-gdal python3-pytest python3-onnx
 )
 # QGIS 3.22 for the Processing provider's tests (tests/e2e_qgis.py) and the README screenshot:
 # 138 packages, 149 MB to download, 705 MiB installed, 27 s on the 2-core build machine.

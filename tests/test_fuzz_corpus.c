@@ -195,8 +195,9 @@ static void test_tiff_corpus(void **state)
     free_corpus(b, n);
 }
 
-/* Load one model-file corpus; returns the number of inputs that loaded. */
-static int replay_models(const char *harness, bool force_hdf5)
+/* Load one model-file corpus; returns the number of inputs that loaded.
+ * suffix ends each file's name (".onnx": the ONNX reader, as in fuzz_onnx). */
+static int replay_models(const char *harness, bool force_hdf5, const char *suffix)
 {
     int n = 0;
     blob *b = load_corpus(harness, &n);
@@ -204,7 +205,7 @@ static int replay_models(const char *harness, bool force_hdf5)
     int n_ok = 0;
     for (int i = 0; i < n; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", tmp, b[i].name);
+        snprintf(path, sizeof path, "%s/%s%s", tmp, b[i].name, suffix);
         FILE *f = fopen(path, "wb");
         assert_non_null(f);
         if (force_hdf5 && (b[i].size < 8 || memcmp(b[i].data, HDF5_SIG, 8) != 0))
@@ -240,14 +241,21 @@ static void test_safetensors_corpus(void **state)
 {
     (void)state;
     /* resnet18_f32_meta, resnet18_f16 and resnet18_bf16 are whole models. */
-    assert_true(replay_models("safetensors", false) >= 3);
+    assert_true(replay_models("safetensors", false, "") >= 3);
 }
 
 static void test_hdf5_corpus(void **state)
 {
     (void)state;
     /* bundle_full is a whole model. */
-    assert_true(replay_models("hdf5_raw", true) >= 1);
+    assert_true(replay_models("hdf5_raw", true, "") >= 1);
+}
+
+static void test_onnx_corpus(void **state)
+{
+    (void)state;
+    /* resnet18_bn, resnet18_folded_o11 and resnet18_matmul_meta are whole models. */
+    assert_true(replay_models("onnx", false, ".onnx") >= 3);
 }
 
 /* The reproducers of fixed bugs, one by one, with the message they must give. */
@@ -297,15 +305,41 @@ static void test_safetensors_regressions(void **state)
     assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
 }
 
+/* fuzz_onnx: a ModelProto that decodes but has no graph; the decoded
+ * message leaked (io/onnx.c). */
+static void test_onnx_regressions(void **state)
+{
+    (void)state;
+    const char *src = getenv("TW_SOURCE_DIR");
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/onnx", src ? src : TW_SOURCE_DIR);
+    /* as fuzz_onnx saw it: a .onnx file */
+    FILE *in = fopen(tw_test_path(dir, "regress-no-graph-leak"), "rb");
+    assert_non_null(in);
+    snprintf(path, sizeof path, "%s/regress-no-graph-leak.onnx", tw_test_tmpdir());
+    FILE *out = fopen(path, "wb");
+    assert_non_null(out);
+    int ch;
+    while ((ch = fgetc(in)) != EOF) fputc(ch, out);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+    tw_error err;
+    tw_error_init(&err);
+    tw_model_file *mf = NULL;
+    assert_int_equal(tw_model_file_load(path, &mf, &err), TW_ERR_MODEL);
+    assert_null(mf);
+    assert_one_line(&err, "not an ONNX model (it has no graph)", "regress-no-graph-leak");
+    assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
+    remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_workflow_corpus),
-        cmocka_unit_test(test_safetensors_corpus),
-        cmocka_unit_test(test_hdf5_corpus),
-        cmocka_unit_test(test_hdf5_regressions),
-        cmocka_unit_test(test_safetensors_regressions),
-        cmocka_unit_test(test_tiff_corpus),
+        cmocka_unit_test(test_workflow_corpus),  cmocka_unit_test(test_safetensors_corpus),
+        cmocka_unit_test(test_onnx_corpus),      cmocka_unit_test(test_hdf5_corpus),
+        cmocka_unit_test(test_hdf5_regressions), cmocka_unit_test(test_safetensors_regressions),
+        cmocka_unit_test(test_onnx_regressions), cmocka_unit_test(test_tiff_corpus),
         cmocka_unit_test(test_manifest_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -226,8 +226,8 @@ class ClassifyAlgorithm(_Base):
         return "Classify a raster with a ResNet"
 
     def shortHelpString(self):  # noqa: N802
-        return ("Classifies INPUT tile by tile with the model file (HDF5 bundle or safetensors) "
-                "in bounded memory and writes a class map (colours and class names), "
+        return ("Classifies INPUT tile by tile with the model file (HDF5 bundle, safetensors "
+                "or ONNX) in bounded memory and writes a class map (colours and class names), "
                 "probabilities (one band per class) and what PRODUCTS asks into OUTPUT_FOLDER. "
                 "TILE 0 takes the model's tile size, STRIDE 0 the tile. Cancel stops at a commit "
                 "point: run again with the same parameters to resume.")
@@ -235,7 +235,8 @@ class ClassifyAlgorithm(_Base):
     def initAlgorithm(self, config=None):  # noqa: N802
         self.addParameter(RasterInput("INPUT", "Input raster"))
         self.addParameter(QgsProcessingParameterFile(
-            "MODEL", "Model file", fileFilter="Models (*.h5 *.hdf5 *.safetensors);;All files (*)"))
+            "MODEL", "Model file",
+            fileFilter="Models (*.h5 *.hdf5 *.safetensors *.onnx);;All files (*)"))
         self.addParameter(QgsProcessingParameterNumber(
             "TILE", "Tile size (pixels; 0 = the model's)", QgsProcessingParameterNumber.Integer,
             0, minValue=0))
