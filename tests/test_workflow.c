@@ -248,9 +248,8 @@ static const bad_case k_bad[] = {
      {"flow.yaml:3: input.tile: unknown key (did you mean tiling.tile?)"}},
     {BASE "output:\n  xyzzy: 1\n",
      NULL,
-     {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, name, products, "
-      "prob_type, "
-      "resolution, format, creation_options)"}},
+     {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, name, stac, "
+      "products, prob_type, resolution, format, creation_options)"}},
     {BASE "tiling.tile: 64\n",
      NULL,
      {"flow.yaml:5: tiling.tile: unknown key (write it nested: 'tiling:' with 'tile:' indented "
