@@ -1,12 +1,19 @@
-/* validate.c - `tilewise validate`'s text: one rendering of tw_validation
- * (validate.h). */
+/* validate.c - validation through the public API (tilewise_validate and
+ * its accessors: the plan as data) and `tilewise validate`'s text, one
+ * rendering of tw_validation (validate.h). */
 #include "api/validate.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <stdio.h>
 
 #include <gdal.h>
 
 #include "io/raster.h"
+#include "api/api_internal.h"
+#include "tilewise.h"
 
 tw_status tw_validate_collect(const tw_run_params *p, tw_validation *v, tw_error *err)
 {
@@ -83,4 +90,151 @@ void tw_validate_write(const tw_validation *v, FILE *out)
         fprintf(out, "%-9s %s\n", a->items[i].warning ? "warning" : a->items[i].code,
                 a->items[i].text);
     fprintf(out, "advice    %d warning%s\n", a->n_warnings, a->n_warnings == 1 ? "" : "s");
+}
+
+/* ---- validate ---- */
+
+struct tilewise_validation {
+    tw_validation data;
+    char *text; /* tw_validate_write's rendering */
+    size_t len;
+    int n_warnings;
+    int *warnings; /* [n_warnings]: indexes of data.advice's warnings */
+};
+
+tilewise_status tilewise_validate(const char *workflow, const tilewise_run_options *opts,
+                                  tilewise_validation **v, tilewise_error *out)
+{
+    if (v) *v = NULL;
+    tw_error err;
+    tilewise_run_options o;
+    tw_run_params *p = NULL;
+    tw_status st = tw_api_load_workflow(workflow, opts, &o, &p, &err);
+    if (st != TW_OK) return tw_api_give(out, st, &err);
+    tilewise_validation *va = calloc(1, sizeof *va);
+    if (!va) {
+        free(p);
+        return tw_api_give_new(out, TW_ERR_NOMEM, "out of memory");
+    }
+    st = tw_validate_collect(p, &va->data, &err);
+    free(p);
+    const tw_advice *a = &va->data.advice;
+    va->warnings = calloc((size_t)a->n + 1, sizeof *va->warnings);
+    FILE *f = open_memstream(&va->text, &va->len);
+    if (!f || !va->warnings) {
+        if (f) fclose(f);
+        tilewise_validation_free(va);
+        return tw_api_give_new(out, TW_ERR_NOMEM, "out of memory");
+    }
+    tw_validate_write(&va->data, f);
+    if (fclose(f) != 0 && st == TW_OK) st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < a->n; i++)
+        if (a->items[i].warning) va->warnings[va->n_warnings++] = i;
+    if (v)
+        *v = va;
+    else
+        tilewise_validation_free(va);
+    return tw_api_give(out, st, &err);
+}
+
+const char *tilewise_validation_text(const tilewise_validation *v)
+{
+    return v && v->text ? v->text : "";
+}
+
+int tilewise_validation_warnings(const tilewise_validation *v)
+{
+    return v ? v->n_warnings : 0;
+}
+
+const char *tilewise_validation_warning(const tilewise_validation *v, int i)
+{
+    return v && i >= 0 && i < v->n_warnings ? v->data.advice.items[v->warnings[i]].text : NULL;
+}
+
+const char *tilewise_validation_warning_code(const tilewise_validation *v, int i)
+{
+    return v && i >= 0 && i < v->n_warnings ? v->data.advice.items[v->warnings[i]].code : NULL;
+}
+
+tilewise_status tilewise_validation_plan(const tilewise_validation *v, tilewise_plan_summary *s,
+                                         tilewise_error *out)
+{
+    if (!v || !s || s->size < offsetof(tilewise_plan_summary, margin_bytes) + sizeof(uint64_t))
+        return tw_api_give_new(
+            out, TW_ERR_USAGE,
+            "tilewise_validation_plan: no validation, no summary or its size not "
+            "set (size = sizeof(tilewise_plan_summary))");
+    const tw_validation *d = &v->data;
+    const tw_budget *b = &d->budget;
+    tilewise_plan_summary f = {
+        .size = s->size,
+        .resolved = d->resolved,
+        .planned = d->planned,
+        .arch = d->model.arch,
+        .model_sha256 = d->model.model_sha256,
+        .bands = d->model.in_bands,
+        .n_classes = d->model.n_classes,
+        .features = d->model.feat_dim,
+        .tile = d->model.tile,
+        .stride = d->model.stride,
+        .backend = d->backend,
+        .precision = d->resolved ? tw_precision_name(d->precision) : "",
+        .n_inputs = d->n_inputs,
+        .batch = b->batch,
+        .slots = b->n_slots,
+        .readers = b->readers,
+        .memory_bytes = d->memory,
+        .estimate_bytes = b->estimate,
+        .worst_bytes = b->total,
+        .base_bytes = b->base,
+        .weights_bytes = b->weights,
+        .slots_bytes = b->slots,
+        .read_bytes = b->read,
+        .workspace_bytes = b->workspace,
+        .strip_bytes = b->strip,
+        .gdal_cache_bytes = b->gdal_cache,
+        .margin_bytes = b->margin,
+    };
+    memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
+    return tw_api_give(out, TW_OK, NULL);
+}
+
+tilewise_status tilewise_validation_input(const tilewise_validation *v, int i,
+                                          tilewise_plan_input *s, tilewise_error *out)
+{
+    if (!v || !s || i < 0 || i >= v->data.n_inputs ||
+        s->size < offsetof(tilewise_plan_input, remote_bytes) + sizeof(int64_t))
+        return tw_api_give_new(out, TW_ERR_USAGE,
+                               "tilewise_validation_input: no validation, input %d not planned, or "
+                               "the summary's size not set (size = sizeof(tilewise_plan_input))",
+                               i);
+    const tw_validation_input *in = &v->data.inputs[i];
+    tilewise_plan_input f = {
+        .size = s->size,
+        .path = in->shown,
+        .skipped = in->skipped ? in->skip_reason : "",
+        .width = in->width,
+        .height = in->height,
+        .bands = in->bands,
+        .dtype = in->skipped ? "" : tw_dtype_name(in->dtype),
+        .tiles_x = in->tiles_x,
+        .tiles_y = in->tiles_y,
+        .tiles = in->n_tiles,
+        .grid_width = in->grid_w,
+        .grid_height = in->grid_h,
+        .aoi_tiles = in->aoi_tiles,
+        .remote = in->remote,
+        .remote_bytes = in->remote ? in->remote_bytes : -1,
+    };
+    memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
+    return tw_api_give(out, TW_OK, NULL);
+}
+
+void tilewise_validation_free(tilewise_validation *v)
+{
+    if (!v) return;
+    free(v->text);
+    free(v->warnings);
+    free(v);
 }
