@@ -12,6 +12,7 @@
 #include <gdal.h>
 
 #include "io/raster.h"
+#include "pipeline/preflight.h"
 #include "api/api_internal.h"
 #include "tilewise.h"
 
@@ -237,4 +238,29 @@ void tilewise_validation_free(tilewise_validation *v)
     free(v->text);
     free(v->warnings);
     free(v);
+}
+
+tilewise_status tilewise_check(const char *workflow, const tilewise_run_options *opts,
+                               tilewise_job *job, tilewise_error *out)
+{
+    if (!job || job->size < offsetof(tilewise_job, threads) + sizeof(int))
+        return tw_api_give_new(out, TW_ERR_USAGE,
+                               "tilewise_check: no job, or its size not set "
+                               "(size = sizeof(tilewise_job))");
+    tw_error err;
+    tilewise_run_options o;
+    tw_run_params *p = NULL;
+    tw_status st = tw_api_load_workflow(workflow, opts, &o, &p, &err);
+    /* A bad workflow fails here, once, rather than in every array task. */
+    if (st == TW_OK) st = tw_check_inputs(p, &err);
+    if (st == TW_OK) st = tw_preflight_submit(p, &err);
+    if (st == TW_OK) {
+        tilewise_job f = {
+            .size = job->size, .memory_bytes = p->runtime.memory, .threads = p->runtime.threads};
+        snprintf(f.output_dir, sizeof f.output_dir, "%s", p->output.dir);
+        snprintf(f.device, sizeof f.device, "%s", p->runtime.device);
+        memcpy(job, &f, job->size < sizeof f ? job->size : sizeof f);
+    }
+    free(p);
+    return tw_api_give(out, st, &err);
 }

@@ -69,9 +69,9 @@ extern "C" {
  * tilewise_validation_input, tilewise_validation_warning_code), the exit
  * codes by name (TILEWISE_EXIT_*), tilewise_redact, and tilewise_info's
  * TILEWISE_ERR_REMOTE for a remote raster that could not be reached (an
- * outage; version 3 returned TILEWISE_ERR_INPUT) and
+ * outage; version 3 returned TILEWISE_ERR_INPUT),
  * tilewise_model_classify_image (an image through the run's tiling and
- * stitching). */
+ * stitching) and tilewise_check (submit's check on a login node). */
 #define TILEWISE_API_VERSION 4
 
 /* Status codes: the same values as the library's internal ones. */
@@ -379,6 +379,26 @@ tilewise_status tilewise_validation_plan(const tilewise_validation *v, tilewise_
 tilewise_status tilewise_validation_input(const tilewise_validation *v, int i,
                                           tilewise_plan_input *s, tilewise_error *err);
 void tilewise_validation_free(tilewise_validation *v);
+
+/* What a scheduler's job script needs of a workflow (version 4). */
+typedef struct tilewise_job {
+    size_t size;
+    char output_dir[4096]; /* output.dir as the workflow gives it */
+    char device[16];       /* runtime.device: auto, cpu, cuda, cuda:N */
+    uint64_t memory_bytes; /* runtime.memory */
+    int threads;           /* runtime.threads; 0: all cores */
+} tilewise_job;
+
+/* `tilewise submit`'s check on a login node, before anything is queued:
+ * the workflow (a file, or o->yaml with o's sets) read as a run reads it,
+ * then what needs neither a GPU nor the model's weights in memory: every
+ * input against the model file (opens, bands, size), the weights' format,
+ * the creation options and output.dir. *job (set job->size =
+ * sizeof(tilewise_job) first) receives the facts a job script needs.
+ * Errors as tilewise_validate's, and TILEWISE_ERR_USAGE for a NULL job or
+ * a size too small. Version 4. */
+tilewise_status tilewise_check(const char *workflow, const tilewise_run_options *o,
+                               tilewise_job *job, tilewise_error *err);
 
 /* `tilewise info`: describe a raster (any GDAL path, https:// and s3:// as
  * a run opens them: driver, size, CRS, pixel size, layout, per-band type,

@@ -2,7 +2,8 @@
 # The layering of DESIGN.md (scripts/check_layers.sh) holds on this tree,
 # and the check fails - naming the file, the line and the rule - when a
 # lower layer includes a higher one: io/ including pipeline/, core/
-# including io/, model/ including workflows/; or when a file outside
+# including io/, model/ including workflows/; when the CLI (workflows/)
+# includes anything of the library but tilewise.h; or when a file outside
 # pipeline/ includes its private header (pipeline/run_internal.h).
 set -euo pipefail
 src=${TW_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -21,6 +22,8 @@ cases=(
   'config/bad.c|#include "api/info.h"|config/bad.c:2: config/ may not include api/'
   'pipeline/bad.c|#include "config/workflow.h"|pipeline/bad.c:2: pipeline/ may not include config/'
   'workflows/bad.c|#include "api/validate.h"|workflows/bad.c:2: workflows/ may not include api/'
+  'workflows/submit.c|#include "pipeline/run.h"|workflows/submit.c:2: workflows/ may not include pipeline/'
+  'workflows/main.c|#include "core/params.h"|workflows/main.c:2: workflows/ may not include core/'
   'workflows/bad.c|#include "pipeline/run_internal.h"|workflows/bad.c:2: pipeline/run_internal.h is private to pipeline/'
   'tests/test_bad.c|#include "pipeline/run_internal.h"|tests/test_bad.c:2: pipeline/run_internal.h is private to pipeline/'
 )

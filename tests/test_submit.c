@@ -135,14 +135,20 @@ static int split_nul(const char *buf, size_t len, const char **fields, int max)
     return n;
 }
 
-static tw_run_params params_from(const char *yaml)
+/* The job facts of a workflow (tilewise_check's, without its checks of
+ * inputs that these tests do not have). */
+static tilewise_job job_from(const char *yaml)
 {
     tw_run_params p;
     tw_error err;
     tw_error_init(&err);
     tw_status st = tw_workflow_parse("t.yaml", yaml, strlen(yaml), NULL, 0, &p, &err);
     if (st != TW_OK) fail_msg("workflow: %s", err.msg);
-    return p;
+    tilewise_job j = {
+        .size = sizeof j, .memory_bytes = p.runtime.memory, .threads = p.runtime.threads};
+    snprintf(j.output_dir, sizeof j.output_dir, "%s", p.output.dir);
+    snprintf(j.device, sizeof j.device, "%s", p.runtime.device);
+    return j;
 }
 
 #define BASE_YAML                                                                                  \
@@ -197,15 +203,14 @@ static void test_quote_truncates_like_snprintf(void **state)
 
 static void scripts_for(const char *yaml, int array, char **a, char **m)
 {
-    tw_run_params p = params_from(yaml);
+    tilewise_job p = job_from(yaml);
     tw_submit_params sp = tw_submit_default_params();
     sp.workflow = "flow.yaml";
     sp.array = array;
     sp.tilewise = "/opt/tw/bin/tilewise";
-    tw_error err;
-    tw_error_init(&err);
-    tw_status st = tw_submit_scripts(&sp, &p, "/home/u/proj", "777", a, m, &err);
-    if (st != TW_OK) fail_msg("scripts: %s", err.msg);
+    tilewise_error err = {0};
+    tilewise_status st = tw_submit_scripts(&sp, &p, "/home/u/proj", "777", a, m, &err);
+    if (st != TILEWISE_OK) fail_msg("scripts: %s", err.message);
 }
 
 static void test_script_lines(void **state)
@@ -276,7 +281,7 @@ static void test_gres_only_for_cuda(void **state)
 static void test_array_range(void **state)
 {
     (void)state;
-    tw_run_params p = params_from(BASE_YAML);
+    tilewise_job p = job_from(BASE_YAML);
     tw_submit_params sp = tw_submit_default_params();
     sp.workflow = "flow.yaml";
     sp.tilewise = "/bin/true";
@@ -284,16 +289,14 @@ static void test_array_range(void **state)
     const int bad[] = {0, -1, TW_SUBMIT_MAX_ARRAY + 1};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         sp.array = bad[i];
-        tw_error err;
-        tw_error_init(&err);
-        assert_int_equal(tw_submit_scripts(&sp, &p, "/", "1", &a, &m, &err), TW_ERR_USAGE);
-        assert_non_null(strstr(err.msg, "--array must be 1..10000"));
+        tilewise_error err = {0};
+        assert_int_equal(tw_submit_scripts(&sp, &p, "/", "1", &a, &m, &err), TILEWISE_ERR_USAGE);
+        assert_non_null(strstr(err.message, "--array must be 1..10000"));
         assert_null(a);
     }
     sp.array = TW_SUBMIT_MAX_ARRAY;
-    tw_error err;
-    tw_error_init(&err);
-    assert_int_equal(tw_submit_scripts(&sp, &p, "/", "1", &a, &m, &err), TW_OK);
+    tilewise_error err = {0};
+    assert_int_equal(tw_submit_scripts(&sp, &p, "/", "1", &a, &m, &err), TILEWISE_OK);
     assert_non_null(strstr(a, "\n#SBATCH --array=0-9999\n"));
     free(a);
     free(m);
@@ -371,13 +374,13 @@ static void rec_clear(const sandbox *s)
 }
 
 /* Write the scripts of sp/p into the sandbox root. */
-static void write_scripts(const sandbox *s, const tw_submit_params *sp, const tw_run_params *p,
+static void write_scripts(const sandbox *s, const tw_submit_params *sp, const tilewise_job *p,
                           char **array_path, char **merge_path)
 {
     char *a, *m;
-    tw_error err;
-    tw_error_init(&err);
-    if (tw_submit_scripts(sp, p, s->cwd, "5", &a, &m, &err) != TW_OK) fail_msg("%s", err.msg);
+    tilewise_error err = {0};
+    if (tw_submit_scripts(sp, p, s->cwd, "5", &a, &m, &err) != TILEWISE_OK)
+        fail_msg("%s", err.message);
     *array_path = join(s->root, "array.sh");
     *merge_path = join(s->root, "merge.sh");
     write_text(*array_path, a, 0644);
@@ -391,8 +394,8 @@ static void test_scripts_run_with_exact_argv(void **state)
     (void)state;
     sandbox s;
     sandbox_make(&s);
-    tw_run_params p = params_from(BASE_YAML);
-    snprintf(p.output.dir, sizeof p.output.dir, "out \"$HOME\"\n'x'");
+    tilewise_job p = job_from(BASE_YAML);
+    snprintf(p.output_dir, sizeof p.output_dir, "out \"$HOME\"\n'x'");
     tw_submit_params sp = tw_submit_default_params();
     const char *sets[] = {nasty[2], nasty[4], nasty[5], nasty[7], nasty[11], ""};
     sp.workflow = "my flow '1' $(x).yaml";
@@ -452,7 +455,7 @@ static void test_scripts_run_with_exact_argv(void **state)
     n = split_nul(argv_rec, len, f, 32);
     assert_int_equal(n, 2);
     assert_string_equal(f[0], "merge");
-    char *abs_out = join(s.cwd, p.output.dir);
+    char *abs_out = join(s.cwd, p.output_dir);
     assert_string_equal(f[1], abs_out);
     free(argv_rec);
 
@@ -487,7 +490,7 @@ static void test_signals_forwarded_usr1_requeues(void **state)
     (void)state;
     sandbox s;
     sandbox_make(&s);
-    tw_run_params p = params_from(BASE_YAML);
+    tilewise_job p = job_from(BASE_YAML);
     tw_submit_params sp = tw_submit_default_params();
     sp.workflow = "w.yaml";
     sp.array = 2;
@@ -559,8 +562,8 @@ static void test_submit_with_fake_sbatch(void **state)
     sandbox_make(&s);
     char *sbatch = join(s.bin_dir, "sbatch");
     write_text(sbatch, fake_sbatch, 0755);
-    tw_run_params p = params_from(BASE_YAML "runtime: {device: cuda}\n");
-    snprintf(p.output.dir, sizeof p.output.dir, "o u't");
+    tilewise_job p = job_from(BASE_YAML "runtime: {device: cuda}\n");
+    snprintf(p.output_dir, sizeof p.output_dir, "o u't");
     tw_submit_params sp = tw_submit_default_params();
     const char *opts[] = {"--time=1:00:00", "--partition=x y"};
     sp.workflow = "w.yaml";
@@ -577,9 +580,8 @@ static void test_submit_with_fake_sbatch(void **state)
     /* --dry-run: both scripts printed, nothing submitted or written. */
     sp.dry_run = true;
     FILE *out = tmpfile();
-    tw_error err;
-    tw_error_init(&err);
-    assert_int_equal(tw_submit(&sp, &p, out, &err), TW_OK);
+    tilewise_error err = {0};
+    assert_int_equal(tw_submit(&sp, &p, out, &err), TILEWISE_OK);
     rewind(out);
     char dry[16384];
     size_t dn = fread(dry, 1, sizeof dry - 1, out);
@@ -598,9 +600,9 @@ static void test_submit_with_fake_sbatch(void **state)
      * the log directory with the extra options. */
     sp.dry_run = false;
     out = tmpfile();
-    tw_error_init(&err);
-    tw_status st = tw_submit(&sp, &p, out, &err);
-    if (st != TW_OK) fail_msg("submit: %s", err.msg);
+    memset(&err, 0, sizeof err);
+    tilewise_status st = tw_submit(&sp, &p, out, &err);
+    if (st != TILEWISE_OK) fail_msg("submit: %s", err.message);
     rewind(out);
     dn = fread(dry, 1, sizeof dry - 1, out);
     dry[dn] = '\0';
@@ -640,28 +642,28 @@ static void test_submit_with_fake_sbatch(void **state)
     /* sbatch refuses: its message, exit class "resource" */
     rec_clear(&s);
     setenv("TW_FAKE_SBATCH", "fail", 1);
-    tw_error_init(&err);
+    memset(&err, 0, sizeof err);
     out = tmpfile();
-    assert_int_equal(tw_submit(&sp, &p, out, &err), TW_ERR_DEVICE);
-    assert_non_null(strstr(err.msg, "invalid partition specified: nope"));
-    assert_non_null(strstr(err.msg, "exited with 1"));
-    assert_int_equal(tw_status_exit_code(err.status), TW_EXIT_RESOURCE);
+    assert_int_equal(tw_submit(&sp, &p, out, &err), TILEWISE_ERR_DEVICE);
+    assert_non_null(strstr(err.message, "invalid partition specified: nope"));
+    assert_non_null(strstr(err.message, "exited with 1"));
+    assert_int_equal(tilewise_exit_code(err.status), TILEWISE_EXIT_RESOURCE);
     n = rec(&s, "sbatch.n", NULL);
     assert_string_equal(n, "1\n"); /* no merge without an array */
     free(n);
 
     /* sbatch says something that is not a job id */
     setenv("TW_FAKE_SBATCH", "garbage", 1);
-    tw_error_init(&err);
-    assert_int_equal(tw_submit(&sp, &p, out, &err), TW_ERR_DEVICE);
-    assert_non_null(strstr(err.msg, "printed no job id"));
+    memset(&err, 0, sizeof err);
+    assert_int_equal(tw_submit(&sp, &p, out, &err), TILEWISE_ERR_DEVICE);
+    assert_non_null(strstr(err.message, "printed no job id"));
     unsetenv("TW_FAKE_SBATCH");
 
     /* no sbatch at all */
     sp.sbatch = "tw-no-such-sbatch";
-    tw_error_init(&err);
-    assert_int_equal(tw_submit(&sp, &p, out, &err), TW_ERR_DEVICE);
-    assert_non_null(strstr(err.msg, "'tw-no-such-sbatch' not found in PATH"));
+    memset(&err, 0, sizeof err);
+    assert_int_equal(tw_submit(&sp, &p, out, &err), TILEWISE_ERR_DEVICE);
+    assert_non_null(strstr(err.message, "'tw-no-such-sbatch' not found in PATH"));
     fclose(out);
 
     assert_int_equal(chdir(old_cwd), 0);

@@ -13,12 +13,58 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/fileio.h"
-#include "pipeline/run.h"
-#include "pipeline/preflight.h"
-#include "config/workflow.h"
-
 #define MAX_SETS 128
+
+/* The message into *err (a tilewise_error, as the library fills one);
+ * returns status. */
+static tilewise_status fail_with(tilewise_error *err, tilewise_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static tilewise_status fail_with(tilewise_error *err, tilewise_status status, const char *fmt, ...)
+{
+    err->status = status;
+    err->exit_code = tilewise_exit_code(status);
+    snprintf(err->exit_class, sizeof err->exit_class, "%s",
+             err->exit_code == TILEWISE_EXIT_USAGE ? "usage" : "resource");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* mkdir -p: path and every missing folder above it. */
+static tilewise_status make_dirs(const char *path, tilewise_error *err)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return fail_with(err, TILEWISE_ERR_OUTPUT, "%s: path too long", path);
+    for (char *c = buf + 1;; c++) {
+        if (*c != '/' && *c != '\0') continue;
+        char keep = *c;
+        *c = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return fail_with(err, TILEWISE_ERR_OUTPUT, "cannot create %s: %s", buf,
+                             strerror(errno));
+        *c = keep;
+        if (!keep) return TILEWISE_OK;
+    }
+}
+
+/* A script, whole or not at all: written beside its name, then renamed. */
+static tilewise_status write_script(const char *path, const char *text, tilewise_error *err)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return fail_with(err, TILEWISE_ERR_OUTPUT, "%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    size_t n = strlen(text);
+    bool ok = f && fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (f && fclose(f) != 0) ok = false;
+    if (ok && rename(tmp, path) == 0) return TILEWISE_OK;
+    int e = errno;
+    unlink(tmp);
+    return fail_with(err, TILEWISE_ERR_OUTPUT, "cannot write %s: %s", path, strerror(e));
+}
 #define MAX_SBATCH_OPTS 64
 /* Memory asked of SLURM on top of runtime.memory: the program, its
  * libraries, GDAL's and oneDNN's own allocations, a CUDA context. */
@@ -182,7 +228,7 @@ static bool device_is_cuda(const char *device)
 static void add_header(strbuf *b, const char *out_dir, const char *name, const char *what)
 {
     sb_add(b, "#!/bin/bash\n");
-    sb_printf(b, "# %s, written by tilewise submit (tilewise %s).\n", what, TW_VERSION);
+    sb_printf(b, "# %s, written by tilewise submit (tilewise %s).\n", what, tilewise_version());
     sb_add(b, "# Output directory: ");
     sb_comment_text(b, out_dir);
     sb_add(b, "\n# Log paths are relative: sbatch is run in <output directory>/.tilewise-slurm/,\n"
@@ -190,11 +236,11 @@ static void add_header(strbuf *b, const char *out_dir, const char *name, const c
     sb_printf(b, "#SBATCH --job-name=%s\n", name);
 }
 
-static void add_resources(strbuf *b, const tw_run_params *p, bool gpu)
+static void add_resources(strbuf *b, const tilewise_job *job, bool gpu)
 {
     sb_add(b, "#SBATCH --ntasks=1\n");
-    if (p->runtime.threads > 0) sb_printf(b, "#SBATCH --cpus-per-task=%d\n", p->runtime.threads);
-    uint64_t mib = ((uint64_t)p->runtime.memory + (1u << 20) - 1) >> 20;
+    if (job->threads > 0) sb_printf(b, "#SBATCH --cpus-per-task=%d\n", job->threads);
+    uint64_t mib = (job->memory_bytes + (1u << 20) - 1) >> 20;
     sb_printf(b, "#SBATCH --mem=%lluM\n", (unsigned long long)(mib + MEM_MARGIN_MIB));
     if (gpu) sb_add(b, "#SBATCH --gres=gpu:1\n");
 }
@@ -206,19 +252,19 @@ static void add_cd(strbuf *b, const char *cwd)
     sb_add(b, " || exit 1\n");
 }
 
-tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, const char *cwd,
-                            const char *array_job_id, char **array_script, char **merge_script,
-                            tw_error *err)
+tilewise_status tw_submit_scripts(const tw_submit_params *sp, const tilewise_job *job,
+                                  const char *cwd, const char *array_job_id, char **array_script,
+                                  char **merge_script, tilewise_error *err)
 {
     *array_script = *merge_script = NULL;
     if (sp->array < 1 || sp->array > TW_SUBMIT_MAX_ARRAY)
-        return tw_error_set(err, TW_ERR_USAGE, "--array must be 1..%d tasks, got %d",
-                            TW_SUBMIT_MAX_ARRAY, sp->array);
+        return fail_with(err, TILEWISE_ERR_USAGE, "--array must be 1..%d tasks, got %d",
+                         TW_SUBMIT_MAX_ARRAY, sp->array);
     char *wf = abs_path(cwd, sp->workflow);
-    char *out_dir = abs_path(cwd, p->output.dir);
+    char *out_dir = abs_path(cwd, job->output_dir);
     char name[64];
     job_name(sp->workflow, name, sizeof name);
-    bool gpu = device_is_cuda(p->runtime.device);
+    bool gpu = device_is_cuda(job->device);
 
     /* The array: tilewise runs as a child of the batch shell, which forwards
      * USR1 and TERM. wait returns early (> 128) when a trap ran; wait again
@@ -228,7 +274,7 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
     sb_printf(&a, "#SBATCH --array=0-%d\n", sp->array - 1);
     sb_add(&a, "#SBATCH --requeue\n");
     sb_printf(&a, "#SBATCH --signal=B:USR1@%d\n", SIGNAL_LEAD_S);
-    add_resources(&a, p, gpu);
+    add_resources(&a, job, gpu);
     /* append: a requeued task adds to its logs instead of wiping the first run's */
     sb_add(&a, "#SBATCH --output=tilewise-%A_%a.out\n#SBATCH --error=tilewise-%A_%a.err\n"
                "#SBATCH --open-mode=append\n\n");
@@ -252,7 +298,7 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
     }
     /* The one GPU SLURM grants is the task's cuda:0 (CUDA_VISIBLE_DEVICES):
      * an index meant for a workstation would name a device the task lacks. */
-    if (gpu && strcmp(p->runtime.device, "cuda") != 0 && strcmp(p->runtime.device, "cuda:0") != 0)
+    if (gpu && strcmp(job->device, "cuda") != 0 && strcmp(job->device, "cuda:0") != 0)
         sb_add(&a, " --set runtime.device=cuda");
     if (sp->chunk_rows > 0) sb_printf(&a, " --chunk-rows %d", sp->chunk_rows);
     sb_add(&a,
@@ -279,9 +325,9 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
                "Merge job: the final products once every array task succeeded");
     sb_printf(&m, "#SBATCH --dependency=afterok:%s\n", array_job_id);
     sb_add(&m, "#SBATCH --kill-on-invalid-dep=yes\n#SBATCH --requeue\n");
-    tw_run_params pm = *p;
-    pm.runtime.threads = 0; /* merge is I/O: one CPU */
-    add_resources(&m, &pm, false);
+    tilewise_job mj = *job;
+    mj.threads = 0; /* merge is I/O: one CPU */
+    add_resources(&m, &mj, false);
     sb_add(&m, "#SBATCH --output=tilewise-merge-%j.out\n#SBATCH --error=tilewise-merge-%j.err\n"
                "#SBATCH --open-mode=append\n\n");
     add_cd(&m, cwd ? cwd : "/");
@@ -297,11 +343,11 @@ tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, 
     if (!ok) {
         free(a.s);
         free(m.s);
-        return tw_error_set(err, TW_ERR_NOMEM, "out of memory writing the job scripts");
+        return fail_with(err, TILEWISE_ERR_NOMEM, "out of memory writing the job scripts");
     }
     *array_script = a.s;
     *merge_script = m.s;
-    return TW_OK;
+    return TILEWISE_OK;
 }
 
 /* ---- running sbatch ---- */
@@ -348,10 +394,10 @@ static bool drain(int fd, strbuf *b)
 }
 
 /* Run `prog --parsable [opts...] script` in dir; the job id it prints goes
- * to id. TW_ERR_DEVICE with sbatch's own message when it fails. */
-static tw_status run_sbatch(const char *prog, const tw_submit_params *sp, const char *dir,
-                            const char *script, const char *what, char *id, size_t id_size,
-                            tw_error *err)
+ * to id. TILEWISE_ERR_DEVICE with sbatch's own message when it fails. */
+static tilewise_status run_sbatch(const char *prog, const tw_submit_params *sp, const char *dir,
+                                  const char *script, const char *what, char *id, size_t id_size,
+                                  tilewise_error *err)
 {
     const char *argv[MAX_SBATCH_OPTS + 4];
     int argc = 0;
@@ -363,17 +409,20 @@ static tw_status run_sbatch(const char *prog, const tw_submit_params *sp, const 
 
     int out_pipe[2], err_pipe[2];
     if (pipe2(out_pipe, O_CLOEXEC) != 0)
-        return tw_error_set(err, TW_ERR_DEVICE, "cannot run %s: pipe: %s", prog, strerror(errno));
+        return fail_with(err, TILEWISE_ERR_DEVICE, "cannot run %s: pipe: %s", prog,
+                         strerror(errno));
     if (pipe2(err_pipe, O_CLOEXEC) != 0) {
         close(out_pipe[0]);
         close(out_pipe[1]);
-        return tw_error_set(err, TW_ERR_DEVICE, "cannot run %s: pipe: %s", prog, strerror(errno));
+        return fail_with(err, TILEWISE_ERR_DEVICE, "cannot run %s: pipe: %s", prog,
+                         strerror(errno));
     }
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) {
         for (int i = 0; i < 2; i++) close(out_pipe[i]), close(err_pipe[i]);
-        return tw_error_set(err, TW_ERR_DEVICE, "cannot run %s: fork: %s", prog, strerror(errno));
+        return fail_with(err, TILEWISE_ERR_DEVICE, "cannot run %s: fork: %s", prog,
+                         strerror(errno));
     }
     if (pid == 0) {
         /* Only async-signal-safe calls between fork and exec. */
@@ -407,22 +456,22 @@ static tw_status run_sbatch(const char *prog, const tw_submit_params *sp, const 
     while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
     }
 
-    tw_status st = TW_OK;
+    tilewise_status st = TILEWISE_OK;
     const char *emsg = e.ok && e.s ? e.s : "";
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
         int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
         if (code == 126)
-            st = tw_error_set(err, TW_ERR_DEVICE, "%s: cannot run %s in %s", what, prog, dir);
+            st = fail_with(err, TILEWISE_ERR_DEVICE, "%s: cannot run %s in %s", what, prog, dir);
         else
-            st = tw_error_set(err, TW_ERR_DEVICE, "%s: %s exited with %d: %s", what, prog, code,
-                              emsg[0] ? emsg : "(no message)");
+            st = fail_with(err, TILEWISE_ERR_DEVICE, "%s: %s exited with %d: %s", what, prog, code,
+                           emsg[0] ? emsg : "(no message)");
     } else {
         /* --parsable: "jobid" or "jobid;cluster" */
         const char *s = o.ok && o.s ? o.s : "";
         size_t n = strspn(s, "0123456789");
         if (n == 0 || n >= id_size || (s[n] != '\0' && s[n] != ';' && s[n] != '\n')) {
-            st = tw_error_set(err, TW_ERR_DEVICE, "%s: %s printed no job id (got '%.80s')%s%s",
-                              what, prog, s, emsg[0] ? ": " : "", emsg);
+            st = fail_with(err, TILEWISE_ERR_DEVICE, "%s: %s printed no job id (got '%.80s')%s%s",
+                           what, prog, s, emsg[0] ? ": " : "", emsg);
         } else {
             memcpy(id, s, n);
             id[n] = '\0';
@@ -433,52 +482,53 @@ static tw_status run_sbatch(const char *prog, const tw_submit_params *sp, const 
     return st;
 }
 
-tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *out, tw_error *err)
+tilewise_status tw_submit(const tw_submit_params *sp, const tilewise_job *job, FILE *out,
+                          tilewise_error *err)
 {
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd))
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot read the current directory: %s",
-                            strerror(errno));
+        return fail_with(err, TILEWISE_ERR_OUTPUT, "cannot read the current directory: %s",
+                         strerror(errno));
     if (sp->array < 1 || sp->array > TW_SUBMIT_MAX_ARRAY)
-        return tw_error_set(err, TW_ERR_USAGE, "--array must be 1..%d tasks, got %d",
-                            TW_SUBMIT_MAX_ARRAY, sp->array);
+        return fail_with(err, TILEWISE_ERR_USAGE, "--array must be 1..%d tasks, got %d",
+                         TW_SUBMIT_MAX_ARRAY, sp->array);
     if (sp->n_sbatch_opts > MAX_SBATCH_OPTS)
-        return tw_error_set(err, TW_ERR_USAGE, "too many --sbatch options (at most %d)",
-                            MAX_SBATCH_OPTS);
+        return fail_with(err, TILEWISE_ERR_USAGE, "too many --sbatch options (at most %d)",
+                         MAX_SBATCH_OPTS);
     if (!sp->tilewise || sp->tilewise[0] != '/')
-        return tw_error_set(err, TW_ERR_USAGE, "the tilewise binary must be an absolute path");
+        return fail_with(err, TILEWISE_ERR_USAGE, "the tilewise binary must be an absolute path");
 
     char *array_s = NULL, *merge_s = NULL;
-    tw_status st;
+    tilewise_status st;
     if (sp->dry_run) {
-        st = tw_submit_scripts(sp, p, cwd, "ARRAY_JOB_ID", &array_s, &merge_s, err);
-        if (st == TW_OK) {
+        st = tw_submit_scripts(sp, job, cwd, "ARRAY_JOB_ID", &array_s, &merge_s, err);
+        if (st == TILEWISE_OK) {
             fprintf(out,
                     "%s\n# ---- the merge job (submitted after the array; ARRAY_JOB_ID = its "
                     "job id) ----\n%s",
                     array_s, merge_s);
             if (fflush(out) != 0 || ferror(out))
-                st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write the scripts: %s",
-                                  strerror(errno));
+                st = fail_with(err, TILEWISE_ERR_OUTPUT, "cannot write the scripts: %s",
+                               strerror(errno));
         }
         free(array_s);
         free(merge_s);
         return st;
     }
 
-    if (device_is_cuda(p->runtime.device) && strcmp(p->runtime.device, "cuda") != 0 &&
-        strcmp(p->runtime.device, "cuda:0") != 0)
+    if (device_is_cuda(job->device) && strcmp(job->device, "cuda") != 0 &&
+        strcmp(job->device, "cuda:0") != 0)
         fprintf(out,
                 "note: runtime.device %s: each task runs on the GPU SLURM grants it "
                 "(--gres=gpu:1), which it sees as cuda:0\n",
-                p->runtime.device);
+                job->device);
     char *prog = find_program(sp->sbatch);
     if (!prog)
-        return tw_error_set(err, TW_ERR_DEVICE,
-                            "'%s' not found in PATH: submit needs SLURM's sbatch on this machine "
-                            "(tilewise submit --dry-run prints the job scripts)",
-                            sp->sbatch);
-    char *out_dir = abs_path(cwd, p->output.dir);
+        return fail_with(err, TILEWISE_ERR_DEVICE,
+                         "'%s' not found in PATH: submit needs SLURM's sbatch on this machine "
+                         "(tilewise submit --dry-run prints the job scripts)",
+                         sp->sbatch);
+    char *out_dir = abs_path(cwd, job->output_dir);
     strbuf dir = {.ok = true}, array_path = {.ok = true}, merge_path = {.ok = true};
     sb_add(&dir, out_dir ? out_dir : "");
     sb_add(&dir, "/.tilewise-slurm");
@@ -486,27 +536,27 @@ tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *ou
     sb_printf(&merge_path, "%s/merge.sh", dir.s ? dir.s : "");
     char array_id[64] = "", merge_id[64] = "";
     if (!out_dir || !dir.ok || !array_path.ok || !merge_path.ok) {
-        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        st = fail_with(err, TILEWISE_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((st = tw_mkdir_p(dir.s, err)) != TW_OK) goto done;
-    if ((st = tw_submit_scripts(sp, p, cwd, "ARRAY_JOB_ID", &array_s, &merge_s, err)) != TW_OK)
+    if ((st = make_dirs(dir.s, err)) != TILEWISE_OK) goto done;
+    if ((st = tw_submit_scripts(sp, job, cwd, "ARRAY_JOB_ID", &array_s, &merge_s, err)) !=
+        TILEWISE_OK)
         goto done;
-    if ((st = tw_write_file_atomic(array_path.s, array_s, strlen(array_s), err)) != TW_OK)
-        goto done;
+    if ((st = write_script(array_path.s, array_s, err)) != TILEWISE_OK) goto done;
     if ((st = run_sbatch(prog, sp, dir.s, array_path.s, "the array job", array_id, sizeof array_id,
-                         err)) != TW_OK)
+                         err)) != TILEWISE_OK)
         goto done;
     fprintf(out, "array job %s: %d tasks (script %s)\n", array_id, sp->array, array_path.s);
     /* The merge script names the array job it waits for. */
     free(array_s);
     free(merge_s);
     array_s = merge_s = NULL;
-    if ((st = tw_submit_scripts(sp, p, cwd, array_id, &array_s, &merge_s, err)) != TW_OK) goto done;
-    if ((st = tw_write_file_atomic(merge_path.s, merge_s, strlen(merge_s), err)) != TW_OK)
+    if ((st = tw_submit_scripts(sp, job, cwd, array_id, &array_s, &merge_s, err)) != TILEWISE_OK)
         goto done;
+    if ((st = write_script(merge_path.s, merge_s, err)) != TILEWISE_OK) goto done;
     if ((st = run_sbatch(prog, sp, dir.s, merge_path.s, "the merge job", merge_id, sizeof merge_id,
-                         err)) != TW_OK) {
+                         err)) != TILEWISE_OK) {
         fprintf(out,
                 "the array job %s is queued without its merge: scancel %s, or run "
                 "tilewise merge on the output directory when it is done\n",
@@ -535,7 +585,7 @@ static int usage_error(const char *fmt, const char *arg)
     fprintf(stderr, "tilewise: submit: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, " (see tilewise --help)\n");
-    return TW_EXIT_USAGE;
+    return TILEWISE_EXIT_USAGE;
 }
 
 /* The value of option name at argv[*i] ("--name v" or "--name=v"), or NULL
@@ -572,7 +622,7 @@ int tw_cli_submit(int argc, char **argv)
                 fprintf(stderr,
                         "tilewise: submit: --array expects a number of tasks 1..%d, got '%s'\n",
                         TW_SUBMIT_MAX_ARRAY, v ? v : "");
-                return TW_EXIT_USAGE;
+                return TILEWISE_EXIT_USAGE;
             }
             sp.array = (int)n;
             array_given = true;
@@ -606,30 +656,31 @@ int tw_cli_submit(int argc, char **argv)
     if (!sp.workflow) return usage_error("missing WORKFLOW.yaml%s", "");
     if (!array_given) return usage_error("missing --array N (the number of tasks)%s", "");
 
-    tw_error err;
-    tw_error_init(&err);
-    tw_run_params p;
-    tw_status st = tw_workflow_load(sp.workflow, sets, sp.n_sets, &p, &err);
-    /* A bad workflow fails here, once, rather than in every array task. */
-    if (st == TW_OK) st = tw_check_inputs(&p, &err);
+    tilewise_error err = {0};
+    tilewise_run_options o;
+    tilewise_run_options_init(&o);
+    o.sets = sets;
+    o.n_sets = sp.n_sets;
+    tilewise_job job = {.size = sizeof job};
+    /* A bad workflow fails here, once, rather than in every array task;
+     * what can be checked on this machine is, before anything is queued. */
+    tilewise_status st = tilewise_check(sp.workflow, &o, &job, &err);
     char self[PATH_MAX];
-    if (st == TW_OK) {
+    if (st == TILEWISE_OK) {
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
         if (n <= 0)
-            st = tw_error_set(&err, TW_ERR_INTERNAL,
-                              "cannot find the tilewise binary: "
-                              "/proc/self/exe: %s",
-                              strerror(errno));
+            st = fail_with(&err, TILEWISE_ERR_INTERNAL,
+                           "cannot find the tilewise binary: /proc/self/exe: %s", strerror(errno));
         else
             self[n] = '\0';
         sp.tilewise = self;
     }
-    /* What can be checked here is, before anything is queued. */
-    if (st == TW_OK) st = tw_preflight_submit(&p, &err);
-    if (st == TW_OK) st = tw_submit(&sp, &p, stdout, &err);
-    if (st == TW_OK) return TW_EXIT_OK;
+    if (st == TILEWISE_OK) st = tw_submit(&sp, &job, stdout, &err);
+    if (st == TILEWISE_OK) return TILEWISE_EXIT_OK;
     /* The scheduler is the resource a submit needs (exit 4, like a missing GPU). */
     fprintf(stderr, "tilewise: %s: %s\n",
-            err.status == TW_ERR_DEVICE ? "scheduler error" : tw_status_name(err.status), err.msg);
-    return tw_status_exit_code(err.status);
+            err.status == TILEWISE_ERR_DEVICE ? "scheduler error"
+                                              : tilewise_status_name(err.status),
+            err.message);
+    return tilewise_exit_code(err.status);
 }

@@ -34,8 +34,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "core/error.h"
-#include "core/params.h"
+#include "tilewise.h"
 
 #define TW_SUBMIT_MAX_ARRAY 10000
 
@@ -60,22 +59,23 @@ tw_submit_params tw_submit_default_params(void);
  * result is complete when that is < size. */
 size_t tw_shell_quote(const char *s, char *buf, size_t size);
 
-/* Build the two job scripts for params p (already loaded from sp->workflow)
+/* Build the two job scripts for job (tilewise_check of sp->workflow)
  * as submit would write them, with cwd the directory submit runs in (for
  * relative paths) and array_job_id the id the merge job waits on (dry runs
  * pass a placeholder). *array_script and *merge_script are malloc'ed; the
- * caller frees them. TW_ERR_USAGE for an array count out of range,
- * TW_ERR_NOMEM when memory runs out. */
-tw_status tw_submit_scripts(const tw_submit_params *sp, const tw_run_params *p, const char *cwd,
-                            const char *array_job_id, char **array_script, char **merge_script,
-                            tw_error *err);
+ * caller frees them. TILEWISE_ERR_USAGE for an array count out of range,
+ * TILEWISE_ERR_NOMEM when memory runs out. */
+tilewise_status tw_submit_scripts(const tw_submit_params *sp, const tilewise_job *job,
+                                  const char *cwd, const char *array_job_id, char **array_script,
+                                  char **merge_script, tilewise_error *err);
 
-/* Submit (or, with sp->dry_run, print) the jobs for params p. Messages and
- * job ids go to out. Errors: TW_ERR_USAGE for bad parameters, TW_ERR_OUTPUT
+/* Submit (or, with sp->dry_run, print) the jobs for job. Messages and
+ * job ids go to out. Errors: TILEWISE_ERR_USAGE for bad parameters, TILEWISE_ERR_OUTPUT
  * when the scripts cannot be written under <output.dir>/.tilewise-slurm/,
- * TW_ERR_DEVICE when the scheduler is missing or refuses a job (sbatch not
+ * TILEWISE_ERR_DEVICE when the scheduler is missing or refuses a job (sbatch not
  * found, exits non-zero or prints no job id; its stderr is in the message). */
-tw_status tw_submit(const tw_submit_params *sp, const tw_run_params *p, FILE *out, tw_error *err);
+tilewise_status tw_submit(const tw_submit_params *sp, const tilewise_job *job, FILE *out,
+                          tilewise_error *err);
 
 /* The `tilewise submit` command: argv after "submit". Returns the process
  * exit code (README.md, "Exit codes"); a missing or failing sbatch is 4. */
