@@ -67,6 +67,7 @@ typedef struct tw_resolved {
     int n_classes;
     int tile, stride;
     int in_bands, feat_dim;
+    bool headless; /* no fc: embedding products only (n_classes 1, a stand-in head) */
     char model_sha256[65];
 } tw_resolved;
 
@@ -92,7 +93,7 @@ typedef struct tw_input_result {
     int64_t read_bytes;           /* raw pixel bytes the readers read (windows) */
     int64_t tiff_tiles_decoded;   /* TIFF tiles the libtiff reader decoded, summed
                                      over readers (-1: GDAL read the pixels) */
-    char outputs[6][TW_PATH_MAX + 320]; /* files written */
+    char outputs[8][TW_PATH_MAX + 320]; /* files written */
     int n_outputs;
     char skipped[512]; /* "" : run; else why it was skipped (input.on_error: skip) */
 } tw_input_result;

@@ -15,6 +15,7 @@
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "pipeline/plan.h"
+#include "pipeline/preflight.h"
 #include "pipeline/run_internal.h"
 
 /* validate's line on what reading a remote input costs for the plan: the
@@ -76,9 +77,15 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
     if (st == TW_OK) {
         char b1[32], b2[32], b3[32];
         const tw_budget *b = &c->bud;
-        fprintf(out, "model     %s: %s, %d bands, %d classes, %d features (sha256 %.12s)\n",
-                p->model.weights, c->m.arch, c->m.in_bands, c->m.n_classes, c->m.feat_dim,
-                c->m.model_sha256);
+        if (c->m.headless)
+            fprintf(out,
+                    "model     %s: %s, %d bands, no head (embedding products only), %d features "
+                    "(sha256 %.12s)\n",
+                    p->model.weights, c->m.arch, c->m.in_bands, c->m.feat_dim, c->m.model_sha256);
+        else
+            fprintf(out, "model     %s: %s, %d bands, %d classes, %d features (sha256 %.12s)\n",
+                    p->model.weights, c->m.arch, c->m.in_bands, c->m.n_classes, c->m.feat_dim,
+                    c->m.model_sha256);
         fprintf(out, "backend   %s, precision %s\n", c->be.i->name,
                 tw_precision_name(p->runtime.precision));
         for (int i = 0; i < p->input.n_paths; i++) {
@@ -102,6 +109,25 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
                     shown, info->width, info->height, c->infos[i].bands, tw_dtype_name(info->dtype),
                     plan.x.n_pos, plan.ty_end - plan.ty_begin, (long long)plan.n_tiles, plan.tile,
                     plan.stride, plan.grid_w, plan.row_end - plan.row_begin);
+            {
+                /* what it writes (preflight's upper bound), D bands of the
+                 * embedding raster included */
+                int w1 = info->width, h1 = info->height;
+                tw_preflight_params pf = {.run = p,
+                                          .n_classes = c->m.n_classes,
+                                          .feat_dim = c->m.feat_dim,
+                                          .tile = c->m.tile,
+                                          .stride = c->m.stride,
+                                          .n_inputs = 1,
+                                          .width = &w1,
+                                          .height = &h1};
+                char ob[32];
+                fprintf(out, "outputs   %s: at most %s on disk (uncompressed, parts included)%s\n",
+                        shown, tw_format_bytes(tw_preflight_output_bytes(&pf), ob, sizeof ob),
+                        (p->output.products & TW_PRODUCT_EMB_RASTER)
+                            ? "; the embedding raster's bands are one per feature"
+                            : "");
+            }
             bool remote = tw_url_is_remote(p->input.paths[i]);
             for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
                 remote = remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
