@@ -26,9 +26,11 @@ model is a headless backbone: tilewise runs it with embedding_raster only.
 Any other tensor name is refused, naming the first one that is not part of
 a torchvision/timm ResNet.
 
-Pickles: .pth/.pt/.ckpt are read with torch.load(weights_only=True), which
-unpickles tensors and plain containers only and refuses anything else, so a
-checkpoint cannot run code while it is read. One that holds other Python
+Pickles: .pth/.pt/.ckpt are read by torch.load with a restricted unpickler
+that builds tensors and plain containers (dicts, lists, numbers, strings)
+only and refuses any other class or function a pickle names, so a
+checkpoint cannot run code while it is read (torch 1.13's weights_only=True
+does the same but refuses floats, which Lightning checkpoints hold). One that holds other Python
 objects (a whole nn.Module, Lightning's hyper-parameters of custom classes)
 is refused naming what it holds; --trust-pickle reads it with the full
 unpickler, which runs whatever code the file names: only for files whose
@@ -110,14 +112,38 @@ def _say(msg):
     print(f"export_model.py: {msg}")
 
 
+def _restricted_pickle():
+    """A pickle module for torch.load whose Unpickler builds tensors, storages
+    and plain containers only: any other global a pickle names (a class, a
+    function: the way a pickle runs code) is refused, naming it. torch 1.13's
+    own weights_only unpickler does the same but stops at floats (opcode
+    'G'), which every Lightning checkpoint holds (learning rates)."""
+    import pickle
+    import types
+
+    allowed = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+               ("torch._utils", "_rebuild_parameter"), ("torch", "Size"),
+               ("torch._utils", "_rebuild_parameter_with_state"), ("builtins", "set"),
+               ("builtins", "frozenset"), ("torch", "device")}
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in allowed or (module == "torch" and name.endswith("Storage")):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+    return types.SimpleNamespace(Unpickler=Unpickler, load=lambda f, **kw: Unpickler(f, **kw).load(),
+                                 __name__="tilewise_restricted_pickle")
+
+
 def _torch_load(path, trust_pickle):
     import torch
     if trust_pickle:
         _say(f"{path}: read with the full unpickler (--trust-pickle): it may have run code")
         return torch.load(path, map_location="cpu")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises UnpicklingError or RuntimeError
+        return torch.load(path, map_location="cpu", pickle_module=_restricted_pickle())
+    except Exception as e:  # UnpicklingError from ours, RuntimeError from torch
         why = str(e).strip().splitlines()
         why = why[-1] if why else type(e).__name__
         raise ExportError(
