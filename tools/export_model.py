@@ -7,7 +7,7 @@
 
 CHECKPOINT is a .pth/.pt/.ckpt file (a state_dict, a dict holding one under
 'state_dict' (Lightning, TorchGeo), 'model' or 'model_state_dict', or a whole
-nn.Module), a .safetensors file, or a
+nn.Module with --trust-pickle), a .safetensors file, or a
 tilewise bundle (.h5): its tensors are copied (as float32, values unchanged), its metadata
 kept unless an option overrides it - the way to add the checksum to a bundle
 written before there was one. The
@@ -132,17 +132,26 @@ def _restricted_pickle():
                 return super().find_class(module, name)
             raise pickle.UnpicklingError(f"it names {module}.{name}")
 
-    return types.SimpleNamespace(Unpickler=Unpickler, load=lambda f, **kw: Unpickler(f, **kw).load(),
-                                 __name__="tilewise_restricted_pickle")
+    mod = types.ModuleType("tilewise_restricted_pickle")
+    mod.__dict__.update({k: v for k, v in pickle.__dict__.items() if not k.startswith("__")})
+    mod.Unpickler = Unpickler
+    mod.load = lambda f, **kw: Unpickler(f, **kw).load()
+    return mod
 
 
 def _torch_load(path, trust_pickle):
     import torch
+    import torch.serialization as ser
     if trust_pickle:
         _say(f"{path}: read with the full unpickler (--trust-pickle): it may have run code")
         return torch.load(path, map_location="cpu")
+    # torch 1.13's torch.load drops a pickle_module argument unless
+    # weights_only (it sets pickle_module = pickle): the module its
+    # serialization code names is swapped for the restricted one instead.
+    saved = ser.pickle
+    ser.pickle = _restricted_pickle()
     try:
-        return torch.load(path, map_location="cpu", pickle_module=_restricted_pickle())
+        return torch.load(path, map_location="cpu")
     except Exception as e:  # UnpicklingError from ours, RuntimeError from torch
         why = str(e).strip().splitlines()
         why = why[-1] if why else type(e).__name__
@@ -150,6 +159,8 @@ def _torch_load(path, trust_pickle):
             "it holds Python objects beyond tensors and plain containers, which only the full "
             f"unpickler reads, and that runs code the file names ({why}); if you trust the "
             "file's source, run again with --trust-pickle")
+    finally:
+        ser.pickle = saved
 
 
 def strip_layout(sd, path="checkpoint"):
