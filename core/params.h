@@ -51,7 +51,8 @@ enum {
 /* The products that need the model's head (fc): a headless backbone runs
  * the others only. */
 #define TW_PRODUCTS_NEED_HEAD                                                                      \
-    (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF | TW_PRODUCT_TILES | TW_PRODUCT_TILES_GPKG)
+    (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF | TW_PRODUCT_TILES |                     \
+     TW_PRODUCT_TILES_GPKG)
 
 /* The names the workflow file (KEYS.md), run.json and the merge manifest
  * use: tw_product_names in output.products order, the others by enum value. */

@@ -214,10 +214,10 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
     const tw_tensor *fcb = tw_model_file_find(mf, "fc.bias");
     /* No fc at all: a headless backbone (embedding products only); one of
      * the two alone is a damaged head. */
-    const char *missing = !conv1                 ? "conv1.weight"
-                          : !fcw && fcb          ? "fc.weight"
-                          : fcw && !fcb          ? "fc.bias"
-                                                 : NULL;
+    const char *missing = !conv1        ? "conv1.weight"
+                          : !fcw && fcb ? "fc.weight"
+                          : fcw && !fcb ? "fc.bias"
+                                        : NULL;
     if (missing)
         return tw_model_error(
             err, mf->path, "no tensor '%s': not a torchvision-layout ResNet state_dict", missing);

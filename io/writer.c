@@ -59,9 +59,9 @@ typedef struct tw_writer_file {
 
 struct tw_writer {
     int grid_w, grid_h, n_classes;
-    int emb_dim;          /* features after each cell's probabilities (0: none) */
+    int emb_dim; /* features after each cell's probabilities (0: none) */
     tw_emb_type emb_type;
-    double *emb_scale;    /* int8: own copies [emb_dim] */
+    double *emb_scale; /* int8: own copies [emb_dim] */
     double *emb_offset;
     tw_prob_type prob_type;
     tw_format format;
@@ -270,8 +270,8 @@ static tw_status set_band_common(tw_writer *w, tw_writer_file *f, int b, const c
         if (w->emb_type == TW_EMB_INT8 &&
             (GDALSetRasterScale(band, w->emb_scale[b - 1]) != CE_None ||
              GDALSetRasterOffset(band, w->emb_offset[b - 1]) != CE_None))
-            return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set scale/offset: %s",
-                                f->part_path, writer_gdal_msg(w));
+            return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set scale/offset: %s", f->part_path,
+                                writer_gdal_msg(w));
     } else if (f->type == GDT_Byte && f != &w->files[TW_WP_PROB]) {
         if (GDALSetRasterNoDataValue(band, TW_CLASS_NODATA) != CE_None)
             return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set nodata: %s", f->part_path,
@@ -337,15 +337,17 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
     char **opts = CSLDuplicate(gtiff_options);
     bool emb = which == TW_WP_EMB;
     if (w->default_compress && w->format != TW_FORMAT_COG)
-        opts = CSLSetNameValue(opts, "PREDICTOR",
-                               f->type == GDT_Float32 && !(emb && w->emb_type == TW_EMB_FLOAT16)
-                                   ? "3"
-                                   : "2");
+        opts = CSLSetNameValue(
+            opts, "PREDICTOR",
+            f->type == GDT_Float32 && !(emb && w->emb_type == TW_EMB_FLOAT16) ? "3" : "2");
     if (emb) {
         /* writer.h: one feature per block, blocks completed by each strip */
-        if (!CSLFetchNameValue(opts, "INTERLEAVE")) opts = CSLSetNameValue(opts, "INTERLEAVE", "BAND");
-        if (!CSLFetchNameValue(opts, "BLOCKYSIZE")) opts = CSLSetNameValue(opts, "BLOCKYSIZE", "16");
-        if (!CSLFetchNameValue(opts, "BLOCKXSIZE")) opts = CSLSetNameValue(opts, "BLOCKXSIZE", "256");
+        if (!CSLFetchNameValue(opts, "INTERLEAVE"))
+            opts = CSLSetNameValue(opts, "INTERLEAVE", "BAND");
+        if (!CSLFetchNameValue(opts, "BLOCKYSIZE"))
+            opts = CSLSetNameValue(opts, "BLOCKYSIZE", "16");
+        if (!CSLFetchNameValue(opts, "BLOCKXSIZE"))
+            opts = CSLSetNameValue(opts, "BLOCKXSIZE", "256");
         if (w->emb_type == TW_EMB_FLOAT16) opts = CSLSetNameValue(opts, "NBITS", "16");
         if (w->emb_type == TW_EMB_INT8) opts = CSLSetNameValue(opts, "PIXELTYPE", "SIGNEDBYTE");
     }

@@ -407,10 +407,9 @@ static void load_state(tw_parts *pt)
     const tw_parts_params *p = &pt->p;
     bool ok = fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, STATE_MAGIC, 8) == 0 &&
               h.grid_w == p->grid_w && h.n_classes == (int32_t)cell_values(p) &&
-              h.feat_dim == p->feat_dim &&
-              h.r0 >= 0 && h.r0 < h.row_end && h.row_end <= p->grid_h && h.k >= 1 && h.k <= 65536 &&
-              h.ty >= 0 && h.tx >= 0 && h.n_tiles >= 0 && (p->tiles || h.n_tiles == 0) &&
-              !pt->done[h.r0];
+              h.feat_dim == p->feat_dim && h.r0 >= 0 && h.r0 < h.row_end &&
+              h.row_end <= p->grid_h && h.k >= 1 && h.k <= 65536 && h.ty >= 0 && h.tx >= 0 &&
+              h.n_tiles >= 0 && (p->tiles || h.n_tiles == 0) && !pt->done[h.r0];
     uint64_t fnv = FNV_OFFSET;
     char buf[65536];
     size_t total = 0, n;
@@ -1108,8 +1107,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
                 break;
             }
             if (++buf_n == batch_rows || r + 1 == H) {
-                st = assemble_rows(w, buf_r0, buf_n, probs, has, W, C, K, hist, nodata_cells,
-                                   err);
+                st = assemble_rows(w, buf_r0, buf_n, probs, has, W, C, K, hist, nodata_cells, err);
                 buf_r0 += buf_n;
                 buf_n = 0;
             }

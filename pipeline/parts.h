@@ -68,7 +68,7 @@ typedef struct tw_parts_params {
     int grid_w, grid_h, n_classes, feat_dim; /* feat_dim 0: no embeddings */
     int cell_emb; /* embedding_raster: features per output cell, after the n_classes
                      probabilities in row chunks and states (0: none) */
-    bool tiles;                              /* keep tile records (tile table, GeoPackage) */
+    bool tiles;   /* keep tile records (tile table, GeoPackage) */
     int shard_index, shard_count;
     bool merge_only;   /* read only: a different fingerprint is an error
                           and other shards' temporaries are left alone */

@@ -416,8 +416,7 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
     if (out) {
         static const char *const out_keys[] = {"dir",        "name",   "products",
                                                "prob_type",  "format", "creation_options",
-                                               "resolution", "colors",
-                                               "embedding_type"};
+                                               "resolution", "colors", "embedding_type"};
         only_keys(r, out, "output", out_keys, 9);
         get_str(r, out, "output", "dir", p->output.dir, sizeof p->output.dir);
         json_t *prods = need_arr(r, out, "output", "products", TW_PRODUCT_COUNT);

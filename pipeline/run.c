@@ -626,8 +626,7 @@ static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw
                             "headless backbone (no fc.weight): ask for embedding_raster only",
                             name, p->model.weights);
     }
-    if ((p->output.products & TW_PRODUCT_EMB_RASTER) &&
-        p->output.resolution == TW_RESOLUTION_INPUT)
+    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.resolution == TW_RESOLUTION_INPUT)
         return tw_error_set(err, TW_ERR_CONFIG,
                             "output.resolution: input is not available for embedding_raster (a "
                             "raster of output cells); use resolution: cells");

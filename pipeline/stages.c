@@ -597,9 +597,9 @@ tw_status tw_pipe_parts_sink(void *user, int row0, int n, const float *probs, co
     const tw_segment *seg = &pp->segs[pp->cur_seg];
     /* values per cell: the probabilities, then embedding_raster's features */
     const size_t W = (size_t)seg->plan.grid_w,
-                 C = (size_t)pp->m->n_classes +
-                     ((pp->p->output.products & TW_PRODUCT_EMB_RASTER) ? (size_t)pp->m->feat_dim
-                                                                       : 0);
+                 C = (size_t)pp->m->n_classes + ((pp->p->output.products & TW_PRODUCT_EMB_RASTER)
+                                                     ? (size_t)pp->m->feat_dim
+                                                     : 0);
     int row = seg->plan.row_begin + row0;
     while (n > 0) {
         if (tw_parts_chunk_end(pp->parts) < 0) {
