@@ -754,6 +754,10 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     int cell_values = c->m.n_classes + tw_run_cell_emb(p->output.products, c->m.feat_dim);
     size_t strip = tw_stitch_bytes(&plan, cell_values) +
                    (size_t)plan.k * (size_t)plan.grid_w * ((size_t)cell_values * 4 + 8);
+    /* embedding_raster's assembly: 16 rows of D floats per cell read back from
+     * the chunks and as many in the writer's band-interleaved strip */
+    strip += (size_t)16 * (size_t)plan.grid_w *
+             (size_t)tw_run_cell_emb(p->output.products, c->m.feat_dim) * (4 + 4);
     tw_dtype widest_dtype = wi->dtype;
     size_t dsize = tw_dtype_size(widest_dtype);
     for (int i = 0; i < p->input.n_paths; i++)
