@@ -153,7 +153,7 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
 static bool has_products(const char *out_dir)
 {
     static const char *const suffixes[] = {".class.tif", ".prob.tif", ".conf.tif", ".tiles.h5",
-                                           ".tiles.gpkg"};
+                                           ".tiles.gpkg", ".emb.tif"};
     DIR *d = opendir(out_dir);
     if (!d) return false;
     bool found = false;
