@@ -131,6 +131,10 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     }
     if (st == TW_OK) st = tw_parts_remove(parts, err);
     if (st != TW_OK) return st;
+    /* embedding_raster alone (a headless backbone's stand-in head
+     * included): no class was asked, none is counted */
+    if ((p->output.products & ~(unsigned)TW_PRODUCT_EMB_RASTER) == 0)
+        memset(res->hist, 0, sizeof res->hist);
     res->n_outputs = 0;
     static const struct {
         unsigned bit;
@@ -152,8 +156,8 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
  * wrote it: products are renamed to their final names only when complete). */
 static bool has_products(const char *out_dir)
 {
-    static const char *const suffixes[] = {".class.tif", ".prob.tif", ".conf.tif", ".tiles.h5",
-                                           ".tiles.gpkg", ".emb.tif"};
+    static const char *const suffixes[] = {".class.tif", ".prob.tif",   ".conf.tif",
+                                           ".tiles.h5",  ".tiles.gpkg", ".emb.tif"};
     DIR *d = opendir(out_dir);
     if (!d) return false;
     bool found = false;
