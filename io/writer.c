@@ -631,11 +631,16 @@ static void fill_emb(tw_writer *w, size_t cells, const float *probs, const uint8
                     continue;
                 }
                 float v = probs[c * V + K + b];
-                dst[c] = v;
                 if (w->emb_type == TW_EMB_FLOAT16) {
-                    /* the value GDAL stores (round to nearest half) for the statistics */
+                    /* beyond the largest half GDAL fails the write (+-inf with
+                     * an error): clamped (writer.h); the statistics get the
+                     * value stored */
+                    v = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
                     _Float16 h = (_Float16)v;
+                    dst[c] = v;
                     v = (float)h;
+                } else {
+                    dst[c] = v;
                 }
                 stats_add(st, v);
             }

@@ -7,8 +7,8 @@
  *                    with a per-dataset mask band marking the valid cells)
  *   scene.conf.tif   float32 max probability, nodata -1
  *   scene.emb.tif    embedding_raster: emb_dim bands (emb_0..), the averaged
- *                    pooled features; float32 or float16 (GTiff NBITS=16)
- *                    with nodata NaN, or int8 (PIXELTYPE=SIGNEDBYTE, nodata
+ *                    pooled features; float32 or float16 (GTiff NBITS=16;
+ *                    beyond +-65504 clamped) with nodata NaN, or int8 (PIXELTYPE=SIGNEDBYTE, nodata
  *                    -128) with a per-band scale and offset (GDAL's
  *                    GetScale/GetOffset: value = offset + scale * q).
  *                    Band-interleaved, 256 x 16 blocks unless the creation

@@ -83,6 +83,10 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
     }
 
     m->n_classes = net->n_classes;
+    if (net->headless && (p->model.n_classes > 0 || p->model.n_colors > 0))
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.%s: %s is a headless backbone (no fc.weight): it has no classes",
+                            p->model.n_classes > 0 ? "classes" : "colors", wpath);
     if (net->n_classes > TW_MAX_CLASSES)
         return tw_error_set(err, TW_ERR_MODEL, "%s has %d classes; tilewise supports at most %d",
                             wpath, net->n_classes, TW_MAX_CLASSES);
