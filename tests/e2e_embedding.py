@@ -20,6 +20,9 @@
   killed (-9) after its first committed row and run again gives them too.
 * A class product with the headless model: exit 3 before the first tile,
   naming the product and the model file.
+* SIGTERM after 8 of 30 tiles: exit 75 with a checkpoint (the stitcher's
+  sums of features in the state file); the rerun classifies only the rest
+  and gives one run's pixels.
 * A headed model (the ResNet-18 fixture) writes 512 bands next to its class
   map, and the class map is byte for byte the one of a run without them.
 * export_model.py refuses a layout it does not know, naming the first
@@ -95,6 +98,19 @@ def said(cond, what, detail):
     check(cond, what + ("" if cond else f": {detail}"), True)
 
 
+def export(args):
+    """tools/export_model.py's main(args) in this process (torch is imported
+    once): (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    sys.path.insert(0, f"{SRC}/tools")
+    import export_model
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = export_model.main(args)
+    return rc, out.getvalue(), err.getvalue()
+
+
 def run(args, **kw):
     return subprocess.run([BIN] + args, capture_output=True, text=True, **kw)
 
@@ -110,7 +126,7 @@ def main():
         ckpt, h5 = f"{tmp}/ssl_resnet50.ckpt", f"{tmp}/r50_headless.h5"
         m = make_checkpoint(ckpt, torch)
         r = subprocess.run([sys.executable, f"{SRC}/tools/export_model.py", ckpt, "-o", h5],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True)  # the command itself, once
         check(r.returncode == 0, f"export_model.py: {r.stderr}")
         for says in ("'state_dict'", "prefix 'backbone.' stripped", "projection_head.0.weight",
                      "arch resnet50 inferred", "no head (fc)", "2048 features"):
@@ -250,8 +266,31 @@ output:
         check(resumed >= 1 and np.array_equal(ak, a32),
               f"killed and run again ({resumed} rows resumed): one run's pixels", True)
 
+        # --- SIGTERM mid-chunk: a checkpoint keeps the stitcher's sums of
+        # probabilities and features (state file), the rerun adds the rest ---
+        wf, out = flow("term")
+        argv = [BIN, "run", wf, "--progress=json", "--set", "tiling.batch=4"]
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for line in p.stderr:
+            ev = json.loads(line)
+            if ev.get("event") == "progress" and ev.get("tiles_done", 0) >= 8:
+                p.send_signal(signal.SIGTERM)
+                break
+        p.communicate(timeout=60)
+        states = [f for f in os.listdir(f"{out}/.tilewise/crop") if f.startswith("state.")] \
+            if os.path.isdir(f"{out}/.tilewise/crop") else []
+        said(p.returncode == 75 and states, "SIGTERM after 8 of 30 tiles: exit 75, a state kept",
+             f"exit {p.returncode}, {states}")
+        r = subprocess.run(argv[:3], capture_output=True, text=True)
+        with open(f"{out}/run.json") as f:
+            redone = json.load(f)["tiles_classified"]
+        _, at = emb(out)
+        said(r.returncode == 0 and redone < 30 and np.array_equal(at, a32),
+             "stopped, run again from the state (the rest of the tiles only): one run's pixels",
+             f"exit {r.returncode}, {redone} tiles classified again: {r.stderr}")
+
         # --- a class product with the headless model ---
-        for prod in ("[class]", "[prob, embedding_raster]", "[embeddings]"):
+        for prod in ("[prob, embedding_raster]", "[embeddings]"):
             wf, out = flow("cls", products=prod)
             r = run(["run", wf, "-q"])
             word = prod.strip("[]").split(",")[0]
@@ -280,27 +319,22 @@ output:
         bad = {k: v for k, v in torch.load(ckpt)["state_dict"].items()}
         bad["backbone.blocks.0.attn.qkv.weight"] = torch.zeros(3, 3)
         torch.save({"state_dict": bad}, f"{tmp}/bad.ckpt")
-        r = subprocess.run([sys.executable, f"{SRC}/tools/export_model.py", f"{tmp}/bad.ckpt",
-                            "-o", f"{tmp}/bad.h5"], capture_output=True, text=True)
-        check(r.returncode == 1 and "'backbone.blocks.0.attn.qkv.weight'" in r.stderr and
-              "first unexpected key" in r.stderr and not os.path.exists(f"{tmp}/bad.h5"),
-              f"unknown layout refused naming the first unexpected key: {r.stderr.strip()}", True)
+        rc, so, se = export([f"{tmp}/bad.ckpt", "-o", f"{tmp}/bad.h5"])
+        said(rc == 1 and "'backbone.blocks.0.attn.qkv.weight'" in se and
+             "first unexpected key" in se and not os.path.exists(f"{tmp}/bad.h5"),
+             "unknown layout refused naming the first unexpected key", se)
+        print("     " + se.strip())
         vit = {"cls_token": torch.zeros(1, 1, 8), "patch_embed.proj.weight": torch.zeros(8, 3, 4, 4)}
         torch.save(vit, f"{tmp}/vit.pth")
-        r = subprocess.run([sys.executable, f"{SRC}/tools/export_model.py", f"{tmp}/vit.pth",
-                            "-o", f"{tmp}/vit.h5"], capture_output=True, text=True)
-        check(r.returncode == 1 and "'cls_token'" in r.stderr,
-              f"a ViT refused naming its first key: {r.stderr.strip()}", True)
+        rc, so, se = export([f"{tmp}/vit.pth", "-o", f"{tmp}/vit.h5"])
+        said(rc == 1 and "'cls_token'" in se, "a ViT refused naming its first key", se)
         torch.save({"state_dict": m.state_dict(), "task": torch.nn.ReLU()}, f"{tmp}/obj.ckpt")
-        r = subprocess.run([sys.executable, f"{SRC}/tools/export_model.py", f"{tmp}/obj.ckpt",
-                            "-o", f"{tmp}/obj.h5"], capture_output=True, text=True)
-        check(r.returncode == 1 and "--trust-pickle" in r.stderr,
-              f"a pickle holding objects refused without --trust-pickle: {r.stderr.strip()}", True)
-        r = subprocess.run([sys.executable, f"{SRC}/tools/export_model.py", f"{tmp}/obj.ckpt",
-                            "-o", f"{tmp}/obj.h5", "--trust-pickle"], capture_output=True,
-                           text=True)
-        check(r.returncode == 0 and "full unpickler" in r.stdout,
-              f"... and read with --trust-pickle, saying so: {r.stdout.strip()} {r.stderr}", True)
+        rc, so, se = export([f"{tmp}/obj.ckpt", "-o", f"{tmp}/obj.h5"])
+        said(rc == 1 and "--trust-pickle" in se and "torch.nn.modules.activation.ReLU" in se,
+             "a pickle naming a class refused without --trust-pickle, naming it", se)
+        rc, so, se = export([f"{tmp}/obj.ckpt", "-o", f"{tmp}/obj.h5", "--trust-pickle"])
+        said(rc == 0 and "full unpickler" in so, "... and read with --trust-pickle, saying so",
+             so + se)
     print("PASS")
     return 0
 
