@@ -872,6 +872,8 @@ static void model_info_json(tilewise_model *mo)
     }
     sb_add(&b, "],\"n_classes\":%d,\"feature_dim\":%d,\"tile\":%d,\"stride\":%d,\"scale\":%.17g",
            m->n_classes, m->feat_dim, m->tile, m->stride, m->scale);
+    /* a headless backbone: its probabilities are a stand-in head's (all 1) */
+    sb_add(&b, ",\"head\":%s", m->headless ? "false" : "true");
     sb_add(&b, ",\"mean\":[");
     for (int c = 0; c < m->n_norm; c++) sb_add(&b, "%s%.9g", c ? "," : "", (double)m->mean[c]);
     sb_add(&b, "],\"std\":[");
