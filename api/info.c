@@ -85,7 +85,7 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
         }
         if (net->headless) {
             fprintf(out, "\nhead:       none (a headless backbone: output.products "
-                         "embedding_raster only)\n");
+                         "embedding_raster, embeddings)\n");
         } else {
             fprintf(out, "\nhead:       fc, %d classes\n", net->n_classes);
             fprintf(out, "classes:    %d", net->n_classes);

@@ -77,7 +77,7 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
     tw_tiletable_params tp = {
         .path = tpath,
-        .n_classes = m->n_classes,
+        .n_classes = m->headless ? 0 : m->n_classes, /* a stand-in head's: not written */
         .class_names = (const char(*)[TW_NAME_MAX])m->classes,
         .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? m->feat_dim : 0,
         .tile = m->tile,
@@ -90,7 +90,7 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     snprintf(gpath, sizeof gpath, "%s/%s.tiles.gpkg", p->output.dir, res->stem);
     /* The GeoPackage holds the table's tiles as polygons: its grid is the table's. */
     tw_gpkg_params gp = {.path = gpath, .tile = tp.tile, .crs_wkt = tp.crs_wkt};
-    gp.n_classes = tp.n_classes;
+    gp.n_classes = m->n_classes;
     gp.class_names = tp.class_names;
     memcpy(gp.geotransform, tp.geotransform, sizeof gp.geotransform);
     memset(res->hist, 0, sizeof res->hist);

@@ -1125,20 +1125,20 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
         const size_t F = (size_t)th.feat_dim;
         enum { cap = 256 };
         int32_t rc_rows[cap], rc_cols[cap];
-        if (!tbuf) tbuf = tw_alloc(TW_MEM_STRIP, sizeof(float) * cap * (C + F));
+        if (!tbuf) tbuf = tw_alloc(TW_MEM_STRIP, sizeof(float) * cap * (K + F));
         if (!tbuf) {
             st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
             fclose(f);
             break;
         }
         float *tp_probs = tbuf;
-        float *tp_emb = tbuf + (size_t)cap * C;
+        float *tp_emb = tbuf + (size_t)cap * K;
         for (int64_t t = 0; st == TW_OK && t < th.n_tiles;) {
             int m = th.n_tiles - t < cap ? (int)(th.n_tiles - t) : cap;
             for (int k = 0; k < m; k++) {
                 int32_t rc[2];
                 if (fread(rc, sizeof rc, 1, f) != 1 ||
-                    fread(tp_probs + (size_t)k * C, sizeof(float), C, f) != C ||
+                    fread(tp_probs + (size_t)k * K, sizeof(float), K, f) != K ||
                     (F && fread(tp_emb + (size_t)k * F, sizeof(float), F, f) != F)) {
                     st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
                     break;

@@ -140,6 +140,7 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
         set(model, "stride", json_integer(m->stride), ok);
         set(model, "in_bands", json_integer(m->in_bands), ok);
         set(model, "feat_dim", json_integer(m->feat_dim), ok);
+        if (m->headless) set(model, "headless", json_true(), ok); /* absent: a head */
         set(model, "sha256", put_str(m->model_sha256), ok);
     }
     set(root, "model", model, ok);
@@ -479,10 +480,10 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
     tw_resolved *m = &mf->m;
     json_t *model = need_obj(r, root, "model");
     if (model) {
-        static const char *const model_keys[] = {"arch",     "bands",    "scale", "mean",
-                                                 "std",      "classes",  "tile",  "stride",
-                                                 "in_bands", "feat_dim", "sha256"};
-        only_keys(r, model, "model", model_keys, 11);
+        static const char *const model_keys[] = {"arch",     "bands",    "scale",  "mean",
+                                                 "std",      "classes",  "tile",   "stride",
+                                                 "in_bands", "feat_dim", "sha256", "headless"};
+        only_keys(r, model, "model", model_keys, 12);
         get_str(r, model, "model", "arch", m->arch, sizeof m->arch);
         json_t *bands = need_arr(r, model, "model", "bands", TW_MAX_BANDS);
         for (size_t i = 0; bands && r->st == TW_OK && i < json_array_size(bands); i++)
@@ -520,6 +521,9 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         get_int(r, model, "model", "in_bands", 1, TW_MAX_BANDS, &m->in_bands);
         get_int(r, model, "model", "feat_dim", 0, 1 << 20, &m->feat_dim);
         get_str(r, model, "model", "sha256", m->model_sha256, sizeof m->model_sha256);
+        json_t *hl = json_object_get(model, "headless");
+        if (hl && !json_is_boolean(hl)) fail(r, "key model.headless is not true or false");
+        m->headless = hl && json_is_true(hl);
     }
 
     tw_raster_info *info = &mf->info;

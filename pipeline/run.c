@@ -615,6 +615,8 @@ void tw_run_ctx_release(run_ctx *c)
 static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw_error *err)
 {
     unsigned need = p->output.products & TW_PRODUCTS_NEED_HEAD;
+    /* 'embeddings' brings the tile table: a headless one holds no probabilities */
+    if (p->output.products & TW_PRODUCT_EMB) need &= ~(unsigned)TW_PRODUCT_TILES;
     if (m->headless && need) {
         const char *name = "?";
         for (int i = 0; i < TW_PRODUCT_COUNT; i++)
@@ -622,12 +624,10 @@ static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw
                 name = tw_product_names[i].name;
                 break;
             }
-        /* the tile table comes with 'embeddings': name what the user wrote */
-        if ((need & ~(unsigned)TW_PRODUCT_TILES) == 0 && (p->output.products & TW_PRODUCT_EMB))
-            name = "embeddings";
         return tw_error_set(err, TW_ERR_MODEL,
                             "output.products: '%s' needs a classification head, but %s is a "
-                            "headless backbone (no fc.weight): ask for embedding_raster only",
+                            "headless backbone (no fc.weight): ask for embedding_raster or "
+                            "embeddings only",
                             name, p->model.weights);
     }
     if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.resolution == TW_RESOLUTION_INPUT)

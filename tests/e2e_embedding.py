@@ -19,7 +19,8 @@
 * Shards 1/2 + 2/2 and `tilewise merge` give one run's pixels, and a run
   killed (-9) after its first committed row and run again gives them too.
 * A class product with the headless model: exit 3 before the first tile,
-  naming the product and the model file.
+  naming the product and the model file; `embeddings` works: its tile table
+  holds PyTorch's per-tile features (<= 1e-4) and no probabilities.
 * SIGTERM after 8 of 30 tiles: exit 75 with a checkpoint (the stitcher's
   sums of features in the state file); the rerun classifies only the rest
   and gives one run's pixels.
@@ -90,7 +91,7 @@ def reference(m, torch, pix):
     for f, (ty, tx) in zip(feats, where):
         acc[:, ty:ty + k, tx:tx + k] += f[:, None, None]
         cnt[ty:ty + k, tx:tx + k] += 1
-    return acc / cnt, cnt
+    return acc / cnt, cnt, feats, where
 
 
 def said(cond, what, detail):
@@ -143,7 +144,7 @@ def main():
         src = f"{tmp}/crop.tif"
         gdal.Translate(src, f"{SRC}/sample_data/L7_ETMs.tif", srcWin=SRCWIN)
         pix = gdal.Open(src).ReadAsArray()
-        ref, cnt = reference(m, torch, pix)
+        ref, cnt, feats, where = reference(m, torch, pix)
         check(cnt.max() == 4 and cnt.min() == 1, "stride < tile: cells average 1 to 4 tiles", True)
 
         def flow(name, extra="", products="[embedding_raster]", weights=h5):
@@ -290,7 +291,7 @@ output:
              f"exit {r.returncode}, {redone} tiles classified again: {r.stderr}")
 
         # --- a class product with the headless model ---
-        for prod in ("[prob, embedding_raster]", "[embeddings]"):
+        for prod in ("[prob, embedding_raster]", "[tiles]"):
             wf, out = flow("cls", products=prod)
             r = run(["run", wf, "-q"])
             word = prod.strip("[]").split(",")[0]
@@ -299,6 +300,22 @@ output:
                   f"{r.returncode} {r.stderr.strip()}", True)
             check(not os.path.exists(f"{out}/crop.emb.tif") and
                   not os.path.exists(f"{out}/.tilewise"), f"{prod}: nothing run", True)
+
+        # --- the headless model's per-tile features: the HDF5 tile table ---
+        import h5py
+        wf, out = flow("table", products="[embeddings, embedding_raster]")
+        r = run(["run", wf, "-q"])
+        check(r.returncode == 0, f"[embeddings] with the headless model: {r.stderr}")
+        with h5py.File(f"{out}/crop.tiles.h5", "r") as f:
+            origin, e = f["origin"][()], f["embeddings"][()]
+            said("probabilities" not in f and "classes" not in f.attrs and e.shape == (30, 2048),
+                 "tiles.h5 of a headless model: embeddings only (no probabilities, no classes)",
+                 f"{list(f)}, {list(f.attrs)}, {e.shape}")
+        want = {(ty * S, tx * S): ft for ft, (ty, tx) in zip(feats, where)}
+        d = max(np.abs(e[i] - want[tuple(origin[i])]).max() for i in range(len(e)))
+        said(d <= 1e-4, f"its per-tile features equal PyTorch's within 1e-4 ({d:.2e})", d)
+        _, ae = emb(out)
+        check(np.array_equal(ae, a32), "and the embedding raster beside it is the same", True)
 
         # --- a headed model: its embeddings next to its class map ---
         w18 = f"{FIX}/resnet18_6b_7c.safetensors"

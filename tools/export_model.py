@@ -22,7 +22,8 @@ tensors may sit under a prefix ('module.', 'model.', 'backbone.',
 'encoder.', 'net.', or a chain of them such as 'model.backbone.'); the
 prefix is stripped and tensors outside it (projection heads, momentum
 encoders, losses) are left out, each step said on stdout. Without 'fc' the
-model is a headless backbone: tilewise runs it with embedding_raster only.
+model is a headless backbone: tilewise runs it with embedding_raster (and
+embeddings) only.
 Any other tensor name is refused, naming the first one that is not part of
 a torchvision/timm ResNet.
 
