@@ -51,7 +51,8 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
         tw_json_open(&j, "bands", '[');
         for (int i = 0; i < mf->n_bands; i++) tw_json_int(&j, NULL, mf->bands[i]);
         tw_json_close(&j, ']');
-        tw_json_int(&j, "n_classes", net->n_classes);
+        tw_json_bool(&j, "head", !net->headless);
+        tw_json_int(&j, "n_classes", net->headless ? 0 : net->n_classes);
         tw_json_open(&j, "classes", '[');
         for (int i = 0; i < mf->n_classes; i++) tw_json_str(&j, NULL, mf->classes[i]);
         tw_json_close(&j, ']');
@@ -120,11 +121,17 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
             for (int i = 0; i < mf->n_bands; i++) fprintf(out, " %d", mf->bands[i]);
             fprintf(out, ")");
         }
-        fprintf(out, "\nclasses:    %d", net->n_classes);
-        for (int i = 0; i < mf->n_classes; i++)
-            fprintf(out, "%s%s", i ? ", " : " (", mf->classes[i]);
-        fprintf(out, "%s\n", mf->n_classes ? ")" : "");
-        fprintf(out, "features:   %d\n", net->feat_dim);
+        if (net->headless) {
+            fprintf(out, "\nhead:       none (a headless backbone: output.products "
+                         "embedding_raster, embeddings)\n");
+        } else {
+            fprintf(out, "\nhead:       fc, %d classes\n", net->n_classes);
+            fprintf(out, "classes:    %d", net->n_classes);
+            for (int i = 0; i < mf->n_classes; i++)
+                fprintf(out, "%s%s", i ? ", " : " (", mf->classes[i]);
+            fprintf(out, "%s\n", mf->n_classes ? ")" : "");
+        }
+        fprintf(out, "features:   %d (the embedding width D)\n", net->feat_dim);
         fprintf(out, "parameters: %lld\n", params);
         if (!isnan(mf->scale)) fprintf(out, "scale:      %g\n", mf->scale);
         if (mf->n_mean) {

@@ -100,6 +100,8 @@ static void model_info_json(tilewise_model *mo)
     json_object_set_new(o, "tile", json_integer(m->tile));
     json_object_set_new(o, "stride", json_integer(m->stride));
     json_object_set_new(o, "scale", json_real(m->scale));
+    /* a headless backbone: its probabilities are a stand-in head's (all 1) */
+    json_object_set_new(o, "head", json_boolean(!m->headless));
     json_object_set_new(o, "mean", mean);
     json_object_set_new(o, "std", std);
     json_object_set_new(o, "sha256", json_string_nocheck(m->model_sha256));

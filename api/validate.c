@@ -37,6 +37,11 @@ static void write_input(const tw_validation *v, const tw_validation_input *in, F
             in->shown, in->width, in->height, in->bands, tw_dtype_name(in->dtype), in->tiles_x,
             in->tiles_y, (long long)in->n_tiles, in->tile, in->stride, in->grid_w, in->grid_h);
     char b1[32];
+    fprintf(out, "outputs   %s: at most %s on disk (uncompressed, parts included)%s\n", in->shown,
+            tw_format_bytes(in->output_bytes, b1, sizeof b1),
+            (v->products & TW_PRODUCT_EMB_RASTER)
+                ? "; the embedding raster's bands are one per feature"
+                : "");
     if (in->remote && in->remote_bytes < 0)
         fprintf(out, "reading   remote; its cost is unknown (not a tiled GeoTIFF/COG)\n");
     else if (in->remote)
@@ -61,8 +66,14 @@ void tw_validate_write(const tw_validation *v, FILE *out)
 {
     if (!v->resolved) return;
     const tw_resolved *m = &v->model;
-    fprintf(out, "model     %s: %s, %d bands, %d classes, %d features (sha256 %.12s)\n", v->weights,
-            m->arch, m->in_bands, m->n_classes, m->feat_dim, m->model_sha256);
+    if (m->headless)
+        fprintf(out,
+                "model     %s: %s, %d bands, no head (embedding products only), %d features "
+                "(sha256 %.12s)\n",
+                v->weights, m->arch, m->in_bands, m->feat_dim, m->model_sha256);
+    else
+        fprintf(out, "model     %s: %s, %d bands, %d classes, %d features (sha256 %.12s)\n",
+                v->weights, m->arch, m->in_bands, m->n_classes, m->feat_dim, m->model_sha256);
     fprintf(out, "backend   %s, precision %s\n", v->backend, tw_precision_name(v->precision));
     for (int i = 0; i < v->n_inputs; i++) write_input(v, &v->inputs[i], out);
     if (!v->planned) return;

@@ -379,6 +379,7 @@ static tw_status set_enum(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
     case TW_KEY_TILING_EDGE: p->tiling.edge = (tw_edge_mode)i; break;
     case TW_KEY_RUNTIME_PRECISION: p->runtime.precision = (tw_precision)i; break;
     case TW_KEY_OUTPUT_PROB_TYPE: p->output.prob_type = (tw_prob_type)i; break;
+    case TW_KEY_OUTPUT_EMBEDDING_TYPE: p->output.emb_type = (tw_emb_type)i; break;
     case TW_KEY_OUTPUT_RESOLUTION: p->output.resolution = (tw_resolution)i; break;
     case TW_KEY_OUTPUT_FORMAT: p->output.format = (tw_format)i; break;
     default: TW_ASSERT(!"set_enum: a key of another kind");
@@ -759,6 +760,7 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_OUTPUT_STAC] = set_bool,
     [TW_KEY_OUTPUT_PRODUCTS] = set_output_products,
     [TW_KEY_OUTPUT_PROB_TYPE] = set_enum,
+    [TW_KEY_OUTPUT_EMBEDDING_TYPE] = set_enum,
     [TW_KEY_OUTPUT_RESOLUTION] = set_enum,
     [TW_KEY_OUTPUT_FORMAT] = set_enum,
     [TW_KEY_OUTPUT_CREATION_OPTIONS] = set_output_creation_options,

@@ -17,8 +17,8 @@ static const char *const arch_names[] = {"resnet18", "resnet34", "resnet50", "re
 static const char *const precision_names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
 static const char *const resolution_names[] = {"cells", "input"};
 /* tw_product_names' words as a plain list (tests/test_keys.c checks they agree) */
-static const char *const product_words[TW_PRODUCT_COUNT] = {"class",      "prob",  "confidence",
-                                                            "embeddings", "tiles", "tiles_gpkg"};
+static const char *const product_words[TW_PRODUCT_COUNT] = {
+    "class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg", "embedding_raster"};
 
 #define NAMES(a) a, (int)(sizeof a / sizeof a[0])
 #define EXECUTION "how the run computes, not what: "
@@ -112,6 +112,8 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
                                 .def = "[class, prob]", .flags = TW_KEY_BYTES},
     [TW_KEY_OUTPUT_PROB_TYPE] = {"output.prob_type", TW_KT_ENUM, NAMES(tw_prob_type_names),
                                  .def = "float32", .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_EMBEDDING_TYPE] = {"output.embedding_type", TW_KT_ENUM, NAMES(tw_emb_type_names),
+                                      .def = "float32", .flags = TW_KEY_BYTES},
     [TW_KEY_OUTPUT_RESOLUTION] = {"output.resolution", TW_KT_ENUM, NAMES(resolution_names),
                                   .def = "cells", .flags = TW_KEY_BYTES},
     [TW_KEY_OUTPUT_FORMAT] = {"output.format", TW_KT_ENUM, NAMES(tw_format_names), .def = "GTiff",
@@ -309,6 +311,7 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
     case TW_KEY_OUTPUT_STAC: add(&b, "%s", p->output.stac ? "true" : "false"); break;
     case TW_KEY_OUTPUT_PRODUCTS: add_products(&b, p->output.products); break;
     case TW_KEY_OUTPUT_PROB_TYPE: add(&b, "%s", word(k, (int)p->output.prob_type)); break;
+    case TW_KEY_OUTPUT_EMBEDDING_TYPE: add(&b, "%s", word(k, (int)p->output.emb_type)); break;
     case TW_KEY_OUTPUT_RESOLUTION: add(&b, "%s", word(k, (int)p->output.resolution)); break;
     case TW_KEY_OUTPUT_FORMAT: add(&b, "%s", word(k, (int)p->output.format)); break;
     case TW_KEY_OUTPUT_CREATION_OPTIONS:

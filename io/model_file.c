@@ -213,7 +213,12 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
     const tw_tensor *conv1 = tw_model_file_find(mf, "conv1.weight");
     const tw_tensor *fcw = tw_model_file_find(mf, "fc.weight");
     const tw_tensor *fcb = tw_model_file_find(mf, "fc.bias");
-    const char *missing = !conv1 ? "conv1.weight" : !fcw ? "fc.weight" : !fcb ? "fc.bias" : NULL;
+    /* No fc at all: a headless backbone (embedding products only); one of
+     * the two alone is a damaged head. */
+    const char *missing = !conv1        ? "conv1.weight"
+                          : !fcw && fcb ? "fc.weight"
+                          : fcw && !fcb ? "fc.bias"
+                                        : NULL;
     if (missing)
         return tw_model_error(
             err, mf->path, "no tensor '%s': not a torchvision-layout ResNet state_dict", missing);
@@ -223,14 +228,14 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
         return tw_model_error(err, mf->path, "tensor 'conv1.weight' has shape %s (expected 4-D)",
                               s1);
     }
-    if (fcw->ndim != 2 || fcb->ndim != 1 || fcb->shape[0] != fcw->shape[0]) {
+    if (fcw && (fcw->ndim != 2 || fcb->ndim != 1 || fcb->shape[0] != fcw->shape[0])) {
         shape_str(fcw, s1, sizeof s1);
         shape_str(fcb, s2, sizeof s2);
         return tw_model_error(
             err, mf->path,
             "tensor 'fc.weight' %s and 'fc.bias' %s do not fit (expected [K,C] and [K])", s1, s2);
     }
-    int64_t in_bands = conv1->shape[1], k = fcw->shape[0];
+    int64_t in_bands = conv1->shape[1], k = fcw ? fcw->shape[0] : 0;
     if (mf->n_bands && mf->n_bands != in_bands)
         return tw_model_error(err, mf->path,
                               "metadata 'bands' lists %d bands but conv1.weight takes %lld",
@@ -243,6 +248,11 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
         return tw_model_error(err, mf->path,
                               "metadata 'std' has %d values but conv1.weight takes %lld bands",
                               mf->n_std, (long long)in_bands);
+    if (mf->n_classes && !fcw)
+        return tw_model_error(err, mf->path,
+                              "metadata 'classes' names %d classes but there is no fc.weight "
+                              "(a headless backbone)",
+                              mf->n_classes);
     if (mf->n_classes && mf->n_classes != k)
         return tw_model_error(err, mf->path,
                               "metadata 'classes' names %d classes but fc.weight has %lld",

@@ -141,7 +141,8 @@ static tw_status write_attributes(tw_tiletable *t, const tw_tiletable_params *p,
                 names[i] = fallback[i];
             }
         }
-        st = write_attr(t, "classes", str, (hsize_t)p->n_classes, names, err);
+        /* a headless backbone's table: no classes, no probabilities */
+        if (p->n_classes > 0) st = write_attr(t, "classes", str, (hsize_t)p->n_classes, names, err);
     }
     H5Tclose(str);
     return st;
@@ -155,8 +156,10 @@ static tw_status tiletable_create(tw_tiletable *t, const tw_tiletable_params *p,
     if (st != TW_OK) return st;
     t->ds_origin = make_dataset(t, "origin", H5T_STD_I32LE, 2, err);
     if (t->ds_origin < 0) return TW_ERR_OUTPUT;
-    t->ds_prob = make_dataset(t, "probabilities", H5T_IEEE_F32LE, p->n_classes, err);
-    if (t->ds_prob < 0) return TW_ERR_OUTPUT;
+    if (p->n_classes > 0) {
+        t->ds_prob = make_dataset(t, "probabilities", H5T_IEEE_F32LE, p->n_classes, err);
+        if (t->ds_prob < 0) return TW_ERR_OUTPUT;
+    }
     if (p->feat_dim > 0) {
         t->ds_emb = make_dataset(t, "embeddings", H5T_IEEE_F32LE, p->feat_dim, err);
         if (t->ds_emb < 0) return TW_ERR_OUTPUT;
@@ -168,7 +171,8 @@ tw_status tw_tiletable_create(const tw_tiletable_params *p, tw_tiletable **out, 
 {
     *out = NULL;
     if (!p->path || !p->path[0]) return tw_error_set(err, TW_ERR_INTERNAL, "tile table: no path");
-    if (p->n_classes < 1 || p->n_classes > TW_MAX_CLASSES || p->feat_dim < 0)
+    if (p->n_classes < 0 || p->n_classes > TW_MAX_CLASSES || p->feat_dim < 0 ||
+        (p->n_classes == 0 && p->feat_dim == 0))
         return tw_error_set(err, TW_ERR_INTERNAL, "tile table %s: %d classes, %d features", p->path,
                             p->n_classes, p->feat_dim);
     tw_tiletable *t = tw_calloc(TW_MEM_OTHER, 1, sizeof *t);
@@ -235,7 +239,8 @@ static tw_status tiletable_append(tw_tiletable *t, int n, const int32_t *rows, c
     hsize_t dims_o[2] = {total, 2};
     hsize_t dims_p[2] = {total, (hsize_t)t->n_classes};
     hsize_t dims_e[2] = {total, (hsize_t)t->feat_dim};
-    if (H5Dset_extent(t->ds_origin, dims_o) < 0 || H5Dset_extent(t->ds_prob, dims_p) < 0 ||
+    if (H5Dset_extent(t->ds_origin, dims_o) < 0 ||
+        (t->ds_prob >= 0 && H5Dset_extent(t->ds_prob, dims_p) < 0) ||
         (t->ds_emb >= 0 && H5Dset_extent(t->ds_emb, dims_e) < 0))
         return h5_fail(t, "growing the datasets", err);
     /* rows and cols go straight into the two columns of /origin: no
@@ -243,8 +248,8 @@ static tw_status tiletable_append(tw_tiletable *t, int n, const int32_t *rows, c
     if (write_block(t, t->ds_origin, t->n_tiles, (hsize_t)n, 2, 0, H5T_NATIVE_INT32, rows) < 0 ||
         write_block(t, t->ds_origin, t->n_tiles, (hsize_t)n, 2, 1, H5T_NATIVE_INT32, cols) < 0)
         return h5_fail(t, "writing /origin", err);
-    if (write_block(t, t->ds_prob, t->n_tiles, (hsize_t)n, (hsize_t)t->n_classes, -1,
-                    H5T_NATIVE_FLOAT, probs) < 0)
+    if (t->ds_prob >= 0 && write_block(t, t->ds_prob, t->n_tiles, (hsize_t)n, (hsize_t)t->n_classes,
+                                       -1, H5T_NATIVE_FLOAT, probs) < 0)
         return h5_fail(t, "writing /probabilities", err);
     if (t->ds_emb >= 0 && write_block(t, t->ds_emb, t->n_tiles, (hsize_t)n, (hsize_t)t->feat_dim,
                                       -1, H5T_NATIVE_FLOAT, emb) < 0)

@@ -2,7 +2,8 @@
  *
  * Layout (all datasets chunked along the tile axis, deflate level 4):
  *   /origin         int32 [n_tiles][2]   input pixel (row, col) of each tile's top-left
- *   /probabilities  float32 [n_tiles][n_classes]
+ *   /probabilities  float32 [n_tiles][n_classes]   not when n_classes is 0 (a
+ *                   headless backbone's table: embeddings only, no classes attribute)
  *   /embeddings     float32 [n_tiles][feat_dim]   only when feat_dim > 0
  *   root attributes: crs_wkt (string), geotransform (double[6], of the input),
  *                    tile, stride (int), classes (string array)

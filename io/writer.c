@@ -30,9 +30,11 @@
 #include "core/alloc.h"
 #include "io/gdal_msgs.h"
 
-enum { TW_WP_CLASS = 0, TW_WP_PROB, TW_WP_CONF, TW_WP_COUNT };
+enum { TW_WP_CLASS = 0, TW_WP_PROB, TW_WP_CONF, TW_WP_EMB, TW_WP_COUNT };
 
-static const char *const k_product_names[TW_WP_COUNT] = {"class", "prob", "conf"};
+static const char *const k_product_names[TW_WP_COUNT] = {"class", "prob", "conf", "emb"};
+
+#define TW_EMB_INT8_NODATA (-128)
 
 #define TW_CLASS_NODATA 255
 #define TW_FLOAT_NODATA (-1.0)
@@ -57,6 +59,10 @@ typedef struct tw_writer_file {
 
 struct tw_writer {
     int grid_w, grid_h, n_classes;
+    int emb_dim; /* features after each cell's probabilities (0: none) */
+    tw_emb_type emb_type;
+    double *emb_scale; /* int8: own copies [emb_dim] */
+    double *emb_offset;
     tw_prob_type prob_type;
     tw_format format;
     char (*class_names)[TW_NAME_MAX]; /* own copy [n_classes] */
@@ -256,7 +262,17 @@ static tw_status set_band_common(tw_writer *w, tw_writer_file *f, int b, const c
         return tw_error_set(err, TW_ERR_OUTPUT, "%s: band %d missing after create: %s",
                             f->part_path, b, writer_gdal_msg(w));
     GDALSetDescription(band, desc);
-    if (f->type == GDT_Byte && f != &w->files[TW_WP_PROB]) {
+    if (f == &w->files[TW_WP_EMB]) {
+        double nd = w->emb_type == TW_EMB_INT8 ? TW_EMB_INT8_NODATA : NAN;
+        if (GDALSetRasterNoDataValue(band, nd) != CE_None)
+            return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set nodata: %s", f->part_path,
+                                writer_gdal_msg(w));
+        if (w->emb_type == TW_EMB_INT8 &&
+            (GDALSetRasterScale(band, w->emb_scale[b - 1]) != CE_None ||
+             GDALSetRasterOffset(band, w->emb_offset[b - 1]) != CE_None))
+            return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set scale/offset: %s", f->part_path,
+                                writer_gdal_msg(w));
+    } else if (f->type == GDT_Byte && f != &w->files[TW_WP_PROB]) {
         if (GDALSetRasterNoDataValue(band, TW_CLASS_NODATA) != CE_None)
             return tw_error_set(err, TW_ERR_OUTPUT, "%s: cannot set nodata: %s", f->part_path,
                                 writer_gdal_msg(w));
@@ -319,8 +335,22 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
     remove_file_and_sidecars(f->part_path);
     remove_file_and_sidecars(f->cog_path);
     char **opts = CSLDuplicate(gtiff_options);
+    bool emb = which == TW_WP_EMB;
     if (w->default_compress && w->format != TW_FORMAT_COG)
-        opts = CSLSetNameValue(opts, "PREDICTOR", f->type == GDT_Float32 ? "3" : "2");
+        opts = CSLSetNameValue(
+            opts, "PREDICTOR",
+            f->type == GDT_Float32 && !(emb && w->emb_type == TW_EMB_FLOAT16) ? "3" : "2");
+    if (emb) {
+        /* writer.h: one feature per block, blocks completed by each strip */
+        if (!CSLFetchNameValue(opts, "INTERLEAVE"))
+            opts = CSLSetNameValue(opts, "INTERLEAVE", "BAND");
+        if (!CSLFetchNameValue(opts, "BLOCKYSIZE"))
+            opts = CSLSetNameValue(opts, "BLOCKYSIZE", "16");
+        if (!CSLFetchNameValue(opts, "BLOCKXSIZE"))
+            opts = CSLSetNameValue(opts, "BLOCKXSIZE", "256");
+        if (w->emb_type == TW_EMB_FLOAT16) opts = CSLSetNameValue(opts, "NBITS", "16");
+        if (w->emb_type == TW_EMB_INT8) opts = CSLSetNameValue(opts, "PIXELTYPE", "SIGNEDBYTE");
+    }
     /* Several Byte bands would be tagged Red, Green, Blue by default. */
     if (!w->user_photometric && f->n_bands > 1)
         opts = CSLSetNameValue(opts, "PHOTOMETRIC", "MINISBLACK");
@@ -348,6 +378,14 @@ static tw_status create_file(tw_writer *w, const tw_writer_params *p, int which,
         if (st == TW_OK) st = set_class_legend(w, f, err);
     } else if (which == TW_WP_CONF) {
         st = set_band_common(w, f, 1, "confidence", err);
+    } else if (emb) {
+        for (int b = 1; b <= f->n_bands && st == TW_OK; b++) {
+            char desc[32];
+            snprintf(desc, sizeof desc, "emb_%d", b - 1);
+            st = set_band_common(w, f, b, desc, err);
+            if (st == TW_OK && f->n_bands > 1)
+                GDALSetRasterColorInterpretation(GDALGetRasterBand(f->ds, b), GCI_Undefined);
+        }
     } else {
         for (int b = 1; b <= f->n_bands && st == TW_OK; b++) {
             st = set_band_common(w, f, b, w->class_names[b - 1], err);
@@ -432,11 +470,12 @@ static tw_status writer_create(tw_writer *w, const tw_writer_params *p, tw_error
     for (int i = 0; i < TW_WP_COUNT && st == TW_OK; i++) {
         tw_writer_file *f = &w->files[i];
         static const unsigned bits[TW_WP_COUNT] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB,
-                                                   TW_PRODUCT_CONF};
+                                                   TW_PRODUCT_CONF, TW_PRODUCT_EMB_RASTER};
         if (!(p->products & bits[i])) continue;
-        f->n_bands = i == TW_WP_PROB ? w->n_classes : 1;
+        f->n_bands = i == TW_WP_PROB ? w->n_classes : i == TW_WP_EMB ? w->emb_dim : 1;
         f->type = GDT_Float32;
-        if (i == TW_WP_CLASS || (i == TW_WP_PROB && w->prob_type == TW_PROB_UINT8))
+        if (i == TW_WP_CLASS || (i == TW_WP_PROB && w->prob_type == TW_PROB_UINT8) ||
+            (i == TW_WP_EMB && w->emb_type == TW_EMB_INT8))
             f->type = GDT_Byte;
         char name[TW_PATH_MAX];
         if (!path_printf(name, sizeof name, "%s.%s.tif", p->stem, k_product_names[i]) ||
@@ -491,6 +530,24 @@ tw_status tw_writer_create(const tw_writer_params *p, tw_writer **out, tw_error 
     w->n_classes = p->n_classes;
     w->prob_type = p->prob_type;
     w->format = p->format;
+    w->emb_dim = (p->products & TW_PRODUCT_EMB_RASTER) ? p->emb_dim : 0;
+    w->emb_type = p->emb_type;
+    if ((p->products & TW_PRODUCT_EMB_RASTER) && p->emb_dim < 1) {
+        tw_free(w);
+        return tw_error_set(err, TW_ERR_INTERNAL, "writer: embedding raster without features");
+    }
+    if (w->emb_dim > 0 && w->emb_type == TW_EMB_INT8) {
+        w->emb_scale = tw_alloc(TW_MEM_OTHER, sizeof(double) * (size_t)w->emb_dim);
+        w->emb_offset = tw_alloc(TW_MEM_OTHER, sizeof(double) * (size_t)w->emb_dim);
+        if (!w->emb_scale || !w->emb_offset) {
+            tw_writer_destroy(w);
+            return tw_error_set(err, TW_ERR_NOMEM, "writer: out of memory");
+        }
+        for (int b = 0; b < w->emb_dim; b++) {
+            w->emb_scale[b] = p->emb_scale ? p->emb_scale[b] : 1.0;
+            w->emb_offset[b] = p->emb_offset ? p->emb_offset[b] : 0.0;
+        }
+    }
 
     if (!GDALGetDriverByName("GTiff")) GDALAllRegister();
     writer_gdal_begin(w);
@@ -546,17 +603,64 @@ static tw_status ensure_buffers(tw_writer *w, int n_rows, tw_error *err)
 }
 
 /* Convert one strip into every product's buffer, updating the statistics. */
+static void fill_emb(tw_writer *w, size_t cells, const float *probs, const uint8_t *has)
+{
+    tw_writer_file *fe = &w->files[TW_WP_EMB];
+    const size_t K = (size_t)w->n_classes, E = (size_t)w->emb_dim, V = K + E;
+    /* band-interleaved buffer: [E][cells] */
+    for (size_t b = 0; b < E; b++) {
+        tw_band_stats *st = &fe->stats[b];
+        if (w->emb_type == TW_EMB_INT8) {
+            int8_t *dst = (int8_t *)fe->buf + b * cells;
+            const double sc = w->emb_scale[b], off = w->emb_offset[b];
+            for (size_t c = 0; c < cells; c++) {
+                if (!has[c]) {
+                    dst[c] = TW_EMB_INT8_NODATA;
+                    continue;
+                }
+                double q = nearbyint(((double)probs[c * V + K + b] - off) / sc);
+                q = !(q > -127) ? -127 : q > 127 ? 127 : q; /* NaN to -127, never nodata */
+                dst[c] = (int8_t)q;
+                stats_add(st, q);
+            }
+        } else {
+            float *dst = (float *)fe->buf + b * cells;
+            for (size_t c = 0; c < cells; c++) {
+                if (!has[c]) {
+                    dst[c] = NAN;
+                    continue;
+                }
+                float v = probs[c * V + K + b];
+                if (w->emb_type == TW_EMB_FLOAT16) {
+                    /* beyond the largest half GDAL fails the write (+-inf with
+                     * an error): clamped (writer.h); the statistics get the
+                     * value stored */
+                    v = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+                    _Float16 h = (_Float16)v;
+                    dst[c] = v;
+                    v = (float)h;
+                } else {
+                    dst[c] = v;
+                }
+                stats_add(st, v);
+            }
+        }
+    }
+}
+
 static void fill_buffers(tw_writer *w, int n_rows, const float *probs, const uint8_t *has)
 {
     const int k = w->n_classes;
+    const size_t v = (size_t)k + (size_t)w->emb_dim; /* values per cell */
     const size_t cells = (size_t)n_rows * (size_t)w->grid_w;
     tw_writer_file *fc = w->files[TW_WP_CLASS].active ? &w->files[TW_WP_CLASS] : NULL;
     tw_writer_file *fp = w->files[TW_WP_PROB].active ? &w->files[TW_WP_PROB] : NULL;
     tw_writer_file *ff = w->files[TW_WP_CONF].active ? &w->files[TW_WP_CONF] : NULL;
     const bool prob_u8 = w->prob_type == TW_PROB_UINT8;
 
+    if (w->files[TW_WP_EMB].active) fill_emb(w, cells, probs, has);
     for (size_t c = 0; c < cells; c++) {
-        const float *pc = probs + c * (size_t)k;
+        const float *pc = probs + c * v;
         if (!has[c]) {
             if (fc) ((uint8_t *)fc->buf)[c] = TW_CLASS_NODATA;
             if (ff) ((float *)ff->buf)[c] = (float)TW_FLOAT_NODATA;
@@ -618,9 +722,18 @@ static tw_status writer_write_rows(tw_writer *w, int row0, int n_rows, const flo
         int sz = GDALGetDataTypeSizeBytes(f->type);
         GSpacing pixel = (GSpacing)sz * f->n_bands;
         GSpacing line = pixel * w->grid_w;
+        GSpacing band = sz;
+        if (i == TW_WP_EMB) { /* fill_emb: band-interleaved */
+            pixel = sz;
+            line = pixel * w->grid_w;
+            band = line * n_rows;
+        }
         CPLErr e =
             GDALDatasetRasterIOEx(f->ds, GF_Write, 0, row0, w->grid_w, n_rows, f->buf, w->grid_w,
-                                  n_rows, f->type, f->n_bands, NULL, pixel, line, sz, NULL);
+                                  n_rows, f->type, f->n_bands, NULL, pixel, line, band, NULL);
+        /* whole blocks of every feature are done: out of the cache now, so
+         * that D bands x the raster's width never pile up in it */
+        if (e == CE_None && i == TW_WP_EMB) GDALFlushCache(f->ds);
         if (e == CE_None && i == TW_WP_PROB && w->mask_buf) {
             GDALRasterBandH mask = GDALGetMaskBand(GDALGetRasterBand(f->ds, 1));
             e = mask ? GDALRasterIO(mask, GF_Write, 0, row0, w->grid_w, n_rows, w->mask_buf,
@@ -689,6 +802,12 @@ static tw_status make_cog(tw_writer *w, tw_writer_file *f, int which, tw_error *
         argv = CSLAddString(argv, "-co");
         argv = CSLAddString(argv, which == TW_WP_CLASS ? "OVERVIEW_RESAMPLING=MODE"
                                                        : "OVERVIEW_RESAMPLING=AVERAGE");
+    }
+    /* GDAL 3.6's COG is pixel-interleaved: a 512 x 512 block of 2048 float
+     * features would be 2 GiB; 64 x 64 keeps it at 32 MiB */
+    if (which == TW_WP_EMB && !CSLFetchNameValue(w->cog_options, "BLOCKSIZE")) {
+        argv = CSLAddString(argv, "-co");
+        argv = CSLAddString(argv, "BLOCKSIZE=64");
     }
     for (char **o = w->cog_options; o && *o; o++) {
         argv = CSLAddString(argv, "-co");
@@ -793,5 +912,7 @@ void tw_writer_destroy(tw_writer *w)
     tw_free(w->colors);
     tw_free(w->mask_buf);
     tw_free(w->class_names);
+    tw_free(w->emb_scale);
+    tw_free(w->emb_offset);
     tw_free(w);
 }

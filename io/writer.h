@@ -6,6 +6,17 @@
  *                    float32 (nodata -1) or uint8 = round(255 p) (0 where no data,
  *                    with a per-dataset mask band marking the valid cells)
  *   scene.conf.tif   float32 max probability, nodata -1
+ *   scene.emb.tif    embedding_raster: emb_dim bands (emb_0..), the averaged
+ *                    pooled features; float32 or float16 (GTiff NBITS=16;
+ *                    beyond +-65504 clamped) with nodata NaN, or int8 (PIXELTYPE=SIGNEDBYTE, nodata
+ *                    -128) with a per-band scale and offset (GDAL's
+ *                    GetScale/GetOffset: value = offset + scale * q).
+ *                    Band-interleaved, 256 x 16 blocks unless the creation
+ *                    options say otherwise: a block is one feature, so its
+ *                    bytes do not grow with emb_dim (2048 bands pixel-
+ *                    interleaved would make each block 32 MiB), and every
+ *                    16-row strip completes its blocks, which are flushed
+ *                    at once (memory flat in the raster's height).
  * Georeferencing: the input's CRS and origin; pixel size = stride x input's.
  * Compression: unless creation_options name COMPRESS, every file is
  * TW_WRITER_DEFAULT_COMPRESS with a predictor (2 for Byte, 3 for float32;
@@ -34,7 +45,13 @@ typedef struct tw_writer_params {
     const char *crs_wkt;    /* "" or NULL: none */
     int n_classes;
     const char (*class_names)[TW_NAME_MAX]; /* n_classes names */
-    unsigned products;                      /* TW_PRODUCT_CLASS|PROB|CONF (others ignored) */
+    unsigned products;                      /* TW_PRODUCT_CLASS|PROB|CONF|EMB_RASTER (others
+                                               ignored) */
+    int emb_dim;          /* EMB_RASTER: features per cell; they follow each cell's n_classes
+                             probabilities in write_rows (0 when not asked) */
+    tw_emb_type emb_type; /* float32, float16 or int8 */
+    const double *emb_scale, *emb_offset; /* int8: [emb_dim] value = offset + scale * q
+                                             (q in -127..127; -128 nodata); borrowed */
     tw_prob_type prob_type;
     tw_format format;
     const char (*creation_options)[128]; /* "KEY=VALUE" */
@@ -57,7 +74,7 @@ typedef struct tw_writer tw_writer;
 tw_status tw_writer_create(const tw_writer_params *p, tw_writer **out, tw_error *err);
 
 /* Write output rows [row0, row0 + n_rows) (must follow the previous call's
- * rows: raster order). probs [n_rows][grid_w][n_classes] averaged
+ * rows: raster order). probs [n_rows][grid_w][n_classes + emb_dim] averaged
  * probabilities; has [n_rows][grid_w] 1 where the cell was classified, 0 for
  * nodata. Allocates nothing after the first call. */
 tw_status tw_writer_write_rows(tw_writer *w, int row0, int n_rows, const float *probs,

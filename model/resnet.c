@@ -321,6 +321,22 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
     net->feat_dim = ch;
 
     const tw_tensor *fw = NULL, *fb = NULL;
+    if (!tw_model_file_find(mf, "fc.weight") && !tw_model_file_find(mf, "fc.bias")) {
+        /* A headless backbone: a one-class head of zeros stands in (its
+         * probability is 1 everywhere), so both backends run it unchanged;
+         * run.c lets it serve embedding products only. */
+        net->headless = true;
+        net->n_classes = 1;
+        net->fc_w = tw_calloc(TW_MEM_WEIGHTS, (size_t)ch, sizeof(float));
+        net->fc_b = tw_calloc(TW_MEM_WEIGHTS, 1, sizeof(float));
+        if (!net->fc_w || !net->fc_b) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
+            goto fail;
+        }
+        net->weight_bytes += ((size_t)ch + 1) * sizeof(float);
+        *out = net;
+        return TW_OK;
+    }
     st = get_tensor(mf, "fc.weight", 2, (const int64_t[]){-1, ch}, &fw, err);
     if (st != TW_OK) goto fail;
     if (fw->shape[0] > TW_MAX_CLASSES) {

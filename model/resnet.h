@@ -41,8 +41,9 @@ typedef struct tw_resnet {
     bool bottleneck;
     int in_bands;
     int n_classes;
-    int feat_dim; /* channels after the last stage (512 or 2048 for standard widths) */
-    tw_conv stem; /* conv1 7x7 s2 p3 + bn1 */
+    int feat_dim;  /* channels after the last stage (512 or 2048 for standard widths) */
+    bool headless; /* no fc in the file: a stand-in one-class head of zeros (embeddings only) */
+    tw_conv stem;  /* conv1 7x7 s2 p3 + bn1 */
     tw_block *blocks;
     int n_blocks;
     int stage_blocks[4]; /* blocks per stage, e.g. 2,2,2,2 */

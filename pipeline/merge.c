@@ -48,6 +48,8 @@ static void writer_params_for(const tw_run_params *p, const tw_resolved *m, cons
     wp->class_names = (const char(*)[TW_NAME_MAX])m->classes;
     wp->products = p->output.products;
     wp->prob_type = p->output.prob_type;
+    wp->emb_dim = tw_run_cell_emb(p->output.products, m->feat_dim);
+    wp->emb_type = p->output.emb_type;
     wp->format = p->output.format;
     wp->creation_options = (const char(*)[128])p->output.creation_options;
     wp->n_creation_options = p->output.n_creation_options;
@@ -69,14 +71,14 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     if (st != TW_OK) return st;
     tw_writer_params wp;
     writer_params_for(p, m, config_json, info, &plan, res->stem, &wp);
-    bool rasters =
-        (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF)) != 0;
+    bool rasters = (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF |
+                                          TW_PRODUCT_EMB_RASTER)) != 0;
     bool table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
     char tpath[TW_PATH_MAX + 300];
     snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
     tw_tiletable_params tp = {
         .path = tpath,
-        .n_classes = m->n_classes,
+        .n_classes = m->headless ? 0 : m->n_classes, /* a stand-in head's: not written */
         .class_names = (const char(*)[TW_NAME_MAX])m->classes,
         .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? m->feat_dim : 0,
         .tile = m->tile,
@@ -89,7 +91,7 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     snprintf(gpath, sizeof gpath, "%s/%s.tiles.gpkg", p->output.dir, res->stem);
     /* The GeoPackage holds the table's tiles as polygons: its grid is the table's. */
     tw_gpkg_params gp = {.path = gpath, .tile = tp.tile, .crs_wkt = tp.crs_wkt};
-    gp.n_classes = tp.n_classes;
+    gp.n_classes = m->n_classes;
     gp.class_names = tp.class_names;
     memcpy(gp.geotransform, tp.geotransform, sizeof gp.geotransform);
     memset(res->hist, 0, sizeof res->hist);
@@ -130,12 +132,19 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     }
     if (st == TW_OK) st = tw_parts_remove(parts, err);
     if (st != TW_OK) return st;
+    /* embedding_raster alone (a headless backbone's stand-in head
+     * included): no class was asked, none is counted */
+    if ((p->output.products & ~(unsigned)TW_PRODUCT_EMB_RASTER) == 0)
+        memset(res->hist, 0, sizeof res->hist);
     res->n_outputs = 0;
     static const struct {
         unsigned bit;
         const char *name;
-    } prods[] = {{TW_PRODUCT_CLASS, "class"}, {TW_PRODUCT_PROB, "prob"}, {TW_PRODUCT_CONF, "conf"}};
-    for (int i = 0; i < 3; i++)
+    } prods[] = {{TW_PRODUCT_CLASS, "class"},
+                 {TW_PRODUCT_PROB, "prob"},
+                 {TW_PRODUCT_CONF, "conf"},
+                 {TW_PRODUCT_EMB_RASTER, "emb"}};
+    for (int i = 0; i < 4; i++)
         if (p->output.products & prods[i].bit)
             tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
                                    res->outputs[res->n_outputs++], sizeof res->outputs[0]);
@@ -148,8 +157,8 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
  * wrote it: products are renamed to their final names only when complete). */
 static bool has_products(const char *out_dir)
 {
-    static const char *const suffixes[] = {".class.tif", ".prob.tif", ".conf.tif", ".tiles.h5",
-                                           ".tiles.gpkg"};
+    static const char *const suffixes[] = {".class.tif", ".prob.tif",   ".conf.tif",
+                                           ".tiles.h5",  ".tiles.gpkg", ".emb.tif"};
     DIR *d = opendir(out_dir);
     if (!d) return false;
     bool found = false;
@@ -233,6 +242,7 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
             .grid_h = plan.grid_h,
             .n_classes = mf->m.n_classes,
             .feat_dim = emb ? mf->m.feat_dim : 0,
+            .cell_emb = tw_run_cell_emb(mf->p.output.products, mf->m.feat_dim),
             .tiles = tw_run_keeps_tiles(mf->p.output.products),
             .shard_index = 0,
             .shard_count = 1,

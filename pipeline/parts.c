@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,6 +302,13 @@ int tw_parts_fingerprint_diff(const char *now, const char *stored, char *buf, si
     return count;
 }
 
+/* Values per output cell in row chunks and states: the probabilities, then
+ * the embedding raster's features. */
+static size_t cell_values(const tw_parts_params *p)
+{
+    return (size_t)p->n_classes + (size_t)p->cell_emb;
+}
+
 /* Verify a chunk file against its header and checksum; true when sound. */
 static bool chunk_verify(const tw_parts *pt, int r0, int r1)
 {
@@ -311,8 +319,8 @@ static bool chunk_verify(const tw_parts *pt, int r0, int r1)
     chunk_header h;
     bool ok = fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, CHUNK_MAGIC, 8) == 0 &&
               h.r0 == r0 && h.r1 == r1 && h.grid_w == pt->p.grid_w &&
-              h.n_classes == pt->p.n_classes;
-    size_t row_bytes = (size_t)pt->p.grid_w * ((size_t)pt->p.n_classes * sizeof(float) + 1);
+              h.n_classes == (int32_t)cell_values(&pt->p);
+    size_t row_bytes = (size_t)pt->p.grid_w * (cell_values(&pt->p) * sizeof(float) + 1);
     uint64_t fnv = FNV_OFFSET;
     char buf[65536];
     size_t total = 0, n;
@@ -386,7 +394,7 @@ static size_t tile_record_bytes(const tw_parts *pt)
 /* Bytes of a state's sums and counts. */
 static size_t state_rows_bytes(const tw_parts *pt, int k)
 {
-    return (size_t)k * (size_t)pt->p.grid_w * ((size_t)pt->p.n_classes * sizeof(float) + 4);
+    return (size_t)k * (size_t)pt->p.grid_w * (cell_values(&pt->p) * sizeof(float) + 4);
 }
 
 /* Read and verify this shard's state: it counts when it fits this grid and
@@ -398,10 +406,10 @@ static void load_state(tw_parts *pt)
     state_header h;
     const tw_parts_params *p = &pt->p;
     bool ok = fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, STATE_MAGIC, 8) == 0 &&
-              h.grid_w == p->grid_w && h.n_classes == p->n_classes && h.feat_dim == p->feat_dim &&
-              h.r0 >= 0 && h.r0 < h.row_end && h.row_end <= p->grid_h && h.k >= 1 && h.k <= 65536 &&
-              h.ty >= 0 && h.tx >= 0 && h.n_tiles >= 0 && (p->tiles || h.n_tiles == 0) &&
-              !pt->done[h.r0];
+              h.grid_w == p->grid_w && h.n_classes == (int32_t)cell_values(p) &&
+              h.feat_dim == p->feat_dim && h.r0 >= 0 && h.r0 < h.row_end &&
+              h.row_end <= p->grid_h && h.k >= 1 && h.k <= 65536 && h.ty >= 0 && h.tx >= 0 &&
+              h.n_tiles >= 0 && (p->tiles || h.n_tiles == 0) && !pt->done[h.r0];
     uint64_t fnv = FNV_OFFSET;
     char buf[65536];
     size_t total = 0, n;
@@ -637,7 +645,7 @@ tw_status tw_parts_chunk_rows(tw_parts *pt, int row, int n, const float *probs, 
                               tw_error *err)
 {
     TW_ASSERT(pt->c_r0 >= 0 && row == pt->c_next && row + n <= pt->c_r1);
-    const size_t W = (size_t)pt->p.grid_w, C = (size_t)pt->p.n_classes;
+    const size_t W = (size_t)pt->p.grid_w, C = cell_values(&pt->p);
     for (int i = 0; i < n; i++) {
         tw_status st =
             write_payload(&pt->rows, probs + (size_t)i * W * C, W * C * sizeof(float), err);
@@ -690,7 +698,7 @@ tw_status tw_parts_chunk_commit(tw_parts *pt, tw_error *err)
     h.r0 = pt->c_r0;
     h.r1 = pt->c_r1;
     h.grid_w = pt->p.grid_w;
-    h.n_classes = pt->p.n_classes;
+    h.n_classes = (int32_t)cell_values(&pt->p);
     h.fnv = pt->rows.fnv;
     tw_status st = close_durable(&pt->rows, &h, sizeof h, err);
     if (st == TW_OK && pt->p.tiles) {
@@ -777,14 +785,14 @@ tw_status tw_parts_checkpoint(tw_parts *pt, const tw_parts_state *s, const float
                       .ty = s->ty,
                       .tx = s->tx,
                       .grid_w = pt->p.grid_w,
-                      .n_classes = pt->p.n_classes,
+                      .n_classes = (int32_t)cell_values(&pt->p),
                       .k = s->k,
                       .feat_dim = pt->p.feat_dim,
                       .n_tiles = pending,
                       .fnv = FNV_OFFSET};
     memcpy(h.magic, STATE_MAGIC, 8);
     tw_status st = TW_OK;
-    size_t sum_bytes = cells * (size_t)pt->p.n_classes * sizeof(float);
+    size_t sum_bytes = cells * cell_values(&pt->p) * sizeof(float);
     if (fwrite(&h, sizeof h, 1, f) != 1 || fwrite(sum, 1, sum_bytes, f) != sum_bytes ||
         fwrite(count, sizeof(uint32_t), cells, f) != cells)
         st = tw_error_set(err, TW_ERR_OUTPUT, "cannot write %s: %s", tmp, strerror(errno));
@@ -851,7 +859,7 @@ tw_status tw_parts_state_restore(tw_parts *pt, float *sum, uint32_t *count, tw_e
     pt->has_state = false;
     FILE *f = fopen(pt->state_path, "rb");
     const size_t cells = (size_t)pt->state.k * (size_t)pt->p.grid_w;
-    const size_t C = (size_t)pt->p.n_classes;
+    const size_t C = cell_values(&pt->p);
     tw_status st = TW_OK;
     if (!f || fseek(f, (long)sizeof(state_header), SEEK_SET) != 0 ||
         fread(sum, sizeof(float), cells * C, f) != cells * C ||
@@ -921,7 +929,7 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
 /* n rows of the grid from row r0 into the writer (w may be NULL), their
  * argmax counted into hist and nodata_cells. */
 static tw_status assemble_rows(tw_writer *w, int r0, int n, const float *probs, const uint8_t *has,
-                               size_t W, size_t C, int64_t *hist, int64_t *nodata_cells,
+                               size_t W, size_t C, size_t K, int64_t *hist, int64_t *nodata_cells,
                                tw_error *err)
 {
     for (size_t q = 0; q < (size_t)n * W; q++) {
@@ -931,11 +939,69 @@ static tw_status assemble_rows(tw_writer *w, int r0, int n, const float *probs, 
         }
         const float *pr = probs + q * C;
         size_t best = 0;
-        for (size_t c = 1; c < C; c++)
+        for (size_t c = 1; c < K; c++)
             if (pr[c] > pr[best]) best = c;
-        hist[best]++;
+        if (K > 0) hist[best]++;
     }
     return w ? tw_writer_write_rows(w, r0, n, probs, has, err) : TW_OK;
+}
+
+/* The int8 embedding raster's per-band scale and offset (writer.h): a
+ * first pass over the chosen chunks finds each feature's min and max over
+ * the classified cells; q = round((v - offset) / scale) then spans
+ * -127..127, offset the middle of the range, so |v - (offset + scale q)| <=
+ * scale / 2 = (max - min) / 508. *out [2][cell_emb]: scales, then offsets.
+ * probs/has: the caller's buffers of one row at least. */
+static tw_status int8_ranges(tw_parts *pt, const chunk_span *spans, int used, float *probs,
+                             uint8_t *has, double **out, tw_error *err)
+{
+    const size_t W = (size_t)pt->p.grid_w, C = cell_values(&pt->p), K = (size_t)pt->p.n_classes;
+    const size_t E = (size_t)pt->p.cell_emb;
+    double *q = tw_alloc(TW_MEM_OTHER, sizeof(double) * 4 * E);
+    if (!q) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    double *lo = q + 2 * E, *hi = q + 3 * E;
+    for (size_t b = 0; b < E; b++) {
+        lo[b] = INFINITY;
+        hi[b] = -INFINITY;
+    }
+    tw_status st = TW_OK;
+    char path[TW_PATH_MAX + 400];
+    for (int i = 0; st == TW_OK && i < used; i++) {
+        chunk_path(pt, "rows", spans[i].r0, spans[i].r1, path, sizeof path);
+        FILE *f = fopen(path, "rb");
+        if (!f || fseek(f, (long)sizeof(chunk_header), SEEK_SET) != 0) {
+            st = tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
+            if (f) fclose(f);
+            break;
+        }
+        for (int r = spans[i].r0; st == TW_OK && r < spans[i].r1; r++) {
+            if (fread(probs, sizeof(float), W * C, f) != W * C || fread(has, 1, W, f) != W) {
+                st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
+                break;
+            }
+            for (size_t c = 0; c < W; c++) {
+                if (!has[c]) continue;
+                const float *v = probs + c * C + K;
+                for (size_t b = 0; b < E; b++) {
+                    if (v[b] < lo[b]) lo[b] = v[b];
+                    if (v[b] > hi[b]) hi[b] = v[b];
+                }
+            }
+        }
+        fclose(f);
+    }
+    for (size_t b = 0; b < E; b++) {
+        if (!(hi[b] >= lo[b])) lo[b] = hi[b] = 0; /* no classified cell */
+        double scale = (hi[b] - lo[b]) / 254.0;
+        q[b] = scale > 0 ? scale : 1.0;
+        q[E + b] = lo[b] + (hi[b] - lo[b]) / 2.0;
+    }
+    if (st != TW_OK) {
+        tw_free(q);
+        q = NULL;
+    }
+    *out = q;
+    return st;
 }
 
 tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
@@ -992,7 +1058,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
         st = tw_error_set(err, TW_ERR_INPUT, "%s: the committed chunks do not cover rows %d..%d",
                           pt->p.stem, next, H - 1);
 
-    const size_t W = (size_t)pt->p.grid_w, C = (size_t)pt->p.n_classes;
+    const size_t W = (size_t)pt->p.grid_w, C = cell_values(&pt->p), K = (size_t)pt->p.n_classes;
     const int batch_rows = 16;
     float *probs = NULL;
     uint8_t *has = NULL;
@@ -1004,6 +1070,18 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
         probs = tw_alloc(TW_MEM_STRIP, W * C * sizeof(float) * batch_rows);
         has = tw_alloc(TW_MEM_STRIP, W * batch_rows);
         if (!probs || !has) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    /* int8 embeddings: each band's range over the whole grid first (the
+     * chunks are all on disk), for its scale and offset */
+    tw_writer_params wq;
+    double *q8 = NULL;
+    if (st == TW_OK && wp && (wp->products & TW_PRODUCT_EMB_RASTER) &&
+        wp->emb_type == TW_EMB_INT8) {
+        wq = *wp;
+        st = int8_ranges(pt, spans, used, probs, has, &q8, err);
+        wq.emb_scale = q8;
+        wq.emb_offset = q8 ? q8 + pt->p.cell_emb : NULL;
+        wp = &wq;
     }
     if (st == TW_OK && wp) st = tw_writer_create(wp, &w, err);
     if (st == TW_OK && tp) st = tw_tiletable_create(tp, &tt, err);
@@ -1029,7 +1107,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
                 break;
             }
             if (++buf_n == batch_rows || r + 1 == H) {
-                st = assemble_rows(w, buf_r0, buf_n, probs, has, W, C, hist, nodata_cells, err);
+                st = assemble_rows(w, buf_r0, buf_n, probs, has, W, C, K, hist, nodata_cells, err);
                 buf_r0 += buf_n;
                 buf_n = 0;
             }
@@ -1047,20 +1125,20 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
         const size_t F = (size_t)th.feat_dim;
         enum { cap = 256 };
         int32_t rc_rows[cap], rc_cols[cap];
-        if (!tbuf) tbuf = tw_alloc(TW_MEM_STRIP, sizeof(float) * cap * (C + F));
+        if (!tbuf) tbuf = tw_alloc(TW_MEM_STRIP, sizeof(float) * cap * (K + F));
         if (!tbuf) {
             st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
             fclose(f);
             break;
         }
         float *tp_probs = tbuf;
-        float *tp_emb = tbuf + (size_t)cap * C;
+        float *tp_emb = tbuf + (size_t)cap * K;
         for (int64_t t = 0; st == TW_OK && t < th.n_tiles;) {
             int m = th.n_tiles - t < cap ? (int)(th.n_tiles - t) : cap;
             for (int k = 0; k < m; k++) {
                 int32_t rc[2];
                 if (fread(rc, sizeof rc, 1, f) != 1 ||
-                    fread(tp_probs + (size_t)k * C, sizeof(float), C, f) != C ||
+                    fread(tp_probs + (size_t)k * K, sizeof(float), K, f) != K ||
                     (F && fread(tp_emb + (size_t)k * F, sizeof(float), F, f) != F)) {
                     st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
                     break;
@@ -1085,6 +1163,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
     tw_free(has);
     tw_free(tbuf);
     tw_free(spans);
+    tw_free(q8);
     return st;
 }
 

@@ -13,8 +13,10 @@
  * and merged result is identical to a single run.
  *
  * Chunk file (native little-endian): "TWCHUNK1", int32 r0, r1, grid_w,
- * n_classes; uint64 FNV-1a of the payload; payload per row: float32
- * probs[grid_w][n_classes], uint8 has[grid_w].
+ * V; uint64 FNV-1a of the payload; payload per row: float32
+ * probs[grid_w][V], uint8 has[grid_w]; V = n_classes + cell_emb (the
+ * embedding raster's averaged features follow each cell's probabilities;
+ * a state's sums likewise).
  * Tile chunk (when the tile table or the GeoPackage is asked): "TWTILES1", int32 r0, r1,
  * n_classes, feat_dim, int64 n_tiles, uint64 FNV-1a; payload per tile:
  * int32 row, col, float32 probs[n_classes], float32 emb[feat_dim].
@@ -64,7 +66,9 @@ typedef struct tw_parts_params {
     const char *stem;                        /* the input's stem (no shard suffix) */
     const char *fingerprint;                 /* what the outputs depend on; a mismatch restarts */
     int grid_w, grid_h, n_classes, feat_dim; /* feat_dim 0: no embeddings */
-    bool tiles;                              /* keep tile records (tile table, GeoPackage) */
+    int cell_emb; /* embedding_raster: features per output cell, after the n_classes
+                     probabilities in row chunks and states (0: none) */
+    bool tiles;   /* keep tile records (tile table, GeoPackage) */
     int shard_index, shard_count;
     bool merge_only;   /* read only: a different fingerprint is an error
                           and other shards' temporaries are left alone */

@@ -306,7 +306,12 @@ uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp)
         if (prod & TW_PRODUCT_CONF) raster += 4;
         total += px * raster;
         if (input_grid && raster) per += C * 4; /* the cells' probabilities, resampled */
-        per += C * 4 + 1;                       /* committed chunks, until assembly */
+        /* embedding_raster: D bands on the cell grid, uncompressed (features
+         * compress little), and D floats per cell in the chunks */
+        uint64_t E = (prod & TW_PRODUCT_EMB_RASTER) ? (uint64_t)pp->feat_dim : 0;
+        static const uint64_t emb_bytes[] = {4, 2, 1};
+        if (E) total += cells * E * emb_bytes[p->output.emb_type];
+        per += (C + E) * 4 + 1; /* committed chunks, until assembly */
         uint64_t tiles = cells / ((uint64_t)pp->tile / S) / ((uint64_t)pp->tile / S) + 1;
         if (prod & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG))
             total +=
@@ -399,6 +404,7 @@ tw_status tw_preflight_output(const tw_preflight_params *pp, tw_preflight_warnin
     } prods[] = {{TW_PRODUCT_CLASS, "class.tif"},
                  {TW_PRODUCT_PROB, "prob.tif"},
                  {TW_PRODUCT_CONF, "conf.tif"},
+                 {TW_PRODUCT_EMB_RASTER, "emb.tif"},
                  {TW_PRODUCT_TILES | TW_PRODUCT_EMB, "tiles.h5"},
                  {TW_PRODUCT_TILES_GPKG, "tiles.gpkg"}};
     for (int i = 0; i < pp->n_inputs; i++) {

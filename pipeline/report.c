@@ -134,6 +134,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_OUTPUT_DIR:
     case TW_KEY_OUTPUT_NAME:
     case TW_KEY_OUTPUT_PROB_TYPE:
+    case TW_KEY_OUTPUT_EMBEDDING_TYPE:
     case TW_KEY_OUTPUT_RESOLUTION:
     case TW_KEY_OUTPUT_FORMAT: {
         /* words and paths: the table's own text, without YAML's quotes */

@@ -98,6 +98,7 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
                 append(prods, json_string(tw_product_names[i].name), ok);
         set(out, "products", prods, ok);
         set(out, "prob_type", json_string(tw_prob_type_names[p->output.prob_type]), ok);
+        set(out, "embedding_type", json_string(tw_emb_type_names[p->output.emb_type]), ok);
         set(out, "format", json_string(tw_format_names[p->output.format]), ok);
         json_t *co = json_array();
         for (int i = 0; co && i < p->output.n_creation_options; i++)
@@ -152,6 +153,7 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
         set(model, "stride", json_integer(m->stride), ok);
         set(model, "in_bands", json_integer(m->in_bands), ok);
         set(model, "feat_dim", json_integer(m->feat_dim), ok);
+        if (m->headless) set(model, "headless", json_true(), ok); /* absent: a head */
         set(model, "sha256", put_str(m->model_sha256), ok);
     }
     set(root, "model", model, ok);
@@ -186,6 +188,7 @@ tw_status tw_manifest_format(const tw_manifest *mf, char **out, size_t *len, tw_
     *len = 0;
     if ((unsigned)mf->p.tiling.edge > TW_EDGE_SKIP ||
         (unsigned)mf->p.output.prob_type > TW_PROB_UINT8 ||
+        (unsigned)mf->p.output.emb_type > TW_EMB_INT8 ||
         (unsigned)mf->p.output.format > TW_FORMAT_COG || (unsigned)mf->info.dtype >= N_DTYPES)
         return tw_error_set(err, TW_ERR_INTERNAL, "manifest: an enum value out of range");
     bool ok = true;
@@ -427,8 +430,8 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
     if (out) {
         static const char *const out_keys[] = {"dir",        "name",   "products",
                                                "prob_type",  "format", "creation_options",
-                                               "resolution", "colors"};
-        only_keys(r, out, "output", out_keys, 8);
+                                               "resolution", "colors", "embedding_type"};
+        only_keys(r, out, "output", out_keys, 9);
         get_str(r, out, "output", "dir", p->output.dir, sizeof p->output.dir);
         json_t *prods = need_arr(r, out, "output", "products", TW_PRODUCT_COUNT);
         p->output.products = 0;
@@ -450,6 +453,10 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
             p->output.prob_type = (tw_prob_type)e;
         if (get_enum(r, out, "output", "format", tw_format_names, 2, &e))
             p->output.format = (tw_format)e;
+        /* absent in a manifest written before embedding rasters: float32 */
+        if (json_object_get(out, "embedding_type") &&
+            get_enum(r, out, "output", "embedding_type", tw_emb_type_names, 3, &e))
+            p->output.emb_type = (tw_emb_type)e;
         json_t *co = need_arr(r, out, "output", "creation_options", TW_MAX_CREATION_OPTIONS);
         for (size_t i = 0; co && r->st == TW_OK && i < json_array_size(co); i++)
             str_value(r, json_array_get(co, i), "output", "creation_options",
@@ -486,10 +493,10 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
     tw_resolved *m = &mf->m;
     json_t *model = need_obj(r, root, "model");
     if (model) {
-        static const char *const model_keys[] = {"arch",     "bands",    "scale", "mean",
-                                                 "std",      "classes",  "tile",  "stride",
-                                                 "in_bands", "feat_dim", "sha256"};
-        only_keys(r, model, "model", model_keys, 11);
+        static const char *const model_keys[] = {"arch",     "bands",    "scale",  "mean",
+                                                 "std",      "classes",  "tile",   "stride",
+                                                 "in_bands", "feat_dim", "sha256", "headless"};
+        only_keys(r, model, "model", model_keys, 12);
         get_str(r, model, "model", "arch", m->arch, sizeof m->arch);
         json_t *bands = need_arr(r, model, "model", "bands", TW_MAX_BANDS);
         for (size_t i = 0; bands && r->st == TW_OK && i < json_array_size(bands); i++)
@@ -527,6 +534,9 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         get_int(r, model, "model", "in_bands", 1, TW_MAX_BANDS, &m->in_bands);
         get_int(r, model, "model", "feat_dim", 0, 1 << 20, &m->feat_dim);
         get_str(r, model, "model", "sha256", m->model_sha256, sizeof m->model_sha256);
+        json_t *hl = json_object_get(model, "headless");
+        if (hl && !json_is_boolean(hl)) fail(r, "key model.headless is not true or false");
+        m->headless = hl && json_is_true(hl);
     }
 
     tw_raster_info *info = &mf->info;

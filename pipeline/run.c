@@ -43,6 +43,7 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
     snprintf(m->arch, sizeof m->arch, "resnet%d", net->depth);
     m->in_bands = net->in_bands;
     m->feat_dim = net->feat_dim;
+    m->headless = net->headless;
     memcpy(m->model_sha256, mf->sha256, sizeof m->model_sha256);
 
     if (p->input.n_bands > 0) {
@@ -82,6 +83,10 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
     }
 
     m->n_classes = net->n_classes;
+    if (net->headless && (p->model.n_classes > 0 || p->model.n_colors > 0))
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.%s: %s is a headless backbone (no fc.weight): it has no classes",
+                            p->model.n_classes > 0 ? "classes" : "colors", wpath);
     if (net->n_classes > TW_MAX_CLASSES)
         return tw_error_set(err, TW_ERR_MODEL, "%s has %d classes; tilewise supports at most %d",
                             wpath, net->n_classes, TW_MAX_CLASSES);
@@ -430,7 +435,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     memcpy(pp.norm.std, c->m.std, sizeof pp.norm.std);
     pp.wants_raw = c->be.i->wants_raw(c->be.ctx);
     pp.norm_threads = tw_run_normalize_threads(p, &c->be);
-    pp.want_emb = (p->output.products & TW_PRODUCT_EMB) != 0;
+    pp.want_emb = (p->output.products & (TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER)) != 0;
     pp.err = err;
     pp.res = res;
     pp.log = run_log(c);
@@ -455,7 +460,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         .grid_w = plan.grid_w,
         .grid_h = plan.grid_h,
         .n_classes = c->m.n_classes,
-        .feat_dim = pp.want_emb ? c->m.feat_dim : 0,
+        .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? c->m.feat_dim : 0,
+        .cell_emb = tw_run_cell_emb(p->output.products, c->m.feat_dim),
         .tiles = want_table,
         .shard_index = p->shard_index,
         .shard_count = p->shard_count,
@@ -533,8 +539,9 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         }
         if (st == TW_OK) st = tw_pipe_calibrate(&pp, info, err);
         if (st == TW_OK)
-            st = tw_stitch_create(&pp.segs[0].plan, c->m.n_classes, tw_pipe_parts_sink, &pp,
-                                  &pp.stitch, err);
+            st = tw_stitch_create_ex(&pp.segs[0].plan, c->m.n_classes,
+                                     tw_run_cell_emb(p->output.products, c->m.feat_dim),
+                                     tw_pipe_parts_sink, &pp, &pp.stitch, err);
         bool interrupted = false;
         if (st == TW_OK) st = tw_pipe_run(&pp, &interrupted);
         if (st == TW_OK && interrupted)
@@ -611,6 +618,41 @@ void tw_run_ctx_release(run_ctx *c)
     tw_free(c->infos);
 }
 
+/* The products against the model: a headless backbone has no class
+ * probabilities to give (TW_ERR_MODEL naming the product and the file), and
+ * the embedding raster is a cell-grid product. */
+static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw_error *err)
+{
+    unsigned need = p->output.products & TW_PRODUCTS_NEED_HEAD;
+    /* 'embeddings' brings the tile table: a headless one holds no probabilities */
+    if (p->output.products & TW_PRODUCT_EMB) need &= ~(unsigned)TW_PRODUCT_TILES;
+    if (m->headless && need) {
+        const char *name = "?";
+        for (int i = 0; i < TW_PRODUCT_COUNT; i++)
+            if (need & tw_product_names[i].bit) {
+                name = tw_product_names[i].name;
+                break;
+            }
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "output.products: '%s' needs a classification head, but %s is a "
+                            "headless backbone (no fc.weight): ask for embedding_raster or "
+                            "embeddings only",
+                            name, p->model.weights);
+    }
+    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.resolution == TW_RESOLUTION_INPUT)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "output.resolution: input is not available for embedding_raster (a "
+                            "raster of output cells); use resolution: cells");
+    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.emb_type == TW_EMB_FLOAT16 &&
+        p->output.format == TW_FORMAT_COG)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "output.embedding_type: float16 cannot be written as a COG with "
+                            "GDAL %s (its COG driver fills half-float overviews with garbage); "
+                            "use float32 or int8, or output.format: GTiff",
+                            GDALVersionInfo("RELEASE_NAME"));
+    return TW_OK;
+}
+
 /* pipeline/preflight.h: everything about the outputs that can fail after
  * the first tile, checked before it. Warnings land in c->warn. */
 static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
@@ -680,6 +722,7 @@ tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
     st = tw_resnet_create(mf, p->model.arch, &c->net, err);
     if (st == TW_OK) st = resolve_model(p, mf, c->net, &c->m, err);
     tw_model_file_destroy(mf);
+    if (st == TW_OK) st = check_products(p, &c->m, err);
     if (st != TW_OK) return st;
 
     c->infos = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(input_info));
@@ -741,8 +784,14 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     st = tw_plan_make(wi->width, wi->height, c->m.tile, c->m.stride, p->tiling.edge, 0, 1, &plan,
                       err);
     if (st != TW_OK) return st;
-    size_t strip = tw_stitch_bytes(&plan, c->m.n_classes) +
-                   (size_t)plan.k * (size_t)plan.grid_w * ((size_t)c->m.n_classes * 4 + 8);
+    /* values per cell: the probabilities and (embedding_raster) the features */
+    int cell_values = c->m.n_classes + tw_run_cell_emb(p->output.products, c->m.feat_dim);
+    size_t strip = tw_stitch_bytes(&plan, cell_values) +
+                   (size_t)plan.k * (size_t)plan.grid_w * ((size_t)cell_values * 4 + 8);
+    /* embedding_raster's assembly: 16 rows of D floats per cell read back from
+     * the chunks and as many in the writer's band-interleaved strip */
+    strip += (size_t)16 * (size_t)plan.grid_w *
+             (size_t)tw_run_cell_emb(p->output.products, c->m.feat_dim) * (4 + 4);
     tw_dtype widest_dtype = wi->dtype;
     size_t dsize = tw_dtype_size(widest_dtype);
     for (int i = 0; i < p->input.n_paths; i++)
@@ -764,7 +813,7 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .dtype = widest_dtype,
         .n_classes = c->m.n_classes,
         .feat_dim = c->m.feat_dim,
-        .want_emb = (p->output.products & TW_PRODUCT_EMB) != 0,
+        .want_emb = (p->output.products & (TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER)) != 0,
         .fixed_batch = p->tiling.batch,
         .max_auto_batch = c->be.i->auto_batch(c->be.ctx, c->net, c->m.tile),
         .raster_w = wi->width,

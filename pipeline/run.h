@@ -68,6 +68,7 @@ typedef struct tw_resolved {
     int n_classes;
     int tile, stride;
     int in_bands, feat_dim;
+    bool headless; /* no fc: embedding products only (n_classes 1, a stand-in head) */
     char model_sha256[65];
 } tw_resolved;
 
@@ -93,7 +94,7 @@ typedef struct tw_input_result {
     int64_t read_bytes;           /* raw pixel bytes the readers read (windows) */
     int64_t tiff_tiles_decoded;   /* TIFF tiles the libtiff reader decoded, summed
                                      over readers (-1: GDAL read the pixels) */
-    char outputs[8][TW_PATH_MAX + 320]; /* files written (the products, then the STAC item) */
+    char outputs[10][TW_PATH_MAX + 320]; /* files written (the products, then the STAC item) */
     int n_outputs;
     char skipped[512]; /* "" : run; else why it was skipped (input.on_error: skip) */
 } tw_input_result;
@@ -140,6 +141,7 @@ typedef struct tw_validation_input {
     int64_t remote_bytes, remote_requests; /* at least; -1: unknown (not a tiled COG) */
     int remote_row0, remote_row1;          /* the rows whose blocks are read */
     int64_t aoi_tiles, all_tiles;          /* tiles touching input.aoi (-1: no AOI) of all */
+    uint64_t output_bytes;                 /* at most, on disk (uncompressed, parts included) */
     /* output.stac: the item's name and datetime (pipeline/stac_run.h) */
     char stem[256];
     char stac_datetime[64];
@@ -155,6 +157,7 @@ typedef struct tw_validation {
     int retries;               /* input.retries */
     char out_dir[TW_PATH_MAX]; /* output.dir */
     bool stac;                 /* output.stac */
+    unsigned products;         /* output.products */
     int stac_items;            /* items a run writes (inputs not skipped) */
     int shard_count;
     bool resolved; /* model, backend and precision below are set */

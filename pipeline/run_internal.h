@@ -91,6 +91,13 @@ tw_status tw_run_output_name(const tw_run_params *p, int i, char *out, size_t si
 
 /* Whether chunks keep per-tile records: the tile table and the GeoPackage
  * are both made from them. */
+/* Embedding values per output cell the stitcher and the parts carry after
+ * the probabilities: the features when embedding_raster is asked, else 0. */
+static inline int tw_run_cell_emb(unsigned products, int feat_dim)
+{
+    return (products & TW_PRODUCT_EMB_RASTER) ? feat_dim : 0;
+}
+
 static inline bool tw_run_keeps_tiles(unsigned products)
 {
     return (products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG)) != 0;

@@ -594,7 +594,11 @@ tw_status tw_pipe_parts_sink(void *user, int row0, int n, const float *probs, co
 {
     tw_pipe *pp = user;
     const tw_segment *seg = &pp->segs[pp->cur_seg];
-    const size_t W = (size_t)seg->plan.grid_w, C = (size_t)pp->m->n_classes;
+    /* values per cell: the probabilities, then embedding_raster's features */
+    const size_t W = (size_t)seg->plan.grid_w,
+                 C = (size_t)pp->m->n_classes + ((pp->p->output.products & TW_PRODUCT_EMB_RASTER)
+                                                     ? (size_t)pp->m->feat_dim
+                                                     : 0);
     int row = seg->plan.row_begin + row0;
     while (n > 0) {
         if (tw_parts_chunk_end(pp->parts) < 0) {
@@ -702,7 +706,9 @@ static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
 {
     int *cur_ty = &pp->cur_ty;
     const int C = pp->m->n_classes;
-    const int F = pp->want_emb ? pp->m->feat_dim : 0;
+    /* the tile records' features (embeddings); the stitcher's (embedding_raster) */
+    const int F = (pp->p->output.products & TW_PRODUCT_EMB) ? pp->m->feat_dim : 0;
+    const int FE = (pp->p->output.products & TW_PRODUCT_EMB_RASTER) ? pp->m->feat_dim : 0;
     for (int i = 0; i < s->n_refs; i++) {
         const tw_tile_ref *ref = &s->refs[i];
         if (ref->seg != pp->cur_seg) {
@@ -722,7 +728,8 @@ static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
         }
         if (ref->kept >= 0) {
             const float *pr = s->probs + (size_t)ref->kept * C;
-            tw_stitch_add(pp->stitch, ref->tx, ref->ty, pr);
+            tw_stitch_add_emb(pp->stitch, ref->tx, ref->ty, pr,
+                              FE ? s->emb + (size_t)ref->kept * pp->m->feat_dim : NULL);
             pp->res->tiles_classified++;
             int c0, c1;
             tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ref->ty, &c0, &c1);

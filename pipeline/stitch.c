@@ -10,6 +10,7 @@ struct tw_stitch {
     tw_rows_fn sink;
     void *sink_user;
     int n_classes, k, grid_w;
+    int n_hist;      /* the classes among the n_classes values (argmax, histogram) */
     int next_row;    /* first row still held = first row of the buffer */
     float *sum;      /* [k][grid_w][n_classes] */
     uint32_t *count; /* [k][grid_w] */
@@ -29,6 +30,13 @@ size_t tw_stitch_bytes(const tw_plan *plan, int n_classes)
 tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_rows_fn sink, void *sink_user,
                            tw_stitch **out, tw_error *err)
 {
+    return tw_stitch_create_ex(plan, n_classes, 0, sink, sink_user, out, err);
+}
+
+tw_status tw_stitch_create_ex(const tw_plan *plan, int n_probs, int n_emb, tw_rows_fn sink,
+                              void *sink_user, tw_stitch **out, tw_error *err)
+{
+    const int n_classes = n_probs + n_emb; /* values per cell */
     *out = NULL;
     tw_stitch *s = tw_calloc(TW_MEM_STRIP, 1, sizeof *s);
     size_t cells = (size_t)plan->k * (size_t)plan->grid_w;
@@ -37,7 +45,7 @@ tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_rows_fn sink, 
         s->out = tw_calloc(TW_MEM_STRIP, cells * (size_t)n_classes, sizeof(float));
         s->count = tw_calloc(TW_MEM_STRIP, cells, sizeof(uint32_t));
         s->has = tw_calloc(TW_MEM_STRIP, cells, 1);
-        s->hist = tw_calloc(TW_MEM_STRIP, (size_t)n_classes, sizeof(int64_t));
+        s->hist = tw_calloc(TW_MEM_STRIP, (size_t)(n_probs > 0 ? n_probs : 1), sizeof(int64_t));
     }
     if (!s || !s->sum || !s->out || !s->count || !s->has || !s->hist) {
         tw_stitch_destroy(s);
@@ -48,6 +56,7 @@ tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_rows_fn sink, 
     s->sink = sink;
     s->sink_user = sink_user;
     s->n_classes = n_classes;
+    s->n_hist = n_probs;
     s->k = plan->k;
     s->grid_w = plan->grid_w;
     s->next_row = plan->row_begin;
@@ -85,11 +94,10 @@ static tw_status flush_rows(tw_stitch *s, int n, tw_error *err)
             }
             float inv = 1.0f / (float)c;
             int best = 0;
-            for (int q = 0; q < C; q++) {
-                o[q] = c == 1 ? sm[q] : sm[q] * inv;
+            for (int q = 0; q < C; q++) o[q] = c == 1 ? sm[q] : sm[q] * inv;
+            for (int q = 1; q < s->n_hist; q++)
                 if (o[q] > o[best]) best = q;
-            }
-            s->hist[best]++;
+            if (s->n_hist > 0) s->hist[best]++;
         }
     }
     if (s->sink) {
@@ -130,6 +138,12 @@ tw_status tw_stitch_begin_row(tw_stitch *s, int ty, tw_error *err)
 
 void tw_stitch_add(tw_stitch *s, int tx, int ty, const float *probs)
 {
+    TW_ASSERT(s->n_hist == s->n_classes);
+    tw_stitch_add_emb(s, tx, ty, probs, NULL);
+}
+
+void tw_stitch_add_emb(tw_stitch *s, int tx, int ty, const float *probs, const float *emb)
+{
     const tw_plan *p = s->plan;
     int r0, r1, c0, c1;
     tw_axis_cells(&p->y, p->tile, p->stride, ty, &r0, &r1);
@@ -137,12 +151,13 @@ void tw_stitch_add(tw_stitch *s, int tx, int ty, const float *probs)
     if (r0 < s->next_row) r0 = s->next_row;
     if (r1 > p->row_end) r1 = p->row_end;
     TW_ASSERT(r1 <= s->next_row + s->k);
-    const int C = s->n_classes;
+    const int C = s->n_classes, K = s->n_hist, E = C - K;
     for (int r = r0; r < r1; r++) {
         size_t base = (size_t)(r - s->next_row) * s->grid_w;
         for (int c = c0; c < c1; c++) {
             float *sm = s->sum + (base + c) * C;
-            for (int q = 0; q < C; q++) sm[q] += probs[q];
+            for (int q = 0; q < K; q++) sm[q] += probs[q];
+            for (int q = 0; q < E; q++) sm[K + q] += emb[q];
             s->count[base + c]++;
         }
     }

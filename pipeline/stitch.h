@@ -31,12 +31,21 @@ typedef tw_status (*tw_rows_fn)(void *user, int row0, int n, const float *probs,
  * Borrowed: plan and sink_user must outlive the stitcher. */
 tw_status tw_stitch_create(const tw_plan *plan, int n_classes, tw_rows_fn sink, void *sink_user,
                            tw_stitch **out, tw_error *err);
+/* The same with n_emb embedding values after the n_probs probabilities of
+ * each cell (embedding_raster): they are averaged alike, the sink gets
+ * [n][grid_w][n_probs + n_emb], and the histogram counts the argmax of the
+ * n_probs (none when 0). */
+tw_status tw_stitch_create_ex(const tw_plan *plan, int n_probs, int n_emb, tw_rows_fn sink,
+                              void *sink_user, tw_stitch **out, tw_error *err);
 void tw_stitch_destroy(tw_stitch *s);
 
 /* Announce that tiles of tile row ty follow: finishes the rows above it. */
 tw_status tw_stitch_begin_row(tw_stitch *s, int ty, tw_error *err);
 /* Add one classified tile (tx, ty) of the current row; probs [n_classes]. */
 void tw_stitch_add(tw_stitch *s, int tx, int ty, const float *probs);
+/* The same for a stitcher of tw_stitch_create_ex: probs [n_probs], emb
+ * [n_emb] (may be NULL when n_emb is 0). */
+void tw_stitch_add_emb(tw_stitch *s, int tx, int ty, const float *probs, const float *emb);
 /* Finish every remaining row of the shard. */
 tw_status tw_stitch_finish(tw_stitch *s, tw_error *err);
 
@@ -63,7 +72,8 @@ void tw_stitch_restore(tw_stitch *s, int next_row, float **sum, uint32_t **count
 const int64_t *tw_stitch_histogram(const tw_stitch *s, int64_t *nodata_cells);
 /* Output rows finished so far. */
 int tw_stitch_rows_done(const tw_stitch *s);
-/* Bytes the stitcher holds for a plan (for the memory budget). */
+/* Bytes the stitcher holds for a plan (for the memory budget); n_classes:
+ * the values per cell (n_probs + n_emb). */
 size_t tw_stitch_bytes(const tw_plan *plan, int n_classes);
 
 #endif

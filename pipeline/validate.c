@@ -17,6 +17,7 @@
 #include "core/fileio.h"
 #include "pipeline/advice.h"
 #include "pipeline/plan.h"
+#include "pipeline/preflight.h"
 #include "pipeline/run_internal.h"
 
 _Static_assert(sizeof(((tw_validation_input *)0)->shown) == TW_URL_SHOWN_MAX,
@@ -74,6 +75,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
     snprintf(v->aoi, sizeof v->aoi, "%s", p->input.aoi);
     v->retries = p->input.retries;
     v->stac = p->output.stac;
+    v->products = p->output.products;
     v->shard_count = p->shard_count;
     snprintf(v->out_dir, sizeof v->out_dir, "%s", p->output.dir);
     v->memory = p->runtime.memory;
@@ -113,6 +115,20 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
             in->stride = plan.stride;
             in->grid_w = plan.grid_w;
             in->grid_h = plan.row_end - plan.row_begin;
+            {
+                /* what it writes (preflight's upper bound), D bands of the
+                 * embedding raster included */
+                int w1 = info->width, h1 = info->height;
+                tw_preflight_params pf = {.run = p,
+                                          .n_classes = c->m.n_classes,
+                                          .feat_dim = c->m.feat_dim,
+                                          .tile = c->m.tile,
+                                          .stride = c->m.stride,
+                                          .n_inputs = 1,
+                                          .width = &w1,
+                                          .height = &h1};
+                in->output_bytes = tw_preflight_output_bytes(&pf);
+            }
             in->remote = tw_url_is_remote(p->input.paths[i]);
             for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
                 in->remote = in->remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));

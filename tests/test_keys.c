@@ -334,6 +334,7 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_OUTPUT_STAC] = "false",
         [TW_KEY_OUTPUT_PRODUCTS] = "[class, prob]",
         [TW_KEY_OUTPUT_PROB_TYPE] = "float32",
+        [TW_KEY_OUTPUT_EMBEDDING_TYPE] = "int8",
         [TW_KEY_OUTPUT_RESOLUTION] = "cells",
         [TW_KEY_OUTPUT_FORMAT] = "GTiff",
         [TW_KEY_OUTPUT_CREATION_OPTIONS] = "[COMPRESS=LZW]",

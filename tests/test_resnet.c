@@ -485,15 +485,59 @@ static void test_ref_tiny_tile(void **state)
     synth_free(&s);
 }
 
+/* A headless backbone (no fc at all) loads with a stand-in one-class head
+ * (probability 1) and the same features as the headed model it came from;
+ * only one of fc.weight/fc.bias is a damaged file, named. */
+static void test_headless(void **state)
+{
+    (void)state;
+    synth s;
+    assert_int_equal(synth_resnet(&s, k_r18, 0, 3, 8, 4, 7), 0);
+    tw_error err;
+    tw_error_init(&err);
+    tw_resnet *headed = NULL, *headless = NULL;
+    assert_int_equal(tw_resnet_create(&s.mf, "", &headed, &err), TW_OK);
+    assert_false(headed->headless);
+    synth_remove(&s, "fc.weight");
+    synth_remove(&s, "fc.bias");
+    assert_int_equal(tw_resnet_create(&s.mf, "", &headless, &err), TW_OK);
+    assert_true(headless->headless);
+    assert_int_equal(headless->n_classes, 1);
+    assert_int_equal(headless->feat_dim, 64);
+    enum { N = 2, TS = 32 };
+    float *x = calloc((size_t)N * 3 * TS * TS, sizeof(float));
+    float *e1 = calloc((size_t)N * 64, sizeof(float)), *e2 = calloc((size_t)N * 64, sizeof(float));
+    float p1[N * 4], p2[N];
+    assert_non_null(x);
+    for (int i = 0; i < N * 3 * TS * TS; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    assert_int_equal(tw_resnet_forward_ref(headed, x, N, TS, p1, e1, &err), TW_OK);
+    assert_int_equal(tw_resnet_forward_ref(headless, x, N, TS, p2, e2, &err), TW_OK);
+    assert_memory_equal(e1, e2, sizeof(float) * N * 64);
+    for (int i = 0; i < N; i++) assert_true(p2[i] == 1.0f);
+    tw_resnet_destroy(headed);
+    tw_resnet_destroy(headless);
+    free(x);
+    free(e1);
+    free(e2);
+    synth_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_depth_inference),     cmocka_unit_test(test_unknown_layout),
-        cmocka_unit_test(test_strides_and_fold),    cmocka_unit_test(test_arch_mismatch),
-        cmocka_unit_test(test_missing_tensors),     cmocka_unit_test(test_wrong_shapes),
-        cmocka_unit_test(test_bad_values),          cmocka_unit_test(test_walk),
-        cmocka_unit_test(test_ref_tiny_tile),       cmocka_unit_test(test_ref_resnet18_safetensors),
-        cmocka_unit_test(test_ref_resnet18_bundle), cmocka_unit_test(test_ref_resnet50),
+        cmocka_unit_test(test_headless),
+        cmocka_unit_test(test_depth_inference),
+        cmocka_unit_test(test_unknown_layout),
+        cmocka_unit_test(test_strides_and_fold),
+        cmocka_unit_test(test_arch_mismatch),
+        cmocka_unit_test(test_missing_tensors),
+        cmocka_unit_test(test_wrong_shapes),
+        cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_walk),
+        cmocka_unit_test(test_ref_tiny_tile),
+        cmocka_unit_test(test_ref_resnet18_safetensors),
+        cmocka_unit_test(test_ref_resnet18_bundle),
+        cmocka_unit_test(test_ref_resnet50),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

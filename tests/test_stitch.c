@@ -326,12 +326,68 @@ static void test_reset(void **state)
     test_free(rf);
 }
 
+/* embedding_raster: 2 probabilities and 3 features per tile (the features
+ * 100x the reference's values, so an argmax over all five would pick a
+ * feature): every value averaged as the reference says (TOL scaled by 100
+ * for the features), the histogram over the 2 probabilities only. */
+static void test_embeddings(void **state)
+{
+    (void)state;
+    const int w = 200, h = 150, T = 64, S = 16;
+    ref *rf = test_malloc(sizeof *rf);
+    grid *g = test_calloc(1, sizeof *g);
+    reference(w, h, T, S, TW_EDGE_PAD, rf);
+    tw_plan p;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_plan_make(w, h, T, S, TW_EDGE_PAD, 0, 1, &p, &err), TW_OK);
+    g->w = p.grid_w;
+    tw_stitch *s = NULL;
+    assert_int_equal(tw_stitch_create_ex(&p, 2, 3, sink, g, &s, &err), TW_OK);
+    for (int ty = 0; ty < p.y.n_pos; ty++) {
+        assert_int_equal(tw_stitch_begin_row(s, ty, &err), TW_OK);
+        for (int tx = 0; tx < p.x.n_pos; tx++) {
+            if (left_out(tx, ty)) continue;
+            float pr[C], emb[3];
+            tile_probs(tx, ty, pr);
+            for (int q = 0; q < 3; q++) emb[q] = 100.0f * pr[2 + q];
+            tw_stitch_add_emb(s, tx, ty, pr, emb);
+        }
+    }
+    assert_int_equal(tw_stitch_finish(s, &err), TW_OK);
+    assert_int_equal(g->rows_seen, rf->gh);
+    int64_t want[2] = {0, 0}, nodata = 0;
+    for (int i = 0; i < rf->gh; i++)
+        for (int j = 0; j < rf->gw; j++) {
+            assert_int_equal(g->has[i][j], rf->count[i][j] > 0);
+            if (!rf->count[i][j]) {
+                nodata++;
+                continue;
+            }
+            for (int q = 0; q < C; q++) {
+                double k = q < 2 ? 1.0 : 100.0;
+                assert_true(fabs(g->probs[i][j][q] - k * rf->mean[i][j][q]) <= k * TOL);
+            }
+            want[rf->mean[i][j][1] > rf->mean[i][j][0]]++;
+        }
+    int64_t nod = -1;
+    const int64_t *hist = tw_stitch_histogram(s, &nod);
+    assert_int_equal(nod, nodata);
+    assert_int_equal(hist[0], want[0]);
+    assert_int_equal(hist[1], want[1]);
+    assert_true(want[0] > 0 && want[1] > 0); /* both classes win somewhere */
+    tw_stitch_destroy(s);
+    test_free(g);
+    test_free(rf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_small_raster),
         cmocka_unit_test(test_reset),
+        cmocka_unit_test(test_embeddings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

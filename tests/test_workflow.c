@@ -249,7 +249,7 @@ static const bad_case k_bad[] = {
     {BASE "output:\n  xyzzy: 1\n",
      NULL,
      {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, name, stac, "
-      "products, prob_type, resolution, format, creation_options)"}},
+      "products, prob_type, embedding_type, resolution, format, creation_options)"}},
     {BASE "tiling.tile: 64\n",
      NULL,
      {"flow.yaml:5: tiling.tile: unknown key (write it nested: 'tiling:' with 'tile:' indented "
@@ -360,8 +360,8 @@ static const bad_case k_bad[] = {
     {BASE "output:\n  products: [class, probs]\n",
      NULL,
      {"flow.yaml:6: output.products: expected one of class | prob | confidence | embeddings | "
-      "tiles | "
-      "tiles_gpkg, got 'probs'"}},
+      "tiles | tiles_gpkg | ",
+      "embedding_raster", "got 'probs'"}},
     {BASE "output:\n  format: PNG\n",
      NULL,
      {"flow.yaml:6: output.format: expected one of GTiff | COG, got 'PNG'"}},

@@ -5,8 +5,9 @@
                     [--scale S] [--mean m1,m2,..] [--std s1,s2,..]
                     [--classes a,b,c] [--tile 64]
 
-CHECKPOINT is a .pth/.pt file (a state_dict, a dict holding one under
-'state_dict' or 'model', or a whole nn.Module), a .safetensors file, or a
+CHECKPOINT is a .pth/.pt/.ckpt file (a state_dict, a dict holding one under
+'state_dict' (Lightning, TorchGeo), 'model' or 'model_state_dict', or a whole
+nn.Module with --trust-pickle), a .safetensors file, or a
 tilewise bundle (.h5): its tensors are copied (as float32, values unchanged), its metadata
 kept unless an option overrides it - the way to add the checksum to a bundle
 written before there was one. The
@@ -15,10 +16,31 @@ bundle layout is the one documented in io/model_file.h: every tensor under
 dropped), the metadata as root attributes, so that a run needs no retyping,
 and tensors_sha256, the checksum tilewise verifies at load (tensors_checksum).
 A tensor holding NaN or Inf is refused, as tilewise would refuse it.
+
+Checkpoints as users have them (timm, TorchGeo, Lightning): the ResNet's
+tensors may sit under a prefix ('module.', 'model.', 'backbone.',
+'encoder.', 'net.', or a chain of them such as 'model.backbone.'); the
+prefix is stripped and tensors outside it (projection heads, momentum
+encoders, losses) are left out, each step said on stdout. Without 'fc' the
+model is a headless backbone: tilewise runs it with embedding_raster (and
+embeddings) only.
+Any other tensor name is refused, naming the first one that is not part of
+a torchvision/timm ResNet.
+
+Pickles: .pth/.pt/.ckpt are read by torch.load with a restricted unpickler
+that builds tensors and plain containers (dicts, lists, numbers, strings)
+only and refuses any other class or function a pickle names, so a
+checkpoint cannot run code while it is read (torch 1.13's weights_only=True
+does the same but refuses floats, which Lightning checkpoints hold). One that holds other Python
+objects (a whole nn.Module, Lightning's hyper-parameters of custom classes)
+is refused naming what it holds; --trust-pickle reads it with the full
+unpickler, which runs whatever code the file names: only for files whose
+source you trust.
 """
 import argparse
 import hashlib
 import os
+import re
 import sys
 
 import numpy as np
@@ -74,30 +96,132 @@ def _as_numpy(v):
     return np.asarray(v)
 
 
-def load_state_dict(path):
-    """name -> numpy array from a .pth/.pt or .safetensors checkpoint."""
+# Prefixes wrapping a ResNet's tensors in the checkpoints of DataParallel
+# ('module.'), Lightning tasks ('model.'), TorchGeo/SSL ('backbone.',
+# 'encoder.') and others ('net.'); chains of them are stripped too.
+PREFIXES = ("module.", "model.", "backbone.", "encoder.", "net.")
+WRAPPERS = ("state_dict", "model", "model_state_dict")
+
+# Every tensor name of a torchvision/timm ResNet (num_batches_tracked aside).
+_RESNET_KEY = re.compile(
+    r"^(conv1\.weight|bn1\.(weight|bias|running_mean|running_var)|fc\.(weight|bias)|"
+    r"layer[1-4]\.\d+\.(conv[1-3]\.weight|bn[1-3]\.(weight|bias|running_mean|running_var)|"
+    r"downsample\.0\.weight|downsample\.1\.(weight|bias|running_mean|running_var)))$")
+
+
+def _say(msg):
+    print(f"export_model.py: {msg}")
+
+
+def _restricted_pickle():
+    """A pickle module for torch.load whose Unpickler builds tensors, storages
+    and plain containers only: any other global a pickle names (a class, a
+    function: the way a pickle runs code) is refused, naming it. torch 1.13's
+    own weights_only unpickler does the same but stops at floats (opcode
+    'G'), which every Lightning checkpoint holds (learning rates)."""
+    import pickle
+    import types
+
+    allowed = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+               ("torch._utils", "_rebuild_parameter"), ("torch", "Size"),
+               ("torch._utils", "_rebuild_parameter_with_state"), ("builtins", "set"),
+               ("builtins", "frozenset"), ("torch", "device")}
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in allowed or (module == "torch" and name.endswith("Storage")):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+    mod = types.ModuleType("tilewise_restricted_pickle")
+    mod.__dict__.update({k: v for k, v in pickle.__dict__.items() if not k.startswith("__")})
+    mod.Unpickler = Unpickler
+    mod.load = lambda f, **kw: Unpickler(f, **kw).load()
+    return mod
+
+
+def _torch_load(path, trust_pickle):
+    import torch
+    import torch.serialization as ser
+    if trust_pickle:
+        _say(f"{path}: read with the full unpickler (--trust-pickle): it may have run code")
+        return torch.load(path, map_location="cpu")
+    # torch 1.13's torch.load drops a pickle_module argument unless
+    # weights_only (it sets pickle_module = pickle): the module its
+    # serialization code names is swapped for the restricted one instead.
+    saved = ser.pickle
+    ser.pickle = _restricted_pickle()
+    try:
+        return torch.load(path, map_location="cpu")
+    except Exception as e:  # UnpicklingError from ours, RuntimeError from torch
+        why = str(e).strip().splitlines()
+        why = why[-1] if why else type(e).__name__
+        raise ExportError(
+            "it holds Python objects beyond tensors and plain containers, which only the full "
+            f"unpickler reads, and that runs code the file names ({why}); if you trust the "
+            "file's source, run again with --trust-pickle")
+    finally:
+        ser.pickle = saved
+
+
+def strip_layout(sd, path="checkpoint"):
+    """name -> tensor of a ResNet from a checkpoint's tensors: strips a known
+    prefix, leaves out tensors outside it, refuses unknown names (ExportError
+    naming the first). Says what it did on stdout."""
+    sd = {k: v for k, v in sd.items() if not k.endswith("num_batches_tracked")}
+    prefix = ""
+    if "conv1.weight" not in sd:
+        # the longest chain of known prefixes under which a ResNet stem lies
+        cands = [k[:-len("conv1.weight")] for k in sd if k.endswith("conv1.weight")]
+        cands = [p for p in cands
+                 if p and re.fullmatch(r"(%s)+" % "|".join(re.escape(x) for x in PREFIXES), p)]
+        if cands:
+            prefix = min(cands, key=lambda p: (len(p), p))
+    inside = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    outside = [k for k in sd if not k.startswith(prefix)]
+    for k in sd:
+        if k.startswith(prefix) and not _RESNET_KEY.match(k[len(prefix):]):
+            raise ExportError(
+                f"tensor '{k}' is not part of a torchvision/timm ResNet (the first unexpected "
+                f"key{', under prefix ' + repr(prefix) if prefix else ''}); known layouts: "
+                "torchvision/timm names (conv1, bn1, layer1..4, fc), optionally under "
+                + ", ".join(f"'{p}'" for p in PREFIXES))
+    if "conv1.weight" not in inside:
+        first = next(iter(sd), None)
+        raise ExportError("no ResNet stem ('conv1.weight', under no prefix or one of "
+                          + ", ".join(f"'{p}'" for p in PREFIXES) + ")"
+                          + (f"; the first key is '{first}'" if first else ": no tensors"))
+    if prefix:
+        _say(f"prefix '{prefix}' stripped from {len(inside)} tensors")
+    if outside:
+        _say(f"{len(outside)} tensors outside '{prefix}' left out (not the ResNet), e.g. "
+             f"'{outside[0]}'")
+    return inside
+
+
+def load_state_dict(path, trust_pickle=False):
+    """name -> numpy array from a .pth/.pt/.ckpt or .safetensors checkpoint."""
     if path.endswith(".safetensors"):
         tensors, _ = safetensors_io.load(path)
         sd = tensors
     else:
         import torch
-        obj = torch.load(path, map_location="cpu")
+        obj = _torch_load(path, trust_pickle)
         if isinstance(obj, torch.nn.Module):
             obj = obj.state_dict()
         if isinstance(obj, dict):
-            for key in ("state_dict", "model"):
+            for key in WRAPPERS:
                 if key in obj and isinstance(obj[key], (dict, torch.nn.Module)):
                     obj = obj[key]
                     if isinstance(obj, torch.nn.Module):
                         obj = obj.state_dict()
+                    _say(f"tensors taken from the checkpoint's '{key}'")
                     break
         if not isinstance(obj, dict):
-            raise ExportError(f"{path}: not a state_dict, a checkpoint dict or an nn.Module")
+            raise ExportError("not a state_dict, a checkpoint dict or an nn.Module")
         sd = {k: v for k, v in obj.items() if hasattr(v, "detach")}
-    # DataParallel / DDP checkpoints prefix every key with "module."
-    if sd and all(k.startswith("module.") for k in sd):
-        sd = {k[len("module."):]: v for k, v in sd.items()}
-    return {k: _as_numpy(v) for k, v in sd.items() if not k.endswith("num_batches_tracked")}
+    sd = strip_layout(sd, path)
+    return {k: _as_numpy(v) for k, v in sd.items()}
 
 
 def is_bundle(path):
@@ -154,16 +278,26 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
            classes=None, tile=None, source=None):
     """Validate sd (name -> array) and the metadata, then write the bundle to out."""
     import h5py
-    for req in ("conv1.weight", "fc.weight", "fc.bias"):
-        if req not in sd:
-            raise ExportError(f"checkpoint has no '{req}': not a torchvision-layout ResNet")
+    if "conv1.weight" not in sd:
+        raise ExportError("checkpoint has no 'conv1.weight': not a torchvision-layout ResNet")
+    if ("fc.weight" in sd) != ("fc.bias" in sd):
+        raise ExportError("checkpoint has 'fc.weight' or 'fc.bias' but not both")
+    headless = "fc.weight" not in sd
     inferred = infer_arch(sd)
     if arch is None:
         arch = inferred
+        _say(f"arch {arch} inferred from the tensors")
     elif arch != inferred:
         raise ExportError(f"--arch {arch} but the weights are a {inferred}")
     n_in = int(sd["conv1.weight"].shape[1])
-    n_cls = int(sd["fc.weight"].shape[0])
+    n_cls = 0 if headless else int(sd["fc.weight"].shape[0])
+    if headless:
+        feat = max(int(a.shape[0]) for k, a in sd.items() if k.startswith("layer4.")
+                   and k.endswith(".weight") and a.ndim == 4)
+        _say(f"no head (fc): a headless backbone of {feat} features; tilewise runs it with "
+             "output.products: [embedding_raster]")
+        if classes is not None:
+            raise ExportError("--classes given but the checkpoint has no head (fc)")
     if bands is None:
         bands = list(range(1, n_in + 1))
     if len(bands) != n_in:
@@ -175,7 +309,7 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
             raise ExportError(f"--{what} has {len(v)} values but the model takes {n_in} bands")
     if std is not None and any(s <= 0 for s in std):
         raise ExportError("--std values must be > 0")
-    if classes is not None and len(classes) != n_cls:
+    if classes is not None and not headless and len(classes) != n_cls:
         raise ExportError(f"--classes names {len(classes)} classes but fc.weight has {n_cls}")
     if tile is not None and tile < 32:
         raise ExportError(f"--tile {tile}: a ResNet needs at least 32 pixels")
@@ -223,6 +357,9 @@ def main(argv=None):
     ap.add_argument("--std")
     ap.add_argument("--classes", help="class names, comma separated")
     ap.add_argument("--tile", type=int)
+    ap.add_argument("--trust-pickle", action="store_true",
+                    help="read a checkpoint that holds Python objects with the full unpickler "
+                         "(runs code the file names: trusted files only)")
     a = ap.parse_args(argv)
     try:
         bands = None
@@ -241,7 +378,7 @@ def main(argv=None):
                    std or old["std"], classes or old["classes"], a.tile or old["tile"],
                    old["source"])
         else:
-            sd = load_state_dict(a.checkpoint)
+            sd = load_state_dict(a.checkpoint, a.trust_pickle)
             export(sd, a.output, a.arch, bands, 1.0 if a.scale is None else a.scale, mean, std,
                    classes, a.tile, a.checkpoint)
     except (ExportError, OSError, ValueError, KeyError) as e:

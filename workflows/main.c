@@ -596,9 +596,13 @@ static void print_summary(const tilewise_report *rep, const tilewise_run_summary
         if (in.tiles_read_errors) printf(" (%lld unreadable)", (long long)in.tiles_read_errors);
         printf(", in %.2f s (%.1f tiles/s)\n", in.seconds,
                in.seconds > 0 ? in.tiles_classified / in.seconds : 0.0);
-        printf("  classes:");
         int64_t cells = in.nodata_cells;
         for (int c = 0; c < sum->n_classes; c++) cells += in.class_cells[c];
+        if (cells == in.nodata_cells && in.tiles_classified > 0) { /* no class product asked */
+            for (int o = 0; o < in.n_outputs; o++) printf("  wrote %s\n", in.outputs[o]);
+            continue;
+        }
+        printf("  classes:");
         for (int c = 0; c < sum->n_classes; c++)
             printf(" %s %.1f%%", sum->class_names[c],
                    cells ? 100.0 * in.class_cells[c] / cells : 0.0);
