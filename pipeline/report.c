@@ -96,9 +96,13 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_INPUT_SCALE:
     case TW_KEY_INPUT_RETRY_DELAY:
     case TW_KEY_TILING_MAX_NODATA_FRACTION:
+    case TW_KEY_OUTPUT_MIN_AREA:
+    case TW_KEY_OUTPUT_SIMPLIFY:
         tw_json_num(j, key,
                     k == TW_KEY_INPUT_SCALE         ? in->scale
                     : k == TW_KEY_INPUT_RETRY_DELAY ? in->retry_delay
+                    : k == TW_KEY_OUTPUT_MIN_AREA   ? r->output.min_area
+                    : k == TW_KEY_OUTPUT_SIMPLIFY   ? r->output.simplify
                                                     : r->tiling.max_nodata_fraction);
         break;
     case TW_KEY_INPUT_RETRIES:
@@ -131,7 +135,8 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_OUTPUT_NAME:
     case TW_KEY_OUTPUT_PROB_TYPE:
     case TW_KEY_OUTPUT_RESOLUTION:
-    case TW_KEY_OUTPUT_FORMAT: {
+    case TW_KEY_OUTPUT_FORMAT:
+    case TW_KEY_OUTPUT_VECTOR_FORMAT: {
         /* words and paths: the table's own text, without YAML's quotes */
         const char *v = k == TW_KEY_MODEL_ARCH       ? r->model.arch
                         : k == TW_KEY_RUNTIME_DEVICE ? r->runtime.device

@@ -1,0 +1,78 @@
+/* polygons.h - the class map as vector features (products: [polygons]).
+ *
+ * From a class raster (Byte, nodata 255: the writer's class map) and its
+ * confidence raster, write NAME.class.gpkg (GeoPackage) or NAME.class.fgb
+ * (FlatGeobuf): layer "classes", one polygon per 4-connected region of a
+ * class (cells sharing an edge; cells meeting at a corner only are separate
+ * regions), with fields
+ *   class (integer), class_name (string), area (real, CRS units squared,
+ *   the polygon's own area), cells (integer64, cells of the region),
+ *   mean_confidence (real, the mean of the region's confidence)
+ * in the raster's CRS. Nodata cells make no polygon. The layer's metadata
+ * holds AREA_UNIT ("square metre", ...) and TILEWISE_RUN (the run's config).
+ *
+ * The work is GDAL's: GDALSieveFilter merges regions of fewer than
+ * ceil(min_area / cell area) cells into their largest neighbour first
+ * (4-connected; a region with no classified neighbour stays), and
+ * GDALPolygonize traces the regions into a scratch GeoPackage. The
+ * per-region statistics (cells, mean confidence) come from one streaming
+ * pass of 4-connected labelling over the same raster, matched to the
+ * polygons by the region's first cell in raster order (the exterior ring's
+ * top-left vertex). simplify > 0: Douglas-Peucker on the boundaries, split
+ * at the vertices where three or more regions (or nodata) meet, each
+ * boundary piece in one canonical direction, so the two polygons sharing it
+ * get the same vertices (no gap, no overlap; GEOS 3.11 has no coverage
+ * simplifier).
+ *
+ * Memory: rows of the raster (a few times its width in bytes), GDAL's block
+ * cache (the caller sets it), and per region: GDALSieveFilter about 16 bytes
+ * per region before the sieve, GDALPolygonize the vertices of the regions
+ * open on the current row, the statistics 32 bytes per region after the
+ * sieve (TW_POLYGONS_REGION_BYTES): it grows with the number of regions,
+ * which output.min_area bounds (at most valid cells / min cells).
+ *
+ * The output is written under ".<name>.part.gpkg" (".part.fgb") in the
+ * same directory and renamed when complete, as the rasters are; on failure
+ * the temporary is removed.
+ */
+#ifndef TW_POLYGONS_H
+#define TW_POLYGONS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "core/params.h"
+
+/* What one region costs in memory through the product (see above). */
+#define TW_POLYGONS_REGION_BYTES 64
+
+typedef struct tw_polygons_params {
+    const char *class_path;  /* Byte class map, nodata 255 */
+    const char *conf_path;   /* float32 confidence on the same grid */
+    const char *path;        /* final path (.class.gpkg or .class.fgb) */
+    const char *scratch_dir; /* an existing directory for the sieved raster and raw polygons */
+    tw_vector_format format;
+    int n_classes;
+    const char (*class_names)[TW_NAME_MAX];
+    double min_area;           /* CRS units squared; 0: no sieve */
+    double simplify;           /* CRS units; 0: exact cell edges */
+    const char *metadata_json; /* the layer's TILEWISE_RUN metadata (may be NULL) */
+} tw_polygons_params;
+
+/* Write the polygons of p->class_path to p->path (see above). Returns the
+ * number of features in *n_features (may be NULL). TW_ERR_INPUT when a
+ * raster cannot be read, TW_ERR_OUTPUT when the file cannot be written,
+ * TW_ERR_NOMEM. Not thread-safe with other GDAL error captures on the
+ * same thread only (each thread has its own). */
+tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw_error *err);
+
+/* Bytes the product needs besides GDAL's block cache for a raster grid_w
+ * cells wide with `regions` regions (validate's estimate). */
+size_t tw_polygons_memory(int grid_w, int64_t regions);
+
+/* "NAME.class.gpkg" or "NAME.class.fgb" in dir. */
+void tw_polygons_path(const char *dir, const char *stem, tw_vector_format f, char *out,
+                      size_t size);
+
+#endif
