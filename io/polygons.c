@@ -79,6 +79,7 @@ typedef struct labeller {
     int n_prev, n_cur;
     region *out; /* finished regions */
     size_t n_out, out_cap;
+    bool count_only; /* count the finished regions, keep no record */
 } labeller;
 
 static int32_t lab_find(labeller *L, int32_t x)
@@ -173,11 +174,12 @@ static bool lab_row(labeller *L, int y, const uint8_t *cls, const float *conf)
             int32_t up = L->parent[x];
             if (L->mark[x] == y) break; /* alive root */
             if (L->mark[x] != -2 - y) {
-                if (up == x) {
+                if (up == x && !L->count_only) {
                     if (!grow((void **)&L->out, &L->out_cap, L->n_out + 1, sizeof *L->out))
                         return false;
-                    L->out[L->n_out++] = L->acc[x];
+                    L->out[L->n_out] = L->acc[x];
                 }
+                if (up == x) L->n_out++;
                 L->mark[x] = -2 - y; /* freed in this row (reused from the next one) */
                 if (!lab_free(L, x)) return false;
             }
@@ -198,8 +200,11 @@ static bool lab_end(labeller *L)
     for (int k = 0; k < L->n_prev; k++) {
         int32_t x = L->prev[k].comp;
         if (L->mark[x] == INT32_MIN) continue;
-        if (!grow((void **)&L->out, &L->out_cap, L->n_out + 1, sizeof *L->out)) return false;
-        L->out[L->n_out++] = L->acc[x];
+        if (!L->count_only) {
+            if (!grow((void **)&L->out, &L->out_cap, L->n_out + 1, sizeof *L->out)) return false;
+            L->out[L->n_out] = L->acc[x];
+        }
+        L->n_out++;
         L->mark[x] = INT32_MIN;
     }
     L->n_prev = 0;
@@ -221,6 +226,15 @@ static int cmp_region(const void *a, const void *b)
 {
     int64_t x = ((const region *)a)->first, y = ((const region *)b)->first;
     return (x > y) - (x < y);
+}
+
+static const char *fmt_bytes(size_t n, char *buf, size_t size)
+{
+    if (n >= ((size_t)1 << 30))
+        snprintf(buf, size, "%.2f GiB", n / (double)((size_t)1 << 30));
+    else
+        snprintf(buf, size, "%.1f MiB", n / (double)((size_t)1 << 20));
+    return buf;
 }
 
 /* ---- the writer's state ---- */
@@ -325,10 +339,11 @@ static tw_status polygonize(ctx *c, GDALDatasetH *raw_ds, OGRLayerH *raw_l)
 
 /* The statistics of every region of the class map polygonized, sorted by
  * first cell. */
-static tw_status label(ctx *c, GDALDatasetH conf_ds, labeller *L)
+static tw_status label(ctx *c, GDALDatasetH conf_ds, bool count_only, labeller *L)
 {
     memset(L, 0, sizeof *L);
     L->W = c->W;
+    L->count_only = count_only;
     uint8_t *row = tw_alloc(TW_MEM_STRIP, (size_t)c->W);
     float *conf = tw_alloc(TW_MEM_STRIP, (size_t)c->W * sizeof(float));
     L->prev = tw_alloc(TW_MEM_STRIP, (size_t)c->W * sizeof(run));
@@ -353,7 +368,7 @@ static tw_status label(ctx *c, GDALDatasetH conf_ds, labeller *L)
         st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory labelling the class map");
     tw_free(row);
     tw_free(conf);
-    if (st == TW_OK) qsort(L->out, L->n_out, sizeof *L->out, cmp_region);
+    if (st == TW_OK && !count_only) qsort(L->out, L->n_out, sizeof *L->out, cmp_region);
     return st;
 }
 
@@ -826,6 +841,23 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
         c.cls_ds = src;
         c.cls_b = GDALGetRasterBand(src, 1);
     }
+    /* What the regions will take (the sieve's and polygonize's arrays grow
+     * with the regions before the sieve), checked before any of it. */
+    if (st == TW_OK && p->max_bytes > 0) {
+        labeller L0;
+        st = label(&c, NULL, true, &L0);
+        size_t need = tw_polygons_memory(c.W, (int64_t)L0.n_out);
+        lab_release(&L0);
+        if (st == TW_OK && need > p->max_bytes) {
+            char a[32], b[32];
+            st = tw_error_set(err, TW_ERR_NOMEM,
+                              "%s: the class map has %zu regions; their polygons need about %s "
+                              "and runtime.memory leaves %s for them: set output.min_area "
+                              "(smaller regions are merged first) or give runtime.memory more",
+                              p->path, L0.n_out, fmt_bytes(need, a, sizeof a),
+                              fmt_bytes(p->max_bytes, b, sizeof b));
+        }
+    }
     /* regions of fewer cells than this are sieved (1: none is) */
     double mc = p->min_area > 0 ? ceil(p->min_area / c.cell_area * (1 - 1e-12)) : 1;
     int min_cells = mc > (double)INT_MAX ? INT_MAX : mc < 1 ? 1 : (int)mc;
@@ -835,7 +867,7 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
     labeller L;
     memset(&L, 0, sizeof L);
     if (st == TW_OK) st = polygonize(&c, &raw_ds, &raw_l);
-    if (st == TW_OK) st = label(&c, conf, &L);
+    if (st == TW_OK) st = label(&c, conf, false, &L);
     int64_t nf = 0;
     if (st == TW_OK) st = write_output(&c, raw_l, &L, &nf);
     lab_release(&L);
@@ -872,4 +904,70 @@ size_t tw_polygons_memory(int grid_w, int64_t regions)
 void tw_polygons_path(const char *dir, const char *stem, tw_vector_format f, char *out, size_t size)
 {
     snprintf(out, size, "%s/%s.class.%s", dir, stem, f == TW_VECTOR_FGB ? "fgb" : "gpkg");
+}
+
+tw_status tw_polygons_summarize(const char *path, tw_polygons_summary *out, tw_error *err)
+{
+    memset(out, 0, sizeof *out);
+    tw_gdal_msgs msgs;
+    tw_gdal_capture_begin(&msgs);
+    if (!GDALGetDriverByName("GPKG")) GDALAllRegister();
+    GDALDatasetH ds = GDALOpenEx(path, GDAL_OF_VECTOR | GDAL_OF_READONLY, NULL, NULL, NULL);
+    tw_status st = TW_OK;
+    if (!ds)
+        st = tw_error_set(err, TW_ERR_INPUT, "%s: not a vector file GDAL opens: %s", path,
+                          tw_gdal_capture_text(&msgs, "unknown format"));
+    OGRLayerH l = ds ? GDALDatasetGetLayerByName(ds, "classes") : NULL;
+    OGRFeatureDefnH d = l ? OGR_L_GetLayerDefn(l) : NULL;
+    int fc = d ? OGR_FD_GetFieldIndex(d, "class") : -1;
+    int fn = d ? OGR_FD_GetFieldIndex(d, "class_name") : -1;
+    int fa = d ? OGR_FD_GetFieldIndex(d, "area") : -1;
+    int fk = d ? OGR_FD_GetFieldIndex(d, "cells") : -1;
+    if (st == TW_OK && fc >= 0 && fn >= 0 && fa >= 0 && fk >= 0) {
+        out->found = true;
+        snprintf(out->driver, sizeof out->driver, "%s",
+                 GDALGetDriverShortName(GDALGetDatasetDriver(ds)));
+        const char *u = GDALGetMetadataItem((GDALMajorObjectH)l, "AREA_UNIT", NULL);
+        snprintf(out->area_unit, sizeof out->area_unit, "%s", u ? u : "");
+        OGRSpatialReferenceH srs = OGR_L_GetSpatialRef(l);
+        if (srs) {
+            const char *auth = OSRGetAuthorityName(srs, NULL);
+            const char *code = OSRGetAuthorityCode(srs, NULL);
+            if (auth && code)
+                snprintf(out->crs, sizeof out->crs, "%s:%s", auth, code);
+            else
+                snprintf(out->crs, sizeof out->crs, "%s", OSRGetName(srs) ? OSRGetName(srs) : "");
+        }
+        OGREnvelope env;
+        if (OGR_L_GetExtent(l, &env, TRUE) == OGRERR_NONE) {
+            out->extent[0] = env.MinX;
+            out->extent[1] = env.MaxX;
+            out->extent[2] = env.MinY;
+            out->extent[3] = env.MaxY;
+        }
+        tw_polygons_class_sum *by = tw_calloc(TW_MEM_OTHER, TW_MAX_CLASSES, sizeof *by);
+        if (!by) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        OGRFeatureH f;
+        OGR_L_ResetReading(l);
+        while (st == TW_OK && (f = OGR_L_GetNextFeature(l)) != NULL) {
+            int c = OGR_F_GetFieldAsInteger(f, fc);
+            if (c >= 0 && c < TW_MAX_CLASSES) {
+                tw_polygons_class_sum *s = &by[c];
+                if (!s->features)
+                    snprintf(s->name, sizeof s->name, "%s", OGR_F_GetFieldAsString(f, fn));
+                s->cls = c;
+                s->features++;
+                s->cells += OGR_F_GetFieldAsInteger64(f, fk);
+                s->area += OGR_F_GetFieldAsDouble(f, fa);
+            }
+            out->features++;
+            OGR_F_Destroy(f);
+        }
+        for (int c = 0; by && c < TW_MAX_CLASSES; c++)
+            if (by[c].features) out->classes[out->n_classes++] = by[c];
+        tw_free(by);
+    }
+    if (ds) GDALClose(ds);
+    tw_gdal_capture_end();
+    return st;
 }

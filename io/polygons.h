@@ -38,6 +38,7 @@
 #ifndef TW_POLYGONS_H
 #define TW_POLYGONS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,9 @@
 
 /* What one region costs in memory through the product (see above). */
 #define TW_POLYGONS_REGION_BYTES 64
+/* About what one region takes in the file (GeoPackage with its R-tree, a
+ * blocky boundary: bench/RESULTS.md), for validate's size estimate. */
+#define TW_POLYGONS_FILE_BYTES 300
 
 typedef struct tw_polygons_params {
     const char *class_path;  /* Byte class map, nodata 255 */
@@ -58,18 +62,45 @@ typedef struct tw_polygons_params {
     double min_area;           /* CRS units squared; 0: no sieve */
     double simplify;           /* CRS units; 0: exact cell edges */
     const char *metadata_json; /* the layer's TILEWISE_RUN metadata (may be NULL) */
+    size_t max_bytes;          /* what the regions may take (tw_polygons_memory), checked by a
+                                  counting pass before the sieve; 0: not checked */
 } tw_polygons_params;
 
 /* Write the polygons of p->class_path to p->path (see above). Returns the
  * number of features in *n_features (may be NULL). TW_ERR_INPUT when a
  * raster cannot be read, TW_ERR_OUTPUT when the file cannot be written,
- * TW_ERR_NOMEM. Not thread-safe with other GDAL error captures on the
- * same thread only (each thread has its own). */
+ * TW_ERR_NOMEM (also when the regions need more than max_bytes: the
+ * message names output.min_area). Thread-safe for different files (GDAL's
+ * message capture is per thread). */
 tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw_error *err);
 
 /* Bytes the product needs besides GDAL's block cache for a raster grid_w
  * cells wide with `regions` regions (validate's estimate). */
 size_t tw_polygons_memory(int grid_w, int64_t regions);
+
+/* What `tilewise info` says about a polygons file. */
+typedef struct tw_polygons_class_sum {
+    int cls;
+    char name[TW_NAME_MAX];
+    int64_t features, cells;
+    double area; /* sum of the features' area field */
+} tw_polygons_class_sum;
+
+typedef struct tw_polygons_summary {
+    bool found; /* the file has a layer "classes" with the fields above */
+    char driver[32];
+    int64_t features;
+    char area_unit[128];
+    char crs[128];    /* "EPSG:32725", else the CRS's name, else "" */
+    double extent[4]; /* min x, max x, min y, max y */
+    int n_classes;    /* classes with features, in class order */
+    tw_polygons_class_sum classes[TW_MAX_CLASSES];
+} tw_polygons_summary;
+
+/* Read path (any OGR vector file) into *out: found false (and TW_OK) when
+ * GDAL opens it as a vector file without a tilewise "classes" layer.
+ * TW_ERR_INPUT when it cannot be opened as a vector file. */
+tw_status tw_polygons_summarize(const char *path, tw_polygons_summary *out, tw_error *err);
 
 /* "NAME.class.gpkg" or "NAME.class.fgb" in dir. */
 void tw_polygons_path(const char *dir, const char *stem, tw_vector_format f, char *out,

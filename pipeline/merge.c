@@ -8,12 +8,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <gdal.h>
+
 #include "io/polygons.h"
 #include "io/resample.h"
 #include "io/tiletable.h"
 #include "io/writer.h"
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "pipeline/budget.h"
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"
 #include "pipeline/resume.h"
@@ -181,6 +184,11 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
             .simplify = p->output.simplify,
             .metadata_json = config_json,
         };
+        /* the regions may take what runtime.memory leaves beside the
+         * process and GDAL's block cache (checked before the sieve) */
+        size_t used = tw_rss_now() + (size_t)GDALGetCacheMax64();
+        pp.max_bytes = p->runtime.memory > used + ((size_t)1 << 20) ? p->runtime.memory - used
+                                                                    : ((size_t)1 << 20);
         st = tw_polygons_write(&pp, NULL, err);
     }
     if (st == TW_OK) st = tw_parts_remove(parts, err);

@@ -5,10 +5,12 @@
  * what a run would refuse, with the same messages. */
 #include "pipeline/run.h"
 
+#include <math.h>
 #include <stdio.h>
 
 #include <gdal.h>
 
+#include "io/polygons.h"
 #include "io/raster.h"
 #include "io/stac.h"
 #include "io/url.h"
@@ -54,6 +56,50 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, FILE *out)
                 "read once; input.retries %d)\n",
                 (long long)reqs, tw_format_bytes((size_t)bytes, b1, sizeof b1), y0, (int)y1,
                 c->p->input.retries);
+}
+
+/* validate's line on products: [polygons]: what its regions may take at
+ * assembly (what runtime.memory leaves beside the process, the weights, the
+ * backend's workspace and GDAL's cache: the slots are freed by then) and
+ * the most regions the class map can have, with the file size that
+ * makes (about TW_POLYGONS_FILE_BYTES per region). */
+static void polygons_estimate(const run_ctx *c, FILE *out)
+{
+    const tw_run_params *p = c->p;
+    const tw_budget *b = &c->bud;
+    size_t fixed =
+        b->base + b->weights_kept + b->workspace + b->margin + b->gdal_cache + b->polygons;
+    size_t room = p->runtime.memory > fixed ? p->runtime.memory - fixed : 0;
+    long long fit = (long long)(room / TW_POLYGONS_REGION_BYTES);
+    char b1[32], b2[32];
+    for (int i = 0; i < p->input.n_paths; i++) {
+        if (c->infos[i].skipped) continue;
+        const tw_raster_info *info = &c->infos[i].info;
+        tw_plan plan;
+        tw_error e;
+        tw_error_init(&e);
+        if (tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge, 0, 1,
+                         &plan, &e) != TW_OK)
+            continue;
+        bool in_res = p->output.resolution == TW_RESOLUTION_INPUT;
+        double gw = in_res ? info->width : plan.grid_w, gh = in_res ? info->height : plan.grid_h;
+        double px = in_res ? 1.0 : (double)plan.stride;
+        double cell = fabs(info->geotransform[1] * info->geotransform[5] -
+                           info->geotransform[2] * info->geotransform[4]) *
+                      px * px;
+        double min_cells = p->output.min_area > 0 && cell > 0 ? ceil(p->output.min_area / cell) : 1;
+        double most = gw * gh / (min_cells > 1 ? min_cells : 1);
+        char name[256] = "?", why[96] = "";
+        tw_run_output_name(p, i, name, sizeof name, NULL);
+        if (min_cells > 1)
+            snprintf(why, sizeof why, " of %.0f cells or more (output.min_area)", min_cells);
+        fprintf(out,
+                "polygons  %s.class.%s: at most %.0f regions%s in %.0f x %.0f cells, about %s "
+                "of file at that; at assembly %s left for them at %d bytes each: %lld regions\n",
+                name, tw_vector_format_names[p->output.vector_format], most, why, gw, gh,
+                tw_format_bytes((size_t)(most * TW_POLYGONS_FILE_BYTES), b1, sizeof b1),
+                tw_format_bytes(room, b2, sizeof b2), TW_POLYGONS_REGION_BYTES, fit);
+    }
 }
 
 tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
@@ -127,6 +173,7 @@ tw_status tw_validate(const tw_run_params *p, FILE *out, tw_error *err)
             fprintf(out, "          worst case %s (GDAL cache limit %s)\n",
                     tw_format_bytes(b->total, b1, sizeof b1),
                     tw_format_bytes(b->gdal_cache, b2, sizeof b2));
+            if (p->output.products & TW_PRODUCT_POLYGONS) polygons_estimate(c, out);
             for (int i = 0; i < c->warn.n; i++) fprintf(out, "warning   %s\n", c->warn.msg[i]);
             fprintf(out, "ok\n");
             /* GDAL's block cache as the run sets it (run.c): what validate

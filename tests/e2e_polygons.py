@@ -23,9 +23,9 @@ checked against independent references: the class map through GDAL, scipy's
 * output.simplify (1.5 cells): valid geometries, fewer vertices, no overlap
   (sum of areas = union's area) and no gap (union area = the raster's area,
   on a run without nodata).
-* products: [polygons] alone gives the same polygons as with class and
-  confidence, and writes no class map; output.vector_format: fgb the same
-  features in FlatGeobuf.
+* products: [polygons] alone (class map and confidence made in the parts
+  directory and removed with it) in FlatGeobuf (output.vector_format: fgb)
+  gives the same features as the GeoPackage made with class and confidence.
 * Shards + merge: the same polygons (count, classes, cells, areas) as one run.
 * tilewise info NAME.class.gpkg summarises the layer.
 * Bad input: output.min_area < 0, an unknown output.vector_format: exit 2 and
@@ -196,6 +196,8 @@ def main():
                  extra=f"  min_area: {min_area}\n")
     check(not os.path.exists(os.path.join(out, "holed.class.tif")),
           "products: [polygons] writes no class map")
+    check(not os.path.exists(os.path.join(out, ".tilewise", "holed")),
+          "its scratch rasters went with the parts")
     _, _, fs = features(os.path.join(out, "holed.class.gpkg"), ogr)
     small = [f for f in fs if f["area"] < min_area]
     lonely = all(not any(g is not f and f["geom"].Touches(g["geom"]) for g in fs) for f in small)
@@ -206,24 +208,23 @@ def main():
     check(abs(union - want) <= 1e-9 * want and abs(total - union) <= 1e-9 * want,
           "min_area: the polygons still tile the valid area exactly")
 
-    # ---- products: [polygons] alone = with class and confidence; fgb ----
-    _, out = run(work, "alone", model, holed, ["polygons"])
-    _, _, fs = features(os.path.join(out, "holed.class.gpkg"), ogr)
-
+    # ---- products: [polygons] alone, in FlatGeobuf = with class and confidence ----
     def key(fs):
         return sorted((f["class"], f["cells"], round(f["area"], 3), round(f["mean_confidence"], 6),
                        f["geom"].ExportToWkt()) for f in fs)
 
-    check(key(fs) == key(full_fs), "products: [polygons] alone: the same polygons")
     _, out = run(work, "fgb", model, holed, ["polygons"], extra="  vector_format: fgb\n")
     fgb = os.path.join(out, "holed.class.fgb")
     check(ogr.Open(fgb).GetDriver().GetName() == "FlatGeobuf", "vector_format: fgb is FlatGeobuf")
     _, _, fs = features(fgb, ogr)
-    check(key(fs) == key(full_fs), "FlatGeobuf: the same polygons")
+    check(key(fs) == key(full_fs), "products: [polygons] alone, FlatGeobuf: the same polygons")
 
     # ---- simplify: valid, no gap, no overlap (no nodata: union = raster) ----
-    _, out = run(work, "exact", model, plain, ["polygons"])
+    _, out = run(work, "exact", model, plain, ["class", "polygons"])
     _, _, exact = features(os.path.join(out, "L7_ETMs.class.gpkg"), ogr)
+    cds = gdal.Open(os.path.join(out, "L7_ETMs.class.tif"))
+    raster_area = cds.RasterXSize * cds.RasterYSize * cell_area
+    cds = None
     pixel = abs(gt[1])
     _, out = run(work, "simple", model, plain, ["polygons"], extra=f"  simplify: {1.5 * pixel}\n")
     _, _, fs = features(os.path.join(out, "L7_ETMs.class.gpkg"), ogr)
@@ -234,9 +235,6 @@ def main():
     check(len(fs) == len(exact) and nv < nv0,
           f"simplify {1.5 * pixel}: {len(fs)} polygons, {nv} vertices (from {nv0})")
     union, total = coverage(fs, ogr, "simplify")
-    cmap = run(work, "exact_cls", model, plain, ["class"])[1]
-    cds = gdal.Open(os.path.join(cmap, "L7_ETMs.class.tif"))
-    raster_area = cds.RasterXSize * cds.RasterYSize * cell_area
     check(abs(union - raster_area) <= 1e-9 * raster_area,
           f"simplify: no gap (union {union:.1f} = the raster's area {raster_area:.1f})")
     check(abs(total - union) <= 1e-9 * raster_area, "simplify: no overlap (sum of areas = union)")

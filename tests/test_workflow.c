@@ -250,7 +250,7 @@ static const bad_case k_bad[] = {
      NULL,
      {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, name, products, "
       "prob_type, "
-      "resolution, format, creation_options)"}},
+      "resolution, format, creation_options"}},
     {BASE "tiling.tile: 64\n",
      NULL,
      {"flow.yaml:5: tiling.tile: unknown key (write it nested: 'tiling:' with 'tile:' indented "
@@ -362,7 +362,16 @@ static const bad_case k_bad[] = {
      NULL,
      {"flow.yaml:6: output.products: expected one of class | prob | confidence | embeddings | "
       "tiles | "
-      "tiles_gpkg, got 'probs'"}},
+      "tiles_gpkg | polygons, got 'probs'"}},
+    {BASE "output:\n  min_area: -1\n",
+     NULL,
+     {"flow.yaml:6: output.min_area: -1 is out of range (expected CRS units squared, >= 0)"}},
+    {BASE "output:\n  vector_format: shp\n",
+     NULL,
+     {"flow.yaml:6: output.vector_format: expected one of gpkg | fgb, got 'shp'"}},
+    {BASE "output:\n  simplify: .nan\n",
+     NULL,
+     {"flow.yaml:6: output.simplify:"}},
     {BASE "output:\n  format: PNG\n",
      NULL,
      {"flow.yaml:6: output.format: expected one of GTiff | COG, got 'PNG'"}},
