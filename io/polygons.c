@@ -23,6 +23,7 @@
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "io/gdal_msgs.h"
+#include "io/writer.h"
 
 enum { TXN_FEATURES = 8192, NODATA = 255 };
 enum { F_CLASS = 0, F_CLASS_NAME, F_AREA, F_CELLS, F_MEAN_CONF };
@@ -709,6 +710,19 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
     if (st == TW_OK) st = add_field(c, l, "mean_confidence", OFTReal);
     if (st == TW_OK) {
         GDALSetMetadataItem((GDALMajorObjectH)l, "AREA_UNIT", unit, NULL);
+        char *colors = tw_alloc(TW_MEM_OTHER, (size_t)p->n_classes * 8 + 1);
+        if (colors) {
+            size_t at = 0;
+            colors[0] = '\0';
+            for (int k = 0; k < p->n_classes; k++) {
+                unsigned char rgb[3];
+                tw_writer_class_rgb(p->colors, p->n_colors, k, rgb);
+                at += (size_t)snprintf(colors + at, 9, "%s#%02x%02x%02x", k ? "," : "", rgb[0],
+                                       rgb[1], rgb[2]);
+            }
+            GDALSetMetadataItem((GDALMajorObjectH)l, "CLASS_COLORS", colors, NULL);
+            tw_free(colors);
+        }
         if (p->metadata_json)
             GDALSetMetadataItem((GDALMajorObjectH)l, "TILEWISE_RUN", p->metadata_json, NULL);
     }

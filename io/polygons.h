@@ -9,7 +9,9 @@
  *   the polygon's own area), cells (integer64, cells of the region),
  *   mean_confidence (real, the mean of the region's confidence)
  * in the raster's CRS. Nodata cells make no polygon. The layer's metadata
- * holds AREA_UNIT ("square metre", ...) and TILEWISE_RUN (the run's config).
+ * holds AREA_UNIT ("square metre", ...), CLASS_COLORS ("#0072bd,#228b22,...",
+ * the class map's colours in class order, for styling) and TILEWISE_RUN
+ * (the run's config).
  *
  * The work is GDAL's: GDALSieveFilter merges regions of fewer than
  * ceil(min_area / cell area) cells into their largest neighbour first
@@ -59,6 +61,8 @@ typedef struct tw_polygons_params {
     tw_vector_format format;
     int n_classes;
     const char (*class_names)[TW_NAME_MAX];
+    const unsigned char (*colors)[3]; /* the class map's colours (io/writer.h); NULL: built-in */
+    int n_colors;
     double min_area;           /* CRS units squared; 0: no sieve */
     double simplify;           /* CRS units; 0: exact cell edges */
     const char *metadata_json; /* the layer's TILEWISE_RUN metadata (may be NULL) */

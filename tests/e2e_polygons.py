@@ -27,10 +27,13 @@ checked against independent references: the class map through GDAL, scipy's
   directory and removed with it) in FlatGeobuf (output.vector_format: fgb)
   gives the same features as the GeoPackage made with class and confidence.
 * Shards + merge: the same polygons (count, classes, cells, areas) as one run.
-* tilewise info NAME.class.gpkg summarises the layer.
+* tilewise info NAME.class.gpkg summarises the layer; QGIS (where installed)
+  loads it categorised by `class` with the class map's colours and names, as
+  the Processing provider styles it (tests/qgis/style_polygons.py).
 * Bad input: output.min_area < 0, an unknown output.vector_format: exit 2 and
   one message naming the key.
 """
+import json
 import os
 import subprocess
 import sys
@@ -253,6 +256,28 @@ def main():
     r = subprocess.run([BIN, "info", gpkg], capture_output=True, text=True)
     check(r.returncode == 0 and "classes" in r.stdout and f"{len(full_fs)} features" in r.stdout
           and "forest" in r.stdout, f"tilewise info summarises the layer:\n{r.stdout}")
+
+    # ---- QGIS: the provider's styling, categorised by class with the class map's colours ----
+    try:
+        import qgis.core  # noqa: F401
+        have_qgis = True
+    except ImportError:
+        have_qgis = False
+        print("skip QGIS styling: python3-qgis not installed")
+    if have_qgis:
+        home = os.path.join(work, "home")
+        os.makedirs(home, mode=0o700)
+        env = dict(os.environ, HOME=home, XDG_RUNTIME_DIR=home, QT_QPA_PLATFORM="offscreen")
+        r = subprocess.run([sys.executable, os.path.join(SRC, "tests", "qgis", "style_polygons.py"),
+                            gpkg, *CLASSES], capture_output=True, text=True, env=env, timeout=300)
+        got = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+        ct = cls_ds.GetRasterBand(1).GetColorTable()
+        want = [[k, CLASSES[k], "#%02x%02x%02x" % ct.GetColorEntry(k)[:3]]
+                for k in range(len(CLASSES))]
+        check(got.get("valid") and got.get("features") == len(full_fs)
+              and got.get("attribute") == "class" and got.get("categories") == want,
+              f"QGIS loads the polygons categorised by class, the class map's colours and names "
+              f"({r.stderr[-500:] if r.returncode else got.get('categories')})")
 
     # ---- bad input ----
     for setting, key_name in (("output.min_area=-1", "output.min_area"),
