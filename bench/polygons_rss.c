@@ -44,6 +44,7 @@ int main(int argc, char **argv)
         .n_classes = TW_MAX_CLASSES,
         .class_names = (const char(*)[TW_NAME_MAX])names,
         .min_area = min_area,
+        .max_bytes = (size_t)2 << 30, /* as a run with runtime.memory 2GiB: the counting pass */
     };
     size_t rss0 = tw_rss_peak();
     double t0 = tw_clock_now();

@@ -33,7 +33,7 @@ enum { F_CLASS = 0, F_CLASS_NAME, F_AREA, F_CELLS, F_MEAN_CONF };
 static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return true;
-    size_t nc = *cap ? *cap : 1024;
+    size_t nc = *cap ? *cap : (need > 1024 ? need : 1024);
     while (nc < need) nc *= 2;
     void *n = tw_alloc(TW_MEM_OTHER, nc * elem);
     if (!n) return false;
@@ -340,11 +340,17 @@ static tw_status polygonize(ctx *c, GDALDatasetH *raw_ds, OGRLayerH *raw_l)
 
 /* The statistics of every region of the class map polygonized, sorted by
  * first cell. */
-static tw_status label(ctx *c, GDALDatasetH conf_ds, bool count_only, labeller *L)
+static tw_status label(ctx *c, GDALDatasetH conf_ds, bool count_only, int64_t expect, labeller *L)
 {
     memset(L, 0, sizeof *L);
     L->W = c->W;
     L->count_only = count_only;
+    /* the polygons' count, known: one allocation of the records, not a
+     * doubling array's 2.5x at its peak */
+    if (!count_only && expect > 0 &&
+        !grow((void **)&L->out, &L->out_cap, (size_t)expect, sizeof *L->out))
+        return tw_error_set(c->err, TW_ERR_NOMEM, "out of memory for %lld regions",
+                            (long long)expect);
     uint8_t *row = tw_alloc(TW_MEM_STRIP, (size_t)c->W);
     float *conf = tw_alloc(TW_MEM_STRIP, (size_t)c->W * sizeof(float));
     L->prev = tw_alloc(TW_MEM_STRIP, (size_t)c->W * sizeof(run));
@@ -859,7 +865,7 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
      * with the regions before the sieve), checked before any of it. */
     if (st == TW_OK && p->max_bytes > 0) {
         labeller L0;
-        st = label(&c, NULL, true, &L0);
+        st = label(&c, NULL, true, 0, &L0);
         size_t need = tw_polygons_memory(c.W, (int64_t)L0.n_out);
         lab_release(&L0);
         if (st == TW_OK && need > p->max_bytes) {
@@ -881,7 +887,7 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
     labeller L;
     memset(&L, 0, sizeof L);
     if (st == TW_OK) st = polygonize(&c, &raw_ds, &raw_l);
-    if (st == TW_OK) st = label(&c, conf, false, &L);
+    if (st == TW_OK) st = label(&c, conf, false, OGR_L_GetFeatureCount(raw_l, TRUE), &L);
     int64_t nf = 0;
     if (st == TW_OK) st = write_output(&c, raw_l, &L, &nf);
     lab_release(&L);

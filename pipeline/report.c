@@ -264,6 +264,7 @@ tw_status tw_report_write(const char *path, const tw_run_params *p, const tw_run
         tw_json_int(&j, "read", (long long)r->budget.read);
         tw_json_int(&j, "workspace", (long long)r->budget.workspace);
         tw_json_int(&j, "strip", (long long)r->budget.strip);
+        if (r->budget.polygons) tw_json_int(&j, "polygons", (long long)r->budget.polygons);
         tw_json_int(&j, "gdal_cache", (long long)r->budget.gdal_cache);
         tw_json_int(&j, "margin", (long long)r->budget.margin);
         tw_json_close(&j, '}');
