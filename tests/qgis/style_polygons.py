@@ -25,8 +25,11 @@ def main():
            "categories": [[c.value(), c.label(), c.symbol().color().name()]
                           for c in r.categories()] if isinstance(r, QgsCategorizedSymbolRenderer)
            else []}
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    # QGIS 3.22 may crash tearing down a layer after exitQgis: the result is out
+    del r, layer
     app.exitQgis()
+    os._exit(0)
 
 
 if __name__ == "__main__":
