@@ -58,7 +58,7 @@ int main(int argc, char **argv)
         return 1;
     }
     GDALDatasetH ds = GDALOpen(argv[1], GA_ReadOnly);
-    int w = ds ? GDALGetRasterXSize(ds) : 0;
+    int w = ds ? GDALGetRasterXSize(ds) : 0, h = ds ? GDALGetRasterYSize(ds) : 0;
     if (ds) GDALClose(ds);
     char a[32], b[32], c[32], e[32];
     printf("features %lld, %.1f s, peak RSS %s (before %s), tw_alloc peak %s, estimate %s "
@@ -66,6 +66,7 @@ int main(int argc, char **argv)
            (long long)n, t, tw_format_bytes(tw_rss_peak(), a, sizeof a),
            tw_format_bytes(rss0, b, sizeof b),
            tw_format_bytes(tw_mem_peak(TW_MEM_TAG_COUNT), c, sizeof c),
-           tw_format_bytes(tw_polygons_memory(w, n) + ((size_t)cache << 20), e, sizeof e), cache);
+           tw_format_bytes(tw_polygons_memory(w, h, n) + ((size_t)cache << 20), e, sizeof e),
+           cache);
     return 0;
 }

@@ -866,7 +866,7 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
     if (st == TW_OK && p->max_bytes > 0) {
         labeller L0;
         st = label(&c, NULL, true, 0, &L0);
-        size_t need = tw_polygons_memory(c.W, (int64_t)L0.n_out);
+        size_t need = tw_polygons_memory(c.W, c.H, (int64_t)L0.n_out);
         lab_release(&L0);
         if (st == TW_OK && need > p->max_bytes) {
             char a[32], b[32];
@@ -911,13 +911,17 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
     return TW_OK;
 }
 
-size_t tw_polygons_memory(int grid_w, int64_t regions)
+size_t tw_polygons_memory(int grid_w, int grid_h, int64_t regions)
 {
-    /* two rows of runs and of the labelling's components, the class and
-     * confidence rows, GDAL's polygonize and sieve rows (a few ints per
-     * cell), plus the regions */
-    size_t row = (size_t)(grid_w > 0 ? grid_w : 1);
-    return row * (2 * sizeof(run) + 3 * 12 + 1 + sizeof(float) + 32) +
+    /* Fitted to bench/polygons_rss (bench/RESULTS.md, "Class polygons"),
+     * above GDAL's block cache: 16 MiB of GDAL and SQLite state, the rows
+     * (runs and labels of two rows, the class and confidence rows, GDAL's
+     * line buffers: ~105 bytes a column), what GDAL 3.6's polygonize holds
+     * of the regions still open (measured ~0.05 bytes a cell: 1/16 here),
+     * and the regions (GDAL's sieve and polygonize arrays over every region
+     * id, the records kept here: measured ~67 bytes, 80 here). */
+    size_t w = (size_t)(grid_w > 0 ? grid_w : 1), h = (size_t)(grid_h > 0 ? grid_h : 1);
+    return ((size_t)16 << 20) + w * 105 + w * h / 16 +
            (size_t)(regions > 0 ? regions : 0) * TW_POLYGONS_REGION_BYTES;
 }
 

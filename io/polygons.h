@@ -26,12 +26,15 @@
  * get the same vertices (no gap, no overlap; GEOS 3.11 has no coverage
  * simplifier).
  *
- * Memory: rows of the raster (a few times its width in bytes), GDAL's block
- * cache (the caller sets it), and per region: GDALSieveFilter about 16 bytes
- * per region before the sieve, GDALPolygonize the vertices of the regions
- * open on the current row, the statistics 32 bytes per region after the
- * sieve (TW_POLYGONS_REGION_BYTES): it grows with the number of regions,
- * which output.min_area bounds (at most valid cells / min cells).
+ * Memory: rows of the raster (about 105 bytes a column), GDAL's block cache
+ * (the caller sets it), and what grows with the map: GDAL 3.6's sieve and
+ * polygonize keep arrays over every region id of the whole raster and the
+ * vertices of the regions still open, and the statistics here are 32 bytes
+ * a region after the sieve. Measured, all of it stays under
+ * tw_polygons_memory (TW_POLYGONS_REGION_BYTES a region before the sieve);
+ * the regions are counted first, so a map with too many for max_bytes is
+ * refused before the sieve. output.min_area does not lower the sieve's
+ * share (it works on the regions before it), only the output's.
  *
  * The output is written under ".<name>.part.gpkg" (".part.fgb") in the
  * same directory and renamed when complete, as the rasters are; on failure
@@ -48,7 +51,7 @@
 #include "core/params.h"
 
 /* What one region costs in memory through the product (see above). */
-#define TW_POLYGONS_REGION_BYTES 64
+#define TW_POLYGONS_REGION_BYTES 80
 /* About what one region takes in the file (GeoPackage with its R-tree, a
  * blocky boundary: bench/RESULTS.md), for validate's size estimate. */
 #define TW_POLYGONS_FILE_BYTES 300
@@ -78,9 +81,11 @@ typedef struct tw_polygons_params {
  * message capture is per thread). */
 tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw_error *err);
 
-/* Bytes the product needs besides GDAL's block cache for a raster grid_w
- * cells wide with `regions` regions (validate's estimate). */
-size_t tw_polygons_memory(int grid_w, int64_t regions);
+/* Bytes the product needs besides GDAL's block cache for a class map of
+ * grid_w x grid_h cells with `regions` regions (the budget's item with 0,
+ * validate's estimate and the check against max_bytes): measured on
+ * 4096^2-32768^2 maps of up to 2.2 million regions (bench/RESULTS.md). */
+size_t tw_polygons_memory(int grid_w, int grid_h, int64_t regions);
 
 /* What `tilewise info` says about a polygons file. */
 typedef struct tw_polygons_class_sum {

@@ -186,7 +186,7 @@ const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_
         it[n].name = "GDAL cache", it[n++].bytes = cache;
     }
     it[n].name = "strip", it[n++].bytes = b->strip;
-    if (b->polygons) it[n].name = "polygons (rows)", it[n++].bytes = b->polygons;
+    if (b->polygons) it[n].name = "polygons", it[n++].bytes = b->polygons;
     it[n].name = "margin (allocator, GDAL, threads, JIT code)", it[n++].bytes = b->margin;
     /* Tenths of MiB, largest remainders first, so the shown items add up
      * to the shown total. */

@@ -42,9 +42,10 @@ typedef struct tw_budget_in {
                              blocks never enter the GDAL cache */
     int readers;          /* reader workers, >= 1 (runtime.readers resolved) */
     bool mask;            /* some input has a mask band (read strips hold it too) */
-    size_t polygons;      /* products: [polygons]: the assembly's rows (io/polygons.h,
-                             tw_polygons_memory of no region); its regions take what
-                             the budget leaves, checked at assembly */
+    size_t polygons;      /* products: [polygons]: what the assembly needs beside its
+                             regions (io/polygons.h, tw_polygons_memory of no region);
+                             the regions take what the budget leaves, checked at
+                             assembly */
 } tw_budget_in;
 
 typedef struct tw_budget {

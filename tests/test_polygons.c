@@ -211,13 +211,13 @@ static void sieve_and_memory(void **state)
     char out2[512];
     snprintf(out2, sizeof out2, "%s", tw_test_path(dir, "n.class.gpkg"));
     p = params(cls, conf, out2, dir);
-    p.max_bytes = tw_polygons_memory(8, 7) - 1;
+    p.max_bytes = tw_polygons_memory(8, 6, 7) - 1;
     assert_int_equal(tw_polygons_write(&p, NULL, &err), TW_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "7 regions"));
     assert_non_null(strstr(err.msg, "output.min_area"));
     assert_false(tw_test_file_exists(out2));
     assert_false(tw_test_file_exists(tw_test_path(dir, ".n.class.gpkg.part.gpkg")));
-    p.max_bytes = tw_polygons_memory(8, 7);
+    p.max_bytes = tw_polygons_memory(8, 6, 7);
     tw_error_init(&err);
     assert_int_equal(tw_polygons_write(&p, NULL, &err), TW_OK);
 
