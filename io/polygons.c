@@ -914,14 +914,15 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
 size_t tw_polygons_memory(int grid_w, int grid_h, int64_t regions)
 {
     /* Fitted to bench/polygons_rss (bench/RESULTS.md, "Class polygons"),
-     * above GDAL's block cache: 16 MiB of GDAL and SQLite state, the rows
+     * above GDAL's block cache: 24 MiB of GDAL and SQLite state (16
+     * measured, and a 4096^2 map came within 1 MiB of that), the rows
      * (runs and labels of two rows, the class and confidence rows, GDAL's
      * line buffers: ~105 bytes a column), what GDAL 3.6's polygonize holds
      * of the regions still open (measured ~0.05 bytes a cell: 1/16 here),
      * and the regions (GDAL's sieve and polygonize arrays over every region
      * id, the records kept here: measured ~67 bytes, 80 here). */
     size_t w = (size_t)(grid_w > 0 ? grid_w : 1), h = (size_t)(grid_h > 0 ? grid_h : 1);
-    return ((size_t)16 << 20) + w * 105 + w * h / 16 +
+    return ((size_t)24 << 20) + w * 105 + w * h / 16 +
            (size_t)(regions > 0 ? regions : 0) * TW_POLYGONS_REGION_BYTES;
 }
 
