@@ -30,6 +30,8 @@ checked against independent references: the class map through GDAL, scipy's
 * tilewise info NAME.class.gpkg summarises the layer; QGIS (where installed)
   loads it categorised by `class` with the class map's colours and names, as
   the Processing provider styles it (tests/qgis/style_polygons.py).
+* validate: the budget's polygons item and the product's line (regions at
+  most, file size, how many regions the budget leaves room for).
 * Bad input: output.min_area < 0, an unknown output.vector_format: exit 2 and
   one message naming the key.
 """
@@ -279,6 +281,13 @@ def main():
               and got.get("attribute") == "class" and got.get("categories") == want,
               f"QGIS loads the polygons categorised by class, the class map's colours and names "
               f"({got.get('categories') if got else r.stderr[-500:]})")
+
+    # ---- validate: the budget item and the product's estimate ----
+    r = subprocess.run([BIN, "validate", wf], capture_output=True, text=True)
+    est = [ln for ln in r.stdout.splitlines() if ln.startswith("polygons ")]
+    check(r.returncode == 0 and " + polygons " in r.stdout and len(est) == 1
+          and "holed.class.gpkg: at most 7744 regions in 88 x 88 cells" in est[0],
+          f"validate shows the polygons' budget item and estimate: {est}")
 
     # ---- bad input ----
     for setting, key_name in (("output.min_area=-1", "output.min_area"),
