@@ -231,11 +231,58 @@ static void sieve_and_memory(void **state)
     assert_int_equal(tw_polygons_summarize(cls, &s, &err), TW_ERR_INPUT);
 }
 
+/* simplify: shared boundaries stay shared, so the polygons neither overlap
+ * nor leave a gap (the sum of their areas = their union's area = the map's
+ * extent less the nodata it still excludes), and each is valid. */
+static void simplify_shared(void **state)
+{
+    (void)state;
+    const char *dir = tw_test_tmpdir();
+    char cls[512], conf[512], out[512];
+    write_maps(dir, cls, conf);
+    snprintf(out, sizeof out, "%s", tw_test_path(dir, "s.class.gpkg"));
+    tw_polygons_params p = params(cls, conf, out, dir);
+    p.simplify = 15;
+    tw_error err;
+    tw_error_init(&err);
+    int64_t n = 0;
+    assert_int_equal(tw_polygons_write(&p, &n, &err), TW_OK);
+    assert_int_equal(n, 7);
+    GDALDatasetH ds = GDALOpenEx(out, GDAL_OF_VECTOR, NULL, NULL, NULL);
+    OGRLayerH l = GDALDatasetGetLayerByName(ds, "classes");
+    OGRGeometryH all = OGR_G_CreateGeometry(wkbMultiPolygon);
+    double sum = 0;
+    OGRFeatureH f;
+    while ((f = OGR_L_GetNextFeature(l)) != NULL) {
+        OGRGeometryH g = OGR_F_GetGeometryRef(f);
+        assert_true(OGR_G_IsValid(g));
+        assert_true(fabs(OGR_F_GetFieldAsDouble(f, 2) - OGR_G_Area(g)) < 1e-6);
+        sum += OGR_G_Area(g);
+        OGR_G_AddGeometry(all, g);
+        OGR_F_Destroy(f);
+    }
+    OGRGeometryH u = OGR_G_UnionCascaded(all);
+    assert_non_null(u);
+    assert_true(fabs(OGR_G_Area(u) - sum) < 1e-6);
+    /* no gap: the union is one polygon whose only hole is the nodata */
+    assert_int_equal(wkbFlatten(OGR_G_GetGeometryType(u)), wkbPolygon);
+    assert_int_equal(OGR_G_GetGeometryCount(u), 2);
+    /* the outer extent's corners are kept: the union spans the map */
+    OGREnvelope env;
+    OGR_G_GetEnvelope(u, &env);
+    assert_true(env.MinX == 500000 && env.MaxX == 500080 && env.MinY == 5999940 &&
+                env.MaxY == 6000000);
+    OGR_G_DestroyGeometry(u);
+    OGR_G_DestroyGeometry(all);
+    GDALClose(ds);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(exact_regions),
         cmocka_unit_test(sieve_and_memory),
+        cmocka_unit_test(simplify_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
