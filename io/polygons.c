@@ -474,8 +474,68 @@ static bool dp(const pt *q, int i, int j, double tol, uint8_t *keep, int *stack)
 /* Simplify arc q[0..n-1] (its ends kept) the same way from either end:
  * in its canonical direction, with its middle (a closed arc: its thirds)
  * kept so that no ring collapses. keep[] gets the flags in q's order. */
-static void simplify_arc(pt *q, int n, double tol, uint8_t *keep, int *stack, pt *tmp,
-                         uint8_t *ktmp)
+/* Boundary pieces kept exact: those of polygons that simplification made
+ * invalid, by a 64-bit hash of the piece in its canonical direction (a
+ * collision only keeps another piece exact too). Open addressing, 0 empty. */
+typedef struct arcset {
+    uint64_t *slot;
+    size_t cap, n;
+    uint64_t *cur; /* the pieces of the polygon being simplified */
+    size_t n_cur, cur_cap;
+} arcset;
+
+static uint64_t mix(uint64_t h, int64_t v)
+{
+    h ^= (uint64_t)v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 29);
+}
+
+static bool arcset_has(const arcset *a, uint64_t k)
+{
+    if (!a->cap) return false;
+    for (size_t i = k & (a->cap - 1);; i = (i + 1) & (a->cap - 1)) {
+        if (a->slot[i] == k) return true;
+        if (a->slot[i] == 0) return false;
+    }
+}
+
+/* Add k; false when out of memory. *added: it was new. */
+static bool arcset_add(arcset *a, uint64_t k, bool *added)
+{
+    if (arcset_has(a, k)) return true;
+    if (2 * (a->n + 1) > a->cap) {
+        size_t nc = a->cap ? 2 * a->cap : 1024;
+        uint64_t *ns = tw_calloc(TW_MEM_OTHER, nc, sizeof *ns);
+        if (!ns) return false;
+        for (size_t i = 0; i < a->cap; i++) {
+            if (!a->slot[i]) continue;
+            size_t j = a->slot[i] & (nc - 1);
+            while (ns[j]) j = (j + 1) & (nc - 1);
+            ns[j] = a->slot[i];
+        }
+        tw_free(a->slot);
+        a->slot = ns;
+        a->cap = nc;
+    }
+    size_t j = k & (a->cap - 1);
+    while (a->slot[j]) j = (j + 1) & (a->cap - 1);
+    a->slot[j] = k;
+    a->n++;
+    *added = true;
+    return true;
+}
+
+static void arcset_release(arcset *a)
+{
+    tw_free(a->slot);
+    tw_free(a->cur);
+    memset(a, 0, sizeof *a);
+}
+
+static bool simplify_arc(pt *q, int n, double tol, uint8_t *keep, int *stack, pt *tmp,
+                         uint8_t *ktmp, arcset *fz)
 {
     bool closed = pt_cmp(q[0], q[n - 1]) == 0;
     int o = pt_cmp(q[0], q[n - 1]);
@@ -483,6 +543,17 @@ static void simplify_arc(pt *q, int n, double tol, uint8_t *keep, int *stack, pt
     bool rev = o > 0;
     for (int i = 0; i < n; i++) tmp[i] = rev ? q[n - 1 - i] : q[i];
     memset(ktmp, 0, (size_t)n);
+    /* the piece's key: its ends and its second node, canonical */
+    uint64_t key = mix(mix(mix(mix(mix(mix(1, tmp[0].x), tmp[0].y), tmp[n - 1].x), tmp[n - 1].y),
+                           n > 1 ? tmp[1].x : 0),
+                       n > 1 ? tmp[1].y : 0);
+    if (!key) key = 1;
+    if (!grow((void **)&fz->cur, &fz->cur_cap, fz->n_cur + 1, sizeof *fz->cur)) return false;
+    fz->cur[fz->n_cur++] = key;
+    if (arcset_has(fz, key)) {
+        memset(keep, 1, (size_t)n);
+        return true;
+    }
     if (closed && n >= 4) {
         int a = (n - 1) / 3, b = 2 * (n - 1) / 3;
         dp(tmp, 0, a, tol, ktmp, stack);
@@ -496,6 +567,7 @@ static void simplify_arc(pt *q, int n, double tol, uint8_t *keep, int *stack, pt
         dp(tmp, 0, n - 1, tol, ktmp, stack);
     }
     for (int i = 0; i < n; i++) keep[i] = ktmp[rev ? n - 1 - i : i];
+    return true;
 }
 
 typedef struct simp {
@@ -503,9 +575,10 @@ typedef struct simp {
     uint8_t *keep, *ktmp, *junc;
     int *stack;
     size_t cap;
+    arcset fz;
 } simp;
 
-static void simp_release(simp *s)
+static void simp_free_buffers(simp *s)
 {
     tw_free(s->q);
     tw_free(s->tmp);
@@ -513,7 +586,16 @@ static void simp_release(simp *s)
     tw_free(s->ktmp);
     tw_free(s->junc);
     tw_free(s->stack);
-    memset(s, 0, sizeof *s);
+    s->q = s->tmp = NULL;
+    s->keep = s->ktmp = s->junc = NULL;
+    s->stack = NULL;
+    s->cap = 0;
+}
+
+static void simp_release(simp *s)
+{
+    simp_free_buffers(s);
+    arcset_release(&s->fz);
 }
 
 static bool simp_reserve(simp *s, size_t n)
@@ -521,7 +603,7 @@ static bool simp_reserve(simp *s, size_t n)
     if (n <= s->cap) return true;
     size_t cap = s->cap ? s->cap : 1024;
     while (cap < n) cap *= 2;
-    simp_release(s);
+    simp_free_buffers(s);
     s->q = tw_alloc(TW_MEM_OTHER, cap * sizeof(pt));
     s->tmp = tw_alloc(TW_MEM_OTHER, cap * sizeof(pt));
     s->keep = tw_alloc(TW_MEM_OTHER, cap);
@@ -609,7 +691,12 @@ static OGRGeometryH simplify_ring(const ctx *c, OGRGeometryH ring, double tol, s
         size_t b = a + 1;
         while (b < len - 1 && !s->junc[b]) b++;
         int an = (int)(b - a + 1);
-        simplify_arc(s->q + a, an, tol, k2, s->stack, q2, kt);
+        if (!simplify_arc(s->q + a, an, tol, k2, s->stack, q2, kt, &s->fz)) {
+            tw_free(q2);
+            tw_free(k2);
+            tw_free(kt);
+            return NULL;
+        }
         for (int i = 0; i < an; i++) s->keep[a + (size_t)i] |= k2[i];
         a = b;
     }
@@ -741,6 +828,31 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
     if (st == TW_OK && !f) st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory");
     simp s = {0};
     double tol = p->simplify / sqrt(c->cell_area); /* in cells */
+    /* The boundary pieces whose simplification leaves a polygon invalid
+     * (Douglas-Peucker moved one across another) are kept exact, in both
+     * polygons that share them; again until no polygon adds a piece (a
+     * polygon with every piece exact is the valid original). */
+    for (int pass = 0; st == TW_OK && p->simplify > 0 && pass < 32; pass++) {
+        bool added_any = false;
+        OGR_L_ResetReading(raw);
+        OGRFeatureH pf;
+        while (st == TW_OK && (pf = OGR_L_GetNextFeature(raw)) != NULL) {
+            OGRGeometryH g = OGR_F_GetGeometryRef(pf);
+            s.fz.n_cur = 0;
+            OGRGeometryH sg = g ? simplify_polygon(c, g, tol, &s) : NULL;
+            if (!sg) st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory simplifying polygons");
+            if (sg && !OGR_G_IsValid(sg))
+                for (size_t k = 0; st == TW_OK && k < s.fz.n_cur; k++) {
+                    bool added = false;
+                    if (!arcset_add(&s.fz, s.fz.cur[k], &added))
+                        st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory");
+                    added_any = added_any || added;
+                }
+            if (sg) OGR_G_DestroyGeometry(sg);
+            OGR_F_Destroy(pf);
+        }
+        if (!added_any) break;
+    }
     int64_t n = 0;
     OGR_L_ResetReading(raw);
     OGRFeatureH rf;
@@ -757,6 +869,7 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
             break;
         }
         if (p->simplify > 0) {
+            s.fz.n_cur = 0;
             OGRGeometryH sg = simplify_polygon(c, g, tol, &s);
             OGR_G_DestroyGeometry(g);
             g = sg;

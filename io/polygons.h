@@ -24,7 +24,8 @@
  * at the vertices where three or more regions (or nodata) meet, each
  * boundary piece in one canonical direction, so the two polygons sharing it
  * get the same vertices (no gap, no overlap; GEOS 3.11 has no coverage
- * simplifier).
+ * simplifier); a piece whose simplification leaves a polygon invalid is
+ * kept exact in every polygon that has it (repeated until all are valid).
  *
  * Memory: rows of the raster (about 105 bytes a column), GDAL's block cache
  * (the caller sets it), and what grows with the map: GDAL 3.6's sieve and
