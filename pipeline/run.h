@@ -92,7 +92,7 @@ typedef struct tw_input_result {
     int64_t read_bytes;           /* raw pixel bytes the readers read (windows) */
     int64_t tiff_tiles_decoded;   /* TIFF tiles the libtiff reader decoded, summed
                                      over readers (-1: GDAL read the pixels) */
-    char outputs[6][TW_PATH_MAX + 320]; /* files written */
+    char outputs[10][TW_PATH_MAX + 320]; /* files written (room for every product) */
     int n_outputs;
     char skipped[512]; /* "" : run; else why it was skipped (input.on_error: skip) */
 } tw_input_result;
