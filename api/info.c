@@ -3,11 +3,14 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "io/inspect.h"
 #include "io/legend.h"
 #include "io/model_file.h"
+#include "io/polygons.h"
 #include "io/raster.h"
 #include "io/url.h"
 #include "model/resnet.h"
@@ -326,6 +329,67 @@ static tw_status info_raster(const char *user_path, bool json, bool tiff_direct,
     return TW_OK;
 }
 
+static bool looks_like_vector(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    return dot && (strcmp(dot, ".gpkg") == 0 || strcmp(dot, ".fgb") == 0);
+}
+
+/* A polygons product (io/polygons.h): the layer, its features and each
+ * class's regions, cells and area. *done false: not one (a raster
+ * GeoPackage, say), nothing written. */
+static tw_status info_polygons(const char *path, bool json, FILE *out, bool *done, tw_error *err)
+{
+    tw_polygons_summary *s = tw_calloc(TW_MEM_OTHER, 1, sizeof *s);
+    if (!s) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    tw_status st = tw_polygons_summarize(path, s, err);
+    *done = st == TW_OK && s->found;
+    if (*done && json) {
+        tw_json j = tw_json_file(out);
+        tw_json_open(&j, NULL, '{');
+        tw_json_str(&j, "type", "polygons");
+        tw_json_str(&j, "path", path);
+        tw_json_str(&j, "driver", s->driver);
+        tw_json_str(&j, "layer", "classes");
+        tw_json_int(&j, "features", s->features);
+        tw_json_str(&j, "crs", s->crs);
+        tw_json_str(&j, "area_unit", s->area_unit);
+        tw_json_open(&j, "extent", '[');
+        for (int i = 0; i < 4; i++) tw_json_real(&j, NULL, s->extent[i], 17);
+        tw_json_close(&j, ']');
+        tw_json_open(&j, "classes", '[');
+        for (int i = 0; i < s->n_classes; i++) {
+            tw_json_open(&j, NULL, '{');
+            tw_json_int(&j, "class", s->classes[i].cls);
+            tw_json_str(&j, "name", s->classes[i].name);
+            tw_json_int(&j, "features", s->classes[i].features);
+            tw_json_int(&j, "cells", s->classes[i].cells);
+            tw_json_real(&j, "area", s->classes[i].area, 17);
+            tw_json_close(&j, '}');
+        }
+        tw_json_close(&j, ']');
+        tw_json_close(&j, '}');
+        fputc('\n', out);
+    } else if (*done) {
+        double total = 0;
+        for (int i = 0; i < s->n_classes; i++) total += s->classes[i].area;
+        fprintf(out, "polygons:   %s (%s)\n", path, s->driver);
+        fprintf(out, "layer:      classes, %lld features, CRS %s\n", (long long)s->features,
+                s->crs[0] ? s->crs : "none");
+        fprintf(out, "extent:     %.6f, %.6f - %.6f, %.6f\n", s->extent[0], s->extent[2],
+                s->extent[1], s->extent[3]);
+        fprintf(out, "area unit:  %s\n", s->area_unit[0] ? s->area_unit : "unknown");
+        fprintf(out, "classes:\n");
+        for (int i = 0; i < s->n_classes; i++)
+            fprintf(out, "  %3d %-20s %8lld features %12lld cells %18.3f (%5.1f%%)\n",
+                    s->classes[i].cls, s->classes[i].name, (long long)s->classes[i].features,
+                    (long long)s->classes[i].cells, s->classes[i].area,
+                    total > 0 ? 100.0 * s->classes[i].area / total : 0.0);
+    }
+    tw_free(s);
+    return st;
+}
+
 tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out, tw_error *err)
 {
     /* GDAL opens /vsicurl/, https://, s3:// and other virtual paths that
@@ -336,6 +400,11 @@ tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out
         fclose(f);
     }
     if (tw_info_is_stac(path)) return tw_info_stac(path, json, out, err);
+    if (looks_like_vector(path)) {
+        bool done = false;
+        tw_status st = info_polygons(path, json, out, &done, err);
+        if (st != TW_OK || done) return st;
+    }
     return looks_like_model(path) ? info_model(path, json, out, err)
                                   : info_raster(path, json, tiff_direct, out, err);
 }

@@ -11,6 +11,7 @@
 
 #include <gdal.h>
 
+#include "io/polygons.h"
 #include "io/raster.h"
 #include "pipeline/preflight.h"
 #include "api/api_internal.h"
@@ -95,6 +96,23 @@ void tw_validate_write(const tw_validation *v, FILE *out)
     fprintf(out, "          worst case %s (GDAL cache limit %s)\n",
             tw_format_bytes(b->total, b1, sizeof b1),
             tw_format_bytes(b->gdal_cache, b2, sizeof b2));
+    for (int i = 0; (v->products & TW_PRODUCT_POLYGONS) && i < v->n_inputs; i++) {
+        const tw_validation_input *in = &v->inputs[i];
+        if (in->skipped) continue;
+        char why[96] = "";
+        if (in->polygons_min_cells > 1)
+            snprintf(why, sizeof why, " of %.0f cells or more (output.min_area)",
+                     in->polygons_min_cells);
+        fprintf(
+            out,
+            "polygons  %s.class.%s: at most %.0f regions%s in %d x %d cells, about %s "
+            "of file at that; at assembly %s left for them at %d bytes each: %lld regions\n",
+            in->stem, tw_vector_format_names[v->vector_format], in->polygons_most, why,
+            in->polygons_grid_w, in->polygons_grid_h,
+            tw_format_bytes((size_t)(in->polygons_most * TW_POLYGONS_FILE_BYTES), b1, sizeof b1),
+            tw_format_bytes(v->polygons_room, b2, sizeof b2), TW_POLYGONS_REGION_BYTES,
+            (long long)v->polygons_fit);
+    }
     const tw_advice *a = &v->advice;
     for (int i = 0; i < v->n_checks; i++) fprintf(out, "warning   %s\n", a->items[i].text);
     fprintf(out, "ok\n");

@@ -382,6 +382,7 @@ static tw_status set_enum(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
     case TW_KEY_OUTPUT_EMBEDDING_TYPE: p->output.emb_type = (tw_emb_type)i; break;
     case TW_KEY_OUTPUT_RESOLUTION: p->output.resolution = (tw_resolution)i; break;
     case TW_KEY_OUTPUT_FORMAT: p->output.format = (tw_format)i; break;
+    case TW_KEY_OUTPUT_VECTOR_FORMAT: p->output.vector_format = (tw_vector_format)i; break;
     default: TW_ASSERT(!"set_enum: a key of another kind");
     }
     return TW_OK;
@@ -427,6 +428,8 @@ static tw_status set_number(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
     case TW_KEY_INPUT_SCALE: p->input.scale = x; break;
     case TW_KEY_INPUT_RETRY_DELAY: p->input.retry_delay = x; break;
     case TW_KEY_TILING_MAX_NODATA_FRACTION: p->tiling.max_nodata_fraction = x; break;
+    case TW_KEY_OUTPUT_MIN_AREA: p->output.min_area = x; break;
+    case TW_KEY_OUTPUT_SIMPLIFY: p->output.simplify = x; break;
     default: TW_ASSERT(!"set_number: a key of another kind");
     }
     return TW_OK;
@@ -764,6 +767,9 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_OUTPUT_RESOLUTION] = set_enum,
     [TW_KEY_OUTPUT_FORMAT] = set_enum,
     [TW_KEY_OUTPUT_CREATION_OPTIONS] = set_output_creation_options,
+    [TW_KEY_OUTPUT_VECTOR_FORMAT] = set_enum,
+    [TW_KEY_OUTPUT_MIN_AREA] = set_number,
+    [TW_KEY_OUTPUT_SIMPLIFY] = set_number,
 };
 
 static tw_status fail(const wf_ctx *c, const yaml_node_t *n, const char *fmt, ...)

@@ -18,7 +18,8 @@ static const char *const precision_names[] = {"fp32", "tf32", "fp16", "bf16", "i
 static const char *const resolution_names[] = {"cells", "input"};
 /* tw_product_names' words as a plain list (tests/test_keys.c checks they agree) */
 static const char *const product_words[TW_PRODUCT_COUNT] = {
-    "class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg", "embedding_raster"};
+    "class", "prob",       "confidence", "embeddings",
+    "tiles", "tiles_gpkg", "polygons",   "embedding_raster"};
 
 #define NAMES(a) a, (int)(sizeof a / sizeof a[0])
 #define EXECUTION "how the run computes, not what: "
@@ -120,6 +121,14 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
                               .flags = TW_KEY_BYTES},
     [TW_KEY_OUTPUT_CREATION_OPTIONS] = {"output.creation_options", TW_KT_STRINGS,
                                         .range = "KEY=VALUE strings", .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_VECTOR_FORMAT] = {"output.vector_format", TW_KT_ENUM,
+                                     NAMES(tw_vector_format_names), .def = "gpkg",
+                                     .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_MIN_AREA] = {"output.min_area", TW_KT_NUMBER, .lo = 0, .hi = INFINITY,
+                                .range = "CRS units squared, >= 0", .def = "0",
+                                .flags = TW_KEY_BYTES},
+    [TW_KEY_OUTPUT_SIMPLIFY] = {"output.simplify", TW_KT_NUMBER, .lo = 0, .hi = INFINITY,
+                                .range = "CRS units, >= 0", .def = "0", .flags = TW_KEY_BYTES},
 };
 
 int tw_key_find(const char *path)
@@ -322,6 +331,9 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
         }
         add(&b, "]");
         break;
+    case TW_KEY_OUTPUT_VECTOR_FORMAT: add(&b, "%s", word(k, (int)p->output.vector_format)); break;
+    case TW_KEY_OUTPUT_MIN_AREA: add_double(&b, p->output.min_area); break;
+    case TW_KEY_OUTPUT_SIMPLIFY: add_double(&b, p->output.simplify); break;
     case TW_KEY_COUNT: break;
     }
     return b.len;

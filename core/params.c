@@ -5,17 +5,15 @@
 #include <string.h>
 
 const tw_product_name tw_product_names[TW_PRODUCT_COUNT] = {
-    {TW_PRODUCT_CLASS, "class"},
-    {TW_PRODUCT_PROB, "prob"},
-    {TW_PRODUCT_CONF, "confidence"},
-    {TW_PRODUCT_EMB, "embeddings"},
-    {TW_PRODUCT_TILES, "tiles"},
-    {TW_PRODUCT_TILES_GPKG, "tiles_gpkg"},
-    {TW_PRODUCT_EMB_RASTER, "embedding_raster"}};
+    {TW_PRODUCT_CLASS, "class"},       {TW_PRODUCT_PROB, "prob"},
+    {TW_PRODUCT_CONF, "confidence"},   {TW_PRODUCT_EMB, "embeddings"},
+    {TW_PRODUCT_TILES, "tiles"},       {TW_PRODUCT_TILES_GPKG, "tiles_gpkg"},
+    {TW_PRODUCT_POLYGONS, "polygons"}, {TW_PRODUCT_EMB_RASTER, "embedding_raster"}};
 const char *const tw_edge_names[3] = {"pad", "shift", "skip"};
 const char *const tw_prob_type_names[2] = {"float32", "uint8"};
 const char *const tw_format_names[2] = {"GTiff", "COG"};
 const char *const tw_emb_type_names[3] = {"float32", "float16", "int8"};
+const char *const tw_vector_format_names[2] = {"gpkg", "fgb"};
 
 tw_run_params tw_run_default_params(void)
 {

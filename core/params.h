@@ -33,6 +33,7 @@ typedef enum { TW_PROB_FLOAT32 = 0, TW_PROB_UINT8 } tw_prob_type;
 typedef enum { TW_FORMAT_GTIFF = 0, TW_FORMAT_COG } tw_format;
 /* output.embedding_type: the embedding raster's pixels */
 typedef enum { TW_EMB_FLOAT32 = 0, TW_EMB_FLOAT16, TW_EMB_INT8 } tw_emb_type;
+typedef enum { TW_VECTOR_GPKG = 0, TW_VECTOR_FGB } tw_vector_format;
 typedef enum {
     TW_RESOLUTION_CELLS = 0, /* a pixel per output cell (stride x the input's pixel) */
     TW_RESOLUTION_INPUT,     /* the input's pixel grid (bilinear probabilities) */
@@ -46,13 +47,14 @@ enum {
     TW_PRODUCT_EMB = 1u << 3,        /* embeddings into the HDF5 tile table */
     TW_PRODUCT_TILES = 1u << 4,      /* the HDF5 tile table (probabilities per tile) */
     TW_PRODUCT_TILES_GPKG = 1u << 5, /* GeoPackage of tile polygons */
+    TW_PRODUCT_POLYGONS = 1u << 6,   /* class regions as polygons (io/polygons.h) */
     TW_PRODUCT_EMB_RASTER = 1u << 7, /* pooled features per output cell (scene.emb.tif) */
 };
 /* The products that need the model's head (fc): a headless backbone runs
  * the others only. */
 #define TW_PRODUCTS_NEED_HEAD                                                                      \
     (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF | TW_PRODUCT_TILES |                     \
-     TW_PRODUCT_TILES_GPKG)
+     TW_PRODUCT_TILES_GPKG | TW_PRODUCT_POLYGONS)
 
 /* The names the workflow file (KEYS.md), run.json and the merge manifest
  * use: tw_product_names in output.products order, the others by enum value. */
@@ -60,12 +62,13 @@ typedef struct tw_product_name {
     unsigned bit;
     const char *name;
 } tw_product_name;
-#define TW_PRODUCT_COUNT 7
+#define TW_PRODUCT_COUNT 8
 extern const tw_product_name tw_product_names[TW_PRODUCT_COUNT];
-extern const char *const tw_edge_names[3];      /* pad, shift, skip */
-extern const char *const tw_prob_type_names[2]; /* float32, uint8 */
-extern const char *const tw_format_names[2];    /* GTiff, COG */
-extern const char *const tw_emb_type_names[3];  /* float32, float16, int8 */
+extern const char *const tw_edge_names[3];          /* pad, shift, skip */
+extern const char *const tw_prob_type_names[2];     /* float32, uint8 */
+extern const char *const tw_format_names[2];        /* GTiff, COG */
+extern const char *const tw_emb_type_names[3];      /* float32, float16, int8 */
+extern const char *const tw_vector_format_names[2]; /* gpkg, fgb */
 
 typedef struct tw_input_params {
     char paths[TW_MAX_INPUTS][TW_PATH_MAX];
@@ -135,6 +138,9 @@ typedef struct tw_output_params {
     char creation_options[TW_MAX_CREATION_OPTIONS][128];
     int n_creation_options;
     bool stac; /* output.stac: a STAC Item per input (+ collection.json), pipeline/stac_run.h */
+    tw_vector_format vector_format; /* polygons: GeoPackage or FlatGeobuf */
+    double min_area;                /* polygons: smaller regions are sieved (CRS units^2) */
+    double simplify;                /* polygons: tolerance in CRS units, 0 none */
 } tw_output_params;
 
 /* The per-band map from raw pixels to the model's input: x = (v * scale -

@@ -218,6 +218,20 @@ static void class_color(const tw_writer *w, int i, GDALColorEntry *c)
     class_color_builtin(i, c);
 }
 
+void tw_writer_class_rgb(const unsigned char (*colors)[3], int n_colors, int i,
+                         unsigned char rgb[3])
+{
+    if (colors && i < n_colors) {
+        memcpy(rgb, colors[i], 3);
+        return;
+    }
+    GDALColorEntry c;
+    class_color_builtin(i, &c);
+    rgb[0] = (unsigned char)c.c1;
+    rgb[1] = (unsigned char)c.c2;
+    rgb[2] = (unsigned char)c.c3;
+}
+
 static void class_color_builtin(int i, GDALColorEntry *c)
 {
     static const short base[12][3] = {

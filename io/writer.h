@@ -87,6 +87,11 @@ tw_status tw_writer_finish(tw_writer *w, tw_error *err);
 /* Release; removes the temporary files if finish did not succeed. Accepts NULL. */
 void tw_writer_destroy(tw_writer *w);
 
+/* The colour of class i in the class map's colour table: colors[i] when
+ * i < n_colors, else the built-in palette's. Cannot fail; thread-safe. */
+void tw_writer_class_rgb(const unsigned char (*colors)[3], int n_colors, int i,
+                         unsigned char rgb[3]);
+
 /* Final path of a product file ("<dir>/<stem>.class.tif", ...). */
 void tw_writer_product_path(const char *dir, const char *stem, const char *product, char *out,
                             size_t out_size);

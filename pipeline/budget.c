@@ -91,6 +91,7 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
         in->backend->i->workspace_bytes(in->backend->ctx, in->net, in->tile, batch, in->precision);
     b->weights = in->weights;
     b->strip = in->strip;
+    b->polygons = in->polygons;
     b->base = in->base;
     /* what tw_alloc does not see: allocator slack, GDAL datasets, HDF5,
      * threads' stacks, oneDNN's JIT-compiled kernels. Measured: peak RSS -
@@ -99,7 +100,7 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     b->margin = 16 * MIB;
     size_t kept = in->weights_consumed ? 0 : b->weights; /* through the run */
     b->weights_kept = kept;
-    size_t fixed = b->base + kept + b->strip + b->margin;
+    size_t fixed = b->base + kept + b->strip + b->polygons + b->margin;
     size_t cap = in->total > fixed ? (in->total - fixed) / 4 : 4 * MIB;
     b->gdal_cache = gdal_cache_for(in, b->readers, cap);
     b->gdal_cache_expected = in->vrt && b->gdal_cache > 4 * MIB ? 4 * MIB : b->gdal_cache;
@@ -107,8 +108,9 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     size_t load = 2 * b->weights;
     size_t run = kept + b->slots + b->read + b->workspace;
     size_t worst = run + b->gdal_cache, expected = run + b->gdal_cache_expected;
-    b->total = b->base + b->strip + b->margin + (worst > load ? worst : load);
-    b->estimate = b->base + b->strip + b->margin + (expected > load ? expected : load);
+    b->total = b->base + b->strip + b->polygons + b->margin + (worst > load ? worst : load);
+    b->estimate =
+        b->base + b->strip + b->polygons + b->margin + (expected > load ? expected : load);
     return b->total;
 }
 
@@ -171,7 +173,7 @@ const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_
     struct {
         const char *name;
         size_t bytes;
-    } it[10];
+    } it[11];
     int n = 0;
     it[n].name = "base (process before the run)", it[n++].bytes = b->base;
     if (load > run) {
@@ -184,14 +186,15 @@ const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_
         it[n].name = "GDAL cache", it[n++].bytes = cache;
     }
     it[n].name = "strip", it[n++].bytes = b->strip;
+    if (b->polygons) it[n].name = "polygons", it[n++].bytes = b->polygons;
     it[n].name = "margin (allocator, GDAL, threads, JIT code)", it[n++].bytes = b->margin;
     /* Tenths of MiB, largest remainders first, so the shown items add up
      * to the shown total. */
     size_t total = 0;
     for (int i = 0; i < n; i++) total += it[i].bytes;
     const double unit = (double)MIB / 10.0;
-    long long shown[10], want = (long long)(total / unit + 0.5), sum = 0;
-    double rem[10];
+    long long shown[11], want = (long long)(total / unit + 0.5), sum = 0;
+    double rem[11];
     for (int i = 0; i < n; i++) {
         shown[i] = (long long)(it[i].bytes / unit);
         rem[i] = it[i].bytes / unit - (double)shown[i];

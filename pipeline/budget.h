@@ -42,6 +42,10 @@ typedef struct tw_budget_in {
                              blocks never enter the GDAL cache */
     int readers;          /* reader workers, >= 1 (runtime.readers resolved) */
     bool mask;            /* some input has a mask band (read strips hold it too) */
+    size_t polygons;      /* products: [polygons]: what the assembly needs beside its
+                             regions (io/polygons.h, tw_polygons_memory of no region);
+                             the regions take what the budget leaves, checked at
+                             assembly */
 } tw_budget_in;
 
 typedef struct tw_budget {
@@ -57,6 +61,7 @@ typedef struct tw_budget {
     size_t workspace;  /* backend */
     size_t weights;
     size_t strip;
+    size_t polygons;            /* the polygons' rows (tw_budget_in.polygons) */
     size_t gdal_cache;          /* GDAL_CACHEMAX set for the run */
     size_t gdal_cache_expected; /* what the reads are expected to fill of it */
     size_t base;

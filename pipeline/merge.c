@@ -8,11 +8,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <gdal.h>
+
+#include "io/polygons.h"
 #include "io/resample.h"
 #include "io/tiletable.h"
 #include "io/writer.h"
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "pipeline/budget.h"
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"
 #include "pipeline/resume.h"
@@ -96,7 +100,23 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     memcpy(gp.geotransform, tp.geotransform, sizeof gp.geotransform);
     memset(res->hist, 0, sizeof res->hist);
     res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
-    if (rasters && p->output.resolution == TW_RESOLUTION_INPUT) {
+    /* polygons come from the class map and the confidence on the products'
+     * grid: the final files when both are asked for, else the same two
+     * written into the parts directory for the purpose (removed with it) */
+    const unsigned need = TW_PRODUCT_CLASS | TW_PRODUCT_CONF;
+    bool polys = (p->output.products & TW_PRODUCT_POLYGONS) != 0;
+    bool poly_tmp = polys && (p->output.products & need) != need;
+    char pdir[TW_PATH_MAX + 300];
+    snprintf(pdir, sizeof pdir, "%s/.tilewise/%s", p->output.dir, res->stem);
+    tw_writer_params pw = wp;
+    pw.dir = pdir;
+    pw.stem = "polygons";
+    pw.products = need;
+    pw.format = TW_FORMAT_GTIFF;
+    pw.creation_options = NULL;
+    pw.n_creation_options = 0;
+    int64_t scratch_hist[TW_MAX_CLASSES + 1], scratch_nodata = 0;
+    if ((rasters || polys) && p->output.resolution == TW_RESOLUTION_INPUT) {
         /* The cell grid's probabilities first (float32, in the parts
          * directory), then resampled onto the input's grid. */
         char cdir[TW_PATH_MAX + 300], cells[TW_PATH_MAX + 400];
@@ -123,12 +143,58 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
                                  .nodata_auto = p->input.nodata_auto,
                                  .nodata = p->input.nodata};
         res->valid_unclassified = 0;
-        if (st == TW_OK)
+        if (st == TW_OK && rasters)
             st = tw_resample_to_input(cells, &iw, source ? &rin : NULL, NULL, NULL,
                                       &res->valid_unclassified, err);
+        if (st == TW_OK && poly_tmp) {
+            tw_writer_params ipw = pw;
+            ipw.grid_w = iw.grid_w;
+            ipw.grid_h = iw.grid_h;
+            memcpy(ipw.geotransform, iw.geotransform, sizeof ipw.geotransform);
+            int64_t unclassified = 0;
+            st = tw_resample_to_input(cells, &ipw, source ? &rin : NULL, NULL, NULL, &unclassified,
+                                      err);
+        }
     } else {
-        st = tw_parts_assemble(parts, rasters ? &wp : NULL, table ? &tp : NULL, gpkg ? &gp : NULL,
-                               res->hist, &res->nodata_cells, err);
+        /* one pass when the polygons' rasters are the only ones, else a
+         * second over the chunks for them */
+        st = tw_parts_assemble(parts,
+                               rasters    ? &wp
+                               : poly_tmp ? &pw
+                                          : NULL,
+                               table ? &tp : NULL, gpkg ? &gp : NULL, res->hist, &res->nodata_cells,
+                               err);
+        if (st == TW_OK && poly_tmp && rasters)
+            st = tw_parts_assemble(parts, &pw, NULL, NULL, scratch_hist, &scratch_nodata, err);
+    }
+    char ppath[TW_PATH_MAX + 300];
+    tw_polygons_path(p->output.dir, res->stem, p->output.vector_format, ppath, sizeof ppath);
+    if (st == TW_OK && polys) {
+        const char *dir = poly_tmp ? pdir : p->output.dir;
+        const char *stem = poly_tmp ? "polygons" : res->stem;
+        char cpath[TW_PATH_MAX + 400], fpath[TW_PATH_MAX + 400];
+        tw_writer_product_path(dir, stem, "class", cpath, sizeof cpath);
+        tw_writer_product_path(dir, stem, "conf", fpath, sizeof fpath);
+        tw_polygons_params pp = {
+            .class_path = cpath,
+            .conf_path = fpath,
+            .path = ppath,
+            .scratch_dir = pdir,
+            .format = p->output.vector_format,
+            .n_classes = m->n_classes,
+            .class_names = (const char(*)[TW_NAME_MAX])m->classes,
+            .colors = wp.colors,
+            .n_colors = wp.n_colors,
+            .min_area = p->output.min_area,
+            .simplify = p->output.simplify,
+            .metadata_json = config_json,
+        };
+        /* the regions may take what runtime.memory leaves beside the
+         * process and GDAL's block cache (checked before the sieve) */
+        size_t used = tw_rss_now() + (size_t)GDALGetCacheMax64();
+        pp.max_bytes = p->runtime.memory > used + ((size_t)1 << 20) ? p->runtime.memory - used
+                                                                    : ((size_t)1 << 20);
+        st = tw_polygons_write(&pp, NULL, err);
     }
     if (st == TW_OK) st = tw_parts_remove(parts, err);
     if (st != TW_OK) return st;
@@ -150,6 +216,7 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
                                    res->outputs[res->n_outputs++], sizeof res->outputs[0]);
     if (table) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
     if (gpkg) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", gpath);
+    if (polys) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", ppath);
     return TW_OK;
 }
 
@@ -157,8 +224,8 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
  * wrote it: products are renamed to their final names only when complete). */
 static bool has_products(const char *out_dir)
 {
-    static const char *const suffixes[] = {".class.tif", ".prob.tif",   ".conf.tif",
-                                           ".tiles.h5",  ".tiles.gpkg", ".emb.tif"};
+    static const char *const suffixes[] = {".class.tif",  ".prob.tif",   ".conf.tif",  ".tiles.h5",
+                                           ".tiles.gpkg", ".class.gpkg", ".class.fgb", ".emb.tif"};
     DIR *d = opendir(out_dir);
     if (!d) return false;
     bool found = false;

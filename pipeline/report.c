@@ -100,9 +100,13 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_INPUT_SCALE:
     case TW_KEY_INPUT_RETRY_DELAY:
     case TW_KEY_TILING_MAX_NODATA_FRACTION:
+    case TW_KEY_OUTPUT_MIN_AREA:
+    case TW_KEY_OUTPUT_SIMPLIFY:
         tw_json_num(j, key,
                     k == TW_KEY_INPUT_SCALE         ? in->scale
                     : k == TW_KEY_INPUT_RETRY_DELAY ? in->retry_delay
+                    : k == TW_KEY_OUTPUT_MIN_AREA   ? r->output.min_area
+                    : k == TW_KEY_OUTPUT_SIMPLIFY   ? r->output.simplify
                                                     : r->tiling.max_nodata_fraction);
         break;
     case TW_KEY_INPUT_RETRIES:
@@ -136,7 +140,8 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_OUTPUT_PROB_TYPE:
     case TW_KEY_OUTPUT_EMBEDDING_TYPE:
     case TW_KEY_OUTPUT_RESOLUTION:
-    case TW_KEY_OUTPUT_FORMAT: {
+    case TW_KEY_OUTPUT_FORMAT:
+    case TW_KEY_OUTPUT_VECTOR_FORMAT: {
         /* words and paths: the table's own text, without YAML's quotes */
         const char *v = k == TW_KEY_MODEL_ARCH       ? r->model.arch
                         : k == TW_KEY_RUNTIME_DEVICE ? r->runtime.device
@@ -266,6 +271,7 @@ tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_st
         tw_json_int(&j, "read", (long long)r->budget.read);
         tw_json_int(&j, "workspace", (long long)r->budget.workspace);
         tw_json_int(&j, "strip", (long long)r->budget.strip);
+        if (r->budget.polygons) tw_json_int(&j, "polygons", (long long)r->budget.polygons);
         tw_json_int(&j, "gdal_cache", (long long)r->budget.gdal_cache);
         tw_json_int(&j, "margin", (long long)r->budget.margin);
         tw_json_close(&j, '}');

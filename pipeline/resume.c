@@ -115,6 +115,10 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
             append(colors, json_string(hex), ok);
         }
         set(out, "colors", colors, ok);
+        /* the polygons merge writes */
+        set(out, "vector_format", json_string(tw_vector_format_names[p->output.vector_format]), ok);
+        set(out, "min_area", put_real(p->output.min_area), ok);
+        set(out, "simplify", put_real(p->output.simplify), ok);
     }
     set(root, "output", out, ok);
 
@@ -428,10 +432,18 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
 
     json_t *out = need_obj(r, root, "output");
     if (out) {
-        static const char *const out_keys[] = {"dir",        "name",   "products",
-                                               "prob_type",  "format", "creation_options",
-                                               "resolution", "colors", "embedding_type"};
-        only_keys(r, out, "output", out_keys, 9);
+        static const char *const out_keys[] = {
+            "dir",        "name",   "products",      "prob_type", "format",   "creation_options",
+            "resolution", "colors", "vector_format", "min_area",  "simplify", "embedding_type"};
+        only_keys(r, out, "output", out_keys, 12);
+        /* absent in a manifest written before polygons: gpkg, 0, 0 */
+        if (json_object_get(out, "vector_format") &&
+            get_enum(r, out, "output", "vector_format", tw_vector_format_names, 2, &e))
+            p->output.vector_format = (tw_vector_format)e;
+        if (json_object_get(out, "min_area"))
+            get_real(r, out, "output", "min_area", false, &p->output.min_area);
+        if (json_object_get(out, "simplify"))
+            get_real(r, out, "output", "simplify", false, &p->output.simplify);
         get_str(r, out, "output", "dir", p->output.dir, sizeof p->output.dir);
         json_t *prods = need_arr(r, out, "output", "products", TW_PRODUCT_COUNT);
         p->output.products = 0;

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/polygons.h"
 #include "io/model_file.h"
 #include "io/raster.h"
 #include "io/stac.h"
@@ -824,6 +825,10 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .readers = tw_run_readers(p, &c->be),
     };
     for (int i = 0; i < p->input.n_paths; i++) bin.mask = bin.mask || c->infos[i].mask;
+    if (p->output.products & TW_PRODUCT_POLYGONS)
+        bin.polygons = p->output.resolution == TW_RESOLUTION_INPUT
+                           ? tw_polygons_memory(wi->width, wi->height, 0)
+                           : tw_polygons_memory(plan.grid_w, plan.row_end - plan.row_begin, 0);
     return tw_budget_plan(&bin, &c->bud, err);
 }
 

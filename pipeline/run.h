@@ -142,6 +142,10 @@ typedef struct tw_validation_input {
     int remote_row0, remote_row1;          /* the rows whose blocks are read */
     int64_t aoi_tiles, all_tiles;          /* tiles touching input.aoi (-1: no AOI) of all */
     uint64_t output_bytes;                 /* at most, on disk (uncompressed, parts included) */
+    /* products: [polygons]: the class map's grid, the smallest region
+     * output.min_area leaves (cells) and so the most regions it can hold */
+    int polygons_grid_w, polygons_grid_h;
+    double polygons_min_cells, polygons_most;
     /* output.stac: the item's name and datetime (pipeline/stac_run.h) */
     char stem[256];
     char stac_datetime[64];
@@ -158,7 +162,10 @@ typedef struct tw_validation {
     char out_dir[TW_PATH_MAX]; /* output.dir */
     bool stac;                 /* output.stac */
     unsigned products;         /* output.products */
-    int stac_items;            /* items a run writes (inputs not skipped) */
+    tw_vector_format vector_format;
+    size_t polygons_room; /* products: [polygons]: memory left for the regions at assembly */
+    int64_t polygons_fit; /* and the regions that fit in it */
+    int stac_items;       /* items a run writes (inputs not skipped) */
     int shard_count;
     bool resolved; /* model, backend and precision below are set */
     tw_resolved model;

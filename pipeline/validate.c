@@ -5,11 +5,13 @@
  * what a run would refuse, with the same messages. */
 #include "pipeline/run.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <gdal.h>
 
+#include "io/polygons.h"
 #include "io/raster.h"
 #include "io/stac.h"
 #include "io/url.h"
@@ -57,6 +59,36 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, tw_validat
     in->remote_row1 = (int)y1;
 }
 
+/* products: [polygons]: what its regions may take at assembly (what
+ * runtime.memory leaves beside the process, the weights, the backend's
+ * workspace and GDAL's cache: the slots are freed by then) and, per input,
+ * the most regions the class map can have. */
+static void polygons_estimate(const run_ctx *c, tw_validation *v)
+{
+    const tw_run_params *p = c->p;
+    const tw_budget *b = &c->bud;
+    size_t fixed =
+        b->base + b->weights_kept + b->workspace + b->margin + b->gdal_cache + b->polygons;
+    v->polygons_room = p->runtime.memory > fixed ? p->runtime.memory - fixed : 0;
+    v->polygons_fit = (int64_t)(v->polygons_room / TW_POLYGONS_REGION_BYTES);
+    for (int i = 0; i < v->n_inputs; i++) {
+        tw_validation_input *in = &v->inputs[i];
+        if (in->skipped) continue;
+        const tw_raster_info *info = &c->infos[i].info;
+        bool in_res = p->output.resolution == TW_RESOLUTION_INPUT;
+        in->polygons_grid_w = in_res ? info->width : in->grid_w;
+        in->polygons_grid_h = in_res ? info->height : in->grid_h;
+        double px = in_res ? 1.0 : (double)in->stride;
+        double cell = fabs(info->geotransform[1] * info->geotransform[5] -
+                           info->geotransform[2] * info->geotransform[4]) *
+                      px * px;
+        double min_cells = p->output.min_area > 0 && cell > 0 ? ceil(p->output.min_area / cell) : 1;
+        in->polygons_min_cells = min_cells > 1 ? min_cells : 1;
+        in->polygons_most =
+            (double)in->polygons_grid_w * in->polygons_grid_h / in->polygons_min_cells;
+    }
+}
+
 tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
 {
     run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
@@ -76,6 +108,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
     v->retries = p->input.retries;
     v->stac = p->output.stac;
     v->products = p->output.products;
+    v->vector_format = p->output.vector_format;
     v->shard_count = p->shard_count;
     snprintf(v->out_dir, sizeof v->out_dir, "%s", p->output.dir);
     v->memory = p->runtime.memory;
@@ -135,9 +168,9 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
             if (in->remote) remote_cost(c, i, &plan, in);
             in->aoi_tiles = c->infos[i].aoi_tiles;
             in->all_tiles = c->infos[i].all_tiles;
+            tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
             if (p->output.stac) {
                 const tw_stac_input *si = &c->infos[i].stac;
-                tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
                 snprintf(in->stac_datetime, sizeof in->stac_datetime, "%s", si->datetime);
                 snprintf(in->stac_source, sizeof in->stac_source, "%s", si->source);
                 snprintf(in->stac_derived_from, sizeof in->stac_derived_from, "%s",
@@ -149,6 +182,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
         if (st == TW_OK) {
             v->planned = true;
             v->budget = c->bud;
+            if (p->output.products & TW_PRODUCT_POLYGONS) polygons_estimate(c, v);
             tw_run_checks_advice(c, &v->advice);
             v->n_checks = v->advice.n;
             /* GDAL's block cache as the run sets it (run.c): what validate

@@ -66,7 +66,10 @@ static const char k_every[] = "input:\n"
                               "  prob_type: uint8\n"
                               "  resolution: input\n"
                               "  format: cog\n"
-                              "  creation_options: [COMPRESS=ZSTD, \"ZSTD_LEVEL=9\"]\n";
+                              "  creation_options: [COMPRESS=ZSTD, \"ZSTD_LEVEL=9\"]\n"
+                              "  vector_format: fgb\n"
+                              "  min_area: 900\n"
+                              "  simplify: 12.5\n";
 
 static tw_run_params parse_ok(const char *text, const char *const *sets, int n_sets)
 {
@@ -338,6 +341,9 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_OUTPUT_RESOLUTION] = "cells",
         [TW_KEY_OUTPUT_FORMAT] = "GTiff",
         [TW_KEY_OUTPUT_CREATION_OPTIONS] = "[COMPRESS=LZW]",
+        [TW_KEY_OUTPUT_VECTOR_FORMAT] = "gpkg",
+        [TW_KEY_OUTPUT_MIN_AREA] = "0",
+        [TW_KEY_OUTPUT_SIMPLIFY] = "30",
     };
     tw_run_params p = parse_ok(k_every, NULL, 0);
     static char a[TW_FINGERPRINT_MAX], b[TW_FINGERPRINT_MAX];

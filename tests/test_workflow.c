@@ -249,7 +249,8 @@ static const bad_case k_bad[] = {
     {BASE "output:\n  xyzzy: 1\n",
      NULL,
      {"flow.yaml:6: output.xyzzy: unknown key (known keys of output: dir, name, stac, "
-      "products, prob_type, embedding_type, resolution, format, creation_options)"}},
+      "products, prob_type, embedding_type, resolution, format, creation_options, "
+      "vector_format, min_area, simplify)"}},
     {BASE "tiling.tile: 64\n",
      NULL,
      {"flow.yaml:5: tiling.tile: unknown key (write it nested: 'tiling:' with 'tile:' indented "
@@ -360,8 +361,14 @@ static const bad_case k_bad[] = {
     {BASE "output:\n  products: [class, probs]\n",
      NULL,
      {"flow.yaml:6: output.products: expected one of class | prob | confidence | embeddings | "
-      "tiles | tiles_gpkg | ",
-      "embedding_raster", "got 'probs'"}},
+      "tiles | tiles_gpkg | polygons | embedding_raster, got 'probs'"}},
+    {BASE "output:\n  min_area: -1\n",
+     NULL,
+     {"flow.yaml:6: output.min_area: -1 is out of range (expected CRS units squared, >= 0)"}},
+    {BASE "output:\n  vector_format: shp\n",
+     NULL,
+     {"flow.yaml:6: output.vector_format: expected one of gpkg | fgb, got 'shp'"}},
+    {BASE "output:\n  simplify: .nan\n", NULL, {"flow.yaml:6: output.simplify:"}},
     {BASE "output:\n  format: PNG\n",
      NULL,
      {"flow.yaml:6: output.format: expected one of GTiff | COG, got 'PNG'"}},

@@ -6,7 +6,8 @@ way as its text), Cancel stops the run at its next commit point
 (run the algorithm again with the same parameters to resume), the warnings of
 `tilewise validate` are shown before the run starts, and the class raster is
 loaded with its colours and class names, the probability raster with its band
-names.
+names, the class polygons (products: polygons) categorised by class with the
+class map's colours and names.
 """
 import contextlib
 import json
@@ -21,6 +22,7 @@ from qgis.core import (
     QgsProcessingOutputFile,
     QgsProcessingOutputFolder,
     QgsProcessingOutputRasterLayer,
+    QgsProcessingOutputVectorLayer,
     QgsProcessingParameterEnum,
     QgsProcessingParameterFile,
     QgsProcessingParameterFolderDestination,
@@ -36,7 +38,7 @@ SOURCES = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 DEVICES = ["auto", "cpu", "cuda"]
 PRECISIONS = ["fp32", "tf32", "fp16", "bf16", "int8"]
-PRODUCTS = ["class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg"]
+PRODUCTS = ["class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg", "polygons"]
 
 
 def tilewise_module():
@@ -143,6 +145,46 @@ def apply_class_style(layer, names):
     layer.triggerRepaint()
 
 
+class PolygonStyle(QgsProcessingLayerPostProcessorInterface):
+    """The class polygons categorised by their `class` field: one category per
+    class, the colours of the layer's CLASS_COLORS metadata (the class map's),
+    the class names as labels."""
+
+    def __init__(self, names, path):
+        super().__init__()
+        self.names = list(names)
+        self.path = path
+
+    def postProcessLayer(self, layer, context, feedback):  # noqa: N802
+        apply_polygon_style(layer, self.names, polygon_colors(self.path))
+
+
+def polygon_colors(path):
+    """The class colours a polygons file carries ('#rrggbb' per class)."""
+    try:
+        from osgeo import ogr
+
+        ds = ogr.Open(path)
+        text = ds.GetLayerByName("classes").GetMetadataItem("CLASS_COLORS") or ""
+        return [c for c in text.split(",") if c]
+    except Exception:  # noqa: BLE001 - no colours: QGIS picks some
+        return []
+
+
+def apply_polygon_style(layer, names, colors):
+    from qgis.PyQt.QtGui import QColor
+    from qgis.core import QgsCategorizedSymbolRenderer, QgsRendererCategory, QgsSymbol
+
+    cats = []
+    for k, name in enumerate(names):
+        sym = QgsSymbol.defaultSymbol(layer.geometryType())
+        if k < len(colors):
+            sym.setColor(QColor(colors[k]))
+        cats.append(QgsRendererCategory(k, sym, name))
+    layer.setRenderer(QgsCategorizedSymbolRenderer("class", cats))
+    layer.triggerRepaint()
+
+
 def run_tilewise(workflow, sets, feedback):
     """tilewise.run with the dialog's progress and Cancel."""
     tw = tilewise_module()
@@ -178,7 +220,8 @@ def run_tilewise(workflow, sets, feedback):
 
 
 def load_outputs(report, context, results):
-    """Load each input's class and probability rasters into the project."""
+    """Load each input's class and probability rasters and its class polygons into the
+    project."""
     names = legend_of(None, report)
     for res in report.get("inputs", []):
         for path in res.get("outputs", []):
@@ -189,12 +232,15 @@ def load_outputs(report, context, results):
                 key, style = "PROB", None
             elif base.endswith(".conf.tif"):
                 key, style = "CONFIDENCE", None
+            elif base.endswith(".class.gpkg") or base.endswith(".class.fgb"):
+                key, style = "POLYGONS", PolygonStyle(names, path)
             else:
                 continue
             results.setdefault(key, path)
             if context.project() is None:
                 continue
-            details = QgsProcessingContext.LayerDetails(base[:-4], context.project(), key)
+            details = QgsProcessingContext.LayerDetails(base.rsplit(".", 1)[0], context.project(),
+                                                        key)
             if style is not None:
                 _KEEP.append(style)
                 details.setPostProcessor(style)
@@ -215,6 +261,7 @@ class _Base(QgsProcessingAlgorithm):
         self.addOutput(QgsProcessingOutputRasterLayer("CLASS", "Class map"))
         self.addOutput(QgsProcessingOutputRasterLayer("PROB", "Probabilities"))
         self.addOutput(QgsProcessingOutputRasterLayer("CONFIDENCE", "Confidence"))
+        self.addOutput(QgsProcessingOutputVectorLayer("POLYGONS", "Class polygons"))
         self.addOutput(QgsProcessingOutputFile("REPORT", "Run report (run.json)"))
 
 
