@@ -11,6 +11,7 @@ const tw_product_name tw_product_names[TW_PRODUCT_COUNT] = {
 const char *const tw_edge_names[3] = {"pad", "shift", "skip"};
 const char *const tw_prob_type_names[2] = {"float32", "uint8"};
 const char *const tw_format_names[2] = {"GTiff", "COG"};
+const char *const tw_stem_names[3] = {"auto", "standard", "small"};
 
 tw_run_params tw_run_default_params(void)
 {

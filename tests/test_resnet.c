@@ -209,7 +209,8 @@ static void test_wrong_shapes(void **state)
         {"fc.bias", 1, {5}, "'fc.bias' has shape [5], expected [4]"},
         {"layer1.1.bn1.weight", 1, {5}, "has shape [5], expected [8]"},
         {"conv1.weight", 3, {8, 6, 7}, "has shape [8,6,7], expected"},
-        {"conv1.weight", 4, {8, 6, 3, 3}, "has shape [8,6,3,3], expected [8,6,7,7]"},
+        /* (3x3 is the small stem's conv1: test_small_stem) */
+        {"conv1.weight", 4, {8, 6, 5, 5}, "has shape [8,6,5,5], expected [8,6,7,7]"},
         {"layer2.0.downsample.0.weight",
          4,
          {16, 8, 3, 3},
