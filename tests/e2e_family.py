@@ -20,7 +20,8 @@ softmax in float64, on the same pixels normalized the same way):
 Tolerances (the issue's): |p - p_torch| <= 1e-4 on every probability, the
 same argmax on 100 % of the tiles. Also: `tilewise info --json` names the
 family, groups, base width and stem; model.stem: standard on the small-stem
-weights is exit 3 naming both, before any product exists.
+weights is exit 3 naming both, before any product exists; tools/export_model.py
+writes the family's arch name and the stem into the bundle.
 
 The raster: a 192 x 192 window without nodata of
 /work/shared/data/rasters/RGB.byte.tif (Landsat 7, 3 bands); where that is
@@ -163,6 +164,20 @@ def parity(tmp, gdal, raster, pix, name, tile, metadata=None, extra="", want=Non
     got = {k: j.get(k) for k in want}
     check(got == want, f"{name}: info says {got}, expected {want}", say_ok=True)
 
+    if name != "wide_resnet50_2":  # (its 270 MB once is enough)
+        # tools/export_model.py names the family and the stem in the bundle
+        h5 = weights[:-len(".safetensors")] + ".h5"
+        e = subprocess.run([sys.executable, os.path.join(SRC, "tools", "export_model.py"), weights,
+                            "-o", h5], capture_output=True, text=True)
+        check(e.returncode == 0, f"{name}: export_model.py: {e.stderr[-500:]}")
+        with h5py.File(h5, "r") as f:
+            attrs = {k: f.attrs[k].decode() for k in ("arch", "stem")}
+        check(attrs == {"arch": want["arch"], "stem": want["stem"]},
+              f"{name}: the bundle's arch and stem {attrs}", say_ok=True)
+        bi = json.loads(subprocess.run([BIN, "info", "--json", h5], capture_output=True,
+                                       text=True).stdout)
+        check({k: bi.get(k) for k in want} == want, f"{name}: info of the bundle {bi}")
+        os.remove(h5)
     r, out = run(tmp, name, weights, raster, tile, extra)
     check(r.returncode == 0, f"{name}: run exit {r.returncode}: {r.stderr[-2000:]}")
     with h5py.File(os.path.join(out, "window.tiles.h5"), "r") as h:
