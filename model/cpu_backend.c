@@ -63,6 +63,13 @@
  * workspace_bytes() for int8 is the fp32 plan's (calibration runs on it and
  * frees it before the smaller int8 plan is built).
  *
+ * The family (model/resnet.h): ResNeXt's grouped 3x3 convs are oneDNN's
+ * grouped convolutions (5-d goihw weights) in every mode, never lowered;
+ * where oneDNN's kernels would run its reference loops on the plan's layout
+ * (nChw16c with 4 or 8 channels per group) the conv takes the layouts
+ * oneDNN picks, between two reorders (plan_conv). A small stem has no max
+ * pool: its conv's output is the first block's input (first_block_input).
+ *
  * One backend serves one thread at a time (the pipeline's infer stage).
  */
 #include <math.h>
@@ -1934,7 +1941,10 @@ enum { CPU_LAST_STAGE_PIXELS = 128, CPU_MAX_BATCH = 64 };
 static int cpu_auto_batch(void *ctx, const tw_resnet *net, int tile)
 {
     const cpu_ctx *c = ctx;
-    long side = (tile + 31) / 32, b = 1;
+    /* the last stage's maps: tile/32 wide, tile/8 after a small stem (no
+     * stride-2 conv1, no max pool) */
+    long f = net && net->stem_kind == TW_STEM_SMALL ? 8 : 32;
+    long side = (tile + f - 1) / f, b = 1;
     /* Without oneDNN's AVX-512 kernels (the nhwc plans, model/winograd.c)
      * the last stage's 3x3 convs on maps of 2x2 or less are one GEMM with
      * a row per tile (LOWER_DENSE), too thin at 32 rows: batches of 64 ran
