@@ -2,7 +2,7 @@
 """Make the benchmark's models: one torchvision ResNet, three files.
 
     export_onnx.py --arch resnet18 --out-dir DIR [--bands 6] [--classes 8] [--seed 0]
-                   [--tiles 64,224] [--opset 13]
+                   [--tiles 32,64,224] [--opset 13]
 
 The network is torchvision's ResNet (or ResNeXt, Wide ResNet: resnext50_32x4d,
 wide_resnet50_2, ...) with conv1 replaced by
@@ -79,7 +79,7 @@ def main():
     ap.add_argument("--bands", type=int, default=6)
     ap.add_argument("--classes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tiles", default="64,224")
+    ap.add_argument("--tiles", default="32,64,224")
     ap.add_argument("--opset", type=int, default=13)
     a = ap.parse_args()
 
