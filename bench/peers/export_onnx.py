@@ -90,9 +90,11 @@ def main():
         return 0
 
     model = build_model(a.arch, a.bands, a.classes, a.seed)
+    small = a.arch.endswith("_small")
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     safetensors_io.save(st_path + ".part", sd, dtype="F32",
-                        metadata={"arch": a.arch, "seed": a.seed})
+                        metadata={"arch": a.arch[:-6] if small else a.arch,
+                                  "stem": "small" if small else "standard", "seed": a.seed})
     os.replace(st_path + ".part", st_path)
 
     dummy = torch.zeros(2, a.bands, 64, 64)
