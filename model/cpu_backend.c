@@ -1941,10 +1941,11 @@ enum { CPU_LAST_STAGE_PIXELS = 128, CPU_MAX_BATCH = 64 };
 static int cpu_auto_batch(void *ctx, const tw_resnet *net, int tile)
 {
     const cpu_ctx *c = ctx;
-    /* the last stage's maps: tile/32 wide, tile/8 after a small stem (no
-     * stride-2 conv1, no max pool) */
-    long f = net && net->stem_kind == TW_STEM_SMALL ? 8 : 32;
-    long side = (tile + f - 1) / f, b = 1;
+    /* (after a small stem the last stage is tile/8 wide, not tile/32; the
+     * rule is kept: ResNet-18 small stem at 32 px ran 1.9-4.3x faster in
+     * batches of 32-64 than in the 8 the last stage's 128 pixels would give,
+     * bench/RESULTS.md, issue 31; the budget lowers it where it must) */
+    long side = (tile + 31) / 32, b = 1;
     /* Without oneDNN's AVX-512 kernels (the nhwc plans, model/winograd.c)
      * the last stage's 3x3 convs on maps of 2x2 or less are one GEMM with
      * a row per tile (LOWER_DENSE), too thin at 32 rows: batches of 64 ran
