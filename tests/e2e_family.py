@@ -153,7 +153,6 @@ output:
 
 def parity(tmp, gdal, raster, pix, name, tile, metadata=None, extra="", want=None):
     import h5py
-    import torch
     x, origin = tiles_of(pix, tile)
     model, ref = make(name, 31, x)
     weights = os.path.join(tmp, name + ".safetensors")
