@@ -41,12 +41,16 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
             params += mf->tensors[i].numel;
     if (json) {
         char arch[32];
-        snprintf(arch, sizeof arch, "resnet%d", net->depth);
+        tw_resnet_arch_name(net, arch, sizeof arch);
         tw_json j = tw_json_file(out);
         tw_json_open(&j, NULL, '{');
         tw_json_str(&j, "type", "model");
         tw_json_str(&j, "path", path);
         tw_json_str(&j, "arch", arch);
+        tw_json_str(&j, "family", tw_resnet_family_name(net->family));
+        tw_json_int(&j, "groups", net->groups);
+        tw_json_int(&j, "base_width", net->base_width);
+        tw_json_str(&j, "stem", tw_stem_names[net->stem_kind]);
         tw_json_open(&j, "blocks", '[');
         for (int i = 0; i < 4; i++) tw_json_int(&j, NULL, net->stage_blocks[i]);
         tw_json_close(&j, ']');
@@ -115,9 +119,16 @@ static tw_status info_model(const char *path, bool json, FILE *out, tw_error *er
                         o->resolution);
             if (o->model_type[0]) fprintf(out, "model_type: %s\n", o->model_type);
         }
-        fprintf(out, "arch:       resnet%d (%s blocks %d-%d-%d-%d)\n", net->depth,
+        char arch[32];
+        tw_resnet_arch_name(net, arch, sizeof arch);
+        fprintf(out, "arch:       %s (%s blocks %d-%d-%d-%d)\n", arch,
                 net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0],
                 net->stage_blocks[1], net->stage_blocks[2], net->stage_blocks[3]);
+        fprintf(out, "family:     %s (groups %d, base width %d)\n",
+                tw_resnet_family_name(net->family), net->groups, net->base_width);
+        fprintf(out, "stem:       %s (conv1 %dx%d stride %d%s)\n", tw_stem_names[net->stem_kind],
+                net->stem.k, net->stem.k, net->stem.stride,
+                net->stem_kind == TW_STEM_SMALL ? ", no max pool" : ", 3x3 max pool");
         fprintf(out, "bands:      %d", net->in_bands);
         if (mf->n_bands) {
             fprintf(out, " (raster bands");

@@ -376,6 +376,7 @@ static tw_status set_enum(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
     switch ((tw_key_id)c->key) {
     case TW_KEY_INPUT_ON_ERROR: p->input.on_error = (tw_on_error)i; break;
     case TW_KEY_MODEL_ARCH: snprintf(p->model.arch, sizeof p->model.arch, "%s", k->names[i]); break;
+    case TW_KEY_MODEL_STEM: p->model.stem = (tw_stem)i; break;
     case TW_KEY_TILING_EDGE: p->tiling.edge = (tw_edge_mode)i; break;
     case TW_KEY_RUNTIME_PRECISION: p->runtime.precision = (tw_precision)i; break;
     case TW_KEY_OUTPUT_PROB_TYPE: p->output.prob_type = (tw_prob_type)i; break;
@@ -748,6 +749,7 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_MODEL_STD] = set_model_std,
     [TW_KEY_MODEL_CLASSES] = set_model_classes,
     [TW_KEY_MODEL_COLORS] = set_model_colors,
+    [TW_KEY_MODEL_STEM] = set_enum,
     [TW_KEY_TILING_TILE] = set_int,
     [TW_KEY_TILING_STRIDE] = set_int,
     [TW_KEY_TILING_BATCH] = set_auto_int,

@@ -12,8 +12,10 @@ const char *const tw_key_sections[TW_KEY_SECTIONS] = {"input", "model", "tiling"
                                                       "output"};
 
 static const char *const on_error_names[] = {"fail", "skip"};
-static const char *const arch_names[] = {"resnet18", "resnet34", "resnet50", "resnet101",
-                                         "resnet152"};
+static const char *const arch_names[] = {"resnet18",         "resnet34",         "resnet50",
+                                         "resnet101",        "resnet152",        "resnext50_32x4d",
+                                         "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
+                                         "wide_resnet101_2"};
 static const char *const precision_names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
 static const char *const resolution_names[] = {"cells", "input"};
 /* tw_product_names' words as a plain list (tests/test_keys.c checks they agree) */
@@ -67,6 +69,8 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
                               .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
     [TW_KEY_MODEL_COLORS] = {"model.colors", TW_KT_STRINGS, .range = "class colours ('#rrggbb')",
                              .flags = TW_KEY_BYTES},
+    [TW_KEY_MODEL_STEM] = {"model.stem", TW_KT_ENUM, NAMES(tw_stem_names), .def = "auto",
+                           .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
     [TW_KEY_TILING_TILE] = {"tiling.tile", TW_KT_INT, .lo = 32, .hi = 4096, .range = "32..4096",
                             .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
     [TW_KEY_TILING_STRIDE] = {"tiling.stride", TW_KT_INT, .lo = 1, .hi = 4096, .range = "1..4096",
@@ -305,6 +309,7 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
                 m->colors[i][2]);
         add(&b, "]");
         break;
+    case TW_KEY_MODEL_STEM: add(&b, "%s", word(k, (int)m->stem)); break;
     case TW_KEY_TILING_TILE: add_auto_int(&b, p->tiling.tile); break;
     case TW_KEY_TILING_STRIDE: add_auto_int(&b, p->tiling.stride); break;
     case TW_KEY_TILING_BATCH: add_auto_int(&b, p->tiling.batch); break;

@@ -14,6 +14,7 @@ const char *const tw_prob_type_names[2] = {"float32", "uint8"};
 const char *const tw_format_names[2] = {"GTiff", "COG"};
 const char *const tw_emb_type_names[3] = {"float32", "float16", "int8"};
 const char *const tw_vector_format_names[2] = {"gpkg", "fgb"};
+const char *const tw_stem_names[3] = {"auto", "standard", "small"};
 
 tw_run_params tw_run_default_params(void)
 {

@@ -30,6 +30,10 @@ typedef enum {
     TW_PREC_INT8,
 } tw_precision;
 typedef enum { TW_PROB_FLOAT32 = 0, TW_PROB_UINT8 } tw_prob_type;
+/* model.stem: the ResNet's first layers. standard: conv1 7x7 stride 2 and a
+ * 3x3 stride-2 max pool; small (small patches, 32-64 px): conv1 3x3 stride 1,
+ * no max pool. auto: conv1's kernel decides. */
+typedef enum { TW_STEM_AUTO = 0, TW_STEM_STANDARD, TW_STEM_SMALL } tw_stem;
 typedef enum { TW_FORMAT_GTIFF = 0, TW_FORMAT_COG } tw_format;
 /* output.embedding_type: the embedding raster's pixels */
 typedef enum { TW_EMB_FLOAT32 = 0, TW_EMB_FLOAT16, TW_EMB_INT8 } tw_emb_type;
@@ -69,6 +73,7 @@ extern const char *const tw_prob_type_names[2];     /* float32, uint8 */
 extern const char *const tw_format_names[2];        /* GTiff, COG */
 extern const char *const tw_emb_type_names[3];      /* float32, float16, int8 */
 extern const char *const tw_vector_format_names[2]; /* gpkg, fgb */
+extern const char *const tw_stem_names[3];          /* auto, standard, small */
 
 typedef struct tw_input_params {
     char paths[TW_MAX_INPUTS][TW_PATH_MAX];
@@ -92,7 +97,8 @@ typedef struct tw_input_params {
 
 typedef struct tw_model_params {
     char weights[TW_PATH_MAX];
-    char arch[16]; /* "" : from the file / the tensor shapes */
+    char arch[32]; /* "" : from the file / the tensor shapes */
+    tw_stem stem;  /* TW_STEM_AUTO: the file's, else conv1's kernel */
     float mean[TW_MAX_BANDS];
     int n_mean; /* 0: bundle's, else 0.0 */
     float std[TW_MAX_BANDS];

@@ -187,7 +187,7 @@ static int round_up_int(int v, int m)
 
 typedef struct net_shape {
     int n_layers;
-    int pool_after; /* conv layers before the max pool (the stem) */
+    int pool_after; /* conv layers before the max pool (the stem); 0: none (small stem) */
     int pool_h, pool_w, final_h, final_w;
     int pool_src, pool_dst, final_buf; /* activation buffers (tw_resnet_op.buf_*) */
     size_t max_act;                    /* elements per tile */
@@ -235,7 +235,8 @@ static tw_status shape_op(void *user, const tw_resnet_op *op, tw_error *err)
     if (!op->conv) return TW_OK;
     int cin = op->kind == TW_RESNET_OP_STEM ? w->cin_pad : op->c_in;
     bump_act(s, op->c_out, op->h_out, op->h_out);
-    w->weight_bytes += layer_weight_bytes(op->conv, cin, w->esize);
+    /* a grouped conv (ResNeXt) holds cin / groups weights per output */
+    w->weight_bytes += layer_weight_bytes(op->conv, cin / op->conv->groups, w->esize);
     if (w->layers) {
         cuda_layer *L = &w->layers[s->n_layers];
         snprintf(L->name, sizeof L->name, "%s", op->name);
@@ -327,12 +328,14 @@ static tw_status create_layer_descriptors(cuda_ctx *ctx, tw_error *err)
         const tw_conv *c = L->conv;
         TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(L->b_desc, CUDNN_TENSOR_NCHW, ctx->cudnn_dtype, 1,
                                                   c->cout, 1, 1));
+        /* grouped (ResNeXt's conv2): the filter holds cin / groups inputs */
         TW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(L->w_desc, ctx->cudnn_dtype, CUDNN_TENSOR_NHWC,
-                                                  c->cout, L->cin, c->k, c->k));
+                                                  c->cout, L->cin / c->groups, c->k, c->k));
         /* fp16/bf16 data accumulate in fp32 (cuDNN's "pseudo half" configs). */
         TW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(L->conv_desc, c->pad, c->pad, c->stride,
                                                        c->stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                                        CUDNN_DATA_FLOAT));
+        TW_CUDNN_CHECK(cudnnSetConvolutionGroupCount(L->conv_desc, c->groups));
     }
     return TW_OK;
 }
@@ -341,19 +344,21 @@ static tw_status create_layer_descriptors(cuda_ctx *ctx, tw_error *err)
 static tw_status setup_for_batch(cuda_ctx *ctx, int n, tw_error *err)
 {
     const tw_resnet *net = ctx->net;
-    TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ctx->pool_in_desc, CUDNN_TENSOR_NHWC,
-                                              ctx->cudnn_dtype, n, net->stem.cout,
-                                              ctx->layers[0].out_h, ctx->layers[0].out_w));
-    TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ctx->pool_out_desc, CUDNN_TENSOR_NHWC,
-                                              ctx->cudnn_dtype, n, net->stem.cout, ctx->pool_h,
-                                              ctx->pool_w));
-    int pn, pc, ph, pw;
-    TW_CUDNN_CHECK(
-        cudnnGetPooling2dForwardOutputDim(ctx->pool_desc, ctx->pool_in_desc, &pn, &pc, &ph, &pw));
-    if (ph != ctx->pool_h || pw != ctx->pool_w)
-        return tw_error_set(err, TW_ERR_INTERNAL,
-                            "cuda backend: max pool output %dx%d, cuDNN says %dx%d", ctx->pool_h,
-                            ctx->pool_w, ph, pw);
+    if (ctx->pool_after > 0) { /* (a small stem has no max pool) */
+        TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ctx->pool_in_desc, CUDNN_TENSOR_NHWC,
+                                                  ctx->cudnn_dtype, n, net->stem.cout,
+                                                  ctx->layers[0].out_h, ctx->layers[0].out_w));
+        TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ctx->pool_out_desc, CUDNN_TENSOR_NHWC,
+                                                  ctx->cudnn_dtype, n, net->stem.cout, ctx->pool_h,
+                                                  ctx->pool_w));
+        int pn, pc, ph, pw;
+        TW_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(ctx->pool_desc, ctx->pool_in_desc, &pn,
+                                                         &pc, &ph, &pw));
+        if (ph != ctx->pool_h || pw != ctx->pool_w)
+            return tw_error_set(err, TW_ERR_INTERNAL,
+                                "cuda backend: max pool output %dx%d, cuDNN says %dx%d",
+                                ctx->pool_h, ctx->pool_w, ph, pw);
+    }
 
     ctx->ws_bytes = 0;
     for (int i = 0; i < ctx->n_layers; i++) {
@@ -439,13 +444,17 @@ static tw_status upload_weights(cuda_ctx *ctx, size_t weights_bytes, size_t fc_w
         const tw_conv *c = L->conv;
         void *w = stage + L->w_off;
         void *b = stage + L->b_off;
+        /* per output: its group's inputs (all of them but for ResNeXt's
+         * grouped conv2), the stem's padded with zeros to L->cin */
+        int dev_cin = L->cin / c->groups, host_cin = c->cin / c->groups;
         for (int o = 0; o < c->cout; o++) {
             for (int y = 0; y < c->k; y++)
                 for (int x = 0; x < c->k; x++)
-                    for (int i = 0; i < L->cin; i++) {
+                    for (int i = 0; i < dev_cin; i++) {
                         float v = 0.0f;
-                        if (i < c->cin) v = c->w[(((size_t)o * c->cin + i) * c->k + y) * c->k + x];
-                        put_elem(w, (((size_t)o * c->k + y) * c->k + x) * L->cin + i, v,
+                        if (i < host_cin)
+                            v = c->w[(((size_t)o * host_cin + i) * c->k + y) * c->k + x];
+                        put_elem(w, (((size_t)o * c->k + y) * c->k + x) * dev_cin + i, v,
                                  ctx->dtype);
                     }
             put_elem(b, (size_t)o, c->b[o], ctx->dtype);
@@ -571,7 +580,8 @@ static tw_status try_reserve(cuda_ctx *ctx, int max_batch, bool *no_fit, tw_erro
         cuda_layer *L = &ctx->layers[i];
         L->w_off = off;
         L->w = base + off;
-        off += align_up((size_t)L->conv->cout * L->conv->k * L->conv->k * L->cin * ctx->esize);
+        off += align_up((size_t)L->conv->cout * L->conv->k * L->conv->k *
+                        (size_t)(L->cin / L->conv->groups) * ctx->esize);
         L->b_off = off;
         L->b = base + off;
         off += align_up((size_t)L->conv->cout * ctx->esize);

@@ -230,7 +230,8 @@ static tw_status h5_read_metadata(h5_ctx *c)
         if (st != TW_OK) return st;
     }
 
-    static const char *const keys[] = {"arch", "bands", "scale", "mean", "std", "classes", "tile"};
+    static const char *const keys[] = {"arch", "stem", "bands",   "scale",
+                                       "mean", "std",  "classes", "tile"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         const char *key = keys[k];
         htri_t e = H5Aexists(c->file, key);
@@ -239,6 +240,10 @@ static tw_status h5_read_metadata(h5_ctx *c)
         if (strcmp(key, "arch") == 0) {
             if ((st = h5_attr_strings(c, key, &s, &n, 1)) != TW_OK) return st;
             st = tw_model_set_arch(mf, s[0], c->err);
+            free_strings(s, n);
+        } else if (strcmp(key, "stem") == 0) {
+            if ((st = h5_attr_strings(c, key, &s, &n, 1)) != TW_OK) return st;
+            st = tw_model_set_stem(mf, s[0], c->err);
             free_strings(s, n);
         } else if (strcmp(key, "classes") == 0) {
             if ((st = h5_attr_strings(c, key, &s, &n, TW_MAX_CLASSES)) != TW_OK) return st;

@@ -81,8 +81,10 @@ static tw_status hash_file(const char *path, char hex[65], uint64_t *size, tw_er
 /* Metadata shared by both formats. Values arrive as JSON (safetensors) or as
  * HDF5 attributes (bundle); both end in these checks. */
 
-static const char *const KNOWN_ARCHS[] = {"resnet18", "resnet34", "resnet50", "resnet101",
-                                          "resnet152"};
+static const char *const KNOWN_ARCHS[] = {"resnet18",         "resnet34",         "resnet50",
+                                          "resnet101",        "resnet152",        "resnext50_32x4d",
+                                          "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
+                                          "wide_resnet101_2"};
 
 tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err)
 {
@@ -93,7 +95,22 @@ tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err)
         }
     }
     return tw_model_error(err, mf->path,
-                          "metadata 'arch' is '%.40s' (expected resnet18/34/50/101/152)", arch);
+                          "metadata 'arch' is '%.40s' (expected resnet18/34/50/101/152, "
+                          "resnext50_32x4d, resnext101_32x8d, resnext101_64x4d, "
+                          "wide_resnet50_2 or wide_resnet101_2)",
+                          arch);
+}
+
+tw_status tw_model_set_stem(tw_model_file *mf, const char *stem, tw_error *err)
+{
+    /* "auto" is what the workflow key says by default: the same as no stem */
+    for (int i = 0; i < 3; i++)
+        if (strcmp(stem, tw_stem_names[i]) == 0) {
+            mf->stem = (tw_stem)i;
+            return TW_OK;
+        }
+    return tw_model_error(err, mf->path,
+                          "metadata 'stem' is '%.40s' (expected standard, small or auto)", stem);
 }
 
 tw_status tw_model_set_bands(tw_model_file *mf, const int64_t *v, int64_t n, tw_error *err)

@@ -6,7 +6,7 @@
  * bn1.weight/bias/running_mean/running_var, layer1.0.conv1.weight, ...,
  * fc.weight, fc.bias). Tensors are converted to float32 at load (F32, F16 and
  * BF16 accepted). The bundle also carries metadata a user should not retype
- * (arch, bands, scale, mean, std, class names, tile size); a safetensors file
+ * (arch, stem, bands, scale, mean, std, class names, tile size); a safetensors file
  * may carry the same in its "__metadata__" map (same key names, JSON-encoded
  * values), otherwise those fields are "unset".
  *
@@ -16,7 +16,8 @@
  *   root attributes     format = "tilewise-resnet", format_version = 1,
  *                       arch (string), bands (int array, 1-based),
  *                       scale (double), mean, std (float arrays),
- *                       classes (string array), tile (int)
+ *                       classes (string array), tile (int),
+ *                       stem (string: standard | small; see tw_stem)
  *                       tensors_sha256 (string, 64 lowercase hex digits)
  *   Every attribute except format/format_version is optional.
  *
@@ -96,7 +97,8 @@ typedef struct tw_model_file {
     tw_tensor *tensors;
     int n_tensors;
     /* metadata; n_* == 0 / empty / NaN / 0 means "not in the file" */
-    char arch[16];
+    char arch[32];
+    tw_stem stem; /* TW_STEM_AUTO: not in the file (conv1's kernel says) */
     int bands[TW_MAX_BANDS];
     int n_bands;
     double scale;

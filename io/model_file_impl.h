@@ -19,6 +19,7 @@ tw_status tw_model_nomem(tw_error *err, const char *path, size_t bytes);
  * carried it: each sets the field of mf or returns TW_ERR_MODEL naming the
  * key (v and n as read from the file). */
 tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err);
+tw_status tw_model_set_stem(tw_model_file *mf, const char *stem, tw_error *err);
 tw_status tw_model_set_bands(tw_model_file *mf, const int64_t *v, int64_t n, tw_error *err);
 tw_status tw_model_set_floats(tw_model_file *mf, const char *key, const double *v, int64_t n,
                               float *dst, int *n_dst, bool positive, tw_error *err);

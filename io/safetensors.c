@@ -188,18 +188,18 @@ static tw_status st_parse_entry(tw_model_file *mf, json_t *v, tw_tensor *t, st_e
 }
 
 /* Metadata values are strings holding JSON; a plain string is accepted for
- * 'arch' too, since writers disagree on whether to quote it. */
+ * 'arch' and 'stem' too, since writers disagree on whether to quote it. */
 static tw_status st_parse_meta_value(tw_model_file *mf, const char *key, const char *val,
                                      tw_error *err)
 {
-    bool want = strcmp(key, "arch") == 0 || strcmp(key, "bands") == 0 ||
+    bool want = strcmp(key, "arch") == 0 || strcmp(key, "stem") == 0 || strcmp(key, "bands") == 0 ||
                 strcmp(key, "scale") == 0 || strcmp(key, "mean") == 0 || strcmp(key, "std") == 0 ||
                 strcmp(key, "classes") == 0 || strcmp(key, "tile") == 0;
     if (!want) return TW_OK;
     json_error_t jerr;
     json_t *d = json_loads(val, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
     tw_status st = TW_OK;
-    if (strcmp(key, "arch") == 0) {
+    if (strcmp(key, "arch") == 0 || strcmp(key, "stem") == 0) {
         char arch[64];
         if (json_is_string(d)) {
             if (json_string_length(d) < sizeof arch)
@@ -210,7 +210,7 @@ static tw_status st_parse_meta_value(tw_model_file *mf, const char *key, const c
             snprintf(arch, sizeof arch, "%s", val);
         }
         json_decref(d);
-        return tw_model_set_arch(mf, arch, err);
+        return key[0] == 'a' ? tw_model_set_arch(mf, arch, err) : tw_model_set_stem(mf, arch, err);
     }
     if (!d)
         return tw_model_error(err, mf->path, "metadata '%s' is not valid JSON (%s)", key,

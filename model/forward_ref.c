@@ -14,29 +14,11 @@
 #include "model/backend.h"
 #include "core/alloc.h"
 
-/* out[cout][oh][ow] = b + sum w * in (zero padding); optional relu.
- * col is scratch of oh*ow*cin*k*k floats: each output pixel's receptive field
- * is gathered into one row, so every output value is a single dot product
- * of two contiguous vectors (late stages have planes of 2x2 pixels, where
- * loops over the plane would be all overhead). */
-static void conv2d(const tw_conv *c, const float *in, int ih, int iw, float *out, int oh, int ow,
-                   bool relu, float *col)
+/* out[o][p] = b[o] + w[o] . col[p] (rows of klen floats) for c's cout
+ * outputs over np pixels; optional relu. */
+static void conv_rows(const tw_conv *c, const float *col, int np, size_t klen, bool relu,
+                      float *out)
 {
-    int kk = c->k * c->k, np = oh * ow;
-    size_t klen = (size_t)c->cin * kk;
-    for (int p = 0; p < np; p++) {
-        int y = p / ow, x = p % ow;
-        float *row = col + (size_t)p * klen;
-        for (int ci = 0; ci < c->cin; ci++)
-            for (int ky = 0; ky < c->k; ky++) {
-                int sy = y * c->stride - c->pad + ky;
-                for (int kx = 0; kx < c->k; kx++) {
-                    int sx = x * c->stride - c->pad + kx;
-                    bool inside = sy >= 0 && sy < ih && sx >= 0 && sx < iw;
-                    *row++ = inside ? in[((size_t)ci * ih + sy) * iw + sx] : 0.0f;
-                }
-            }
-    }
     for (int o = 0; o < c->cout; o++) {
         const float *w = c->w + (size_t)o * klen;
         for (int p = 0; p < np; p++) {
@@ -55,6 +37,45 @@ static void conv2d(const tw_conv *c, const float *in, int ih, int iw, float *out
             float v = c->b[o] + ((a0 + a1) + (a2 + a3));
             out[(size_t)o * np + p] = (relu && v < 0.0f) ? 0.0f : v;
         }
+    }
+}
+
+/* out[cout][oh][ow] = b + sum w * in (zero padding); optional relu.
+ * col is scratch of oh*ow*cin*k*k floats: each output pixel's receptive field
+ * is gathered into one row, so every output value is a single dot product
+ * of two contiguous vectors (late stages have planes of 2x2 pixels, where
+ * loops over the plane would be all overhead). A grouped conv runs group
+ * by group: output channel o of group g = o / (cout / groups) reads input
+ * channels [g cin / groups, (g + 1) cin / groups) with its weights. */
+static void conv2d(const tw_conv *c, const float *in, int ih, int iw, float *out, int oh, int ow,
+                   bool relu, float *col)
+{
+    int groups = c->groups > 0 ? c->groups : 1;
+    int cin_g = c->cin / groups, cout_g = c->cout / groups;
+    for (int g = 0; g < groups; g++) {
+        tw_conv part = *c;
+        part.cin = cin_g;
+        part.cout = cout_g;
+        part.w = c->w + (size_t)g * cout_g * cin_g * c->k * c->k;
+        part.b = c->b + (size_t)g * cout_g;
+        const float *pin = in + (size_t)g * cin_g * ih * iw;
+        float *pout = out + (size_t)g * cout_g * oh * ow;
+        int kk = c->k * c->k, np = oh * ow;
+        size_t klen = (size_t)cin_g * kk;
+        for (int p = 0; p < np; p++) {
+            int y = p / ow, x = p % ow;
+            float *row = col + (size_t)p * klen;
+            for (int ci = 0; ci < cin_g; ci++)
+                for (int ky = 0; ky < c->k; ky++) {
+                    int sy = y * c->stride - c->pad + ky;
+                    for (int kx = 0; kx < c->k; kx++) {
+                        int sx = x * c->stride - c->pad + kx;
+                        bool inside = sy >= 0 && sy < ih && sx >= 0 && sx < iw;
+                        *row++ = inside ? pin[((size_t)ci * ih + sy) * iw + sx] : 0.0f;
+                    }
+                }
+        }
+        conv_rows(&part, col, np, klen, relu, pout);
     }
 }
 
@@ -90,7 +111,8 @@ static tw_status size_op(void *user, const tw_resnet_op *op, tw_error *err)
     size_t e = (size_t)op->c_out * plane;
     if (e > s->act) s->act = e;
     if (op->conv) {
-        size_t ce = plane * (size_t)op->c_in * (size_t)op->conv->k * (size_t)op->conv->k;
+        size_t ce = plane * (size_t)(op->c_in / op->conv->groups) * (size_t)op->conv->k *
+                    (size_t)op->conv->k;
         if (ce > s->col) s->col = ce;
     }
     return TW_OK;
@@ -152,8 +174,9 @@ static tw_status forward_op(void *user, const tw_resnet_op *op, tw_error *err)
 tw_status tw_resnet_forward_ref(const tw_resnet *net, const float *x, int n, int tile, float *probs,
                                 float *emb, tw_error *err)
 {
-    int h_stem = tw_resnet_out_size(tile, 7, 2, 3);
-    if (tile < 1 || h_stem < 1 || tw_resnet_out_size(h_stem, 3, 2, 1) < 1)
+    int h_stem = tw_resnet_out_size(tile, net->stem.k, net->stem.stride, net->stem.pad);
+    if (tile < 1 || h_stem < 1 ||
+        (net->stem_kind != TW_STEM_SMALL && tw_resnet_out_size(h_stem, 3, 2, 1) < 1))
         return tw_error_set(err, TW_ERR_INPUT, "tile size %d is too small for a ResNet", tile);
     if (n < 1) return TW_OK;
     ref_sizes sz = {0, 0};

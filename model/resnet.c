@@ -1,7 +1,9 @@
 /* resnet.c - see resnet.h
  *
  * The graph is read off the tensor names: blocks per stage from
- * layer{1..4}.{i}.conv1.weight, bottleneck from layer1.0.conv3.weight.
+ * layer{1..4}.{i}.conv1.weight, bottleneck from layer1.0.conv3.weight,
+ * the stem from conv1's kernel (7: standard, 3: small), a bottleneck's
+ * groups from its conv2's dim 1 (width / groups).
  * Output channel counts are taken from each tensor's dim 0 (so any widths
  * work); every other dimension is checked against what the graph so far
  * implies, and a mismatch names the tensor with the found and expected shape.
@@ -77,21 +79,26 @@ static bool has_tensor(const tw_model_file *mf, const char *name)
     return tw_model_file_find(mf, name) != NULL;
 }
 
-/* Read conv `prefix`.weight ([*][cin][k][k]) and its batch norm `bn_prefix`.*,
- * fold them into c (allocating c->w and c->b). */
+/* Read conv `prefix`.weight ([*][cin / groups][k][k]) and its batch norm
+ * `bn_prefix`.*, fold them into c (allocating c->w and c->b). */
 static tw_status load_conv_bn(const tw_model_file *mf, const char *prefix, const char *bn_prefix,
-                              int cin, int k, int stride, int pad, tw_conv *c, size_t *bytes,
-                              tw_error *err)
+                              int cin, int groups, int k, int stride, int pad, tw_conv *c,
+                              size_t *bytes, tw_error *err)
 {
     char name[160];
     const tw_tensor *w = NULL;
     snprintf(name, sizeof name, "%s.weight", prefix);
-    tw_status st = get_tensor(mf, name, 4, (const int64_t[]){-1, cin, k, k}, &w, err);
+    tw_status st = get_tensor(mf, name, 4, (const int64_t[]){-1, cin / groups, k, k}, &w, err);
     if (st != TW_OK) return st;
     if (w->shape[0] > (1 << 20))
         return tw_error_set(err, TW_ERR_MODEL, "model file %s: tensor '%s' has %lld outputs",
                             mf->path, name, (long long)w->shape[0]);
     int cout = (int)w->shape[0];
+    if (cout % groups != 0)
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "model file %s: tensor '%s' has %d outputs, not a multiple of its "
+                            "%d groups",
+                            mf->path, name, cout, groups);
 
     static const char *bn_names[4] = {"weight", "bias", "running_mean", "running_var"};
     const tw_tensor *bn[4] = {NULL, NULL, NULL, NULL};
@@ -109,9 +116,10 @@ static tw_status load_conv_bn(const tw_model_file *mf, const char *prefix, const
                                 mf->path, bn_prefix, (double)v, o);
     }
 
-    size_t per_out = (size_t)cin * (size_t)k * (size_t)k;
+    size_t per_out = (size_t)(cin / groups) * (size_t)k * (size_t)k;
     c->cin = cin;
     c->cout = cout;
+    c->groups = groups;
     c->k = k;
     c->stride = stride;
     c->pad = pad;
@@ -178,18 +186,21 @@ static int layout_depth(const int blocks[4], bool bottleneck)
     return 0;
 }
 
-static int arch_depth(const char *arch)
+/* The groups of bottleneck conv `prefix` (conv2) on cin channels, from its
+ * weight's dim 1 (cin / groups): 1 when the tensor is missing or its shape
+ * divides nothing (load_conv_bn then names the shape). */
+static int conv_groups(const tw_model_file *mf, const char *prefix, int cin)
 {
-    for (size_t i = 0; i < sizeof k_layouts / sizeof k_layouts[0]; i++) {
-        char name[16];
-        snprintf(name, sizeof name, "resnet%d", k_layouts[i].depth);
-        if (strcmp(arch, name) == 0) return k_layouts[i].depth;
-    }
-    return 0;
+    char name[128];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    const tw_tensor *t = tw_model_file_find(mf, name);
+    if (!t || t->ndim != 4 || t->shape[1] <= 0 || t->shape[1] > cin) return 1;
+    int per = (int)t->shape[1];
+    return cin % per == 0 ? cin / per : 1;
 }
 
 static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bottleneck, int *ch,
-                            tw_block *blk, size_t *bytes, tw_error *err)
+                            int *groups, tw_block *blk, size_t *bytes, tw_error *err)
 {
     char p[96], bn[96];
     int stride = (stage > 0 && idx == 0) ? 2 : 1;
@@ -200,21 +211,31 @@ static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bo
     snprintf(bn, sizeof bn, "layer%d.%d.bn1", stage + 1, idx);
     /* torchvision v1.5: a bottleneck strides in its 3x3 conv2, a basic block in conv1 */
     if (bottleneck)
-        st = load_conv_bn(mf, p, bn, cin, 1, 1, 0, &blk->c1, bytes, err);
+        st = load_conv_bn(mf, p, bn, cin, 1, 1, 1, 0, &blk->c1, bytes, err);
     else
-        st = load_conv_bn(mf, p, bn, cin, 3, stride, 1, &blk->c1, bytes, err);
+        st = load_conv_bn(mf, p, bn, cin, 1, 3, stride, 1, &blk->c1, bytes, err);
     if (st != TW_OK) return st;
 
     snprintf(p, sizeof p, "layer%d.%d.conv2", stage + 1, idx);
     snprintf(bn, sizeof bn, "layer%d.%d.bn2", stage + 1, idx);
-    st = load_conv_bn(mf, p, bn, blk->c1.cout, 3, bottleneck ? stride : 1, 1, &blk->c2, bytes, err);
+    /* ResNeXt: a bottleneck's conv2 is grouped, the same groups in every
+     * block (the first block's; a later one that differs is named) */
+    int g = bottleneck ? conv_groups(mf, p, blk->c1.cout) : 1;
+    if (*groups == 0) *groups = g;
+    if (g != *groups)
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "model file %s: tensor '%s.weight' implies %d groups but "
+                            "layer1.0.conv2 has %d",
+                            mf->path, p, g, *groups);
+    st = load_conv_bn(mf, p, bn, blk->c1.cout, g, 3, bottleneck ? stride : 1, 1, &blk->c2, bytes,
+                      err);
     if (st != TW_OK) return st;
     int cout = blk->c2.cout;
 
     if (bottleneck) {
         snprintf(p, sizeof p, "layer%d.%d.conv3", stage + 1, idx);
         snprintf(bn, sizeof bn, "layer%d.%d.bn3", stage + 1, idx);
-        st = load_conv_bn(mf, p, bn, blk->c2.cout, 1, 1, 0, &blk->c3, bytes, err);
+        st = load_conv_bn(mf, p, bn, blk->c2.cout, 1, 1, 1, 0, &blk->c3, bytes, err);
         if (st != TW_OK) return st;
         cout = blk->c3.cout;
     }
@@ -225,7 +246,7 @@ static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bo
     snprintf(wname, sizeof wname, "%s.weight", p);
     blk->has_down = has_tensor(mf, wname);
     if (blk->has_down) {
-        st = load_conv_bn(mf, p, bn, cin, 1, stride, 0, &blk->down, bytes, err);
+        st = load_conv_bn(mf, p, bn, cin, 1, 1, stride, 0, &blk->down, bytes, err);
         if (st != TW_OK) return st;
         if (blk->down.cout != cout)
             return tw_error_set(err, TW_ERR_MODEL,
@@ -257,6 +278,21 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
             blocks[s]++;
         }
     }
+    if (arch && *arch) {
+        static const char *const known[] = {
+            "resnet18",        "resnet34",        "resnet50",         "resnet101",
+            "resnet152",       "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
+            "wide_resnet50_2", "wide_resnet101_2"};
+        bool found = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            found |= !strcmp(arch, known[i]);
+        if (!found)
+            return tw_error_set(err, TW_ERR_MODEL,
+                                "model.arch '%s' is not one of resnet18, resnet34, resnet50, "
+                                "resnet101, resnet152, resnext50_32x4d, resnext101_32x8d, "
+                                "resnext101_64x4d, wide_resnet50_2, wide_resnet101_2",
+                                arch);
+    }
     bool bottleneck = has_tensor(mf, "layer1.0.conv3.weight");
     int depth = layout_depth(blocks, bottleneck);
     if (depth == 0)
@@ -265,19 +301,6 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
                             "(18/34/50/101/152)",
                             mf->path, bottleneck ? "bottleneck" : "basic", blocks[0], blocks[1],
                             blocks[2], blocks[3]);
-    if (arch && *arch) {
-        int want = arch_depth(arch);
-        if (want == 0)
-            return tw_error_set(err, TW_ERR_MODEL,
-                                "model.arch '%s' is not one of resnet18, resnet34, resnet50, "
-                                "resnet101, resnet152",
-                                arch);
-        if (want != depth)
-            return tw_error_set(err, TW_ERR_MODEL,
-                                "model file %s: weights are resnet%d but model.arch says %s",
-                                mf->path, depth, arch);
-    }
-
     tw_resnet *net = tw_calloc(TW_MEM_OTHER, 1, sizeof *net);
     if (!net) return tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
     net->depth = depth;
@@ -292,7 +315,7 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
     }
 
     const tw_tensor *c1 = tw_model_file_find(mf, "conv1.weight");
-    if (!c1 || c1->ndim != 4) {
+    if (!c1 || c1->ndim != 4 || (c1->shape[2] != 3 && c1->shape[2] != 7)) {
         /* let get_tensor phrase the message (missing, or shape [*,*,7,7]) */
         const tw_tensor *dummy;
         st = get_tensor(mf, "conv1.weight", 4, (const int64_t[]){-1, -1, 7, 7}, &dummy, err);
@@ -307,18 +330,40 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
         goto fail;
     }
     net->in_bands = (int)c1->shape[1];
-    st = load_conv_bn(mf, "conv1", "bn1", net->in_bands, 7, 2, 3, &net->stem, &net->weight_bytes,
-                      err);
+    /* the stem from conv1's kernel: 7x7 s2 p3 + max pool, or 3x3 s1 p1 */
+    net->stem_kind = c1->shape[2] == 3 ? TW_STEM_SMALL : TW_STEM_STANDARD;
+    bool small = net->stem_kind == TW_STEM_SMALL;
+    st = load_conv_bn(mf, "conv1", "bn1", net->in_bands, 1, small ? 3 : 7, small ? 1 : 2,
+                      small ? 1 : 3, &net->stem, &net->weight_bytes, err);
+    if (st != TW_OK) goto fail;
+    st = tw_resnet_check_stem(net, mf->stem, mf->path, "its metadata 'stem'", err);
     if (st != TW_OK) goto fail;
 
-    int ch = net->stem.cout;
+    int ch = net->stem.cout, groups = 0;
     int bi = 0;
     for (int s = 0; s < 4; s++)
         for (int i = 0; i < blocks[s]; i++) {
-            st = load_block(mf, s, i, bottleneck, &ch, &net->blocks[bi++], &net->weight_bytes, err);
+            st = load_block(mf, s, i, bottleneck, &ch, &groups, &net->blocks[bi++],
+                            &net->weight_bytes, err);
             if (st != TW_OK) goto fail;
         }
     net->feat_dim = ch;
+    net->groups = groups > 0 ? groups : 1;
+    net->base_width = net->blocks[0].c1.cout / net->groups;
+    net->family = !bottleneck                                         ? TW_FAMILY_RESNET
+                  : net->groups > 1                                   ? TW_FAMILY_RESNEXT
+                  : net->base_width > 64 && net->base_width % 64 == 0 ? TW_FAMILY_WIDE
+                                                                      : TW_FAMILY_RESNET;
+    if (arch && *arch) {
+        char found[32];
+        tw_resnet_arch_name(net, found, sizeof found);
+        if (strcmp(found, arch) != 0) {
+            st = tw_error_set(err, TW_ERR_MODEL,
+                              "model file %s: weights are %s but model.arch says %s", mf->path,
+                              found, arch);
+            goto fail;
+        }
+    }
 
     const tw_tensor *fw = NULL, *fb = NULL;
     if (!tw_model_file_find(mf, "fc.weight") && !tw_model_file_find(mf, "fc.bias")) {
@@ -365,6 +410,31 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
 fail:
     tw_resnet_destroy(net);
     return st;
+}
+
+const char *tw_resnet_family_name(tw_resnet_family f)
+{
+    return f == TW_FAMILY_RESNEXT ? "resnext" : f == TW_FAMILY_WIDE ? "wide_resnet" : "resnet";
+}
+
+void tw_resnet_arch_name(const tw_resnet *net, char *buf, size_t size)
+{
+    if (net->family == TW_FAMILY_RESNEXT)
+        snprintf(buf, size, "resnext%d_%dx%dd", net->depth, net->groups, net->base_width);
+    else if (net->family == TW_FAMILY_WIDE)
+        snprintf(buf, size, "wide_resnet%d_%d", net->depth, net->base_width / 64);
+    else
+        snprintf(buf, size, "resnet%d", net->depth);
+}
+
+tw_status tw_resnet_check_stem(const tw_resnet *net, tw_stem want, const char *path,
+                               const char *who, tw_error *err)
+{
+    if (want == TW_STEM_AUTO || want == net->stem_kind) return TW_OK;
+    return tw_error_set(err, TW_ERR_MODEL,
+                        "model file %s: its conv1 is %dx%d stride %d, a %s stem, but %s says %s",
+                        path, net->stem.k, net->stem.k, net->stem.stride,
+                        tw_stem_names[net->stem_kind], who, tw_stem_names[want]);
 }
 
 void tw_resnet_head(const float *fc_w, const float *fc_b, int n_classes, int feat_dim,
@@ -459,15 +529,19 @@ tw_status tw_resnet_walk(const tw_resnet *net, int tile, tw_resnet_visit_fn visi
     walk w = {.visit = visit, .user = user, .err = err};
     for (int v = 0; v < TW_RESNET_VAL_COUNT; v++) w.buf[v] = -1;
     tw_resnet_op op;
-    conv_op(&op, TW_RESNET_OP_STEM, &net->stem, TW_RESNET_VAL_IN, TW_RESNET_VAL_STEM, -1, tile);
+    /* a small stem has no max pool: its conv writes the first block's input */
+    conv_op(&op, TW_RESNET_OP_STEM, &net->stem, TW_RESNET_VAL_IN,
+            net->stem_kind == TW_STEM_SMALL ? TW_RESNET_VAL_X : TW_RESNET_VAL_STEM, -1, tile);
     snprintf(op.name, sizeof op.name, "conv1");
     tw_status st = emit(&w, &op, -1);
     if (st != TW_OK) return st;
     int ch = op.c_out, h = op.h_out;
-    plain_op(&op, TW_RESNET_OP_MAXPOOL, TW_RESNET_VAL_STEM, TW_RESNET_VAL_X, ch, h, ch,
-             tw_resnet_out_size(h, 3, 2, 1), "maxpool");
-    if ((st = emit(&w, &op, -1)) != TW_OK) return st;
-    h = op.h_out;
+    if (net->stem_kind != TW_STEM_SMALL) {
+        plain_op(&op, TW_RESNET_OP_MAXPOOL, TW_RESNET_VAL_STEM, TW_RESNET_VAL_X, ch, h, ch,
+                 tw_resnet_out_size(h, 3, 2, 1), "maxpool");
+        if ((st = emit(&w, &op, -1)) != TW_OK) return st;
+        h = op.h_out;
+    }
 
     int stage = 0, in_stage = 0;
     for (int bi = 0; bi < net->n_blocks; bi++, in_stage++) {

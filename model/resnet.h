@@ -3,12 +3,20 @@
  * Built from the tensors of a tw_model_file: depth (18/34/50/101/152),
  * bottleneck or basic blocks, input bands (conv1.weight dim 1), widths and
  * classes (fc.weight dim 0) all come from the tensor shapes, so any band
- * count, width and class count works. Every Conv+BN pair is folded into one
+ * count, width and class count works. The torchvision family too:
+ *  - ResNeXt (resnext50_32x4d, resnext101_32x8d, resnext101_64x4d): the
+ *    bottleneck's 3x3 conv2 is grouped, weight [width][width/groups][3][3];
+ *    groups = width / that dim 1;
+ *  - Wide ResNet (wide_resnet50_2, wide_resnet101_2): bottlenecks twice as
+ *    wide (layer1's width 128 for 64 planes);
+ *  - the small stem (tw_stem, model.stem): conv1 3x3 stride 1 padding 1 and
+ *    no max pool, for small patches; any depth. conv1's kernel (7 or 3)
+ *    says which stem a file has; a declared stem must agree. Every Conv+BN pair is folded into one
  * convolution with bias:  w' = w * gamma / sqrt(var + eps),
  * b' = beta - mean * gamma / sqrt(var + eps)   (eps = 1e-5, as torchvision).
  *
  * Forward semantics (what every backend must compute, fp32 reference):
- *   x = relu(stem(x)); x = maxpool3x3s2p1(x)
+ *   x = relu(stem(x)); x = maxpool3x3s2p1(x)   [standard stem only]
  *   for each block: y = relu(c1(x)); [bottleneck: y = relu(c2(y)); y = c3(y)]
  *                   [basic: y = c2(y)]; s = has_down ? down(x) : x; x = relu(y + s)
  *   f = global average pool(x) -> feat_dim features ("embeddings")
@@ -26,9 +34,20 @@
 
 typedef struct tw_conv {
     int cin, cout, k, stride, pad;
-    float *w; /* [cout][cin][k][k] (OIHW), BN folded */
+    /* 1, or a grouped conv (ResNeXt's conv2): input and output channels in
+     * `groups` equal parts, output part g reads input part g only */
+    int groups;
+    float *w; /* [cout][cin / groups][k][k] (OIHW, per group: GOIHW), BN folded */
     float *b; /* [cout] */
 } tw_conv;
+
+/* Which member of the torchvision ResNet family a net is (tw_resnet_create
+ * names it from the shapes). */
+typedef enum {
+    TW_FAMILY_RESNET = 0, /* resnet18..152 (any widths) */
+    TW_FAMILY_RESNEXT,    /* grouped bottlenecks */
+    TW_FAMILY_WIDE,       /* wide_resnet: bottlenecks of a multiple of 64 wide, one group */
+} tw_resnet_family;
 
 typedef struct tw_block {
     tw_conv c1, c2, c3; /* c3 only in bottleneck blocks */
@@ -43,7 +62,12 @@ typedef struct tw_resnet {
     int n_classes;
     int feat_dim;  /* channels after the last stage (512 or 2048 for standard widths) */
     bool headless; /* no fc in the file: a stand-in one-class head of zeros (embeddings only) */
-    tw_conv stem;  /* conv1 7x7 s2 p3 + bn1 */
+    tw_resnet_family family;
+    int groups;        /* conv2's groups in every bottleneck (1: ResNet, Wide ResNet) */
+    int base_width;    /* torchvision's width_per_group: layer1's conv2 width / groups
+                          (64 ResNet, 128 Wide-50-2, 4 ResNeXt-50 32x4d) */
+    tw_stem stem_kind; /* TW_STEM_STANDARD or TW_STEM_SMALL (never AUTO) */
+    tw_conv stem;      /* conv1 + bn1: 7x7 s2 p3 (standard) or 3x3 s1 p1 (small) */
     tw_block *blocks;
     int n_blocks;
     int stage_blocks[4]; /* blocks per stage, e.g. 2,2,2,2 */
@@ -52,14 +76,29 @@ typedef struct tw_resnet {
     size_t weight_bytes; /* bytes of all folded weights */
 } tw_resnet;
 
-/* Build a folded ResNet from mf. arch ("resnet18".. or "" to infer from the
- * tensor names/shapes) must agree with the tensors, else TW_ERR_MODEL naming
- * both sides. Missing tensors and wrong shapes are TW_ERR_MODEL naming the
- * tensor. The result owns copies of the weights (TW_MEM_WEIGHTS); mf may be
- * destroyed afterwards. */
+/* Build a folded ResNet from mf. arch ("resnet18".., "resnext50_32x4d",
+ * "wide_resnet50_2", ... or "" to infer from the tensor names/shapes) must
+ * agree with the tensors, else TW_ERR_MODEL naming both sides; so must the
+ * stem mf declares (mf->stem, unless AUTO) with conv1's kernel. Missing tensors and wrong shapes
+ * are TW_ERR_MODEL naming the tensor. The result owns copies of the weights (TW_MEM_WEIGHTS); mf
+ * may be destroyed afterwards. */
 tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet **out,
                            tw_error *err);
 void tw_resnet_destroy(tw_resnet *net);
+
+/* The torchvision name of net's architecture: "resnet50", "resnext50_32x4d"
+ * (depth, groups x base width), "wide_resnet50_2" (base width / 64). Writes
+ * at most size bytes. Cannot fail. */
+void tw_resnet_arch_name(const tw_resnet *net, char *buf, size_t size);
+
+/* "resnet", "resnext" or "wide_resnet". */
+const char *tw_resnet_family_name(tw_resnet_family f);
+
+/* TW_OK when the stem `want` (AUTO accepts any) is net's, else TW_ERR_MODEL
+ * naming conv1's kernel and `who` declared otherwise ("model.stem"; path:
+ * the model file, for the message). Cannot fail otherwise. */
+tw_status tw_resnet_check_stem(const tw_resnet *net, tw_stem want, const char *path,
+                               const char *who, tw_error *err);
 
 /* Free the weights and bias of conv, one of net's convolutions (its w and b
  * become NULL; shapes, the other convs and fc stay), once a backend holds
@@ -82,8 +121,8 @@ int tw_resnet_out_size(int in, int k, int stride, int pad);
 
 /* What one step of the forward pass computes. */
 typedef enum {
-    TW_RESNET_OP_STEM,     /* conv1 (bn1 folded) + ReLU: IN -> STEM */
-    TW_RESNET_OP_MAXPOOL,  /* 3x3 max pool, stride 2, padding 1: STEM -> X */
+    TW_RESNET_OP_STEM,     /* conv1 (bn1 folded) + ReLU: IN -> STEM (small stem: IN -> X) */
+    TW_RESNET_OP_MAXPOOL,  /* 3x3 max pool, stride 2, padding 1: STEM -> X (standard stem) */
     TW_RESNET_OP_SHORTCUT, /* a block's projection (downsample.0, bn folded), no ReLU: X -> SC */
     TW_RESNET_OP_CONV,     /* a block's inner conv + ReLU: conv1 X -> T1; a bottleneck's
                               conv2 T1 -> T2 */
@@ -134,7 +173,7 @@ typedef tw_status (*tw_resnet_visit_fn)(void *user, const tw_resnet_op *op, tw_e
 /* Walk the forward pass of net for tiles of tile x tile pixels, calling
  * visit(user, op, err) for each op in the order every backend computes
  * them:
- *   STEM, MAXPOOL,
+ *   STEM, MAXPOOL (standard stem only: a small stem's STEM writes X),
  *   per block: [SHORTCUT (a projection)], CONV (conv1), [CONV (conv2 of a
  *              bottleneck)], RESIDUAL,
  *   AVGPOOL, FC.

@@ -132,6 +132,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     }
     case TW_KEY_INPUT_ON_ERROR:
     case TW_KEY_MODEL_ARCH:
+    case TW_KEY_MODEL_STEM:
     case TW_KEY_TILING_EDGE:
     case TW_KEY_RUNTIME_DEVICE:
     case TW_KEY_RUNTIME_PRECISION:

@@ -138,6 +138,7 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
     json_t *model = json_object();
     if (model) {
         set(model, "arch", put_str(m->arch), ok);
+        set(model, "stem", put_str(tw_stem_names[m->stem]), ok);
         json_t *bands = json_array();
         for (int i = 0; bands && i < m->n_bands; i++) append(bands, json_integer(m->bands[i]), ok);
         set(model, "bands", bands, ok);
@@ -505,11 +506,16 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
     tw_resolved *m = &mf->m;
     json_t *model = need_obj(r, root, "model");
     if (model) {
-        static const char *const model_keys[] = {"arch",     "bands",    "scale",  "mean",
-                                                 "std",      "classes",  "tile",   "stride",
-                                                 "in_bands", "feat_dim", "sha256", "headless"};
-        only_keys(r, model, "model", model_keys, 12);
+        static const char *const model_keys[] = {
+            "arch", "stem",   "bands",    "scale",    "mean",   "std",     "classes",
+            "tile", "stride", "in_bands", "feat_dim", "sha256", "headless"};
+        only_keys(r, model, "model", model_keys, 13);
         get_str(r, model, "model", "arch", m->arch, sizeof m->arch);
+        /* stem: absent in manifests written before the small stem (standard) */
+        const char *stem = json_string_value(json_object_get(model, "stem"));
+        m->stem = TW_STEM_STANDARD;
+        for (int i = 0; stem && i < 3; i++)
+            if (strcmp(stem, tw_stem_names[i]) == 0) m->stem = (tw_stem)i;
         json_t *bands = need_arr(r, model, "model", "bands", TW_MAX_BANDS);
         for (size_t i = 0; bands && r->st == TW_OK && i < json_array_size(bands); i++)
             int_value(r, json_array_get(bands, i), "model", "bands", 1, 1 << 20, &m->bands[i]);

@@ -41,7 +41,10 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
 {
     memset(m, 0, sizeof *m);
     const char *wpath = p->model.weights;
-    snprintf(m->arch, sizeof m->arch, "resnet%d", net->depth);
+    tw_resnet_arch_name(net, m->arch, sizeof m->arch);
+    m->stem = net->stem_kind;
+    tw_status st0 = tw_resnet_check_stem(net, p->model.stem, wpath, "model.stem", err);
+    if (st0 != TW_OK) return st0;
     m->in_bands = net->in_bands;
     m->feat_dim = net->feat_dim;
     m->headless = net->headless;
@@ -147,6 +150,7 @@ void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run
     memcpy(out->input.bands, m->bands, sizeof out->input.bands);
     out->input.scale = m->scale;
     snprintf(out->model.arch, sizeof out->model.arch, "%s", m->arch);
+    out->model.stem = m->stem;
     out->model.n_mean = out->model.n_std = m->n_norm;
     memcpy(out->model.mean, m->mean, sizeof out->model.mean);
     memcpy(out->model.std, m->std, sizeof out->model.std);

@@ -57,7 +57,8 @@ typedef struct tw_stage_stats {
 
 /* What the model and the bundle resolve to, after config overrides. */
 typedef struct tw_resolved {
-    char arch[16];
+    char arch[32];
+    tw_stem stem; /* the net's: standard or small */
     int bands[TW_MAX_BANDS];
     int n_bands; /* 0: all bands of the raster */
     double scale;

@@ -96,21 +96,42 @@ static inline void synth_conv_bn(synth *s, const char *conv, const char *bn, int
     synth_add(s, n, 1, (int64_t[]){cout}, 0.5f, 1.5f);
 }
 
+/* The torchvision family's shapes beyond a plain ResNet (synth_resnet_ex). */
+typedef struct synth_family {
+    int groups;   /* a bottleneck's conv2 groups (ResNeXt); 0 or 1: none */
+    int mid_mult; /* a bottleneck's inner width = mid_mult x its planes (0: 1; ResNeXt
+                     32x4d and Wide-50-2: 2) */
+    int small;    /* 1: the small stem, conv1 3x3 (stride 1, no max pool) */
+} synth_family;
+
+static inline int synth_resnet_ex(synth *s, const int blocks[4], int bottleneck, int in_bands,
+                                  int width, int n_classes, uint64_t seed, synth_family fam);
+
 /* A torchvision ResNet state_dict: stage s has blocks[s] blocks of width
  * width << s (bottleneck: expansion 4). Returns 0, or -1 on allocation failure. */
 static inline int synth_resnet(synth *s, const int blocks[4], int bottleneck, int in_bands,
                                int width, int n_classes, uint64_t seed)
 {
+    return synth_resnet_ex(s, blocks, bottleneck, in_bands, width, n_classes, seed,
+                           (synth_family){0, 0, 0});
+}
+
+/* synth_resnet with fam's groups, inner width and stem. */
+static inline int synth_resnet_ex(synth *s, const int blocks[4], int bottleneck, int in_bands,
+                                  int width, int n_classes, uint64_t seed, synth_family fam)
+{
+    int groups = fam.groups > 1 ? fam.groups : 1, mult = fam.mid_mult > 0 ? fam.mid_mult : 1;
     memset(s, 0, sizeof *s);
     s->rng = seed;
     snprintf(s->mf.path, sizeof s->mf.path, "synthetic.safetensors");
     s->mf.tensors = calloc(SYNTH_MAX_TENSORS, sizeof *s->mf.tensors);
     if (!s->mf.tensors) return -1;
-    synth_conv_bn(s, "conv1", "bn1", width, in_bands, 7);
+    synth_conv_bn(s, "conv1", "bn1", width, in_bands, fam.small ? 3 : 7);
     int ch = width;
     char p[96], q[96];
     for (int st = 0; st < 4; st++) {
-        int w = width << st, out = bottleneck ? 4 * w : w;
+        int planes = width << st, out = bottleneck ? 4 * planes : planes;
+        int w = bottleneck ? mult * planes : planes;
         for (int i = 0; i < blocks[st]; i++) {
             int stride = (st > 0 && i == 0) ? 2 : 1;
             snprintf(p, sizeof p, "layer%d.%d.conv1", st + 1, i);
@@ -118,7 +139,7 @@ static inline int synth_resnet(synth *s, const int blocks[4], int bottleneck, in
             synth_conv_bn(s, p, q, w, ch, bottleneck ? 1 : 3);
             snprintf(p, sizeof p, "layer%d.%d.conv2", st + 1, i);
             snprintf(q, sizeof q, "layer%d.%d.bn2", st + 1, i);
-            synth_conv_bn(s, p, q, w, w, 3);
+            synth_conv_bn(s, p, q, w, bottleneck ? w / groups : w, 3);
             if (bottleneck) {
                 snprintf(p, sizeof p, "layer%d.%d.conv3", st + 1, i);
                 snprintf(q, sizeof q, "layer%d.%d.bn3", st + 1, i);

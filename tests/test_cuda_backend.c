@@ -25,6 +25,7 @@
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"
+#include "tests/synth_resnet.h"
 #include "tests/testutil.h"
 
 enum { N_TILES = 8, BANDS = 6, TILE = 64 };
@@ -295,6 +296,63 @@ static void test_resnet50_fp32(void **state)
                       "ref_resnet50_emb.f32");
 }
 
+/* The family (model/resnet.h) on the device against the plain-loop
+ * reference: ResNeXt's grouped convs (cudnnSetConvolutionGroupCount; 4 to 32
+ * channels per group), a Wide-style 2x inner width on the small stem (no
+ * max pool). fp32: max |dp| <= 1e-4, same argmax. */
+static void check_family(const int blocks[4], int bottleneck, synth_family fam)
+{
+    tw_backend be;
+    tw_error err;
+    if (!open_cuda(&be, &err)) skip();
+    synth s;
+    assert_int_equal(synth_resnet_ex(&s, blocks, bottleneck, BANDS, 4, 5, 21, fam), 0);
+    tw_resnet *net = NULL;
+    if (tw_resnet_create(&s.mf, "", &net, &err) != TW_OK) fail_msg("%s", err.msg);
+    size_t elems = (size_t)N_TILES * BANDS * TILE * TILE;
+    float *x = malloc(elems * sizeof *x);
+    uint64_t r = 4242;
+    for (size_t i = 0; i < elems; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        x[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    }
+    int k = net->n_classes;
+    float *ref = malloc((size_t)N_TILES * k * sizeof *ref), *p = calloc((size_t)N_TILES * k, 4);
+    assert_int_equal(tw_resnet_forward_ref(net, x, N_TILES, TILE, ref, NULL, &err), TW_OK);
+    int max_batch = N_TILES;
+    if (tw_backend_reserve(&be, net, TILE, &max_batch, TW_PREC_FP32, false, NULL, &err) != TW_OK)
+        fail_msg("%s", err.msg);
+    static uint8_t valid[N_TILES * TILE * TILE];
+    memset(valid, 1, sizeof valid);
+    tw_infer_batch b = {.n = N_TILES,
+                        .tile = TILE,
+                        .raw = x,
+                        .raw_type = TW_DT_FLOAT32,
+                        .valid = valid,
+                        .norm = identity_norm(),
+                        .probs = p};
+    if (tw_backend_infer(&be, &b, &err) != TW_OK) fail_msg("%s", err.msg);
+    double dp = max_abs_diff(p, ref, (size_t)N_TILES * k);
+    printf("groups %d, %s stem: max |dp| %.3g\n", net->groups, tw_stem_names[net->stem_kind], dp);
+    assert_true(dp <= 1e-4);
+    for (int t = 0; t < N_TILES; t++)
+        assert_int_equal(argmax(p + t * k, k), argmax(ref + t * k, k));
+    tw_backend_destroy(&be);
+    tw_resnet_destroy(net);
+    synth_free(&s);
+    free(x);
+    free(ref);
+    free(p);
+}
+
+static void test_family(void **state)
+{
+    (void)state;
+    check_family((const int[]){3, 4, 6, 3}, 1, (synth_family){4, 4, 0});
+    check_family((const int[]){3, 4, 6, 3}, 1, (synth_family){2, 2, 1});
+    check_family((const int[]){2, 2, 2, 2}, 0, (synth_family){0, 0, 1});
+}
+
 static void check_reduced(tw_precision prec, const char *name, double tol)
 {
     tw_backend be;
@@ -509,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_no_device_is_clear_error),
         cmocka_unit_test(test_resnet18_fp32),
         cmocka_unit_test(test_resnet50_fp32),
+        cmocka_unit_test(test_family),
         cmocka_unit_test(test_resnet18_tf32),
         cmocka_unit_test(test_resnet18_fp16),
         cmocka_unit_test(test_resnet18_bf16),

@@ -322,6 +322,7 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_MODEL_STD] = "[1.5, 2, 0.5]",
         [TW_KEY_MODEL_CLASSES] = "[water, forest, town]",
         [TW_KEY_MODEL_COLORS] = "['#0072bd', '#abc', '#fffffe']",
+        [TW_KEY_MODEL_STEM] = "small",
         [TW_KEY_TILING_TILE] = "64",
         [TW_KEY_TILING_STRIDE] = "16",
         [TW_KEY_TILING_BATCH] = "auto",

@@ -177,6 +177,67 @@ static void test_arch_mismatch(void **state)
     synth_free(&s);
 }
 
+/* The torchvision family from the shapes alone (model/resnet.h), at
+ * torchvision's own widths: names, groups, base width, the stem; a declared
+ * arch or stem that disagrees is refused naming both. */
+static void test_family(void **state)
+{
+    (void)state;
+    static const struct {
+        synth_family fam;
+        int bottleneck;
+        const int *blocks;
+        const char *arch, *family;
+        int groups, base_width;
+    } cases[] = {
+        {{32, 2, 0}, 1, k_r34, "resnext50_32x4d", "resnext", 32, 4},
+        {{32, 4, 0}, 1, k_r101, "resnext101_32x8d", "resnext", 32, 8},
+        {{64, 4, 0}, 1, k_r101, "resnext101_64x4d", "resnext", 64, 4},
+        {{0, 2, 0}, 1, k_r34, "wide_resnet50_2", "wide_resnet", 1, 128},
+        {{0, 0, 1}, 0, k_r18, "resnet18", "resnet", 1, 64},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        synth s;
+        /* conv2 of 64 planes: 64 x mid_mult wide in `groups` groups */
+        assert_int_equal(synth_resnet_ex(&s, cases[i].blocks, cases[i].bottleneck, 3, 64, 5, 11 + i,
+                                         cases[i].fam),
+                         0);
+        tw_error err;
+        tw_error_init(&err);
+        tw_resnet *net = NULL;
+        if (tw_resnet_create(&s.mf, cases[i].arch, &net, &err) != TW_OK) fail_msg("%s", err.msg);
+        char name[32];
+        tw_resnet_arch_name(net, name, sizeof name);
+        assert_string_equal(name, cases[i].arch);
+        assert_string_equal(tw_resnet_family_name(net->family), cases[i].family);
+        assert_int_equal(net->groups, cases[i].groups);
+        assert_int_equal(net->base_width, cases[i].base_width);
+        assert_int_equal(net->blocks[0].c2.groups, cases[i].groups);
+        assert_int_equal(net->stem_kind, cases[i].fam.small ? TW_STEM_SMALL : TW_STEM_STANDARD);
+        assert_int_equal(net->stem.k, cases[i].fam.small ? 3 : 7);
+        assert_int_equal(net->stem.stride, cases[i].fam.small ? 1 : 2);
+        tw_resnet_destroy(net);
+        char want[96];
+        snprintf(want, sizeof want, "weights are %s but model.arch says resnet50", cases[i].arch);
+        if (strcmp(cases[i].arch, "resnet50") != 0)
+            expect_error(&s, "resnet50", TW_ERR_MODEL, 1, want);
+        /* the file's own stem metadata must agree with conv1 */
+        s.mf.stem = cases[i].fam.small ? TW_STEM_STANDARD : TW_STEM_SMALL;
+        expect_error(&s, "", TW_ERR_MODEL, 2, "its metadata 'stem' says",
+                     cases[i].fam.small ? "conv1 is 3x3 stride 1, a small stem"
+                                        : "conv1 is 7x7 stride 2, a standard stem");
+        s.mf.stem = TW_STEM_AUTO;
+        synth_free(&s);
+    }
+    /* groups that differ between blocks name the block */
+    synth s;
+    assert_int_equal(synth_resnet_ex(&s, k_r34, 1, 3, 8, 2, 5, (synth_family){4, 2, 0}), 0);
+    synth_reshape(&s, "layer2.1.conv2.weight", 4, (const int64_t[]){32, 16, 3, 3});
+    expect_error(&s, "", TW_ERR_MODEL, 2, "layer2.1.conv2.weight' implies 2 groups",
+                 "layer1.0.conv2 has 4");
+    synth_free(&s);
+}
+
 static void test_missing_tensors(void **state)
 {
     (void)state;
@@ -209,7 +270,8 @@ static void test_wrong_shapes(void **state)
         {"fc.bias", 1, {5}, "'fc.bias' has shape [5], expected [4]"},
         {"layer1.1.bn1.weight", 1, {5}, "has shape [5], expected [8]"},
         {"conv1.weight", 3, {8, 6, 7}, "has shape [8,6,7], expected"},
-        {"conv1.weight", 4, {8, 6, 3, 3}, "has shape [8,6,3,3], expected [8,6,7,7]"},
+        /* (3x3 is the small stem's conv1: test_small_stem) */
+        {"conv1.weight", 4, {8, 6, 5, 5}, "has shape [8,6,5,5], expected [8,6,7,7]"},
         {"layer2.0.downsample.0.weight",
          4,
          {16, 8, 3, 3},
@@ -526,6 +588,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_headless),
+        cmocka_unit_test(test_family),
         cmocka_unit_test(test_depth_inference),
         cmocka_unit_test(test_unknown_layout),
         cmocka_unit_test(test_strides_and_fold),

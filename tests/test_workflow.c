@@ -401,7 +401,11 @@ static const bad_case k_bad[] = {
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  arch: vgg16\n",
      NULL,
      {"flow.yaml:4: model.arch: expected one of resnet18 | resnet34 | resnet50 | resnet101 | "
-      "resnet152, got 'vgg16'"}},
+      "resnet152 | resnext50_32x4d | resnext101_32x8d | resnext101_64x4d | wide_resnet50_2 | "
+      "wide_resnet101_2, got 'vgg16'"}},
+    {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  stem: tiny\n",
+     NULL,
+     {"flow.yaml:4: model.stem: expected one of auto | standard | small, got 'tiny'"}},
     /* duplicate keys */
     {BASE "tiling:\n  tile: 64\n  stride: 32\n  tile: 32\n",
      NULL,

@@ -264,6 +264,16 @@ def infer_arch(sd):
     if arch is None:
         kind = "Bottleneck" if bottleneck else "BasicBlock"
         raise ExportError(f"cannot infer the ResNet depth: {kind} with blocks {blocks}")
+    # the family (model/resnet.h): conv2 [width, width/groups, 3, 3]
+    c2 = sd.get("layer1.0.conv2.weight")
+    if bottleneck and c2 is not None and len(c2.shape) == 4 and c2.shape[1] > 0:
+        width = int(sd["layer1.0.conv1.weight"].shape[0])
+        groups = max(width // int(c2.shape[1]), 1)
+        base = width // groups
+        if groups > 1:
+            return f"resnext{arch[6:]}_{groups}x{base}d"
+        if base > 64 and base % 64 == 0:
+            return f"wide_resnet{arch[6:]}_{base // 64}"
     return arch
 
 
@@ -326,6 +336,9 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
         f.attrs["format"] = np.bytes_(FORMAT)
         f.attrs["format_version"] = np.int32(FORMAT_VERSION)
         f.attrs["arch"] = np.bytes_(arch)
+        # conv1 3x3: the small stem (stride 1, no max pool; model.stem)
+        k = sd["conv1.weight"].shape
+        f.attrs["stem"] = np.bytes_("small" if len(k) == 4 and k[2] == 3 else "standard")
         f.attrs["bands"] = np.asarray(bands, dtype=np.int32)
         f.attrs["scale"] = np.float64(scale)
         if mean is not None:
@@ -350,7 +363,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint")
     ap.add_argument("-o", "--output", required=True)
-    ap.add_argument("--arch", choices=sorted(set(_DEPTHS.values())))
+    ap.add_argument("--arch", choices=sorted(set(_DEPTHS.values())) + [
+        "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
+        "wide_resnet101_2"])
     ap.add_argument("--bands", help="1-based band numbers, comma separated")
     ap.add_argument("--scale", type=float, help="default 1.0 (a bundle's own)")
     ap.add_argument("--mean")

@@ -2,10 +2,13 @@
 """Make the benchmark's models: one torchvision ResNet, three files.
 
     export_onnx.py --arch resnet18 --out-dir DIR [--bands 6] [--classes 8] [--seed 0]
-                   [--tiles 64,224] [--opset 13]
+                   [--tiles 32,64,224] [--opset 13]
 
-The network is torchvision's ResNet with conv1 replaced by
-Conv2d(BANDS, 64, 7, 2, 3, bias=False) and an fc layer of CLASSES outputs,
+The network is torchvision's ResNet (or ResNeXt, Wide ResNet: resnext50_32x4d,
+wide_resnet50_2, ...) with conv1 replaced by
+Conv2d(BANDS, 64, 7, 2, 3, bias=False) and an fc layer of CLASSES outputs;
+ARCH_small (resnet18_small, ...) is ARCH with the small stem: conv1
+Conv2d(BANDS, 64, 3, 1, 1, bias=False) and no max pool (nn.Identity),
 randomly initialised from a fixed seed and put in eval mode (no training: the
 benchmark measures speed, and every runtime gets exactly the same weights).
 
@@ -36,8 +39,14 @@ import safetensors_io  # noqa: E402
 def build_model(arch, bands, classes, seed):
     """torchvision ResNet `arch` for `bands` input bands and `classes` outputs, eval mode."""
     torch.manual_seed(seed)
-    model = getattr(torchvision.models, arch)(weights=None, num_classes=classes)
-    model.conv1 = torch.nn.Conv2d(bands, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    small = arch.endswith("_small")
+    model = getattr(torchvision.models, arch[:-6] if small else arch)(weights=None,
+                                                                      num_classes=classes)
+    if small:
+        model.conv1 = torch.nn.Conv2d(bands, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = torch.nn.Identity()
+    else:
+        model.conv1 = torch.nn.Conv2d(bands, 64, kernel_size=7, stride=2, padding=3, bias=False)
     torch.nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     return model.eval()
 
@@ -62,12 +71,15 @@ def conv_flops(model, bands, tile):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--arch", required=True, choices=["resnet18", "resnet34", "resnet50"])
+    ap.add_argument("--arch", required=True,
+                    choices=["resnet18", "resnet34", "resnet50", "resnext50_32x4d",
+                             "resnext101_32x8d", "wide_resnet50_2", "resnet18_small",
+                             "resnet50_small"])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--bands", type=int, default=6)
     ap.add_argument("--classes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tiles", default="64,224")
+    ap.add_argument("--tiles", default="32,64,224")
     ap.add_argument("--opset", type=int, default=13)
     a = ap.parse_args()
 
@@ -78,9 +90,11 @@ def main():
         return 0
 
     model = build_model(a.arch, a.bands, a.classes, a.seed)
+    small = a.arch.endswith("_small")
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     safetensors_io.save(st_path + ".part", sd, dtype="F32",
-                        metadata={"arch": a.arch, "seed": a.seed})
+                        metadata={"arch": a.arch[:-6] if small else a.arch,
+                                  "stem": "small" if small else "standard", "seed": a.seed})
     os.replace(st_path + ".part", st_path)
 
     dummy = torch.zeros(2, a.bands, 64, 64)

@@ -67,8 +67,14 @@ def build_model(arch, weights):
     sd = {k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}
     bands = sd["conv1.weight"].shape[1]
     classes = sd["fc.weight"].shape[0]
-    model = getattr(torchvision.models, arch)(weights=None, num_classes=classes)
-    model.conv1 = torch.nn.Conv2d(bands, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    small = arch.endswith("_small")  # export_onnx.py's small stem: 3x3 s1 conv1, no max pool
+    model = getattr(torchvision.models, arch[:-6] if small else arch)(weights=None,
+                                                                      num_classes=classes)
+    if small:
+        model.conv1 = torch.nn.Conv2d(bands, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = torch.nn.Identity()
+    else:
+        model.conv1 = torch.nn.Conv2d(bands, 64, kernel_size=7, stride=2, padding=3, bias=False)
     res = model.load_state_dict(sd, strict=False)
     # only num_batches_tracked may be missing: export_onnx.py does not store it
     missing = [k for k in res.missing_keys if not k.endswith("num_batches_tracked")]
