@@ -25,10 +25,10 @@
  * names a torchvision state_dict has (layer2.0.downsample.0.weight, ...), so
  * model/resnet.c builds the net as from safetensors.
  *
- * Where the family and embedding support connect (after their merge):
- * family_refusal() refuses grouped convolutions (ResNeXt) and the small
- * stem (3x3 stride-1 conv1, no max-pool); match_head() refuses a graph that
- * ends at its pooled features (headless). Each is one place.
+ * The family: grouped convolutions (ResNeXt) keep torchvision's weight
+ * shapes, so the groups come from them; a small-patch stem (3x3 stride-1
+ * conv1, no max-pool) is read from conv1's kernel; a graph that ends at its
+ * pooled features is a headless backbone (embedding products only).
  */
 #include <errno.h>
 #include <jansson.h>
@@ -699,18 +699,6 @@ static void conv_free(conv *cv)
     cv->w = cv->b = NULL;
 }
 
-/* The ResNeXt / small-stem refusal: the one place to connect the family
- * support once model/resnet.h has its fields (grouped conv: set the
- * block's groups from cv->group; small stem: the stem's k = 3, stride 1 and
- * no max-pool). */
-static tw_status family_refusal(octx *c, int node, const char *what)
-{
-    return node_error(c, node,
-                      "is %s: it needs the ResNeXt/small-stem support, which this build of "
-                      "tilewise does not have",
-                      what);
-}
-
 /* Node `node` as a Conv (weight constant, optional bias) followed by an
  * optional BatchNormalization, folded into cv->w, cv->b. */
 static tw_status take_conv(octx *c, int node, conv *cv)
@@ -766,10 +754,11 @@ static tw_status take_conv(octx *c, int node, conv *cv)
     }
     if (cv->stride < 1 || cv->stride > 2 || cv->pad < 0 || cv->pad > 3)
         return node_error(c, node, "has stride %d and padding %d", cv->stride, cv->pad);
-    if (cv->group != 1) {
-        if (cv->group < 1) return node_error(c, node, "has group %d", cv->group);
-        return family_refusal(c, node, "a grouped convolution (ResNeXt)");
-    }
+    /* Grouped (ResNeXt): the weights are [cout, cin / group, k, k], as in a
+     * torchvision state_dict, and model/resnet.c reads the groups from that
+     * shape; the fold below works per output channel. */
+    if (cv->group < 1 || cv->cout % cv->group != 0)
+        return node_error(c, node, "has group %d for %d outputs", cv->group, cv->cout);
     cv->b = tw_calloc(TW_MEM_WEIGHTS, (size_t)cv->cout, sizeof(float));
     if (!cv->b) return tw_model_nomem(c->err, c->path, (size_t)cv->cout * sizeof(float));
     if (n->n_input == 3 && *S(n->input[2])) {
@@ -923,10 +912,15 @@ static tw_status match_stem(octx *c, int x, int *out)
     int mp = -1;
     if (st == TW_OK && n_consumers(c, y) == 1) mp = c->cons[c->cons_off[y]];
     bool has_pool = mp >= 0 && op_is(c->g->node[mp], "MaxPool");
-    if (st == TW_OK) {
-        if (cv.k == 3 && cv.stride == 1 && cv.pad == 1 && !has_pool)
-            st = family_refusal(c, node, "a small-patch stem (3x3 stride-1 conv1, no max-pool)");
-        else if (cv.k != 7 || cv.stride != 2 || cv.pad != 3)
+    /* The small-patch stem (3x3 stride-1 conv1, no max-pool): model/resnet.c
+     * reads it from conv1's kernel. */
+    if (st == TW_OK && cv.group != 1)
+        st = node_error(c, node, "is a grouped stem convolution (group %d)", cv.group);
+    bool small = st == TW_OK && cv.k == 3 && cv.stride == 1 && cv.pad == 1 && !has_pool;
+    if (st == TW_OK && small) {
+        *out = y;
+    } else if (st == TW_OK) {
+        if (cv.k != 7 || cv.stride != 2 || cv.pad != 3)
             st = node_error(c, node,
                             "is a %dx%d stride-%d stem (padding %d): a ResNet's is 7x7 stride 2 "
                             "(padding 3)",
@@ -936,7 +930,7 @@ static tw_status match_stem(octx *c, int x, int *out)
         else if (!has_pool)
             st = node_error(c, r, "is not followed by the stem's max-pool alone");
     }
-    if (st == TW_OK) {
+    if (st == TW_OK && !small) {
         const Onnx__NodeProto *p = c->g->node[mp];
         int64_t v[4];
         int cnt;
@@ -952,7 +946,7 @@ static tw_status match_stem(octx *c, int x, int *out)
                     (ap->s.len == 6 && memcmp(ap->s.data, "NOTSET", 6) == 0));
         if (!ok) st = node_error(c, mp, "is not the stem's 3x3 stride-2 max-pool with padding 1");
     }
-    if (st == TW_OK) {
+    if (st == TW_OK && !small) {
         c->used[mp] = true;
         st = out0(c, mp, out);
     }
@@ -1061,6 +1055,21 @@ static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
     }
     if (st == TW_OK && down.w && after(c, &down) != add)
         st = node_error(c, down.last, "is a projection that does not go to the block's Add");
+    /* Groups: only a bottleneck's 3x3 may be grouped (ResNeXt), and each
+     * convolution takes what the one before it gives: [cout, cin / group]
+     * weights agree with the group attribute, or the graph is not what its
+     * weights say (model/resnet.c reads the groups from the shapes). */
+    for (int i = 0; st == TW_OK && i < np; i++) {
+        if (path[i].group != 1 && !(kind == 3 && i == 1))
+            st = node_error(c, path[i].node, "is grouped (group %d) where a ResNet block is not",
+                            path[i].group);
+        else if (i > 0 && path[i].cin * path[i].group != path[i - 1].cout)
+            st = node_error(c, path[i].node,
+                            "takes %d x %d channels (group %d) from a convolution of %d outputs",
+                            path[i].cin, path[i].group, path[i].group, path[i - 1].cout);
+    }
+    if (st == TW_OK && down.w && down.group != 1)
+        st = node_error(c, down.node, "is a grouped projection (group %d)", down.group);
     /* geometry: torchvision's v1.5 blocks (what model/resnet.c assumes) */
     int stride = 1;
     if (st == TW_OK) {
@@ -1195,10 +1204,14 @@ static tw_status match_head(octx *c, int x, int channels)
         if ((st = out0(c, nx, &v)) != TW_OK) return st;
     }
     if (n_consumers(c, v) == 0) {
-        /* headless: connect here to the embedding support (a model without fc) */
-        return node_error(c, node,
-                          "ends the graph at the pooled features (a headless backbone): it needs "
-                          "the embedding support, which this build of tilewise does not have");
+        /* A headless backbone: the pooled features are the graph's output and
+         * there is no fc (model/resnet.c gives it a stand-in head; embedding
+         * products only). */
+        if (!is_graph_output(c, v))
+            return tw_model_error(c->err, c->path,
+                                  "the pooled features are not the graph's output");
+        head_add(oi, "(no classifier: headless)");
+        return TW_OK;
     }
     if ((st = next_node(c, v, node, "the classifier (Gemm or MatMul)", &nx)) != TW_OK) return st;
     const Onnx__NodeProto *h = c->g->node[nx];

@@ -222,6 +222,29 @@ def main():
               and j["onnx"]["external_tensors"] == 42 and j["onnx"]["producer"] == "pytorch 1.13.0",
               f"info --json: {j['arch']}, onnx {j['onnx']}", say_ok=True)
 
+        # the family from a graph: torchvision's ResNeXt-50 32x4d exported here (grouped 3x3s
+        # in the bottlenecks), on the window's tiles against PyTorch in float64
+        import torch
+        import torchvision
+        torch.manual_seed(3)
+        rx = torchvision.models.resnext50_32x4d(num_classes=5)
+        rx.conv1 = torch.nn.Conv2d(len(MEAN), 64, 7, 2, 3, bias=False)
+        for mod in rx.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.2, 0.2)
+                mod.running_var.uniform_(0.5, 1.5)
+        with torch.no_grad():
+            rx.fc.weight.mul_(0.01)  # probabilities away from 0 and 1
+        rx.eval()
+        rx_path = os.path.join(tmp, "resnext50.onnx")
+        torch.onnx.export(rx, torch.zeros(1, len(MEAN), TILE, TILE), rx_path, opset_version=17,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "n"}})
+        r, out_rx = run(tmp, "rx_onnx", rx_path, os.path.join(tmp, "L7_window.vrt"))
+        check(r.returncode == 0, f"run ResNeXt-50 ONNX: exit {r.returncode}: {r.stderr}")
+        p_rx, _ = probs_of(gdal, out_rx, "L7_window")
+        compare("ResNeXt-50 32x4d ONNX vs PyTorch float64", p_rx, torch_probs(rx, wtiles),
+                TOL_TORCH)
+
         # refusals: exit 3, one line naming the node or the file, no finished product
         for name, want in [("onnx_mobilenet_v2.onnx",
                             "node '/features/features.0/features.0.2/Clip' (Clip) is not part of "

@@ -251,19 +251,39 @@ static void test_refused(void **state)
     expect_refused("onnx_mobilenet_v2.onnx",
                    "node '/features/features.0/features.0.2/Clip' (Clip) is not part of a ResNet");
     expect_refused("onnx_bad_truncated.onnx", "not an ONNX model (truncated or corrupt");
-    expect_refused("onnx_bad_group.onnx",
-                   "node 'conv_14' (Conv) is a grouped convolution (ResNeXt): "
-                   "it needs the ResNeXt/small-stem support");
-    expect_refused("onnx_bad_small_stem.onnx",
-                   "node 'conv_1' (Conv) is a small-patch stem (3x3 stride-1 conv1, no "
-                   "max-pool): it needs the ResNeXt/small-stem support");
-    expect_refused("onnx_bad_headless.onnx",
-                   "(GlobalAveragePool) ends the graph at the pooled features (a headless "
-                   "backbone)");
+    /* group 32 on a 3x3 whose weights take all the channels: the graph and
+     * its weights disagree (a basic block is never grouped either) */
+    expect_refused("onnx_bad_group.onnx", "node 'conv_14' (Conv) has group 32 for 2 outputs");
     expect_refused("onnx_bad_stride.onnx", "node 'conv_16' (Conv) is a 3x3 stride-2 convolution");
     expect_refused("onnx_bad_ext_escape.onnx", "is not inside the model's folder");
     expect_refused("onnx_bad_ext_short.onnx",
                    "onnx_bad_ext_short.data holds 7832 bytes, the tensor needs");
+}
+
+/* The family from a graph: a small-patch stem (3x3 stride-1 conv1, no
+ * max-pool) and a headless backbone (the graph ends at the pooled
+ * features) load as model/resnet.c builds them from safetensors. */
+static void test_family_graphs(void **state)
+{
+    (void)state;
+    NEED_FIXTURE(small, "onnx_small_stem.onnx");
+    tw_model_file *mf = load_ok(small);
+    tw_resnet *net = net_of(mf);
+    assert_int_equal(net->stem_kind, TW_STEM_SMALL);
+    assert_int_equal(net->stem.k, 3);
+    assert_int_equal(net->stem.stride, 1);
+    assert_false(net->headless);
+    tw_resnet_destroy(net);
+    tw_model_file_destroy(mf);
+    NEED_FIXTURE(headless, "onnx_headless.onnx");
+    mf = load_ok(headless);
+    assert_null(tw_model_file_find(mf, "fc.weight"));
+    net = net_of(mf);
+    assert_true(net->headless);
+    assert_int_equal(net->stem_kind, TW_STEM_STANDARD);
+    tw_resnet_destroy(net);
+    tw_model_file_destroy(mf);
+    assert_int_equal(tw_mem_current(TW_MEM_TAG_COUNT), 0);
 }
 
 int main(void)
@@ -271,7 +291,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bn_nodes_exact), cmocka_unit_test(test_exporter_folded),
         cmocka_unit_test(test_info),           cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_seed_models),
+        cmocka_unit_test(test_seed_models),    cmocka_unit_test(test_family_graphs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
