@@ -537,6 +537,10 @@ static void arcset_release(arcset *a)
 static bool simplify_arc(pt *q, int n, double tol, uint8_t *keep, int *stack, pt *tmp,
                          uint8_t *ktmp, arcset *fz)
 {
+    if (n < 2) { /* a lone point stays (and GCC's -Wstringop-overflow knows n > 0 below) */
+        if (n == 1) keep[0] = 1;
+        return true;
+    }
     bool closed = pt_cmp(q[0], q[n - 1]) == 0;
     int o = pt_cmp(q[0], q[n - 1]);
     if (o == 0 && n > 2) o = pt_cmp(q[1], q[n - 2]);
