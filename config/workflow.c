@@ -31,8 +31,8 @@
 
 #include <yaml.h>
 
+#include "core/datetime.h"
 #include "core/keys.h"
-#include "io/stac_out.h"
 
 /* A workflow file is a few hundred bytes; anything this large is a mistake
  * (a raster passed instead of the YAML), not a config to read into memory. */
@@ -498,7 +498,7 @@ static tw_status set_input_aoi(wf_ctx *c, const yaml_node_t *v, tw_run_params *p
                       p->input.aoi, TW_PATH_MAX);
 }
 
-/* An RFC 3339 date-time (io/stac_out.h), checked here so that a typo is a
+/* An RFC 3339 date-time (core/datetime.h), checked here so that a typo is a
  * config error naming the key, not a bad STAC item after the run. */
 static tw_status set_input_datetime(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
 {
@@ -506,7 +506,7 @@ static tw_status set_input_datetime(wf_ctx *c, const yaml_node_t *v, tw_run_para
     char s[sizeof p->input.datetime], why[160];
     tw_status st = get_string(c, v, what, s, sizeof s);
     if (st) return st;
-    if (!tw_stac_datetime_check(s, why, sizeof why))
+    if (!tw_rfc3339_check(s, why, sizeof why))
         return fail(c, v, "'%s' is not %s: %s", s, what, why);
     memcpy(p->input.datetime, s, sizeof s);
     return TW_OK;

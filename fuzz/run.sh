@@ -54,15 +54,16 @@ fuzz_one() {
     fi
 }
 
-# JOBS harnesses at a time (each single-threaded, for its full time), then
-# the results in the harnesses' order.
+# FUZZ_JOBS harnesses at a time (default JOBS; each single-threaded, for its
+# full time: more than the cores share them), then the results in the
+# harnesses' order.
 status=0
 running=0
 for h in $HARNESSES; do
     rm -f "$BUILD/result_$h"
     fuzz_one "$h" &
     running=$((running + 1))
-    if [ "$running" -ge "${JOBS:-2}" ]; then
+    if [ "$running" -ge "${FUZZ_JOBS:-${JOBS:-2}}" ]; then
         wait -n
         running=$((running - 1))
     fi

@@ -36,11 +36,7 @@
 
 #define TW_STAC_DATETIME_MAX 40
 
-/* Whether s is an RFC 3339 date-time (YYYY-MM-DDTHH:MM:SS[.frac](Z|+hh:mm|
- * -hh:mm), 'T'/'Z' in either case), with real calendar dates (leap years)
- * and times (second 60 allowed). When not, why says what is wrong. Cannot
- * fail; thread-safe. */
-bool tw_stac_datetime_check(const char *s, char *why, size_t why_size);
+/* RFC 3339 checks: core/datetime.h (tw_rfc3339_check). */
 
 /* The acquisition time a raster's metadata gives, as RFC 3339 (UTC 'Z'
  * appended when the metadata has no zone): ACQUISITIONDATETIME (GDAL's

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/datetime.h"
 #include "core/fileio.h"
 
 #define FORMAT_NAME "tilewise-manifest"
@@ -603,7 +604,7 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
             str_value(r, json_array_get(names, i), "stac", "assets", p->input.assets[i],
                       sizeof p->input.assets[i]);
         if (names) p->input.n_assets = (int)json_array_size(names);
-        if (r->st == TW_OK && !tw_stac_datetime_check(mf->stac.datetime, NULL, 0))
+        if (r->st == TW_OK && !tw_rfc3339_check(mf->stac.datetime, NULL, 0))
             fail(r, "key stac.datetime is not an RFC 3339 date-time");
     }
     get_str(r, root, "", "config_json", mf->config_json, sizeof mf->config_json);

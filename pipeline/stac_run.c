@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/datetime.h"
 #include "io/url.h"
 #include "core/alloc.h"
 
@@ -19,7 +20,7 @@ tw_status tw_stac_run_input(const tw_run_params *p, int i, const char *gdal_sour
     tw_url_redact(p->input.paths[i], shown, sizeof shown);
     if (stac) snprintf(out->derived_from, sizeof out->derived_from, "%s", shown);
     const char *dt = stac ? tw_stac_datetime(stac) : "";
-    if (dt[0] && tw_stac_datetime_check(dt, NULL, 0)) {
+    if (dt[0] && tw_rfc3339_check(dt, NULL, 0)) {
         snprintf(out->datetime, sizeof out->datetime, "%s", dt);
         snprintf(out->source, sizeof out->source, "STAC item");
         return TW_OK;
