@@ -53,14 +53,24 @@ tw_status tw_mkdir_p(const char *path, tw_error *err)
     return TW_OK;
 }
 
-tw_status tw_fsync_dir(const char *dir, tw_error *err)
+tw_status tw_fsync_path(const char *path, bool missing_ok, tw_error *err)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s: %s", dir, strerror(errno));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (missing_ok && errno == ENOENT) return TW_OK;
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s to sync it: %s", path,
+                            strerror(errno));
+    }
     int rc = fsync(fd);
     int e = errno;
     close(fd);
-    if (rc != 0 && e != EINVAL)
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", dir, strerror(e));
+    /* Directories on some file systems refuse fsync (EINVAL): nothing to lose there. */
+    if (rc != 0 && !(e == EINVAL || e == EROFS))
+        return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", path, strerror(e));
     return TW_OK;
+}
+
+tw_status tw_fsync_dir(const char *dir, tw_error *err)
+{
+    return tw_fsync_path(dir, false, err);
 }

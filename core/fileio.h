@@ -3,6 +3,7 @@
 #ifndef TW_FILEIO_H
 #define TW_FILEIO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/error.h"
@@ -15,8 +16,13 @@ tw_status tw_write_file_atomic(const char *path, const void *data, size_t n, tw_
 /* mkdir -p. TW_ERR_OUTPUT naming the component that could not be made. */
 tw_status tw_mkdir_p(const char *path, tw_error *err);
 
-/* fsync a directory so renames in it are durable (file systems that refuse
- * it with EINVAL are accepted). */
+/* fsync a file or directory by its path, so that what was written to it,
+ * or renamed in it, is durable (file systems that refuse it with EINVAL or
+ * EROFS are accepted). missing_ok: a path that does not exist is TW_OK.
+ * TW_ERR_OUTPUT naming the path otherwise. */
+tw_status tw_fsync_path(const char *path, bool missing_ok, tw_error *err);
+
+/* tw_fsync_path of a directory, so renames in it are durable. */
 tw_status tw_fsync_dir(const char *dir, tw_error *err);
 
 #endif

@@ -315,19 +315,6 @@ tw_status tw_gpkg_append(tw_gpkg *g, int n, const int32_t *rows, const int32_t *
     return st;
 }
 
-static tw_status fsync_file(const char *path, tw_error *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s to sync it: %s", path,
-                            strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0) return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", path, strerror(e));
-    return TW_OK;
-}
-
 tw_status tw_gpkg_finish(tw_gpkg *g, tw_error *err)
 {
     gdal_begin(g);
@@ -352,7 +339,7 @@ tw_status tw_gpkg_finish(tw_gpkg *g, tw_error *err)
         snprintf(side, sizeof side, "%s%s", g->part_path, sfx[i]);
         (void)unlink(side);
     }
-    st = fsync_file(g->part_path, err);
+    st = tw_fsync_path(g->part_path, false, err);
     if (st != TW_OK) return st;
     if (rename(g->part_path, g->path) != 0)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", g->part_path, g->path,

@@ -920,19 +920,6 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
     return st;
 }
 
-static tw_status fsync_path(const char *path, tw_error *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s to sync it: %s", path,
-                            strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0) return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", path, strerror(e));
-    return TW_OK;
-}
-
 tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw_error *err)
 {
     if (n_features) *n_features = 0;
@@ -1015,7 +1002,7 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
     tw_gdal_capture_end();
     if (c.raw[0]) remove_with_sidecars(c.raw);
     if (c.sieved[0]) (void)unlink(c.sieved);
-    if (st == TW_OK) st = fsync_path(c.part, err);
+    if (st == TW_OK) st = tw_fsync_path(c.part, false, err);
     if (st == TW_OK && rename(c.part, p->path) != 0)
         st = tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", c.part, p->path,
                           strerror(errno));

@@ -20,6 +20,7 @@
 #include <hdf5.h>
 
 #include "core/alloc.h"
+#include "core/fileio.h"
 
 /* Chunks of about this many bytes: big enough for deflate to work well,
  * small enough that HDF5's per-dataset chunk cache (1 MiB) holds one. */
@@ -296,16 +297,8 @@ static tw_status tiletable_finish(tw_tiletable *t, tw_error *err)
 {
     if (H5Fflush(t->file, H5F_SCOPE_GLOBAL) < 0) return h5_fail(t, "flushing", err);
     if (close_all(t) < 0) return h5_fail(t, "closing", err);
-    int fd = open(t->part_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "tile table %s: cannot reopen to sync: %s",
-                            t->part_path, strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0)
-        return tw_error_set(err, TW_ERR_OUTPUT, "tile table %s: cannot sync: %s", t->part_path,
-                            strerror(e));
+    tw_status st = tw_fsync_path(t->part_path, false, err);
+    if (st != TW_OK) return st;
     if (rename(t->part_path, t->path) != 0)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", t->part_path, t->path,
                             strerror(errno));

@@ -28,6 +28,7 @@
 #include <gdal_utils.h>
 
 #include "core/alloc.h"
+#include "core/fileio.h"
 #include "io/gdal_msgs.h"
 
 enum { TW_WP_CLASS = 0, TW_WP_PROB, TW_WP_CONF, TW_WP_EMB, TW_WP_COUNT };
@@ -128,23 +129,6 @@ static void remove_file_and_sidecars(const char *path)
     (void)unlink(side);
 }
 
-static tw_status fsync_path(const char *path, bool missing_ok, tw_error *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (missing_ok && errno == ENOENT) return TW_OK;
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot open %s to sync it: %s", path,
-                            strerror(errno));
-    }
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    /* Directories on some file systems refuse fsync (EINVAL): nothing to lose there. */
-    if (rc != 0 && !(e == EINVAL || e == EROFS))
-        return tw_error_set(err, TW_ERR_OUTPUT, "cannot sync %s: %s", path, strerror(e));
-    return TW_OK;
-}
-
 /* Rename src (and its .aux.xml sidecar, which carries category names and
  * descriptions GTiff keeps outside the file) to dst. The sidecar goes first
  * so that the main file only appears with its legend already in place. */
@@ -154,7 +138,7 @@ static tw_status rename_with_sidecar(const char *src, const char *dst, tw_error 
     snprintf(src_aux, sizeof src_aux, "%s.aux.xml", src);
     snprintf(dst_aux, sizeof dst_aux, "%s.aux.xml", dst);
     if (access(src_aux, F_OK) == 0) {
-        tw_status st = fsync_path(src_aux, false, err);
+        tw_status st = tw_fsync_path(src_aux, false, err);
         if (st != TW_OK) return st;
         if (rename(src_aux, dst_aux) != 0)
             return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", src_aux, dst_aux,
@@ -163,7 +147,7 @@ static tw_status rename_with_sidecar(const char *src, const char *dst, tw_error 
         /* A stale sidecar from an earlier run would contradict the new file. */
         (void)unlink(dst_aux);
     }
-    tw_status st = fsync_path(src, false, err);
+    tw_status st = tw_fsync_path(src, false, err);
     if (st != TW_OK) return st;
     if (rename(src, dst) != 0)
         return tw_error_set(err, TW_ERR_OUTPUT, "cannot rename %s to %s: %s", src, dst,
@@ -887,7 +871,7 @@ static tw_status writer_finish(tw_writer *w, tw_error *err)
     if (slash) {
         *slash = '\0';
         /* The renames are only durable once the directory is synced. */
-        st = fsync_path(dir[0] ? dir : "/", true, err);
+        st = tw_fsync_path(dir[0] ? dir : "/", true, err);
         if (st != TW_OK) return st;
     }
     w->finished = true;
