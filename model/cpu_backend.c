@@ -27,7 +27,8 @@
  * residual add. Scratchpads are user-managed and share one buffer. Weights
  * are reordered once in reserve() into the layout each conv chose.
  *
- * Batches smaller than max_batch run on the full max_batch primitives: the
+ * Batches smaller than max_batch run on the full max_batch primitives (at
+ * least CPU_MIN_PLAN_BATCH tiles: see plan_batch): the
  * first n input tiles are copied into the backend's own input buffer and the
  * rest of it keeps older (finite) data whose results are ignored. Only the
  * last batch of a run is short, so the wasted work is at most one batch, and
@@ -498,6 +499,25 @@ static size_t next_rows(size_t r)
     return (r / 8 + 1) * 8;
 }
 
+/* The fewest rows a lowering's GEMM is planned with: a one-row product
+ * (a dense layer at batch 1) is a matrix-vector product in oneDNN, whose
+ * bits differ from the GEMM's, and rows_independent cannot probe it; the
+ * batches of 1 and 2 then ran those convs unlowered, in other bits than
+ * every larger batch. Padding rows are computed and ignored. */
+enum { GEMM_MIN_ROWS = 8 };
+
+/* Whether LOWER_WINO takes a 3x3 conv on oh x oh maps: from 4x4, except
+ * the 5x5 to 7x7 maps its 4x4 output tiles fit badly (224 px tiles' last
+ * stage: 1.1x the direct kernels' speed for 80 MB more of U, 36 Cin Cout
+ * floats, at ResNet-50's widths). Never by batch size: a lowering chosen
+ * by batch gave a tile other bits in a batch of 16 than in one of 32, and
+ * the CLI's auto batch and the Python API's differed once their processes'
+ * sizes did (CI saw it; tiling.batch changes no output byte). */
+static bool wino_map(int oh)
+{
+    return oh % TW_WINO_OUT == 0 || oh >= 2 * TW_WINO_OUT;
+}
+
 /* The lowering of conv c (input `in`, output layout out4, oh x oh) in plan p. */
 static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
                                 const dnnl_memory_desc_t *out4, int oh)
@@ -508,11 +528,9 @@ static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
      * 1.9-2.6x faster than oneDNN's direct kernels from 4x4 to 56x56 maps,
      * 1.1x on 7x7 (bench/RESULTS.md, issue 20); on 2x2 maps the dense
      * GEMM below does fewer multiply-adds */
-    if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && oh >= TW_WINO_OUT &&
-        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4) && tw_wino_rows(p->batch, oh) >= 32)
-        return LOWER_WINO; /* (fewer rows re-read U, 36 Cin Cout floats, for too little work:
-                              at 224 px, batch 4, the 7x7 maps' 16 rows ran 3 % slower and
-                              took 80 MB more) */
+    if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && wino_map(oh) &&
+        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4))
+        return LOWER_WINO;
     if (p->gemm == 0) return LOWER_NONE;
     /* (a stride picks the pixels first, plan_conv: on maps it divides,
      * whose views of every other pixel oneDNN takes) */
@@ -874,8 +892,9 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
          * twice it (more would cost what the lowering saves) whose rows all
          * compute alike (gemm_kept) */
         size_t need = lowering_rows(p, lw, oh);
+        size_t first = need < GEMM_MIN_ROWS ? GEMM_MIN_ROWS : need;
         bool refused = false;
-        for (size_t r = need; r <= 2 * need; r = next_rows(r)) {
+        for (size_t r = first; r <= 2 * first; r = next_rows(r)) {
             s = lowered_pd(eng, c, lw, src, &out4, attr, (dnnl_dim_t)r, &pd);
             if (s != dnnl_success) break;
             if (gemm_kept(p->memo, eng, pd, lw, into != NULL)) {
@@ -1646,6 +1665,19 @@ static bool mode_supported(cpu_ctx *c, const tw_resnet *net, int tile, num_mode 
     return pr->ok;
 }
 
+/* The fewest tiles a plan is built for. oneDNN 2.6's AVX-512 Winograd
+ * kernel sums a tile's convolutions in another order in batches of 1 and 2
+ * than in batches of 3 to 512 (measured at 64 and 224 px), and a tile must
+ * get the same bits whatever batch the budget picks (tiling.batch and
+ * runtime.memory change no output byte, core/keys.c). Smaller batches run
+ * on these primitives as a short last batch does. */
+enum { CPU_MIN_PLAN_BATCH = 4 };
+
+static int plan_batch(int batch)
+{
+    return batch < CPU_MIN_PLAN_BATCH ? CPU_MIN_PLAN_BATCH : batch;
+}
+
 static size_t mode_bytes(cpu_ctx *c, const tw_resnet *net, int tile, int max_batch, num_mode mode)
 {
     plan p;
@@ -1676,7 +1708,7 @@ static size_t cpu_workspace_bytes(void *ctx, const tw_resnet *net, int tile, int
      * last activation (which the fp32 plan holds too), so the fp32 plan is
      * the peak */
     if (mode == NUM_INT8 || !mode_supported(c, net, tile, mode)) mode = NUM_F32;
-    return mode_bytes(c, net, tile, max_batch, mode);
+    return mode_bytes(c, net, tile, plan_batch(max_batch), mode);
 }
 
 /* Plan and build the net in mode for batches of `batch` tiles. On failure
@@ -1782,6 +1814,7 @@ static tw_status cpu_reserve(void *ctx, tw_resnet *net, int tile, int batch, tw_
     /* int8 starts in fp32: calibrate() measures the activation ranges with
      * it, then quantizes the net's weights (for every raster): it keeps them */
     tw_resnet *consumed = consume && cpu_consumes_weights(c, prec) ? net : NULL;
+    batch = plan_batch(batch);
     tw_status st =
         build_mode(c, net, consumed, tile, batch, mode == NUM_INT8 ? NUM_F32 : mode, NULL, err);
     if (st != TW_OK) return st;
