@@ -528,8 +528,8 @@ static lowering choose_lowering(const plan *p, const tw_conv *c, const act *in,
      * 1.9-2.6x faster than oneDNN's direct kernels from 4x4 to 56x56 maps,
      * 1.1x on 7x7 (bench/RESULTS.md, issue 20); on 2x2 maps the dense
      * GEMM below does fewer multiply-adds */
-    if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && wino_map(oh) &&
-        in->h == oh && is_nhwc(&in->md) && is_nhwc(out4))
+    if (p->wino_own && c->k == 3 && c->stride == 1 && c->pad == 1 && wino_map(oh) && in->h == oh &&
+        is_nhwc(&in->md) && is_nhwc(out4))
         return LOWER_WINO;
     if (p->gemm == 0) return LOWER_NONE;
     /* (a stride picks the pixels first, plan_conv: on maps it divides,
