@@ -77,8 +77,8 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
                               .flags = TW_KEY_BYTES | TW_KEY_RESOLVED},
     [TW_KEY_TILING_BATCH] = {"tiling.batch", TW_KT_AUTO_INT, .lo = 1, .hi = 4096,
                              .range = "1..4096", .def = "auto",
-                             .why = EXECUTION "a tile's probabilities do not depend on where it "
-                                              "sits in a batch (backend.h)"},
+                             .why = EXECUTION "a tile's probabilities do not depend on the "
+                                              "batch, its size or the tile's place in it"},
     [TW_KEY_TILING_EDGE] = {"tiling.edge", TW_KT_ENUM, NAMES(tw_edge_names), .def = "pad",
                             .flags = TW_KEY_BYTES},
     [TW_KEY_TILING_MAX_NODATA_FRACTION] = {"tiling.max_nodata_fraction", TW_KT_NUMBER, .lo = 0,

@@ -101,8 +101,10 @@ struct tw_backend_i {
      * then the budget counts them at the model load only, not in the run. */
     bool (*consumes_weights)(void *ctx, tw_precision prec);
     /* runtime.precision int8 (NULL where a backend has no int8): measure the
-     * activation ranges on batch b (tiles of the raster `path`, b->n <=
-     * max_batch) and quantize with them from now on. Called before the
+     * activation ranges on the b->n tiles of b (of the raster `path`; any
+     * n >= 1, more than the reserved batch too: the sample's size is
+     * TW_CALIB_TILES whatever the batch, so that the ranges do not depend
+     * on the budget) and quantize with them from now on. Called before the
      * first infer of each raster; a backend not yet calibrated when infer
      * comes calibrates on that batch. May rebuild what reserve built (the
      * same memory), so it may allocate. Writes nothing into b. */

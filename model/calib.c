@@ -19,29 +19,38 @@ static float max_abs_finite(const float *v, size_t n)
     return m;
 }
 
+float tw_calib_max(const float *v, size_t n)
+{
+    return max_abs_finite(v, n);
+}
+
 /* Activations have long tails: spending the steps on the bulk of the values
  * beats covering the rare largest one. The bin of a finite value is
  * computed in double and clamped before the cast: |v| * BINS / max can
  * round up to BINS, and a NaN or an Inf there was a wild index (issue 27:
  * SIGSEGV on a raster holding +-3e38). */
-float tw_calib_range(const float *v, size_t n, int levels)
+void tw_calib_hist_add(double *hist, float m, const float *v, size_t n)
 {
-    enum { BINS = 2048, CANDIDATES = 64 };
-    float m = max_abs_finite(v, n);
-    if (!(m > 0.0f)) return 0.0f;
-    double hist[BINS] = {0};
-    double per_bin = BINS / (double)m;
+    if (!(m > 0.0f)) return;
+    double per_bin = TW_CALIB_BINS / (double)m;
     for (size_t i = 0; i < n; i++) {
         float a = fabsf(v[i]);
-        if (!(a <= m)) continue; /* NaN, Inf */
+        if (!(a <= m)) continue; /* NaN, Inf, and values over m */
         double f = a * per_bin;
-        hist[f < BINS - 1 ? (int)f : BINS - 1] += 1.0;
+        hist[f < TW_CALIB_BINS - 1 ? (int)f : TW_CALIB_BINS - 1] += 1.0;
     }
+}
+
+float tw_calib_hist_range(const double *hist, float m, int levels)
+{
+    enum { CANDIDATES = 64 };
+    if (!(m > 0.0f)) return 0.0f;
+    double per_bin = TW_CALIB_BINS / (double)m;
     float best = m;
     double best_err = INFINITY;
     for (int k = CANDIDATES; k >= 1; k--) {
         double c = m * k / CANDIDATES, step = c / levels, err = 0.0;
-        for (int b = 0; b < BINS; b++) {
+        for (int b = 0; b < TW_CALIB_BINS; b++) {
             if (hist[b] == 0.0) continue;
             double x = (b + 0.5) / per_bin;
             err += hist[b] * (x > c ? (x - c) * (x - c) : step * step / 12.0);
@@ -52,6 +61,15 @@ float tw_calib_range(const float *v, size_t n, int levels)
         }
     }
     return best;
+}
+
+float tw_calib_range(const float *v, size_t n, int levels)
+{
+    float m = max_abs_finite(v, n);
+    if (!(m > 0.0f)) return 0.0f;
+    double hist[TW_CALIB_BINS] = {0};
+    tw_calib_hist_add(hist, m, v, n);
+    return tw_calib_hist_range(hist, m, levels);
 }
 
 static int cmp_float(const void *a, const void *b)

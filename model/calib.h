@@ -18,6 +18,21 @@
  * Allocates nothing; thread-safe. */
 float tw_calib_range(const float *v, size_t n, int levels);
 
+/* The same over values seen in parts (a sample larger than a batch): the
+ * largest finite |v| of every part first (tw_calib_max), then each part
+ * counted into one histogram of TW_CALIB_BINS bins over [0, m]
+ * (tw_calib_hist_add; values over m or non-finite are left out), then the
+ * clip from it (tw_calib_hist_range, 0 when m is not > 0). Counting is
+ * exact, so the parts give tw_calib_range's answer on their union. */
+enum { TW_CALIB_BINS = 2048 };
+float tw_calib_max(const float *v, size_t n);
+void tw_calib_hist_add(double *hist, float m, const float *v, size_t n);
+float tw_calib_hist_range(const double *hist, float m, int levels);
+
+/* Tiles in the calibration sample (pipeline/stages.c): a count of its own,
+ * not the batch's, so that the ranges do not depend on runtime.memory. */
+enum { TW_CALIB_TILES = 32 };
+
 /* Which of the n tiles of x (tile_floats values each, normalized input)
  * may set the ranges: keep[i] is false for a tile holding a non-finite
  * value, or whose largest |x| exceeds TW_CALIB_OUTLIER times the (lower) median

@@ -1707,8 +1707,17 @@ static size_t cpu_workspace_bytes(void *ctx, const tw_resnet *net, int tile, int
      * one: a quarter of its buffers and weights plus an fp32 copy of the
      * last activation (which the fp32 plan holds too), so the fp32 plan is
      * the peak */
+    size_t sample = 0;
+    if (mode == NUM_INT8) {
+        /* and the calibration sample beside it (pipeline/stages.c): its
+         * TW_CALIB_TILES tiles as floats and raw (4 bytes a value at most
+         * counted: 64-bit rasters exceed it), their masks, the histograms */
+        size_t px = (size_t)tile * tile;
+        sample = TW_CALIB_TILES * (px * net->in_bands * (4 + 4) + px) +
+                 (size_t)(net->n_blocks * 4 + 2) * TW_CALIB_BINS * sizeof(double);
+    }
     if (mode == NUM_INT8 || !mode_supported(c, net, tile, mode)) mode = NUM_F32;
-    return mode_bytes(c, net, tile, plan_batch(max_batch), mode);
+    return mode_bytes(c, net, tile, plan_batch(max_batch), mode) + sample;
 }
 
 /* Plan and build the net in mode for batches of `batch` tiles. On failure
@@ -1848,15 +1857,37 @@ static tw_status set_input(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
     void *src = c->buf[BUF_IN_USER];
     if (b->n == c->max_batch)
         src = (void *)b->x;
-    else
+    else if (b->x != src)
         memcpy(src, b->x, (size_t)b->n * c->in_bands * c->tile * c->tile * sizeof(float));
     DNNL_TRY(dnnl_memory_set_data_handle(c->in_mem, src), "set input");
     return TW_OK;
 }
 
-/* Run every op on batch b. amax (fp32 plans only): record the range of
- * each conv's output at amax[1 + i] (tw_calib_range). */
-static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_error *err)
+/* What run_ops records of each conv's output for int8 calibration (conv k,
+ * in plan order, at [1 + k]), from the batch's first n tiles only (the
+ * rest of the buffers hold older tiles): the largest finite |v| so far in
+ * m, and with hist, the values counted into hist[k] over [0, m[1 + k]]
+ * (one_pass: m is this batch's alone, taken first). */
+typedef struct calib_rec {
+    int n;
+    float *m;
+    double *hist;
+    bool one_pass;
+} calib_rec;
+
+static void record(const cpu_ctx *c, const op *o, int k, calib_rec *rec)
+{
+    size_t n = o->dst_floats / (size_t)c->max_batch * (size_t)rec->n; /* batch-outer layouts */
+    if (!rec->hist || rec->one_pass) {
+        float v = tw_calib_max(o->dst, n);
+        if (v > rec->m[1 + k]) rec->m[1 + k] = v;
+    }
+    if (rec->hist)
+        tw_calib_hist_add(rec->hist + (size_t)k * TW_CALIB_BINS, rec->m[1 + k], o->dst, n);
+}
+
+/* Run every op on batch b; rec (fp32 plans only): record each conv's output. */
+static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, calib_rec *rec, tw_error *err)
 {
     tw_status st = set_input(c, b, err);
     if (st != TW_OK) return st;
@@ -1874,19 +1905,46 @@ static tw_status run_ops(cpu_ctx *c, const tw_infer_batch *b, float *amax, tw_er
                 tw_wino_output(o->from, o->n, o->h, o->ch, o->stride, o->bias, o->sum, o->relu,
                                o->to);
         }
-        if (amax && c->ops[i].conv) {
+        if (rec && o->conv) {
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
-            amax[++k] = tw_calib_range(c->ops[i].dst, c->ops[i].dst_floats, c->ops[i].levels);
+            record(c, o, k++, rec);
         }
     }
     DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
     return TW_OK;
 }
 
-/* int8: run batch b in fp32 recording the activation ranges, then build the
- * int8 plan with them in place of the fp32 one (same batch size: the
- * caller's slots are sized for it). When an int8 plan is already built (an
- * earlier raster), an fp32 one is built for the measurement first. */
+/* The sample's tiles (idx, n of them) through the fp32 plan in batches of
+ * max_batch, each copied into the backend's own input buffer. */
+static tw_status calib_pass(cpu_ctx *c, const tw_infer_batch *b, const int *idx, int n,
+                            calib_rec *rec, tw_error *err)
+{
+    size_t tile_floats = (size_t)c->in_bands * c->tile * c->tile;
+    float *dst = c->buf[BUF_IN_USER];
+    for (int first = 0; first < n; first += c->max_batch) {
+        int cn = n - first < c->max_batch ? n - first : c->max_batch;
+        for (int i = 0; i < cn; i++)
+            memcpy(dst + (size_t)i * tile_floats, b->x + (size_t)idx[first + i] * tile_floats,
+                   tile_floats * sizeof(float));
+        tw_infer_batch part = *b;
+        part.x = dst;
+        part.n = cn;
+        rec->n = cn;
+        tw_status st = run_ops(c, &part, rec, err);
+        if (st != TW_OK) return st;
+    }
+    return TW_OK;
+}
+
+/* int8: run the sample b in fp32 recording the activation ranges, then
+ * build the int8 plan with them in place of the fp32 one (same batch size:
+ * the caller's slots are sized for it). When an int8 plan is already built
+ * (an earlier raster), an fp32 one is built for the measurement first.
+ * Tiles of absurd input (model/calib.h) are left out (all are used when
+ * none is kept). The sample may hold more tiles than a batch: then a first
+ * pass takes each range's largest value and a second counts the values
+ * (tw_calib_hist_add), so that the ranges are those of the whole sample
+ * whatever the batch. */
 static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
 {
     int batch = c->max_batch;
@@ -1897,46 +1955,46 @@ static tw_status calibrate(cpu_ctx *c, const tw_infer_batch *b, tw_error *err)
         if (st != TW_OK) return st;
     }
     float *amax = tw_calloc(TW_MEM_OTHER, (size_t)c->n_conv + 1, sizeof *amax);
+    double *hist = tw_calloc(TW_MEM_OTHER, (size_t)c->n_conv * TW_CALIB_BINS, sizeof *hist);
     bool *keep = tw_alloc(TW_MEM_OTHER, (size_t)b->n * sizeof *keep);
-    if (!amax || !keep) {
-        tw_free(amax);
-        tw_free(keep);
-        return tw_error_set(err, TW_ERR_NOMEM, "out of memory calibrating int8");
+    int *idx = tw_alloc(TW_MEM_OTHER, (size_t)b->n * sizeof *idx);
+    if (!amax || !hist || !keep || !idx) {
+        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory calibrating int8");
+        goto out;
     }
-    /* Tiles of absurd input (model/calib.h) are left out: the kept ones,
-     * repeated in turn, fill the whole batch in the backend's own input
-     * buffer, so that no stale tile takes part either. When every tile is
-     * kept (or none is) the batch is measured as it came. */
-    tw_infer_batch sample = *b;
     size_t tile_floats = (size_t)c->in_bands * c->tile * c->tile;
-    int kept = tw_calib_keep(b->x, b->n, tile_floats, keep);
-    if (kept > 0 && kept < b->n) {
-        float *dst = c->buf[BUF_IN_USER];
-        for (int i = 0, j = 0; i < c->max_batch; j = (j + 1) % b->n)
-            if (keep[j])
-                memcpy(dst + (size_t)i++ * tile_floats, b->x + (size_t)j * tile_floats,
-                       tile_floats * sizeof(float));
-        sample.x = dst;
-        sample.n = c->max_batch;
-    }
-    tw_free(keep);
+    int kept = tw_calib_keep(b->x, b->n, tile_floats, keep), n = 0;
+    for (int j = 0; j < b->n; j++)
+        if (keep[j] || kept == 0) idx[n++] = j;
     /* amax[0], the input's range, stays 0: the stem runs in fp32 */
-    st = run_ops(c, &sample, amax, err);
+    calib_rec rec = {.m = amax, .hist = NULL, .one_pass = n <= batch};
+    if (!rec.one_pass) st = calib_pass(c, b, idx, n, &rec, err);
+    rec.hist = hist;
+    if (st == TW_OK) st = calib_pass(c, b, idx, n, &rec, err);
+    for (int i = 0, k = 0; st == TW_OK && i < c->n_ops; i++)
+        if (c->ops[i].conv) {
+            amax[1 + k] = tw_calib_hist_range(hist + (size_t)k * TW_CALIB_BINS, amax[1 + k],
+                                              c->ops[i].levels);
+            k++;
+        }
     if (st == TW_OK) {
         release(c);
         st = build_mode(c, c->net, NULL, c->tile, batch, NUM_INT8, amax, err);
     }
+    if (st == TW_OK) c->calibrate = false;
+out:
     tw_free(amax);
-    if (st != TW_OK) return st;
-    c->calibrate = false;
-    return TW_OK;
+    tw_free(hist);
+    tw_free(keep);
+    tw_free(idx);
+    return st;
 }
 
 static tw_status cpu_calibrate(void *ctx, const tw_infer_batch *b, const char *path, tw_error *err)
 {
     cpu_ctx *c = ctx;
     if (!c->reserved || !c->int8) return TW_OK; /* not asked, or fell back to fp32 */
-    if (b->n < 1 || b->n > c->max_batch || b->tile != c->tile || !b->x)
+    if (b->n < 1 || b->tile != c->tile || !b->x)
         return tw_error_set(err, TW_ERR_INTERNAL, "CPU backend: calibration batch of %d tiles",
                             b->n);
     (void)path;

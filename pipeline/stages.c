@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "io/tiff_direct.h"
 #include "core/clock.h"
+#include "model/calib.h"
 #include "pipeline/normalize.h"
 
 static void pipe_abort(tw_pipe *pp)
@@ -147,12 +148,14 @@ static bool backend_runs_int8(const tw_backend *be)
     return st.precision == TW_PREC_INT8;
 }
 
-/* One batch of tiles spread evenly over the whole raster - not the shard's
- * rows, nor what a resumed run has left - so that every shard and every
+/* TW_CALIB_TILES tiles (fewer on a smaller raster) spread evenly over the
+ * whole raster - not the shard's rows, nor what a resumed run has left, nor
+ * as many as the batch the budget chose - so that every shard and every
  * rerun of a raster computes with the same ranges, and the ranges see the
  * whole scene rather than its first rows. Tiles that cannot be read or are
  * mostly nodata are left out; with none left the backend calibrates on its
- * first batch instead. */
+ * first batch instead. The sample has buffers of its own (the slots hold a
+ * batch), freed before the first tile is read. */
 tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *err)
 {
     if (!backend_runs_int8(pp->be)) return TW_OK;
@@ -165,10 +168,18 @@ tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *e
     const size_t px = (size_t)T * T;
     const size_t raw_tile = raw_tile_bytes(pp, T);
     int64_t n_pos = (int64_t)full.x.n_pos * full.y.n_pos;
-    int want = n_pos < pp->bud->batch ? (int)n_pos : pp->bud->batch;
+    int want = n_pos < TW_CALIB_TILES ? (int)n_pos : TW_CALIB_TILES;
+    char *raw = tw_alloc(TW_MEM_OTHER, (size_t)want * raw_tile);
+    uint8_t *valid = tw_alloc(TW_MEM_OTHER, (size_t)want * px);
+    float *x = pp->wants_raw
+                   ? NULL
+                   : tw_alloc(TW_MEM_OTHER, (size_t)want * px * pp->m->in_bands * sizeof(float));
     tw_raster *r = NULL;
-    if ((st = open_input(pp, &r, err)) != TW_OK) return st;
-    tw_slot *s = &pp->slots[0];
+    if (!raw || !valid || (!pp->wants_raw && !x)) {
+        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory for int8's calibration sample");
+        goto out;
+    }
+    if ((st = open_input(pp, &r, err)) != TW_OK) goto out;
     int n = 0;
     for (int i = 0; i < want; i++) {
         int64_t idx = (2 * (int64_t)i + 1) * n_pos / (2 * (int64_t)want); /* cell centres */
@@ -177,8 +188,8 @@ tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *e
         int64_t n_nodata = 0, n_inside = 0;
         tw_error rerr;
         tw_error_init(&rerr);
-        if (tw_raster_read(r, x0, y0, T, T, (char *)s->raw + (size_t)n * raw_tile,
-                           s->valid + (size_t)n * px, &n_nodata, &n_inside, &rerr) == TW_OK &&
+        if (tw_raster_read(r, x0, y0, T, T, raw + (size_t)n * raw_tile, valid + (size_t)n * px,
+                           &n_nodata, &n_inside, &rerr) == TW_OK &&
             tile_classified(pp, n_nodata, n_inside))
             n++;
     }
@@ -188,15 +199,25 @@ tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *e
                       "int8: no tile of %s could be sampled; activation ranges are measured on "
                       "the first batch",
                       pp->display);
-        return TW_OK;
+        goto out;
     }
-    if (!pp->wants_raw) tw_normalize(s->raw, pp->dtype, s->valid, n, T, T, &pp->norm, 0, s->x);
-    tw_infer_batch b = slot_batch(pp, s, n, T);
+    if (!pp->wants_raw) tw_normalize(raw, pp->dtype, valid, n, T, T, &pp->norm, 0, x);
+    tw_infer_batch b = {.n = n,
+                        .tile = T,
+                        .x = x,
+                        .raw = raw,
+                        .raw_type = pp->dtype,
+                        .valid = valid,
+                        .norm = &pp->norm};
     st = pp->be->i->calibrate(pp->be->ctx, &b, pp->display, err);
     if (st == TW_OK)
         tw_log_printf(pp->log, TW_LOG_NOTICE,
                       "int8: activation ranges calibrated on %d tiles spread over %s", n,
                       pp->display);
+out:
+    tw_free(raw);
+    tw_free(valid);
+    tw_free(x);
     return st;
 }
 

@@ -15,7 +15,9 @@ compared row by row:
 (A network with random weights is no test here: its classes are nearly tied
 on most tiles of a real raster, or one class wins everywhere.)
 
-For each precision the test also checks that it really ran in it
+For each precision the test also checks that a batch of 3 gives the auto
+batch's bytes (int8's ranges came from a sample of one batch's size, so they
+changed with runtime.memory), that it really ran in it
 (run.json backend_stats.precision; a CPU without bf16 convolutions falls back
 to fp32 with a notice, and that part is skipped with a message), that the
 probabilities are not bit-identical to fp32's (it did compute differently)
@@ -72,7 +74,7 @@ def check(ok, what):
         failures.append(what)
 
 
-def run(work, name, weights, stride, precision, shard=None, out=None):
+def run(work, name, weights, stride, precision, shard=None, out=None, extra=()):
     out = out or os.path.join(work, f"{name}_{precision}")
     if shard is None:
         shutil.rmtree(out, ignore_errors=True)
@@ -82,7 +84,8 @@ def run(work, name, weights, stride, precision, shard=None, out=None):
             "--set", "runtime.device=cpu",
             "--set", f"runtime.precision={precision}",
             "--set", f"output.dir={out}",
-            "--set", "output.products=[class, tiles]"] + (["--shard", shard] if shard else [])
+            "--set", "output.products=[class, tiles]"] + (["--shard", shard] if shard else []) + \
+        list(extra)
     p = subprocess.run(argv, cwd=SRC, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {p.returncode}:\n{p.stderr[-3000:]}")
@@ -124,6 +127,12 @@ def compare(work, name, weights, stride):
         check(diff.max() <= MAX_DIFF[prec] and diff.mean() <= MEAN_DIFF[prec],
               f"{name} {prec}: max |dp| {diff.max():.4f} (<= {MAX_DIFF[prec]}), mean "
               f"{diff.mean():.5f} (<= {MEAN_DIFF[prec]})")
+        # the batch (from runtime.memory and the process's size) changes no byte: int8's
+        # calibration sample is TW_CALIB_TILES tiles whatever the batch (it was the batch)
+        _, o3, p3, _ = run(work, name, weights, stride, prec, out=os.path.join(
+            work, f"{name}_{prec}_b3"), extra=["--set", "tiling.batch=3"])
+        check(np.array_equal(o3, o2) and np.array_equal(p3, p2),
+              f"{name} {prec}: batches of 3 give the bytes of the auto batch's")
         if prec == "int8":
             check("activation ranges calibrated on" in stderr and "spread over" in stderr,
                   f"{name} int8: says it calibrated on tiles spread over the raster")

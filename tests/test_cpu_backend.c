@@ -778,6 +778,48 @@ static void test_calib_range_nonfinite(void **state)
     free(v);
 }
 
+/* A sample seen in parts (more tiles than a batch, model/cpu_backend.c's
+ * two passes): each part's largest |v|, then each part counted into one
+ * histogram, gives tw_calib_range's clip on the whole, for several splits
+ * of long-tailed values with a NaN and an Inf among them. */
+static void test_calib_parts(void **state)
+{
+    (void)state;
+    enum { N = 10000 };
+    float *v = malloc(N * sizeof *v);
+    double *hist = malloc(TW_CALIB_BINS * sizeof *hist);
+    assert_non_null(v);
+    assert_non_null(hist);
+    uint32_t r = 7;
+    for (int i = 0; i < N; i++) {
+        r = r * 1664525u + 1013904223u;
+        float u = (float)(r >> 8) / 16777216.0f;
+        v[i] = (i & 1 ? 1.0f : -1.0f) * u * u * u * 40.0f; /* a long tail */
+    }
+    v[123] = NAN;
+    v[4567] = INFINITY;
+    for (int levels = 127; levels <= 255; levels += 128) {
+        float whole = tw_calib_range(v, N, levels);
+        assert_true(whole > 0.0f);
+        const int cuts[][3] = {{0, N, N}, {0, 3333, N}, {0, 17, 9000}};
+        for (int s = 0; s < 3; s++) {
+            int from[4] = {cuts[s][0], cuts[s][1], cuts[s][2], N};
+            float m = 0.0f;
+            for (int k = 0; k < 3; k++) {
+                float pm = tw_calib_max(v + from[k], (size_t)(from[k + 1] - from[k]));
+                if (pm > m) m = pm;
+            }
+            memset(hist, 0, TW_CALIB_BINS * sizeof *hist);
+            for (int k = 0; k < 3; k++)
+                tw_calib_hist_add(hist, m, v + from[k], (size_t)(from[k + 1] - from[k]));
+            assert_true(tw_calib_hist_range(hist, m, levels) == whole);
+        }
+    }
+    assert_true(tw_calib_hist_range(hist, 0.0f, 255) == 0.0f);
+    free(v);
+    free(hist);
+}
+
 /* Which calibration tiles may set the ranges: those with a non-finite or
  * an absurd input (over TW_CALIB_OUTLIER x the median tile's max |x|) are
  * left out; a raster normalized to large values throughout keeps them all. */
@@ -832,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_batch_independent),
         cmocka_unit_test(test_calib_range_nonfinite),
         cmocka_unit_test(test_calib_keep),
+        cmocka_unit_test(test_calib_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
