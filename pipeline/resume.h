@@ -29,13 +29,16 @@
 #define TW_MANIFEST_VERSION 2
 #define TW_MANIFEST_MAX_BYTES ((size_t)4 << 20) /* larger files are refused as damaged */
 
-/* The manifest's content. Of p, only these fields are carried (the rest
- * stay at tw_run_default_params()): input.paths, input.n_paths,
- * tiling.edge, output.dir, output.name, output.products, output.prob_type,
- * output.format, output.creation_options, output.n_creation_options, and
- * with output.stac (key "stac", absent without): output.stac, model.weights,
- * input.assets and the input's STAC facts (stac).
- * m and info are carried whole. */
+/* The manifest's content. Of p, what a merge needs to write the products
+ * (the rest stay at tw_run_default_params()): every key an output byte
+ * depends on (TW_KEY_BYTES in core/keys.c) except those a merge takes from
+ * m, the chunks or the fingerprint - input.path, input.nodata, tiling.edge,
+ * output.products, prob_type, embedding_type, resolution, format,
+ * creation_options, vector_format, min_area, simplify, model.colors
+ * (tests/test_resume.c test_every_byte_key_carried walks the table) - and
+ * output.dir, output.name; with output.stac (key "stac", absent without):
+ * output.stac, model.weights, input.assets and the input's STAC facts
+ * (stac). m and info are carried whole. */
 typedef struct tw_manifest {
     tw_run_params p;
     tw_resolved m;

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/workflow.h"
+#include "core/keys.h"
 #include "pipeline/resume.h"
 #include "testutil.h"
 
@@ -392,12 +394,115 @@ static void test_truncated(void **state)
     free(b);
 }
 
+/* The TW_KEY_BYTES keys a merge takes from elsewhere than the manifest's
+ * run parameters, and where (core/keys.c's table decides which keys change
+ * a byte; this list, which of them merge does not need from p). */
+static const struct {
+    const char *path, *where;
+} k_not_in_p[] = {
+    {"input.bands", "model.bands, resolved"},
+    {"input.scale", "model.scale, resolved"},
+    {"input.aoi", "the chunks (tiles outside it are nodata there) and the fingerprint"},
+    {"input.assets", "the chunks and the fingerprint (with output.stac the manifest's stac)"},
+    {"runtime.precision", "the chunks (the probabilities) and the fingerprint"},
+    {"model.weights", "model.sha256 (and the fingerprint)"},
+    {"model.arch", "model.arch, resolved"},
+    {"model.mean", "model.mean, resolved"},
+    {"model.std", "model.std, resolved"},
+    {"model.classes", "model.classes, resolved"},
+    {"model.stem", "model.stem, resolved"},
+    {"tiling.tile", "model.tile, resolved"},
+    {"tiling.stride", "model.stride, resolved"},
+    {"tiling.max_nodata_fraction", "the chunks (which tiles were classified) and the fingerprint"},
+};
+
+/* A value for key k unlike its default, as `--set` takes it. */
+static const char *other_value(const tw_key *k, char *buf, size_t size)
+{
+    static const struct {
+        const char *path, *value;
+    } special[] = {
+        {"input.nodata", "-9999"},
+        {"input.path", "[a.tif, b/c.vrt]"},
+        {"output.products", "[class, prob, confidence, polygons]"},
+        {"output.creation_options", "[COMPRESS=LZW, PREDICTOR=2]"},
+        {"model.colors", "['#102030', '#a0b0c0']"},
+    };
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        if (strcmp(k->path, special[i].path) == 0) return special[i].value;
+    switch (k->type) {
+    case TW_KT_ENUM:
+        /* the last word, or the first when the last is the default */
+        snprintf(buf, size, "%s",
+                 k->def && strcmp(k->def, k->names[k->n_names - 1]) == 0
+                     ? k->names[0]
+                     : k->names[k->n_names - 1]);
+        return buf;
+    case TW_KT_NUMBER: snprintf(buf, size, "%.17g", k->lo + 0.375); return buf;
+    case TW_KT_STRING:
+    case TW_KT_PATH: return "x/y";
+    default: return NULL; /* a new kind of key: give it a value above */
+    }
+}
+
+/* Every key an output byte depends on (TW_KEY_BYTES in core/keys.c's table)
+ * reaches a merge: through the manifest's run parameters, where a value
+ * unlike the default comes back as the same text (tw_key_format), or from
+ * what k_not_in_p names. A byte key added to the table and forgotten in
+ * resume.c fails here (a merge would write that product with the default:
+ * resume.h's list of carried fields had already fallen behind six keys). */
+static void test_every_byte_key_carried(void **state)
+{
+    (void)state;
+    const char *yaml = "input:\n  path: a.tif\nmodel:\n  weights: m.h5\n";
+    int carried = 0;
+    for (int k = 0; k < TW_KEY_COUNT; k++) {
+        const tw_key *key = &tw_keys[k];
+        if (!(key->flags & TW_KEY_BYTES)) continue;
+        bool elsewhere = false;
+        for (size_t i = 0; i < sizeof k_not_in_p / sizeof *k_not_in_p; i++)
+            elsewhere = elsewhere || strcmp(key->path, k_not_in_p[i].path) == 0;
+        if (elsewhere) continue;
+        char vbuf[64], set[256];
+        const char *v = other_value(key, vbuf, sizeof vbuf);
+        if (!v) fail_msg("%s: no value to try (test_resume.c, other_value)", key->path);
+        snprintf(set, sizeof set, "%s=%s", key->path, v);
+        const char *sets[] = {set};
+        tw_manifest *a = sample(), *b = calloc(1, sizeof *b);
+        tw_error err;
+        tw_error_init(&err);
+        tw_run_params def;
+        if (tw_workflow_parse("w", yaml, strlen(yaml), NULL, 0, &def, &err) != TW_OK ||
+            tw_workflow_parse("w", yaml, strlen(yaml), sets, 1, &a->p, &err) != TW_OK)
+            fail_msg("%s: %s", set, err.msg);
+        char want[1024], got[1024], dflt[1024];
+        tw_key_format((tw_key_id)k, &a->p, want, sizeof want);
+        tw_key_format((tw_key_id)k, &def, dflt, sizeof dflt);
+        if (strcmp(want, dflt) == 0) fail_msg("%s: %s is its default", key->path, v);
+        size_t len;
+        char *text = format(a, &len);
+        char msg[TW_ERROR_MSG_MAX];
+        if (parse(text, len, b, msg) != TW_OK) fail_msg("%s: %s", set, msg);
+        tw_key_format((tw_key_id)k, &b->p, got, sizeof got);
+        if (strcmp(want, got) != 0)
+            fail_msg("%s: the manifest gave back %s for %s: a merge would write the products "
+                     "with it",
+                     key->path, got, want);
+        carried++;
+        free(text);
+        free(a);
+        free(b);
+    }
+    print_message("%d byte keys carried by the manifest\n", carried);
+    assert_true(carried >= 12);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),      cmocka_unit_test(test_key_order),
         cmocka_unit_test(test_other_versions), cmocka_unit_test(test_garbage),
-        cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_truncated),      cmocka_unit_test(test_every_byte_key_carried),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
