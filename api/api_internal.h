@@ -21,7 +21,7 @@
 
 /* The sizes of the version 2 structs: callers compiled against a later
  * header pass larger ones, and the library reads or fills what it knows. */
-#define OPTIONS_V2_SIZE (offsetof(tilewise_run_options, cuda_fail_alloc_above) + sizeof(uint64_t))
+#define OPTIONS_V2_SIZE (offsetof(tilewise_run_options, reserved_v2) + sizeof(uint64_t))
 #define RUN_SUMMARY_V2_SIZE (offsetof(tilewise_run_summary, shard_count) + sizeof(int))
 #define INPUT_SUMMARY_V2_SIZE (offsetof(tilewise_input_summary, outputs) + sizeof(void *))
 

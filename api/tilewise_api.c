@@ -250,7 +250,6 @@ void tw_api_apply_options(tw_run_params *p, const tilewise_run_options *o)
     if (o->cpu_winograd >= 0) p->runtime.cpu_winograd = o->cpu_winograd;
     if (o->cpu_gemm >= 0) p->runtime.cpu_gemm = o->cpu_gemm;
     if (o->cpu_nhwc >= 0) p->runtime.cpu_nhwc = o->cpu_nhwc;
-    if (o->cuda_fail_alloc_above) p->runtime.cuda_fail_above = (size_t)o->cuda_fail_alloc_above;
 }
 
 /* The run's hooks to the caller's callbacks (user: the options). */

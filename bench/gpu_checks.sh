@@ -47,6 +47,8 @@ prepare() {
         "$repo/scripts/pack_gpu.sh" "$build" "$carry" || die "scripts/pack_gpu.sh failed"
     fi
     cp "$build/test_cuda_backend" "$carry/test/"
+    [ -x "$build/run_hooked" ] || die "$build/run_hooked: missing (cmake --build $build -j2)"
+    cp "$build/run_hooked" "$carry/test/"
     # Libraries the test needs beyond tilewise's (cmocka), minus what the
     # target provides itself (same rule as pack_gpu.sh).
     local skip_re='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda|libcudnn|libcudart|libnvidia|libnvrtc|libcublas)'
@@ -169,6 +171,7 @@ EOF
 step_memory() {
     # shellcheck disable=SC2086
     "$py" "$repo/bench/gpu_memory_sweep.py" --bin "$bin" "${quick[@]}" "${dry[@]}" --json "$out/memory.json" \
+        --hooked "$unpack/tilewise-gpu/env.sh $carry/test/run_hooked" \
         ${GPU_MEMORY_SWEEP_ARGS:-}
 }
 

@@ -13,9 +13,9 @@ failure, on a GPU (issue 4).
    The auto batch is capped at 256 on the GPU, so large budgets level off.
 
 2. Forced allocation failure. ResNet-50, 224, fp32, fixed batch 64, products
-   class + prob. A first run gives the arena size P. Then the same run with
-   TW_CUDA_FAIL_ALLOC_ABOVE=P-1 (reserve treats any arena above it as
-   cudaErrorMemoryAllocation, see cuda/README.md) and with P/4.
+   class + prob. A first run gives the arena size P. Then the same run through
+   bench/run_hooked (--hooked) with the test hook at P-1 (reserve treats any
+   arena above it as cudaErrorMemoryAllocation, see cuda/README.md) and at P/4.
    Check: backend_stats.batch_halvings >= 1 (>= 2 for P/4), the arena under the
    limit, the "batch lowered" notice on stderr, and outputs equal
    to the unforced run's: the class raster byte for byte, the probabilities
@@ -36,6 +36,7 @@ device checks then cannot hold).
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -154,6 +155,19 @@ def compare_outputs(ref_dir, got_dir, stem):
     return res
 
 
+def run_hooked(hooked, workflow, out_dir, limit, timeout=600):
+    """bench/run_hooked WORKFLOW LIMIT (hooked: its command line, e.g. the pack's
+    env.sh then the binary); returns (run.json as a dict, stderr)."""
+    if not hooked:
+        raise RuntimeError("no --hooked command: the forced part runs bench/run_hooked")
+    cmd = shlex.split(hooked) + [workflow, str(limit)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr.strip()}")
+    with open(os.path.join(out_dir, "run.json")) as f:
+        return json.load(f), r.stderr
+
+
 def forced(a, raster, weights, precision):
     print(f"\n2. forced allocation failure: resnet50, tile 224, {precision}, batch 64, class + prob")
     stem = os.path.splitext(os.path.basename(raster))[0]
@@ -177,12 +191,12 @@ def forced(a, raster, weights, precision):
                               ("class", "prob"))
         row = {"limit": limit, "want_halvings": want}
         try:
-            rep, err = g.run_tilewise(a.bin, wf, out, {"TW_CUDA_FAIL_ALLOC_ABOVE": str(limit)})
+            rep, err = run_hooked(a.hooked, wf, out, limit)
         except RuntimeError as e:
             row["error"] = str(e)
             ok = False
             results.append(row)
-            print(f"TW_CUDA_FAIL_ALLOC_ABOVE={limit}: FAIL: {e}")
+            print(f"hook at {limit}: FAIL: {e}")
             continue
         st = rep["backend_stats"]
         row.update(batch=rep["memory"]["batch"], batch_halvings=st["batch_halvings"],
@@ -196,7 +210,7 @@ def forced(a, raster, weights, precision):
         row["ok"] = good
         ok &= good
         results.append(row)
-        print(f"TW_CUDA_FAIL_ALLOC_ABOVE={limit}: halvings {st['batch_halvings']} (want >= {want}), "
+        print(f"hook at {limit}: halvings {st['batch_halvings']} (want >= {want}), "
               f"arena {st['device_peak_bytes']}, stderr: {'; '.join(row['stderr_says']) or '(none)'}")
         print(f"    class raster equal: {cmp_['class']['equal']} "
               f"({cmp_['class'].get('cells_differing', '?')} cells differ); prob max |dp| "
@@ -217,6 +231,8 @@ def main():
     ap.add_argument("--json", help="also write every figure to this JSON file")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-forced", action="store_true")
+    ap.add_argument("--hooked", default=None,
+                    help="command line of bench/run_hooked (the forced part's runs)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: dry run of the plumbing without a GPU")
     a = ap.parse_args()

@@ -127,7 +127,7 @@ typedef struct tw_runtime_params {
     int cpu_winograd;       /* TILEWISE_CPU_WINOGRAD=0|1|own (tw_backend_params); 1 auto */
     int cpu_gemm;           /* TILEWISE_CPU_GEMM=0|1 (tw_backend_params.cpu_gemm); -1 auto */
     int cpu_nhwc;           /* TILEWISE_CPU_NHWC=0|1 (tw_backend_params.cpu_nhwc); -1 auto */
-    size_t cuda_fail_above; /* TW_CUDA_FAIL_ALLOC_ABOVE: a test hook, 0 off */
+    size_t cuda_fail_above; /* a test hook (bench/run_hooked, cuda/README.md), 0 off */
 } tw_runtime_params;
 
 #define TW_OUTPUT_NAME_MAX 200

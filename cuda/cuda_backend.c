@@ -104,7 +104,7 @@ typedef struct batch_events {
 typedef struct cuda_ctx {
     int device;
     char device_name[256];
-    size_t fail_above; /* test hook TW_CUDA_FAIL_ALLOC_ABOVE; 0 = off */
+    size_t fail_above; /* test hook (tw_backend_params.cuda_fail_above); 0 = off */
 
     cudaStream_t copy_stream, compute_stream;
     cudnnHandle_t cudnn;

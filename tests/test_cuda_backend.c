@@ -476,7 +476,7 @@ static void test_raw_uint16_with_nodata(void **state)
     free_fixture(&fx);
 }
 
-/* The cuda_fail_above hook (the CLI's TW_CUDA_FAIL_ALLOC_ABOVE) set to what batch 4 needs:
+/* The cuda_fail_above hook (bench/run_hooked's for a whole run) set to what batch 4 needs:
  * reserve(8) must halve to 4, say so in the stats, and still give PyTorch's answers. */
 static void test_forced_alloc_failure_halves_batch(void **state)
 {

@@ -139,7 +139,7 @@ class _Options(ctypes.Structure):
                 ("quiet", ctypes.c_int), ("restart", ctypes.c_int),
                 ("report_path", ctypes.c_char_p), ("tiff_direct", ctypes.c_int),
                 ("cpu_winograd", ctypes.c_int), ("cpu_gemm", ctypes.c_int),
-                ("cpu_nhwc", ctypes.c_int), ("cuda_fail_alloc_above", ctypes.c_uint64),
+                ("cpu_nhwc", ctypes.c_int), ("_reserved_v2", ctypes.c_uint64),
                 ("strict", ctypes.c_int)]  # API version 3
 
 
