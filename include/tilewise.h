@@ -33,8 +33,10 @@
  *     allocator figures (memory.allocator_peak, steady_state_allocs) are its
  *     own. Process-wide stay: GDAL's block cache limit (the last run to
  *     start sets it), GDAL's HTTP retry and read-ahead options while a run
- *     reads remote inputs (GDAL 3.6 has no per-path options for /vsicurl/),
- *     and peak_rss_bytes (the process's VmHWM). Callbacks run on the run's
+ *     reads remote inputs (GDAL 3.6 has no per-path options for /vsicurl/:
+ *     runs reading at once share them, the last to start sets the retries,
+ *     and the last to end puts back what was there before), and
+ *     peak_rss_bytes (the process's VmHWM). Callbacks run on the run's
  *     worker threads.
  *     The only thing a signal handler may do with this API is store to a
  *     run's stop flag (tilewise_run_options.stop).

@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <gdal.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -492,16 +493,24 @@ static const char *const k_keys[N_KEYS] = {
     "GDAL_DISABLE_READDIR_ON_OPEN",
 };
 
+/* GDAL's options are process-wide and two runs may read at once (two
+ * threads of one process: tilewise.h). The first run to apply saves the
+ * values it replaces; a run that starts while another reads sets its own
+ * on top (retries follow the last to start, as GDAL's cache limit does);
+ * the last run to finish restores what the first saved. One mutex around
+ * both, and a count of the runs between them: before, a run that finished
+ * first put the options back under the other, and the other then "restored"
+ * the first's values for good. */
 struct tw_url_saved {
-    char *old[N_KEYS]; /* CPLStrdup'ed previous values; NULL: unset */
-    bool set[N_KEYS];  /* whether apply changed it */
+    char *old[N_KEYS]; /* CPLStrdup'ed values before the first run; NULL: unset */
+    bool set[N_KEYS];  /* whether a run changed it */
+    int users;         /* runs between apply and restore */
 };
+static tw_url_saved g_saved;
+static pthread_mutex_t g_saved_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved)
 {
-    *saved = NULL;
-    tw_url_saved *sv = tw_calloc(TW_MEM_OTHER, 1, sizeof *sv);
-    if (!sv) return;
     char v[N_KEYS][32] = {{0}};
     snprintf(v[0], sizeof v[0], "%d", s->retries);
     snprintf(v[1], sizeof v[1], "%g", s->retry_delay);
@@ -518,8 +527,15 @@ void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved)
      * process-wide: GDAL would then miss sidecar files (an ENVI .hdr, a .msk,
      * the .aux.xml of outputs), local ones included. Left to the user. */
     if (s->no_listing) snprintf(v[8], sizeof v[8], "EMPTY_DIR");
+    pthread_mutex_lock(&g_saved_lock);
+    tw_url_saved *sv = &g_saved;
     for (int i = 0; i < N_KEYS; i++) {
         if (!v[i][0]) continue;
+        if (sv->users > 0 && sv->set[i]) {
+            /* a run reads: its value gives way to this one's */
+            CPLSetConfigOption(k_keys[i], v[i]);
+            continue;
+        }
         const char *old = CPLGetConfigOption(k_keys[i], NULL);
         /* The read-ahead knobs: the user's own setting wins. Retries follow
          * the workflow (input.retries) always. */
@@ -528,17 +544,23 @@ void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved)
         sv->set[i] = true;
         CPLSetConfigOption(k_keys[i], v[i]);
     }
+    sv->users++;
+    pthread_mutex_unlock(&g_saved_lock);
     *saved = sv;
 }
 
 void tw_url_settings_restore(tw_url_saved *sv)
 {
     if (!sv) return;
-    for (int i = 0; i < N_KEYS; i++) {
-        if (sv->set[i]) CPLSetConfigOption(k_keys[i], sv->old[i]);
-        CPLFree(sv->old[i]);
-    }
-    tw_free(sv);
+    pthread_mutex_lock(&g_saved_lock);
+    if (sv->users > 0 && --sv->users == 0)
+        for (int i = 0; i < N_KEYS; i++) {
+            if (sv->set[i]) CPLSetConfigOption(k_keys[i], sv->old[i]);
+            CPLFree(sv->old[i]);
+            sv->old[i] = NULL;
+            sv->set[i] = false;
+        }
+    pthread_mutex_unlock(&g_saved_lock);
 }
 
 /* ---- read cost -------------------------------------------------------------------- */

@@ -18,9 +18,10 @@
  *   configuration options for the run (set from params, never from the
  *   environment by tilewise itself) and are restored afterwards.
  *
- * Thread-safety: every function here is reentrant except
- * tw_url_settings_apply / _restore, which change GDAL's process-wide
- * configuration and belong at the start and end of a run.
+ * Thread-safety: every function here is reentrant;
+ * tw_url_settings_apply / _restore change GDAL's process-wide
+ * configuration (under a mutex, shared by the runs between them) and
+ * belong at the start and end of a run.
  */
 #ifndef TW_URL_H
 #define TW_URL_H
@@ -106,9 +107,11 @@ typedef struct tw_url_saved tw_url_saved;
 
 /* Set GDAL's configuration options from s, process-wide; an option the
  * user already set (environment or --config) for the read-ahead knobs is
- * left alone, retries always follow s. *saved (NULL when nothing could be
- * allocated: then nothing was changed) remembers the previous values for
- * tw_url_settings_restore, which accepts NULL and cannot fail. */
+ * left alone, retries always follow s. *saved is what
+ * tw_url_settings_restore takes back (it accepts NULL; neither can fail).
+ * Runs at once share the options: one started while another reads sets
+ * its own on top, and the last to restore puts back the values the first
+ * replaced (one mutex, a count of the runs between apply and restore). */
 void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved);
 void tw_url_settings_restore(tw_url_saved *saved);
 

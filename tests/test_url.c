@@ -197,6 +197,31 @@ static void test_settings(void **state)
     assert_null(CPLGetConfigOption("CPL_VSIL_CURL_CHUNK_SIZE", NULL));
     assert_string_equal(CPLGetConfigOption("VSI_CACHE", ""), "TRUE");
     tw_url_settings_restore(NULL);
+
+    /* Two runs at once: the second's retries on top of the first's; the
+     * first to finish leaves the options to the one still reading, the last
+     * puts back what was there before either (the first to finish used to
+     * restore under the other, which then left the first's values set). */
+    tw_url_settings s2 = tw_url_default_settings(9, 0.5);
+    tw_url_saved *a = NULL, *b = NULL;
+    tw_url_settings_apply(&s, &a);
+    tw_url_settings_apply(&s2, &b);
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", ""), "9");
+    tw_url_settings_restore(a);
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", ""), "9");
+    assert_string_equal(CPLGetConfigOption("CPL_VSIL_CURL_CHUNK_SIZE", ""), "262144");
+    tw_url_settings_restore(b);
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", ""), "1");
+    assert_null(CPLGetConfigOption("GDAL_HTTP_RETRY_DELAY", NULL));
+    assert_null(CPLGetConfigOption("CPL_VSIL_CURL_CHUNK_SIZE", NULL));
+    /* ... and in the other order of finishing */
+    tw_url_settings_apply(&s, &a);
+    tw_url_settings_apply(&s2, &b);
+    tw_url_settings_restore(b);
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", ""), "9");
+    tw_url_settings_restore(a);
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", ""), "1");
+    assert_null(CPLGetConfigOption("CPL_VSIL_CURL_CHUNK_SIZE", NULL));
     CPLSetConfigOption("GDAL_HTTP_MAX_RETRY", NULL);
     CPLSetConfigOption("VSI_CACHE", NULL);
 
