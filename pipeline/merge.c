@@ -16,6 +16,7 @@
 #include "io/writer.h"
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "pipeline/assemble.h"
 #include "pipeline/budget.h"
 #include "pipeline/parts.h"
 #include "pipeline/plan.h"

@@ -1,4 +1,5 @@
-/* parts.h - crash-safe output: committed chunks, a journal, then assembly.
+/* parts.h - the chunk store: crash-safe output as committed chunks and a
+ * journal per shard (the products are assembled from it: assemble.h).
  *
  * While a run works, finished output rows do not go straight into the
  * GeoTIFFs: they are committed in chunks (bands of output rows) under
@@ -7,10 +8,8 @@
  * a kill -9, or on a requeued SLURM job, running the same command again redoes
  * only the rows no journal line covers; a chunk without its line, or with a
  * bad checksum, is redone. When every row of the grid is committed (by one
- * run or by all shards), tw_parts_assemble streams the chunks, in row order,
- * through the ordinary writer into the final products, and the parts are
- * removed. Because chunks hold the averaged float probabilities, a sharded
- * and merged result is identical to a single run.
+ * run or by all shards), the chunks are assembled into the final products
+ * (assemble.h) and the parts are removed (tw_parts_remove).
  *
  * Chunk file (native little-endian): "TWCHUNK1", int32 r0, r1, grid_w,
  * V; uint64 FNV-1a of the payload; payload per row: float32
@@ -47,11 +46,9 @@
 #define TW_PARTS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "io/gpkg.h"
-#include "io/tiletable.h"
-#include "io/writer.h"
 #include "core/error.h"
 
 typedef struct tw_parts tw_parts;
@@ -146,14 +143,6 @@ bool tw_parts_state_get(const tw_parts *pt, tw_parts_state *out);
  * says false. TW_ERR_OUTPUT when the file can no longer be read. */
 tw_status tw_parts_state_restore(tw_parts *pt, float *sum, uint32_t *count, tw_error *err);
 
-/* Stream all chunks into the final products: wp describes the full grid
- * (rows 0..grid_h), may be NULL; tp (may be NULL) the tile table; gp (may be
- * NULL) the GeoPackage of tile polygons (gets the same tiles). hist
- * [n_classes] and nodata_cells receive the argmax counts of the grid. Fails with TW_ERR_INPUT
- * naming the missing rows when the grid is not complete. */
-tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
-                            const tw_gpkg_params *gp, int64_t *hist, int64_t *nodata_cells,
-                            tw_error *err);
 /* Remove the parts directory (after a successful assembly). */
 tw_status tw_parts_remove(tw_parts *pt, tw_error *err);
 
