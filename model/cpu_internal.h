@@ -5,7 +5,8 @@
  * such call is named cpu_*; what one part uses alone stays static there.
  *
  * Private to the CPU backend: it is not installed, and nothing outside
- * model/cpu_*.c includes it.
+ * model/cpu_*.c includes it (scripts/check_layers.sh refuses it outside
+ * model/).
  *
  * Memory: activations live in four buffers, each sized for the largest
  * thing it holds, reused along the graph (a bottleneck block with a
