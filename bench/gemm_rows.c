@@ -1,5 +1,5 @@
 /* gemm_rows.c - which row counts oneDNN's matmul computes alike for every row
- * (issue 20): the figures behind next_rows in model/cpu_backend.c.
+ * (issue 20): the figures behind cpu_next_rows in model/cpu_lower.c.
  *
  *   gcc -O2 -std=c11 bench/gemm_rows.c -ldnnl -o gemm_rows
  *   ./gemm_rows P K N [ROWS...]     (default rows: 8 16 24 ... 128)

@@ -64,7 +64,7 @@ typedef struct tw_backend_stats {
     int gemm_convs;           /* convolutions run as one inner product (CPU GEMM lowerings) */
     int lowerings_refused;    /* CPU lowerings (Winograd matmul, GEMM) left to direct kernels
                                  because their GEMM gave a tile other bits in another place
-                                 of the batch (model/cpu_backend.c, rows_independent) */
+                                 of the batch (model/cpu_lower.c, rows_independent) */
     int int8_weight_bits;     /* int8 on the CPU: 8, or 7 where oneDNN's kernels have no VNNI
                                  and 8-bit weights could saturate their 16-bit sums; 0 when
                                  not int8 */
@@ -153,7 +153,7 @@ typedef struct tw_backend_params {
      * tree's everywhere (tests and benchmarks; needs cpu_nhwc 1 on AVX-512) */
     int cpu_winograd;
     /* fp32 convolutions lowered to one oneDNN inner product (GEMM) per layer
-     * (model/cpu_backend.c, "GEMM lowerings"): -1 where bench/RESULTS.md
+     * (model/cpu_lower.c, "GEMM lowerings"): -1 where bench/RESULTS.md
      * measured them faster (the default), 0 never, 1 wherever they apply
      * (tests: every lowering on every layer it can express) */
     int cpu_gemm;

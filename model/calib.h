@@ -2,7 +2,8 @@
  * backend: the range of each activation tensor, and which tiles of the
  * calibration sample may set those ranges. Pure functions on host arrays,
  * so that their edge cases (NaN, Inf, +-3e38) are tested directly
- * (tests/test_cpu_backend.c). Used by model/cpu_backend.c. */
+ * (tests/test_cpu_backend.c). Used by model/cpu_int8.c (and
+ * model/cpu_backend.c's memory estimate). */
 #ifndef TW_CALIB_H
 #define TW_CALIB_H
 

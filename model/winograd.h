@@ -26,7 +26,7 @@
  *   V:    [36][stride][Cin],  U: [36][Cin][Cout],  M: [36][stride][Cout]
  * where stride >= rows is the caller's: rows past `rows` are not touched
  * (the CPU backend pads the products to a row count that oneDNN's GEMM
- * computes alike for every row; see next_rows in model/cpu_backend.c).
+ * computes alike for every row; see cpu_next_rows in model/cpu_lower.c).
  *
  * The transforms allocate nothing, take no locks and split their work over
  * OpenMP threads by rows; each output element is computed by one thread in a

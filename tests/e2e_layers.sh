@@ -4,7 +4,8 @@
 # lower layer includes a higher one: io/ including pipeline/, core/
 # including io/, model/ including workflows/; when the CLI (workflows/)
 # includes anything of the library but tilewise.h; or when a file outside
-# pipeline/ includes its private header (pipeline/run_internal.h).
+# pipeline/ includes its private header (pipeline/run_internal.h; the
+# same for model/cpu_internal.h outside model/).
 set -euo pipefail
 src=${TW_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 check=$src/scripts/check_layers.sh
@@ -26,6 +27,7 @@ cases=(
   'workflows/main.c|#include "core/params.h"|workflows/main.c:2: workflows/ may not include core/'
   'workflows/bad.c|#include "pipeline/run_internal.h"|workflows/bad.c:2: pipeline/run_internal.h is private to pipeline/'
   'tests/test_bad.c|#include "pipeline/run_internal.h"|tests/test_bad.c:2: pipeline/run_internal.h is private to pipeline/'
+  'pipeline/bad.c|#include "model/cpu_internal.h"|pipeline/bad.c:2: model/cpu_internal.h is private to model/'
 )
 for c in "${cases[@]}"; do
   IFS='|' read -r file line want <<<"$c"
@@ -46,6 +48,8 @@ done
 mkdir -p "$tmp/ok/io" "$tmp/ok/pipeline"
 printf '#include "core/error.h"\n#include "io/raster.h"\n' >"$tmp/ok/io/fine.c"
 printf '#include "pipeline/run_internal.h"\n' >"$tmp/ok/pipeline/merge.c"
+mkdir -p "$tmp/ok/model"
+printf '#include "model/cpu_internal.h"\n' >"$tmp/ok/model/cpu_plan.c"
 bash "$check" "$tmp/ok" >/dev/null || { echo "FAIL: a legal include was refused"; fail=1; }
 # nothing of the CLI is in the library: libtilewise.so holds no object of
 # workflows/ (submit, shard) and exports only the public API

@@ -36,7 +36,7 @@ overflow). Since the stem runs in fp32 (2026-11-25) it is 98.61 % (5 tiles)
 on a Xeon with VNNI, with a lower mean |p - p_fp32| (0.0101, from 0.0121).
 Without VNNI (AVX2, and AVX-512 before Cascade Lake) oneDNN sums two
 u8 x s8 products in a saturating 16-bit lane, so the weights get 7 bits
-there (model/cpu_backend.c, int8_weight_levels; run.json says
+there (model/cpu_int8.c, cpu_int8_weight_levels; run.json says
 int8_weight_bits): with CPUID masked to AVX2 (bench/isa_mask.c) that gave
 99.17 % (3 tiles, mean 0.0106) where the saturating 8-bit weights gave 98.61 %;
 the demo ResNet-18 gave 99.78 % (mean 0.0018). The flipped tiles are not

@@ -270,7 +270,7 @@ static void test_bundle_and_f16_vs_pytorch(void **state)
  * of 32 gives the GEMM lowerings 32 rows (the 2x2 stage's dense lowering,
  * the 4x4 stage's Winograd), a count whose last rows oneDNN's AVX2 GEMM
  * computes with another kernel: the lowerings pad their rows to a count it
- * computes alike (cpu_backend.c, next_rows), which this checks end to end,
+ * computes alike (cpu_lower.c, cpu_next_rows), which this checks end to end,
  * under ONEDNN_MAX_CPU_ISA=AVX2 in test_cpu_backend_avx2. */
 static void check_place_independent(const char *model)
 {
@@ -778,7 +778,7 @@ static void test_calib_range_nonfinite(void **state)
     free(v);
 }
 
-/* A sample seen in parts (more tiles than a batch, model/cpu_backend.c's
+/* A sample seen in parts (more tiles than a batch, model/cpu_int8.c's
  * two passes): each part's largest |v|, then each part counted into one
  * histogram, gives tw_calib_range's clip on the whole, for several splits
  * of long-tailed values with a NaN and an Inf among them. */
