@@ -160,7 +160,7 @@ tw_status tw_api_set_run_option(tilewise_run_options *o, const char *s, tw_error
         o->shard_index = a - 1;
         o->shard_count = b;
     } else if (strncmp(s, "run.chunk_rows=", 15) == 0) {
-        if (sscanf(v, "%d%c", &a, &extra) != 1 || a < 1 || a > 1000000)
+        if (sscanf(v, "%d%c", &a, &extra) != 1 || a < 1 || a > TILEWISE_CHUNK_ROWS_MAX)
             return tw_error_set(err, TW_ERR_USAGE,
                                 "run.chunk_rows expects a positive number of rows, got '%s'", v);
         o->chunk_rows = a;
@@ -222,11 +222,10 @@ tw_status tw_api_take_options(const tilewise_run_options *in, tilewise_run_optio
                             "tilewise_run_options: shard_index %d of shard_count %d (0 <= index "
                             "< count)",
                             o->shard_index, o->shard_count);
-    if (o->chunk_rows < 0 || o->chunk_rows > 1000000)
+    if (o->chunk_rows < 0 || o->chunk_rows > TILEWISE_CHUNK_ROWS_MAX)
         return tw_error_set(err, TW_ERR_USAGE,
-                            "tilewise_run_options: chunk_rows %d (0 for the default, or 1 to "
-                            "1000000)",
-                            o->chunk_rows);
+                            "tilewise_run_options: chunk_rows %d (0 for the default, or 1 to %d)",
+                            o->chunk_rows, TILEWISE_CHUNK_ROWS_MAX);
     const int knobs[] = {o->tiff_direct, o->cpu_winograd, o->cpu_gemm, o->cpu_nhwc};
     static const char *const names[] = {"tiff_direct", "cpu_winograd", "cpu_gemm", "cpu_nhwc"};
     for (int k = 0; k < 4; k++)

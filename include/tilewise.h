@@ -78,6 +78,10 @@ extern "C" {
  * reserved_v2, ignored; bench/run_hooked sets the hook). */
 #define TILEWISE_API_VERSION 4
 
+/* The most output rows per committed chunk (tilewise_run_options.chunk_rows,
+ * run.chunk_rows, --chunk-rows). Version 4. */
+#define TILEWISE_CHUNK_ROWS_MAX 1000000
+
 /* Status codes: the same values as the library's internal ones. */
 typedef enum tilewise_status {
     TILEWISE_OK = 0,
@@ -247,11 +251,12 @@ typedef struct tilewise_run_options {
     int log_summary;
 
     /* The command line's run options (tilewise run --help). */
-    int shard_index;         /* 0-based, < shard_count (--shard I/N is I-1 of N) */
-    int shard_count;         /* default 1: not sharded */
-    int chunk_rows;          /* output rows per committed chunk; 0 (default): about 1024 tiles */
-    int quiet;               /* non-zero (-q): no notices to log (warnings still) */
-    int restart;             /* non-zero (--restart): discard parts of another configuration */
+    int shard_index; /* 0-based, < shard_count (--shard I/N is I-1 of N) */
+    int shard_count; /* default 1: not sharded */
+    int chunk_rows;  /* output rows per committed chunk, 1..TILEWISE_CHUNK_ROWS_MAX; 0 (default):
+                        about 1024 tiles */
+    int quiet;       /* non-zero (-q): no notices to log (warnings still) */
+    int restart;     /* non-zero (--restart): discard parts of another configuration */
     const char *report_path; /* also write the report here (--report); NULL: not */
 
     /* Tuning and test knobs, the CLI's environment variables (tilewise.1,

@@ -31,6 +31,7 @@
 #include <ogr_srs_api.h>
 
 #include "core/alloc.h"
+#include "core/argmax.h"
 #include "core/fileio.h"
 #include "io/gdal_msgs.h"
 
@@ -280,9 +281,7 @@ tw_status tw_gpkg_append(tw_gpkg *g, int n, const int32_t *rows, const int32_t *
     gdal_begin(g);
     for (int i = 0; st == TW_OK && i < n; i++) {
         const float *pr = probs + (size_t)i * C;
-        int best = 0;
-        for (int c = 1; c < C; c++)
-            if (pr[c] > pr[best]) best = c;
+        int best = tw_argmax(pr, (size_t)C);
         OGRFeatureH f = g->feature;
         OGR_F_SetFID(f, OGRNullFID);
         OGR_F_SetFieldInteger(f, F_ROW, rows[i]);

@@ -10,6 +10,7 @@
 #include <gdal_utils.h>
 
 #include "core/alloc.h"
+#include "core/argmax.h"
 #include "io/gdal_msgs.h"
 
 tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *wp,
@@ -113,10 +114,7 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
                 if (nodata_pixels) (*nodata_pixels)++;
                 continue;
             }
-            int best = 0;
-            for (int c = 1; c < C; c++)
-                if (p[c] > p[best]) best = c;
-            if (hist) hist[best]++;
+            if (hist) hist[tw_argmax(p, (size_t)C)]++;
         }
         st = tw_writer_write_rows(w, r, n, probs, has, err);
     }

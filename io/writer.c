@@ -28,6 +28,7 @@
 #include <gdal_utils.h>
 
 #include "core/alloc.h"
+#include "core/argmax.h"
 #include "core/fileio.h"
 #include "io/gdal_msgs.h"
 
@@ -671,10 +672,7 @@ static void fill_buffers(tw_writer *w, int n_rows, const float *probs, const uin
             }
             continue;
         }
-        /* Strict '>' keeps the lowest class index on ties. */
-        int best = 0;
-        for (int j = 1; j < k; j++)
-            if (pc[j] > pc[best]) best = j;
+        int best = tw_argmax(pc, (size_t)k); /* the lowest class index on ties */
         if (fc) {
             ((uint8_t *)fc->buf)[c] = (uint8_t)best;
             stats_add(&fc->stats[0], best);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/argmax.h"
 #include "pipeline/parts_internal.h"
 
 /* Chunks in row order, from the done map: a run of done rows can be made of
@@ -62,10 +63,7 @@ static tw_status assemble_rows(tw_writer *w, int r0, int n, const float *probs, 
             continue;
         }
         const float *pr = probs + q * C;
-        size_t best = 0;
-        for (size_t c = 1; c < K; c++)
-            if (pr[c] > pr[best]) best = c;
-        if (K > 0) hist[best]++;
+        if (K > 0) hist[tw_argmax(pr, K)]++;
     }
     return w ? tw_writer_write_rows(w, r0, n, probs, has, err) : TW_OK;
 }

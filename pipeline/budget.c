@@ -6,10 +6,10 @@
 
 #define MIB ((size_t)1 << 20)
 
-/* A batch's tiles are refs too (kept or not): a slot holds one batch of
- * consecutive tile positions. */
-static int ref_capacity_for(int batch)
+int tw_budget_ref_capacity(int batch)
 {
+    /* a batch's tiles are refs too (kept or not): a slot holds one batch
+     * of consecutive tile positions */
     return batch;
 }
 
@@ -80,7 +80,7 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     /* one per reader, normalize, infer (two with a backend that overlaps
      * batches: infer_begin/infer_end), write */
     b->n_slots = b->readers + 3 + (tw_backend_overlaps(in->backend) ? 1 : 0);
-    b->ref_capacity = ref_capacity_for(batch);
+    b->ref_capacity = tw_budget_ref_capacity(batch);
     b->slot_bytes = tw_budget_slot_bytes(in, batch, b->ref_capacity);
     b->slots = b->slot_bytes * (size_t)b->n_slots;
     b->read_strip_w = read_strip_w_for(in, batch);

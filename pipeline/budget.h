@@ -74,6 +74,10 @@ typedef struct tw_budget {
 /* Bytes of one batch slot for `batch` tiles. */
 size_t tw_budget_slot_bytes(const tw_budget_in *in, int batch, int ref_capacity);
 
+/* Tile refs a slot of `batch` tiles holds (tw_budget.ref_capacity): the
+ * budget's rule, and the run's when the backend lowers the batch. */
+int tw_budget_ref_capacity(int batch);
+
 /* Fit the run into in->total. TW_ERR_NOMEM with the bytes needed when even
  * batch 1 does not fit (or the fixed batch does not). */
 tw_status tw_budget_plan(const tw_budget_in *in, tw_budget *out, tw_error *err);

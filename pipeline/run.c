@@ -930,7 +930,7 @@ static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
                           c->be.i->name, bs.unfused_convs);
         if (st == TW_OK && batch < c->bud.batch) {
             c->bud.batch = batch; /* the backend halved it: fewer tiles per slot */
-            c->bud.ref_capacity = batch + 256;
+            c->bud.ref_capacity = tw_budget_ref_capacity(batch);
         }
         GDALSetCacheMax64((GIntBig)c->bud.gdal_cache);
         r->budget = c->bud;

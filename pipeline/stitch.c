@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/argmax.h"
 
 struct tw_stitch {
     const tw_plan *plan;
@@ -93,11 +94,8 @@ static tw_status flush_rows(tw_stitch *s, int n, tw_error *err)
                 continue;
             }
             float inv = 1.0f / (float)c;
-            int best = 0;
             for (int q = 0; q < C; q++) o[q] = c == 1 ? sm[q] : sm[q] * inv;
-            for (int q = 1; q < s->n_hist; q++)
-                if (o[q] > o[best]) best = q;
-            if (s->n_hist > 0) s->hist[best]++;
+            if (s->n_hist > 0) s->hist[tw_argmax(o, (size_t)s->n_hist)]++;
         }
     }
     if (s->sink) {

@@ -502,7 +502,7 @@ static int parse_opts(int argc, char **argv, bool allow_run_opts, cli_opts *o)
             const char *v = a[12] == '=' ? a + 13 : (i + 1 < argc ? argv[++i] : NULL);
             char *end = NULL;
             long n = v ? strtol(v, &end, 10) : 0;
-            if (!v || *end || n < 1 || n > 1000000)
+            if (!v || *end || n < 1 || n > TILEWISE_CHUNK_ROWS_MAX)
                 return usage_error("--chunk-rows expects a positive number of rows, got '%s'",
                                    v ? v : "");
             o->chunk_rows = (int)n;

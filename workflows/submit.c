@@ -629,7 +629,7 @@ int tw_cli_submit(int argc, char **argv)
         } else if ((v = opt_value(argc, argv, &i, "--chunk-rows", &missing)) || missing) {
             char *end = NULL;
             long n = v ? strtol(v, &end, 10) : 0;
-            if (!v || *end || end == v || n < 1 || n > 1000000)
+            if (!v || *end || end == v || n < 1 || n > TILEWISE_CHUNK_ROWS_MAX)
                 return usage_error("--chunk-rows expects a positive number of rows, got '%s'",
                                    v ? v : "");
             sp.chunk_rows = (int)n;
