@@ -401,79 +401,70 @@ static int chunk_rows_for(const tw_plan *plan)
     return rows;
 }
 
-static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *err)
+/* The pipeline of input idx over plan: what its stages read (the source,
+ * its normalization, the backend's wishes), where they report. */
+static void pipe_init(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res, tw_pipe *pp,
+                      tw_error *err)
 {
     const tw_run_params *p = c->p;
-    const tw_raster_info *info = &c->infos[idx].info;
-    double t0 = tw_clock_now();
-    tw_url_redact(p->input.paths[idx], res->path, sizeof res->path);
-    tw_status st = tw_run_output_name(p, idx, res->stem, sizeof res->stem, err);
-    if (st != TW_OK) return st;
-    res->width = info->width;
-    res->height = info->height;
-
-    tw_plan plan;
-    st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
-                      p->shard_index, p->shard_count, &plan, err);
-    if (st != TW_OK) return st;
-    res->grid_w = plan.grid_w;
-    res->grid_h = plan.grid_h;
-    bool want_table = tw_run_keeps_tiles(p->output.products);
-
-    tw_pipe pp;
-    memset(&pp, 0, sizeof pp);
-    pp.scope = tw_mem_scope_current(); /* tw_run's */
-    pp.p = p;
-    pp.m = &c->m;
-    pp.bud = &c->bud;
-    pp.be = &c->be;
-    pp.hooks = c->hooks;
+    memset(pp, 0, sizeof *pp);
+    pp->scope = tw_mem_scope_current(); /* tw_run's */
+    pp->p = p;
+    pp->m = &c->m;
+    pp->bud = &c->bud;
+    pp->be = &c->be;
+    pp->hooks = c->hooks;
     /* What the readers open (stages.c opens pp.path): the user's path (raster.c
      * maps https:// and s3:// and redacts its own messages) or a STAC item's
      * VRT. Messages of this file name res->path, redacted. */
-    pp.path = c->sources[idx];
-    pp.display = res->path;
-    pp.dtype = info->dtype;
-    pp.norm.bands = c->m.in_bands;
-    pp.norm.scale = c->m.scale;
-    memcpy(pp.norm.mean, c->m.mean, sizeof pp.norm.mean);
-    memcpy(pp.norm.std, c->m.std, sizeof pp.norm.std);
-    pp.wants_raw = c->be.i->wants_raw(c->be.ctx);
-    pp.norm_threads = tw_run_normalize_threads(p, &c->be);
-    pp.want_emb = (p->output.products & (TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER)) != 0;
-    pp.err = err;
-    pp.res = res;
-    pp.log = run_log(c);
-    pp.chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(&plan);
-    tw_aoi *aoi = NULL;
-    st = aoi_for(p, &c->m, info, &aoi, err);
-    if (st != TW_OK) return st;
-    pp.aoi = aoi;
+    pp->path = c->sources[idx];
+    pp->display = res->path;
+    pp->dtype = c->infos[idx].info.dtype;
+    pp->norm.bands = c->m.in_bands;
+    pp->norm.scale = c->m.scale;
+    memcpy(pp->norm.mean, c->m.mean, sizeof pp->norm.mean);
+    memcpy(pp->norm.std, c->m.std, sizeof pp->norm.std);
+    pp->wants_raw = c->be.i->wants_raw(c->be.ctx);
+    pp->norm_threads = tw_run_normalize_threads(p, &c->be);
+    pp->want_emb = (p->output.products & (TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER)) != 0;
+    pp->err = err;
+    pp->res = res;
+    pp->log = run_log(c);
+    pp->chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(plan);
+}
 
+/* The parts of input idx (pp->parts): its fingerprint (with the input's
+ * identity) checked against what earlier runs committed, and the manifest a
+ * merge reads written beside them. */
+static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res,
+                            tw_pipe *pp, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    const tw_raster_info *info = &c->infos[idx].info;
+    tw_status st = TW_OK;
     char ident[4096];
     char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
     if (!fp) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     if (st == TW_OK)
         st = c->stacs[idx] ? tw_stac_identity(c->stacs[idx], ident, sizeof ident, err)
                            : tw_url_identity(p->input.paths[idx], ident, sizeof ident, err);
-    if (st == TW_OK)
-        st = fingerprint(c, info, res->path, &plan, ident, fp, TW_FINGERPRINT_MAX, err);
+    if (st == TW_OK) st = fingerprint(c, info, res->path, plan, ident, fp, TW_FINGERPRINT_MAX, err);
     tw_parts_params parts_p = {
         .out_dir = p->output.dir,
         .stem = res->stem,
         .fingerprint = fp,
-        .grid_w = plan.grid_w,
-        .grid_h = plan.grid_h,
+        .grid_w = plan->grid_w,
+        .grid_h = plan->grid_h,
         .n_classes = c->m.n_classes,
         .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? c->m.feat_dim : 0,
         .cell_emb = tw_run_cell_emb(p->output.products, c->m.feat_dim),
-        .tiles = want_table,
+        .tiles = tw_run_keeps_tiles(p->output.products),
         .shard_index = p->shard_index,
         .shard_count = p->shard_count,
         .restart = p->restart,
         .log = run_log(c),
     };
-    if (st == TW_OK) st = tw_parts_open(&parts_p, p->quiet, &pp.parts, err);
+    if (st == TW_OK) st = tw_parts_open(&parts_p, p->quiet, &pp->parts, err);
     if (st == TW_OK) {
         tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
         char mpath[TW_PATH_MAX + 400];
@@ -494,90 +485,137 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
         }
     }
     tw_free(fp); /* the parts have checked and stored it */
+    return st;
+}
 
-    /* Segments: the shard's rows that no earlier run has committed, one per
-     * run of them (counted first: one per row took 96 bytes a row, 3.2 GB
-     * for a 64 x 2^31-1 raster). */
+/* Segments: the shard's rows that no earlier run has committed, one per
+ * run of them (counted first: one per row took 96 bytes a row, 3.2 GB for
+ * a 64 x 2^31-1 raster). */
+static tw_status plan_segments(const tw_plan *plan, tw_pipe *pp, tw_input_result *res,
+                               tw_error *err)
+{
     int n_runs = 0;
-    for (int r = plan.row_begin; st == TW_OK && r < plan.row_end; r++)
-        n_runs += !tw_parts_row_done(pp.parts, r) &&
-                  (r == plan.row_begin || tw_parts_row_done(pp.parts, r - 1));
-    if (st == TW_OK) {
-        pp.segs = tw_calloc(TW_MEM_OTHER, (size_t)n_runs + 1, sizeof(tw_segment));
-        if (!pp.segs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    }
-    for (int r = plan.row_begin; st == TW_OK && r < plan.row_end;) {
-        if (tw_parts_row_done(pp.parts, r)) {
+    for (int r = plan->row_begin; r < plan->row_end; r++)
+        n_runs += !tw_parts_row_done(pp->parts, r) &&
+                  (r == plan->row_begin || tw_parts_row_done(pp->parts, r - 1));
+    pp->segs = tw_calloc(TW_MEM_OTHER, (size_t)n_runs + 1, sizeof(tw_segment));
+    if (!pp->segs) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    for (int r = plan->row_begin; r < plan->row_end;) {
+        if (tw_parts_row_done(pp->parts, r)) {
             r++;
             continue;
         }
         int r1 = r;
-        while (r1 < plan.row_end && !tw_parts_row_done(pp.parts, r1)) r1++;
-        tw_segment *sg = &pp.segs[pp.n_segs++];
-        sg->plan = plan;
+        while (r1 < plan->row_end && !tw_parts_row_done(pp->parts, r1)) r1++;
+        tw_segment *sg = &pp->segs[pp->n_segs++];
+        sg->plan = *plan;
         tw_plan_restrict(&sg->plan, r, r1);
-        sg->first = pp.n_tiles;
-        pp.n_tiles += sg->plan.n_tiles;
+        sg->first = pp->n_tiles;
+        pp->n_tiles += sg->plan.n_tiles;
         r = r1;
     }
-    res->tiles_total = pp.n_tiles;
-    res->rows_resumed = (plan.row_end - plan.row_begin);
-    for (int i = 0; i < pp.n_segs; i++)
-        res->rows_resumed -= pp.segs[i].plan.row_end - pp.segs[i].plan.row_begin;
+    res->tiles_total = pp->n_tiles;
+    res->rows_resumed = (plan->row_end - plan->row_begin);
+    for (int i = 0; i < pp->n_segs; i++)
+        res->rows_resumed -= pp->segs[i].plan.row_end - pp->segs[i].plan.row_begin;
+    return TW_OK;
+}
 
-    if (st == TW_OK && pp.n_segs > 0) {
-        /* Progress 0 first, as GDAL does: the CLI starts its clock (tiles/s,
-         * time left) here rather than after the first batch. */
-        if (c->hooks && c->hooks->progress) {
-            if (c->hooks->tiles) c->hooks->tiles(0, pp.n_tiles, res->path, c->hooks->progress_user);
-            (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
-        }
-        st = tw_pipe_slots_alloc(&pp, plan.tile, err);
-        tw_backend_stats bs;
-        tw_backend_get_stats(&c->be, &bs);
-        if (st == TW_OK && bs.pinned_fallback && !c->told_pinned) {
-            c->told_pinned = true;
-            tw_log_printf(run_log(c), TW_LOG_NOTICE,
-                          "%s backend: no pinned host memory left; batch slots use ordinary "
-                          "memory, host-to-device copies will be slower",
-                          c->be.i->name);
-        }
-        if (st == TW_OK) st = tw_pipe_calibrate(&pp, info, err);
-        if (st == TW_OK)
-            st = tw_stitch_create_ex(&pp.segs[0].plan, c->m.n_classes,
-                                     tw_run_cell_emb(p->output.products, c->m.feat_dim),
-                                     tw_pipe_parts_sink, &pp, &pp.stitch, err);
-        bool interrupted = false;
-        if (st == TW_OK) st = tw_pipe_run(&pp, &interrupted);
-        if (st == TW_OK && interrupted)
-            st = tw_error_set(err, TW_CANCELLED,
-                              "%s: interrupted after committing %d of %d output rows; "
-                              "run the same command again to finish",
-                              res->path, tw_parts_rows_done(pp.parts), plan.grid_h);
-        if (st == TW_OK && pp.steady)
-            res->steady_state_allocs = tw_pipe_alloc_count(&pp) - pp.allocs_mark;
-        if (pp.stitch) {
-            int64_t nod = 0;
-            const int64_t *h = tw_stitch_histogram(pp.stitch, &nod);
-            memcpy(res->hist, h, sizeof(int64_t) * (size_t)c->m.n_classes);
-            res->nodata_cells = nod;
-        }
+/* The segments' tiles through the stages (stages.h), committed as chunks. */
+static tw_status compute(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res,
+                         tw_pipe *pp, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    /* Progress 0 first, as GDAL does: the CLI starts its clock (tiles/s,
+     * time left) here rather than after the first batch. */
+    if (c->hooks && c->hooks->progress) {
+        if (c->hooks->tiles) c->hooks->tiles(0, pp->n_tiles, res->path, c->hooks->progress_user);
+        (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
     }
-    tw_stitch_destroy(pp.stitch);
-    tw_pipe_slots_free(&pp);
-    tw_free(pp.segs);
+    tw_status st = tw_pipe_slots_alloc(pp, plan->tile, err);
+    tw_backend_stats bs;
+    tw_backend_get_stats(&c->be, &bs);
+    if (st == TW_OK && bs.pinned_fallback && !c->told_pinned) {
+        c->told_pinned = true;
+        tw_log_printf(run_log(c), TW_LOG_NOTICE,
+                      "%s backend: no pinned host memory left; batch slots use ordinary "
+                      "memory, host-to-device copies will be slower",
+                      c->be.i->name);
+    }
+    if (st == TW_OK) st = tw_pipe_calibrate(pp, &c->infos[idx].info, err);
+    if (st == TW_OK)
+        st = tw_stitch_create_ex(&pp->segs[0].plan, c->m.n_classes,
+                                 tw_run_cell_emb(p->output.products, c->m.feat_dim),
+                                 tw_pipe_parts_sink, pp, &pp->stitch, err);
+    bool interrupted = false;
+    if (st == TW_OK) st = tw_pipe_run(pp, &interrupted);
+    if (st == TW_OK && interrupted)
+        st = tw_error_set(err, TW_CANCELLED,
+                          "%s: interrupted after committing %d of %d output rows; "
+                          "run the same command again to finish",
+                          res->path, tw_parts_rows_done(pp->parts), plan->grid_h);
+    if (st == TW_OK && pp->steady)
+        res->steady_state_allocs = tw_pipe_alloc_count(pp) - pp->allocs_mark;
+    if (pp->stitch) {
+        int64_t nod = 0;
+        const int64_t *h = tw_stitch_histogram(pp->stitch, &nod);
+        memcpy(res->hist, h, sizeof(int64_t) * (size_t)c->m.n_classes);
+        res->nodata_cells = nod;
+    }
+    return st;
+}
 
-    /* Whole grid committed (one run, or the last of the shards): assemble,
-     * then (output.stac) the item of the finished files. */
+/* Whole grid committed (one run, or the last of the shards): assemble,
+ * then (output.stac) the item of the finished files. */
+static tw_status finish(run_ctx *c, int idx, tw_input_result *res, tw_parts *parts, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    const tw_raster_info *info = &c->infos[idx].info;
     bool stac = p->output.stac && p->shard_count == 1;
-    if (st == TW_OK && stac)
-        st = tw_stac_run_forget(p, res->stem, c->collection_id[0] != '\0', err);
+    tw_status st = TW_OK;
+    if (stac) st = tw_stac_run_forget(p, res->stem, c->collection_id[0] != '\0', err);
     if (st == TW_OK && p->shard_count == 1)
-        st = tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json, pp.parts, res,
-                               err);
+        st = tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json, parts, res, err);
     if (st == TW_OK && stac)
         st = tw_stac_run_item(p, &c->m, info, &c->infos[idx].stac,
                               c->collection_id[0] ? c->collection_id : NULL, res, err);
+    return st;
+}
+
+/* Input idx: its plan, parts and segments, the tiles it has left, then its
+ * products. */
+static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    const tw_raster_info *info = &c->infos[idx].info;
+    double t0 = tw_clock_now();
+    tw_url_redact(p->input.paths[idx], res->path, sizeof res->path);
+    tw_status st = tw_run_output_name(p, idx, res->stem, sizeof res->stem, err);
+    if (st != TW_OK) return st;
+    res->width = info->width;
+    res->height = info->height;
+
+    tw_plan plan;
+    st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
+                      p->shard_index, p->shard_count, &plan, err);
+    if (st != TW_OK) return st;
+    res->grid_w = plan.grid_w;
+    res->grid_h = plan.grid_h;
+
+    tw_pipe pp;
+    pipe_init(c, idx, &plan, res, &pp, err);
+    tw_aoi *aoi = NULL;
+    st = aoi_for(p, &c->m, info, &aoi, err);
+    if (st != TW_OK) return st;
+    pp.aoi = aoi;
+
+    st = open_parts(c, idx, &plan, res, &pp, err);
+    if (st == TW_OK) st = plan_segments(&plan, &pp, res, err);
+    if (st == TW_OK && pp.n_segs > 0) st = compute(c, idx, &plan, res, &pp, err);
+    tw_stitch_destroy(pp.stitch);
+    tw_pipe_slots_free(&pp);
+    tw_free(pp.segs);
+    if (st == TW_OK) st = finish(c, idx, res, pp.parts, err);
     tw_parts_close(pp.parts);
     tw_aoi_destroy(aoi);
     res->seconds = tw_clock_now() - t0;
