@@ -262,6 +262,21 @@ static void test_bundle_and_f16_vs_pytorch(void **state)
     check_vs_pytorch("resnet18_6b_7c_f16.safetensors", "resnet18_f16", 2);
 }
 
+/* 32 tiles of 64 px: tiles_64.f32's 8, each copy scaled (x1, x1.05, ...). */
+static float *tiles_32(const char *fx)
+{
+    float *x8;
+    assert_int_equal(tw_test_read_f32(tw_test_path(fx, "tiles_64.f32"), &x8), 8 * 6 * 64 * 64);
+    size_t te = (size_t)6 * 64 * 64;
+    float *x = malloc(32 * te * sizeof(float));
+    assert_non_null(x);
+    for (int j = 0; j < 32; j++)
+        for (size_t i = 0; i < te; i++)
+            x[j * te + i] = x8[(j % 8) * te + i] * (1.0f + 0.05f * (j / 8));
+    free(x8);
+    return x;
+}
+
 /* A tile's results do not depend on its place in the batch: shards and
  * resumed runs put tiles in other places than one run does, and must write
  * its bytes. 32 tiles (the fixture's 8, each scaled per copy) go through a
@@ -279,13 +294,8 @@ static void check_place_independent(const char *model)
         !tw_test_file_exists(tw_test_path(fx, "tiles_64.f32")))
         skip();
     enum { N = 32 };
-    float *x8;
-    assert_int_equal(tw_test_read_f32(tw_test_path(fx, "tiles_64.f32"), &x8), 8 * 6 * 64 * 64);
     size_t te = (size_t)6 * 64 * 64;
-    float *x = malloc(N * te * sizeof(float)), *xr = malloc(N * te * sizeof(float));
-    for (int j = 0; j < N; j++)
-        for (size_t i = 0; i < te; i++)
-            x[j * te + i] = x8[(j % 8) * te + i] * (1.0f + 0.05f * (j / 8));
+    float *x = tiles_32(fx), *xr = malloc(N * te * sizeof(float));
     tw_error err;
     tw_error_init(&err);
     tw_model_file *mf = NULL;
@@ -319,7 +329,6 @@ static void check_place_independent(const char *model)
     }
     be.i->destroy(be.ctx);
     tw_resnet_destroy(net);
-    free(x8);
     free(x);
     free(xr);
     free(p0);
@@ -376,13 +385,7 @@ static void check_batch_independent(const char *model)
         !tw_test_file_exists(tw_test_path(fx, "tiles_64.f32")))
         skip();
     enum { N = 32 };
-    float *x8;
-    assert_int_equal(tw_test_read_f32(tw_test_path(fx, "tiles_64.f32"), &x8), 8 * 6 * 64 * 64);
-    size_t te = (size_t)6 * 64 * 64;
-    float *x = malloc(N * te * sizeof(float));
-    for (int j = 0; j < N; j++)
-        for (size_t i = 0; i < te; i++)
-            x[j * te + i] = x8[(j % 8) * te + i] * (1.0f + 0.05f * (j / 8));
+    float *x = tiles_32(fx);
     enum { MAX_K = 64, MAX_FD = 2048 };
     float *p0 = malloc(N * MAX_K * sizeof(float)), *e0 = malloc(N * MAX_FD * sizeof(float));
     float *p = malloc(N * MAX_K * sizeof(float)), *e = malloc(N * MAX_FD * sizeof(float));
@@ -406,7 +409,6 @@ static void check_batch_independent(const char *model)
                 fail_msg("%s: tile %d gives other bits in batches of %d than of %d", model, j,
                          batches[bi], N);
     }
-    free(x8);
     free(x);
     free(p0);
     free(e0);

@@ -177,23 +177,6 @@ typedef struct md_row {
     size_t len;
 } md_row;
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s) s[n] = '\0';
-    fclose(f);
-    return s;
-}
-
 static int md_rows(const char *text, md_row *rows, int max)
 {
     int n = 0;
@@ -231,7 +214,7 @@ static void keys_md_agrees(void **state)
     (void)state;
     char path[4096];
     snprintf(path, sizeof path, "%s/workflows/KEYS.md", TW_SOURCE_DIR);
-    char *text = read_text(path);
+    char *text = tw_test_read_file(path, NULL);
     assert_non_null(text);
     static md_row rows[256];
     int n = md_rows(text, rows, 256);

@@ -53,21 +53,6 @@ static void run(const char *out, int shard, int count)
     tw_run_result_destroy(r);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 static void skip_without_inputs(void)
 {
     const char *src = getenv("TW_SOURCE_DIR");
@@ -117,7 +102,7 @@ static void test_shards_merge_to_one_run(void **state)
         snprintf(a, sizeof a, "%s/L7_ETMs.%s.tif", one, k_products[i]);
         snprintf(b, sizeof b, "%s/L7_ETMs.%s.tif", shards, k_products[i]);
         size_t la = 0, lb = 0;
-        char *da = slurp(a, &la), *db = slurp(b, &lb);
+        char *da = tw_test_read_file(a, &la), *db = tw_test_read_file(b, &lb);
         if (!da || !db) fail_msg("%s: missing (%s)", k_products[i], !da ? a : b);
         if (la != lb || memcmp(da, db, la) != 0)
             fail_msg("%s: the merged file differs from one run's (%zu vs %zu bytes)", k_products[i],

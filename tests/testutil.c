@@ -33,6 +33,24 @@ const char *tw_test_shared_rasters(void)
     return buf;
 }
 
+char *tw_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *s = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    if (s) {
+        s[n] = '\0';
+        if (len) *len = (size_t)n;
+    }
+    fclose(f);
+    return s;
+}
+
 long tw_test_read_f32(const char *path, float **out)
 {
     *out = NULL;

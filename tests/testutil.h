@@ -13,6 +13,9 @@ const char *tw_test_path(const char *dir, const char *name);
 const char *tw_test_shared_rasters(void);
 /* Read a whole file of float32 values; returns count or -1. *out malloc'ed. */
 long tw_test_read_f32(const char *path, float **out);
+/* A whole file, NUL-terminated (*len: its bytes; may be NULL); NULL when it
+ * cannot be read. malloc'ed. */
+char *tw_test_read_file(const char *path, size_t *len);
 /* A fresh empty temporary directory (mkdtemp under $TMPDIR or /tmp). */
 const char *tw_test_tmpdir(void);
 bool tw_test_file_exists(const char *path);
