@@ -153,7 +153,6 @@ static json_t *int_array(const int *v, int n, bool *ok)
 {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) tw_info_push(a, json_integer(v[i]), ok);
-    if (!a) *ok = false;
     return a;
 }
 
@@ -161,7 +160,6 @@ static json_t *real_array(const float *v, int n, bool *ok)
 {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) tw_info_push(a, tw_info_num(v[i]), ok);
-    if (!a) *ok = false;
     return a;
 }
 
@@ -180,7 +178,6 @@ static json_t *onnx_facts(const tw_onnx_info *o, bool *ok)
     tw_info_put(f, "resolution_cm", tw_info_num(o->resolution), ok);
     tw_info_put(f, "model_type", tw_info_str(o->model_type), ok);
     tw_info_put(f, "_softmax", json_boolean(o->softmax), ok);
-    if (!f) *ok = false;
     return f;
 }
 
@@ -222,7 +219,6 @@ static json_t *model_facts(const char *path, const tw_model_file *mf, const tw_r
     tw_info_put(f, "_bottleneck", json_boolean(net->bottleneck), ok);
     tw_info_put(f, "_stem_kernel", json_integer(net->stem.k), ok);
     tw_info_put(f, "_stem_stride", json_integer(net->stem.stride), ok);
-    if (!f) *ok = false;
     return f;
 }
 
@@ -362,7 +358,6 @@ static json_t *band_facts(int band, const tw_inspect_band *ib, bool *ok)
         tw_info_put_shown(f, "min", ib->min, ok);
         tw_info_put_shown(f, "max", ib->max, ok);
     }
-    if (!f) *ok = false;
     return f;
 }
 
@@ -419,7 +414,6 @@ static json_t *raster_facts(const char *user_path, const char *path, const char 
         }
         tw_info_put(f, "_reading", r, ok);
     }
-    if (!f) *ok = false;
     return f;
 }
 
@@ -557,7 +551,6 @@ static json_t *polygons_facts(const char *path, const tw_polygons_summary *s, bo
         tw_info_push(classes, c, ok);
     }
     tw_info_put(f, "classes", classes, ok);
-    if (!f) *ok = false;
     return f;
 }
 

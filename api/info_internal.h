@@ -17,8 +17,10 @@
 
 #include "core/error.h"
 
-/* Building: a member or an element; v NULL (jansson could not allocate) or
- * a failed insertion turns *ok false (v is released either way). */
+/* Building: a member or an element; v or o NULL (jansson could not
+ * allocate) or a failed insertion turns *ok false (v is released either
+ * way), so a builder that could not allocate its tree is caught where the
+ * tree is put. */
 void tw_info_put(json_t *o, const char *key, json_t *v, bool *ok);
 void tw_info_push(json_t *a, json_t *v, bool *ok);
 /* A string of the bytes as they are (NULL: ""); a number, null when not

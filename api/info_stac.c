@@ -109,7 +109,6 @@ static json_t *stac_facts(const char *path, json_t *root, bool item, bool *ok)
             tw_info_put(f, "_shape", s, ok);
         }
     }
-    if (!f) *ok = false;
     return f;
 }
 

@@ -91,7 +91,7 @@ def rasters(gdal, osr, np, work):
 def onnx_models():
     import onnx
     from onnx import numpy_helper
-    for name in ["onnx_r18_o17_bn", "onnx_small_stem", "onnx_r50_o17"]:
+    for name in ["onnx_r18_other", "onnx_small_stem", "onnx_r50_o17"]:  # other: ends in Softmax
         path = os.path.join(FIX, name + ".onnx")
         g = onnx.load(path, load_external_data=False).graph
         text, j = info(path)
