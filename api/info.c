@@ -635,7 +635,10 @@ tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out
     json_t *facts = NULL;
     void (*text)(const json_t *, FILE *) = NULL;
     tw_status st = gather(path, json, tiff_direct, &facts, &text, err);
-    if (st != TW_OK) return st;
+    if (st != TW_OK) {
+        json_decref(facts); /* what was built before memory ran out */
+        return st;
+    }
     if (json) {
         tw_json j = tw_json_file(out);
         write_json(&j, NULL, NULL, facts);
