@@ -1,11 +1,16 @@
-/* info.c - what `tilewise info` prints about a raster or a model file (info.h). */
+/* info.c - `tilewise info` (info.h): the facts about a model file, a raster
+ * or a polygons product gathered once into a jansson tree, then written
+ * either as JSON (the tree as it is) or as text (one renderer per kind,
+ * reading the same tree; info_internal.h). */
 #include "api/info.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/info_internal.h"
 #include "core/alloc.h"
 #include "io/inspect.h"
 #include "io/legend.h"
@@ -16,6 +21,126 @@
 #include "model/resnet.h"
 #include "pipeline/json.h"
 
+/* ---- the tree (info_internal.h) ---- */
+
+void tw_info_put(json_t *o, const char *key, json_t *v, bool *ok)
+{
+    if (json_object_set_new(o, key, v) != 0) *ok = false;
+}
+
+void tw_info_push(json_t *a, json_t *v, bool *ok)
+{
+    if (json_array_append_new(a, v) != 0) *ok = false;
+}
+
+json_t *tw_info_str(const char *s)
+{
+    return json_string_nocheck(s ? s : "");
+}
+
+json_t *tw_info_num(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+void tw_info_put_shown(json_t *o, const char *key, double v, bool *ok)
+{
+    tw_info_put(o, key, tw_info_num(v), ok);
+    if (isfinite(v)) return;
+    char k[64], text[16];
+    snprintf(k, sizeof k, "_%s", key);
+    snprintf(text, sizeof text, "%g", v);
+    tw_info_put(o, k, json_string(text), ok);
+}
+
+const char *tw_info_get_str(const json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+long long tw_info_get_int(const json_t *o, const char *key)
+{
+    return (long long)json_integer_value(json_object_get(o, key));
+}
+
+double tw_info_get_num(const json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+bool tw_info_get_bool(const json_t *o, const char *key)
+{
+    return json_is_true(json_object_get(o, key));
+}
+
+bool tw_info_shown(const json_t *o, const char *key, const char *fmt, char *buf, size_t size)
+{
+    json_t *v = json_object_get(o, key);
+    if (json_is_number(v)) {
+        snprintf(buf, size, fmt, json_number_value(v));
+        return true;
+    }
+    char k[64];
+    snprintf(k, sizeof k, "_%s", key);
+    const char *s = json_string_value(json_object_get(o, k));
+    if (s) snprintf(buf, size, "%s", s);
+    return s != NULL;
+}
+
+/* ---- the JSON form ---- */
+
+/* The significant digits of a number, by the member that holds it (an
+ * array's elements: the array's): exact for the doubles a program computes
+ * with (17) and for the model's float normalization (9); 10 else. */
+static int digits_of(const char *holder)
+{
+    static const struct {
+        const char *key;
+        int digits;
+    } k_digits[] = {{"geotransform", 17}, {"extent", 17}, {"area", 17},
+                    {"bbox", 17},         {"mean", 9},    {"std", 9}};
+    for (size_t i = 0; holder && i < sizeof k_digits / sizeof k_digits[0]; i++)
+        if (strcmp(holder, k_digits[i].key) == 0) return k_digits[i].digits;
+    return 10;
+}
+
+/* v as member key (NULL: an element of holder's array), the "_" members
+ * left out. */
+static void write_json(tw_json *j, const char *key, const char *holder, const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *m;
+        tw_json_open(j, key, '{');
+        json_object_foreach((json_t *)v, k, m)
+        {
+            if (k[0] != '_') write_json(j, k, k, m);
+        }
+        tw_json_close(j, '}');
+        break;
+    }
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *e;
+        tw_json_open(j, key, '[');
+        json_array_foreach(v, i, e) write_json(j, NULL, holder, e);
+        tw_json_close(j, ']');
+        break;
+    }
+    case JSON_STRING: tw_json_str(j, key, json_string_value(v)); break;
+    case JSON_INTEGER: tw_json_int(j, key, (long long)json_integer_value(v)); break;
+    case JSON_REAL: tw_json_real(j, key, json_real_value(v), digits_of(holder)); break;
+    case JSON_TRUE:
+    case JSON_FALSE: tw_json_bool(j, key, json_is_true(v)); break;
+    case JSON_NULL: tw_json_null(j, key); break;
+    }
+}
+
+/* ---- a model file ---- */
+
 static bool looks_like_model(const char *path)
 {
     const char *dot = strrchr(path, '.');
@@ -24,158 +149,276 @@ static bool looks_like_model(const char *path)
            strcmp(dot, ".safetensors") == 0 || strcmp(dot, ".onnx") == 0;
 }
 
-static tw_status info_model(const char *path, bool json, FILE *out, tw_error *err)
+static json_t *int_array(const int *v, int n, bool *ok)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) tw_info_push(a, json_integer(v[i]), ok);
+    return a;
+}
+
+static json_t *real_array(const float *v, int n, bool *ok)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) tw_info_push(a, tw_info_num(v[i]), ok);
+    return a;
+}
+
+/* The ONNX graph's facts ("_softmax": the text's only). */
+static json_t *onnx_facts(const tw_onnx_info *o, bool *ok)
+{
+    json_t *f = json_object();
+    tw_info_put(f, "ir_version", json_integer(o->ir_version), ok);
+    tw_info_put(f, "opset", json_integer(o->opset), ok);
+    tw_info_put(f, "producer", tw_info_str(o->producer), ok);
+    tw_info_put(f, "nodes", json_integer(o->n_nodes), ok);
+    tw_info_put(f, "batchnorm_folded_at_load", json_integer(o->n_bn), ok);
+    tw_info_put(f, "external_tensors", json_integer(o->n_external), ok);
+    tw_info_put(f, "head", tw_info_str(o->head), ok);
+    tw_info_put(f, "metadata", tw_info_str(o->metadata), ok);
+    tw_info_put(f, "resolution_cm", tw_info_num(o->resolution), ok);
+    tw_info_put(f, "model_type", tw_info_str(o->model_type), ok);
+    tw_info_put(f, "_softmax", json_boolean(o->softmax), ok);
+    return f;
+}
+
+/* The model's facts ("_bottleneck", "_stem_kernel", "_stem_stride": the
+ * text's only). */
+static json_t *model_facts(const char *path, const tw_model_file *mf, const tw_resnet *net,
+                           bool *ok)
+{
+    long long params = 0;
+    for (int i = 0; i < mf->n_tensors; i++)
+        if (!strstr(mf->tensors[i].name, "running_") && !strstr(mf->tensors[i].name, "num_batches"))
+            params += mf->tensors[i].numel;
+    char arch[32];
+    tw_resnet_arch_name(net, arch, sizeof arch);
+    json_t *f = json_object(), *classes = json_array();
+    tw_info_put(f, "type", json_string("model"), ok);
+    tw_info_put(f, "path", tw_info_str(path), ok);
+    tw_info_put(f, "arch", tw_info_str(arch), ok);
+    tw_info_put(f, "family", tw_info_str(tw_resnet_family_name(net->family)), ok);
+    tw_info_put(f, "groups", json_integer(net->groups), ok);
+    tw_info_put(f, "base_width", json_integer(net->base_width), ok);
+    tw_info_put(f, "stem", tw_info_str(tw_stem_names[net->stem_kind]), ok);
+    tw_info_put(f, "blocks", int_array(net->stage_blocks, 4, ok), ok);
+    tw_info_put(f, "in_bands", json_integer(net->in_bands), ok);
+    tw_info_put(f, "bands", int_array(mf->bands, mf->n_bands, ok), ok);
+    tw_info_put(f, "head", json_boolean(!net->headless), ok);
+    tw_info_put(f, "n_classes", json_integer(net->headless ? 0 : net->n_classes), ok);
+    for (int i = 0; i < mf->n_classes; i++) tw_info_push(classes, tw_info_str(mf->classes[i]), ok);
+    tw_info_put(f, "classes", classes, ok);
+    tw_info_put(f, "features", json_integer(net->feat_dim), ok);
+    tw_info_put(f, "parameters", json_integer(params), ok);
+    tw_info_put(f, "scale", tw_info_num(mf->scale), ok);
+    tw_info_put(f, "mean", real_array(mf->mean, mf->n_mean, ok), ok);
+    tw_info_put(f, "std", real_array(mf->std, mf->n_std, ok), ok);
+    tw_info_put(f, "tile", mf->tile ? json_integer(mf->tile) : json_null(), ok);
+    tw_info_put(f, "sha256", tw_info_str(mf->sha256), ok);
+    tw_info_put(f, "checksum", tw_info_str(tw_model_checksum_name(mf->checksum)), ok);
+    if (mf->format == TW_MODEL_FORMAT_ONNX) tw_info_put(f, "onnx", onnx_facts(&mf->onnx, ok), ok);
+    tw_info_put(f, "_bottleneck", json_boolean(net->bottleneck), ok);
+    tw_info_put(f, "_stem_kernel", json_integer(net->stem.k), ok);
+    tw_info_put(f, "_stem_stride", json_integer(net->stem.stride), ok);
+    return f;
+}
+
+static tw_status info_model(const char *path, json_t **facts, tw_error *err)
 {
     tw_model_file *mf = NULL;
     tw_status st = tw_model_file_load(path, &mf, err);
     if (st != TW_OK) return st;
     tw_resnet *net = NULL;
     st = tw_resnet_create(mf, mf->arch, &net, err);
-    if (st != TW_OK) {
-        tw_model_file_destroy(mf);
-        return st;
-    }
-    long long params = 0;
-    for (int i = 0; i < mf->n_tensors; i++)
-        if (!strstr(mf->tensors[i].name, "running_") && !strstr(mf->tensors[i].name, "num_batches"))
-            params += mf->tensors[i].numel;
-    if (json) {
-        char arch[32];
-        tw_resnet_arch_name(net, arch, sizeof arch);
-        tw_json j = tw_json_file(out);
-        tw_json_open(&j, NULL, '{');
-        tw_json_str(&j, "type", "model");
-        tw_json_str(&j, "path", path);
-        tw_json_str(&j, "arch", arch);
-        tw_json_str(&j, "family", tw_resnet_family_name(net->family));
-        tw_json_int(&j, "groups", net->groups);
-        tw_json_int(&j, "base_width", net->base_width);
-        tw_json_str(&j, "stem", tw_stem_names[net->stem_kind]);
-        tw_json_open(&j, "blocks", '[');
-        for (int i = 0; i < 4; i++) tw_json_int(&j, NULL, net->stage_blocks[i]);
-        tw_json_close(&j, ']');
-        tw_json_int(&j, "in_bands", net->in_bands);
-        tw_json_open(&j, "bands", '[');
-        for (int i = 0; i < mf->n_bands; i++) tw_json_int(&j, NULL, mf->bands[i]);
-        tw_json_close(&j, ']');
-        tw_json_bool(&j, "head", !net->headless);
-        tw_json_int(&j, "n_classes", net->headless ? 0 : net->n_classes);
-        tw_json_open(&j, "classes", '[');
-        for (int i = 0; i < mf->n_classes; i++) tw_json_str(&j, NULL, mf->classes[i]);
-        tw_json_close(&j, ']');
-        tw_json_int(&j, "features", net->feat_dim);
-        tw_json_int(&j, "parameters", params);
-        tw_json_num(&j, "scale", mf->scale);
-        tw_json_open(&j, "mean", '[');
-        for (int i = 0; i < mf->n_mean; i++) tw_json_real(&j, NULL, mf->mean[i], 9);
-        tw_json_close(&j, ']');
-        tw_json_open(&j, "std", '[');
-        for (int i = 0; i < mf->n_std; i++) tw_json_real(&j, NULL, mf->std[i], 9);
-        tw_json_close(&j, ']');
-        if (mf->tile)
-            tw_json_int(&j, "tile", mf->tile);
-        else
-            tw_json_null(&j, "tile");
-        tw_json_str(&j, "sha256", mf->sha256);
-        tw_json_str(&j, "checksum", tw_model_checksum_name(mf->checksum));
-        if (mf->format == TW_MODEL_FORMAT_ONNX) {
-            const tw_onnx_info *o = &mf->onnx;
-            tw_json_open(&j, "onnx", '{');
-            tw_json_int(&j, "ir_version", o->ir_version);
-            tw_json_int(&j, "opset", o->opset);
-            tw_json_str(&j, "producer", o->producer);
-            tw_json_int(&j, "nodes", o->n_nodes);
-            tw_json_int(&j, "batchnorm_folded_at_load", o->n_bn);
-            tw_json_int(&j, "external_tensors", o->n_external);
-            tw_json_str(&j, "head", o->head);
-            tw_json_str(&j, "metadata", o->metadata);
-            tw_json_num(&j, "resolution_cm", o->resolution);
-            tw_json_str(&j, "model_type", o->model_type);
-            tw_json_close(&j, '}');
-        }
-        tw_json_close(&j, '}');
-        fputc('\n', out);
-    } else {
-        fprintf(out, "model:      %s\n", path);
-        if (mf->format == TW_MODEL_FORMAT_ONNX) {
-            const tw_onnx_info *o = &mf->onnx;
-            fprintf(out, "format:     ONNX (IR %lld, opset %lld, from %s), %d nodes\n",
-                    (long long)o->ir_version, (long long)o->opset,
-                    o->producer[0] ? o->producer : "an unnamed producer", o->n_nodes);
-            fprintf(out, "graph:      batch norm %s; head %s%s\n",
-                    o->n_bn ? "in BatchNormalization nodes (folded at load)"
-                            : "folded into the convolutions by the exporter",
-                    o->head, o->softmax ? "" : " (tilewise applies the softmax)");
-            if (o->n_external)
-                fprintf(out, "external:   %d tensors in external data files\n", o->n_external);
-            fprintf(out, "metadata:   %s%s\n", o->metadata[0] ? o->metadata : "none used",
-                    o->metadata[0] && !isnan(mf->scale) && mf->n_mean
-                        ? " (Deepness: values / 255, then (x - mean) / std)"
-                        : "");
-            if (!isnan(o->resolution))
-                fprintf(out,
-                        "resolution: %g cm/px (Deepness's; not used: tilewise reads the "
-                        "raster at its own)\n",
-                        o->resolution);
-            if (o->model_type[0]) fprintf(out, "model_type: %s\n", o->model_type);
-        }
-        char arch[32];
-        tw_resnet_arch_name(net, arch, sizeof arch);
-        fprintf(out, "arch:       %s (%s blocks %d-%d-%d-%d)\n", arch,
-                net->bottleneck ? "bottleneck" : "basic", net->stage_blocks[0],
-                net->stage_blocks[1], net->stage_blocks[2], net->stage_blocks[3]);
-        fprintf(out, "family:     %s (groups %d, base width %d)\n",
-                tw_resnet_family_name(net->family), net->groups, net->base_width);
-        fprintf(out, "stem:       %s (conv1 %dx%d stride %d%s)\n", tw_stem_names[net->stem_kind],
-                net->stem.k, net->stem.k, net->stem.stride,
-                net->stem_kind == TW_STEM_SMALL ? ", no max pool" : ", 3x3 max pool");
-        fprintf(out, "bands:      %d", net->in_bands);
-        if (mf->n_bands) {
-            fprintf(out, " (raster bands");
-            for (int i = 0; i < mf->n_bands; i++) fprintf(out, " %d", mf->bands[i]);
-            fprintf(out, ")");
-        }
-        if (net->headless) {
-            fprintf(out, "\nhead:       none (a headless backbone: output.products "
-                         "embedding_raster, embeddings)\n");
-        } else {
-            fprintf(out, "\nhead:       fc, %d classes\n", net->n_classes);
-            fprintf(out, "classes:    %d", net->n_classes);
-            for (int i = 0; i < mf->n_classes; i++)
-                fprintf(out, "%s%s", i ? ", " : " (", mf->classes[i]);
-            fprintf(out, "%s\n", mf->n_classes ? ")" : "");
-        }
-        fprintf(out, "features:   %d (the embedding width D)\n", net->feat_dim);
-        fprintf(out, "parameters: %lld\n", params);
-        if (!isnan(mf->scale)) fprintf(out, "scale:      %g\n", mf->scale);
-        if (mf->n_mean) {
-            fprintf(out, "mean:      ");
-            for (int i = 0; i < mf->n_mean; i++) fprintf(out, " %g", mf->mean[i]);
-            fputc('\n', out);
-        }
-        if (mf->n_std) {
-            fprintf(out, "std:       ");
-            for (int i = 0; i < mf->n_std; i++) fprintf(out, " %g", mf->std[i]);
-            fputc('\n', out);
-        }
-        if (!mf->n_mean && !mf->n_std)
-            fprintf(out, "normalize:  not in the file (give model.mean and model.std)\n");
-        if (mf->tile) fprintf(out, "tile:       %d\n", mf->tile);
-        fprintf(out, "sha256:     %s\n", mf->sha256);
-        fprintf(out, "checksum:   %s\n",
-                mf->checksum == TW_CHECKSUM_VERIFIED ? "verified (the tensors match tensors_sha256)"
-                : mf->checksum == TW_CHECKSUM_ABSENT
-                    ? "absent (a bundle from before tools/export_model.py wrote one)"
-                : mf->format == TW_MODEL_FORMAT_ONNX ? "none (ONNX carries none)"
-                                                     : "none (safetensors carries none)");
+    if (st == TW_OK) {
+        bool ok = true;
+        *facts = model_facts(path, mf, net, &ok);
+        if (!ok) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     tw_resnet_destroy(net);
     tw_model_file_destroy(mf);
-    return TW_OK;
+    return st;
 }
 
-static tw_status info_raster(const char *user_path, bool json, bool tiff_direct, FILE *out,
-                             tw_error *err)
+static void model_text(const json_t *f, FILE *out)
+{
+    const json_t *o = json_object_get(f, "onnx");
+    json_t *mean = json_object_get(f, "mean"), *std = json_object_get(f, "std");
+    json_t *v;
+    size_t i;
+    fprintf(out, "model:      %s\n", tw_info_get_str(f, "path"));
+    if (o) {
+        const char *producer = tw_info_get_str(o, "producer");
+        const char *metadata = tw_info_get_str(o, "metadata");
+        fprintf(out, "format:     ONNX (IR %lld, opset %lld, from %s), %lld nodes\n",
+                tw_info_get_int(o, "ir_version"), tw_info_get_int(o, "opset"),
+                producer[0] ? producer : "an unnamed producer", tw_info_get_int(o, "nodes"));
+        fprintf(out, "graph:      batch norm %s; head %s%s\n",
+                tw_info_get_int(o, "batchnorm_folded_at_load")
+                    ? "in BatchNormalization nodes (folded at load)"
+                    : "folded into the convolutions by the exporter",
+                tw_info_get_str(o, "head"),
+                tw_info_get_bool(o, "_softmax") ? "" : " (tilewise applies the softmax)");
+        if (tw_info_get_int(o, "external_tensors"))
+            fprintf(out, "external:   %lld tensors in external data files\n",
+                    tw_info_get_int(o, "external_tensors"));
+        fprintf(out, "metadata:   %s%s\n", metadata[0] ? metadata : "none used",
+                metadata[0] && !isnan(tw_info_get_num(f, "scale")) && json_array_size(mean)
+                    ? " (Deepness: values / 255, then (x - mean) / std)"
+                    : "");
+        double resolution = tw_info_get_num(o, "resolution_cm");
+        if (!isnan(resolution))
+            fprintf(out,
+                    "resolution: %g cm/px (Deepness's; not used: tilewise reads the "
+                    "raster at its own)\n",
+                    resolution);
+        if (tw_info_get_str(o, "model_type")[0])
+            fprintf(out, "model_type: %s\n", tw_info_get_str(o, "model_type"));
+    }
+    json_t *blocks = json_object_get(f, "blocks");
+    fprintf(out, "arch:       %s (%s blocks %lld-%lld-%lld-%lld)\n", tw_info_get_str(f, "arch"),
+            tw_info_get_bool(f, "_bottleneck") ? "bottleneck" : "basic",
+            (long long)json_integer_value(json_array_get(blocks, 0)),
+            (long long)json_integer_value(json_array_get(blocks, 1)),
+            (long long)json_integer_value(json_array_get(blocks, 2)),
+            (long long)json_integer_value(json_array_get(blocks, 3)));
+    fprintf(out, "family:     %s (groups %lld, base width %lld)\n", tw_info_get_str(f, "family"),
+            tw_info_get_int(f, "groups"), tw_info_get_int(f, "base_width"));
+    const char *stem = tw_info_get_str(f, "stem");
+    fprintf(out, "stem:       %s (conv1 %lldx%lld stride %lld%s)\n", stem,
+            tw_info_get_int(f, "_stem_kernel"), tw_info_get_int(f, "_stem_kernel"),
+            tw_info_get_int(f, "_stem_stride"),
+            strcmp(stem, tw_stem_names[TW_STEM_SMALL]) == 0 ? ", no max pool" : ", 3x3 max pool");
+    json_t *bands = json_object_get(f, "bands");
+    fprintf(out, "bands:      %lld", tw_info_get_int(f, "in_bands"));
+    if (json_array_size(bands)) {
+        fprintf(out, " (raster bands");
+        json_array_foreach(bands, i, v) fprintf(out, " %lld", (long long)json_integer_value(v));
+        fprintf(out, ")");
+    }
+    if (!tw_info_get_bool(f, "head")) {
+        fprintf(out, "\nhead:       none (a headless backbone: output.products "
+                     "embedding_raster, embeddings)\n");
+    } else {
+        json_t *classes = json_object_get(f, "classes");
+        long long n = tw_info_get_int(f, "n_classes");
+        fprintf(out, "\nhead:       fc, %lld classes\n", n);
+        fprintf(out, "classes:    %lld", n);
+        json_array_foreach(classes, i, v)
+            fprintf(out, "%s%s", i ? ", " : " (", json_string_value(v));
+        fprintf(out, "%s\n", json_array_size(classes) ? ")" : "");
+    }
+    fprintf(out, "features:   %lld (the embedding width D)\n", tw_info_get_int(f, "features"));
+    fprintf(out, "parameters: %lld\n", tw_info_get_int(f, "parameters"));
+    if (!isnan(tw_info_get_num(f, "scale")))
+        fprintf(out, "scale:      %g\n", tw_info_get_num(f, "scale"));
+    if (json_array_size(mean)) {
+        fprintf(out, "mean:      ");
+        json_array_foreach(mean, i, v) fprintf(out, " %g", json_number_value(v));
+        fputc('\n', out);
+    }
+    if (json_array_size(std)) {
+        fprintf(out, "std:       ");
+        json_array_foreach(std, i, v) fprintf(out, " %g", json_number_value(v));
+        fputc('\n', out);
+    }
+    if (!json_array_size(mean) && !json_array_size(std))
+        fprintf(out, "normalize:  not in the file (give model.mean and model.std)\n");
+    if (json_is_integer(json_object_get(f, "tile")))
+        fprintf(out, "tile:       %lld\n", tw_info_get_int(f, "tile"));
+    fprintf(out, "sha256:     %s\n", tw_info_get_str(f, "sha256"));
+    const char *checksum = tw_info_get_str(f, "checksum");
+    fprintf(out, "checksum:   %s\n",
+            strcmp(checksum, "verified") == 0 ? "verified (the tensors match tensors_sha256)"
+            : strcmp(checksum, "absent") == 0
+                ? "absent (a bundle from before tools/export_model.py wrote one)"
+            : o ? "none (ONNX carries none)"
+                : "none (safetensors carries none)");
+}
+
+/* ---- a raster ---- */
+
+/* One band's facts ("_nodata", "_min", "_max": the text's, when not
+ * finite). */
+static json_t *band_facts(int band, const tw_inspect_band *ib, bool *ok)
+{
+    json_t *f = json_object(), *block = json_array();
+    tw_info_put(f, "band", json_integer(band), ok);
+    tw_info_put(f, "type", tw_info_str(ib->type), ok);
+    tw_info_push(block, json_integer(ib->block_w), ok);
+    tw_info_push(block, json_integer(ib->block_h), ok);
+    tw_info_put(f, "block", block, ok);
+    if (ib->has_nodata)
+        tw_info_put_shown(f, "nodata", ib->nodata, ok);
+    else
+        tw_info_put(f, "nodata", json_null(), ok);
+    tw_info_put(f, "description", tw_info_str(ib->description), ok);
+    tw_info_put(f, "color", tw_info_str(ib->color), ok);
+    tw_info_put(f, "overviews", json_integer(ib->overviews), ok);
+    if (ib->has_stats) {
+        tw_info_put_shown(f, "min", ib->min, ok);
+        tw_info_put_shown(f, "max", ib->max, ok);
+    }
+    return f;
+}
+
+/* The raster's facts; read_cost: also "_reading" (what reading all of a
+ * remote raster takes: {requests, bytes}, null when unknown; it costs
+ * requests, so only the text asks). */
+static json_t *raster_facts(const char *user_path, const char *path, const char *gpath,
+                            const tw_inspect *ri, const tw_error *rerr, bool usable, bool read_cost,
+                            bool *ok)
+{
+    const double *gt = ri->geotransform;
+    json_t *f = json_object(), *bands = json_array();
+    tw_info_put(f, "type", json_string("raster"), ok);
+    tw_info_put(f, "path", tw_info_str(path), ok);
+    tw_info_put(f, "driver", tw_info_str(ri->driver), ok);
+    tw_info_put(f, "width", json_integer(ri->width), ok);
+    tw_info_put(f, "height", json_integer(ri->height), ok);
+    tw_info_put(f, "band_count", json_integer(ri->band_count), ok);
+    tw_info_put(f, "crs", tw_info_str(ri->crs), ok);
+    tw_info_put(f, "crs_kind", tw_info_str(ri->crs_kind), ok);
+    tw_info_put(f, "crs_units", tw_info_str(ri->crs_units), ok);
+    json_t *g = ri->has_geotransform ? json_array() : json_null();
+    for (int i = 0; ri->has_geotransform && i < 6; i++) tw_info_push(g, tw_info_num(gt[i]), ok);
+    tw_info_put(f, "geotransform", g, ok);
+    json_t *px = json_null();
+    if (ri->has_geotransform && ri->crs_units[0]) {
+        json_decref(px);
+        px = json_array();
+        tw_info_push(px, tw_info_num(hypot(gt[1], gt[4]) * ri->metres_x), ok);
+        tw_info_push(px, tw_info_num(hypot(gt[2], gt[5]) * ri->metres_y), ok);
+    }
+    tw_info_put(f, "pixel_size_m", px, ok);
+    tw_info_put(f, "layout", tw_info_str(ri->layout), ok);
+    tw_info_put(f, "compression", tw_info_str(ri->compression), ok);
+    tw_info_put(f, "usable", json_boolean(usable), ok);
+    if (!usable) tw_info_put(f, "problem", tw_info_str(rerr->msg), ok);
+    for (int i = 0; i < ri->band_count; i++)
+        tw_info_push(bands, band_facts(i + 1, &ri->bands[i], ok), ok);
+    tw_info_put(f, "bands", bands, ok);
+    char legend[1536];
+    if (tw_legend_note(path, legend, sizeof legend))
+        tw_info_put(f, "legend", tw_info_str(legend), ok);
+    if (read_cost && tw_url_is_remote(user_path)) {
+        int64_t bytes = -1, reqs = -1;
+        tw_error cerr;
+        tw_error_init(&cerr);
+        json_t *r = json_null();
+        if (tw_url_read_cost(gpath, 0, ri->height, 0, &bytes, &reqs, &cerr) == TW_OK &&
+            bytes >= 0) {
+            json_decref(r);
+            r = json_object();
+            tw_info_put(r, "requests", json_integer(reqs), ok);
+            tw_info_put(r, "bytes", json_integer(bytes), ok);
+        }
+        tw_info_put(f, "_reading", r, ok);
+    }
+    return f;
+}
+
+static tw_status info_raster(const char *user_path, bool read_cost, bool tiff_direct,
+                             json_t **facts, tw_error *err)
 {
     /* https:// and s3:// as the run opens them; shown with credentials
      * redacted (io/url.h). */
@@ -202,143 +445,83 @@ static tw_status info_raster(const char *user_path, bool json, bool tiff_direct,
     tw_raster_open_params op = {.tiff_direct = tiff_direct};
     bool usable = tw_raster_open_ex(user_path, NULL, 0, &op, &tr, &rerr) == TW_OK;
     tw_raster_close(tr);
-
-    int w = ri->width, h = ri->height, nb = ri->band_count;
-    const char *dname = ri->driver;
-    const double *gt = ri->geotransform;
-    bool has_gt = ri->has_geotransform;
-    const char *crs = ri->crs, *kind = ri->crs_kind, *unit_buf = ri->crs_units;
-    double mx = ri->metres_x, my = ri->metres_y;
-    const char *ovr_layout = ri->layout[0] ? ri->layout : NULL;
-    const char *compression = ri->compression[0] ? ri->compression : NULL;
-
-    tw_json j = tw_json_file(out);
-    if (json) {
-        tw_json_open(&j, NULL, '{');
-        tw_json_str(&j, "type", "raster");
-        tw_json_str(&j, "path", path);
-        tw_json_str(&j, "driver", dname);
-        tw_json_int(&j, "width", w);
-        tw_json_int(&j, "height", h);
-        tw_json_int(&j, "band_count", nb);
-        tw_json_str(&j, "crs", crs);
-        tw_json_str(&j, "crs_kind", kind);
-        tw_json_str(&j, "crs_units", unit_buf);
-        if (has_gt) {
-            tw_json_open(&j, "geotransform", '[');
-            for (int i = 0; i < 6; i++) tw_json_real(&j, NULL, gt[i], 17);
-            tw_json_close(&j, ']');
-        } else {
-            tw_json_null(&j, "geotransform");
-        }
-        if (has_gt && unit_buf[0]) {
-            tw_json_open(&j, "pixel_size_m", '[');
-            tw_json_num(&j, NULL, hypot(gt[1], gt[4]) * mx);
-            tw_json_num(&j, NULL, hypot(gt[2], gt[5]) * my);
-            tw_json_close(&j, ']');
-        } else {
-            tw_json_null(&j, "pixel_size_m");
-        }
-        tw_json_str(&j, "layout", ovr_layout ? ovr_layout : "");
-        tw_json_str(&j, "compression", compression ? compression : "");
-        tw_json_bool(&j, "usable", usable);
-        if (!usable) tw_json_str(&j, "problem", rerr.msg);
-        tw_json_open(&j, "bands", '[');
-    } else {
-        fprintf(out, "raster:     %s (%s)\n", path, dname);
-        fprintf(out, "size:       %d x %d pixels, %d band%s\n", w, h, nb, nb == 1 ? "" : "s");
-        if (kind[0])
-            fprintf(out, "crs:        %s, %s%s%s\n", crs, kind, unit_buf[0] ? ", units " : "",
-                    unit_buf);
-        else
-            fprintf(out, "crs:        %s\n", crs);
-        if (has_gt) {
-            fprintf(out, "origin:     %.10g, %.10g\n", gt[0], gt[3]);
-            fprintf(out, "pixel:      %.10g x %.10g", gt[1], gt[5]);
-            if (gt[2] != 0 || gt[4] != 0) fprintf(out, " (rotated: %g, %g)", gt[2], gt[4]);
-            if (unit_buf[0] && strcmp(kind, "projected") != 0)
-                fprintf(out, " %s (about %.4g x %.4g m)", unit_buf, hypot(gt[1], gt[4]) * mx,
-                        hypot(gt[2], gt[5]) * my);
-            else if (unit_buf[0])
-                fprintf(out, " %s", unit_buf);
-            fputc('\n', out);
-        } else {
-            fprintf(out, "pixel:      no geotransform (pixel coordinates)\n");
-        }
-        if (ovr_layout || compression)
-            fprintf(out, "layout:     %s%s%s\n", ovr_layout ? ovr_layout : "",
-                    ovr_layout && compression ? ", " : "", compression ? compression : "");
-        if (usable)
-            fprintf(out, "usable:     yes\n");
-        else
-            fprintf(out, "usable:     no: %s\n", rerr.msg);
-    }
-    for (int i = 1; i <= nb; i++) {
-        const tw_inspect_band *ib = &ri->bands[i - 1];
-        int bw = ib->block_w, bh = ib->block_h, has_nd = ib->has_nodata;
-        double nd = ib->nodata;
-        const char *type = ib->type, *desc = ib->description, *ci = ib->color;
-        int n_ovr = ib->overviews;
-        double lo = ib->min, hi = ib->max;
-        bool stats = ib->has_stats;
-        if (json) {
-            tw_json_open(&j, NULL, '{');
-            tw_json_int(&j, "band", i);
-            tw_json_str(&j, "type", type);
-            tw_json_open(&j, "block", '[');
-            tw_json_int(&j, NULL, bw);
-            tw_json_int(&j, NULL, bh);
-            tw_json_close(&j, ']');
-            if (has_nd)
-                tw_json_num(&j, "nodata", nd);
-            else
-                tw_json_null(&j, "nodata");
-            tw_json_str(&j, "description", desc);
-            tw_json_str(&j, "color", ci);
-            tw_json_int(&j, "overviews", n_ovr);
-            if (stats) {
-                tw_json_num(&j, "min", lo);
-                tw_json_num(&j, "max", hi);
-            }
-            tw_json_close(&j, '}');
-        } else {
-            fprintf(out, "band %-5d  %s, block %d x %d, nodata ", i, type, bw, bh);
-            if (has_nd)
-                fprintf(out, "%.17g", nd);
-            else
-                fprintf(out, "none");
-            fprintf(out, ", %s", ci);
-            if (desc && desc[0]) fprintf(out, ", \"%s\"", desc);
-            if (n_ovr) fprintf(out, ", %d overview%s", n_ovr, n_ovr == 1 ? "" : "s");
-            if (stats) fprintf(out, ", min %g max %g", lo, hi);
-            fputc('\n', out);
-        }
-    }
-    if (!json && tw_url_is_remote(user_path)) {
-        int64_t bytes = -1, reqs = -1;
-        tw_error cerr;
-        tw_error_init(&cerr);
-        if (tw_url_read_cost(gpath, 0, h, 0, &bytes, &reqs, &cerr) == TW_OK && bytes >= 0)
-            fprintf(
-                out,
-                "reading:    remote; all of it takes at least %lld range requests, %lld bytes\n",
-                (long long)reqs + 2, (long long)bytes);
-        else
-            fprintf(out, "reading:    remote; cost unknown (not a tiled GeoTIFF/COG)\n");
-    }
-    char legend[1536];
-    bool has_legend = tw_legend_note(path, legend, sizeof legend);
-    if (json) {
-        tw_json_close(&j, ']');
-        if (has_legend) tw_json_str(&j, "legend", legend);
-        tw_json_close(&j, '}');
-        fputc('\n', out);
-    } else if (has_legend) {
-        fprintf(out, "legend:     %s\n", legend);
-    }
+    bool ok = true;
+    *facts = raster_facts(user_path, path, gpath, ri, &rerr, usable, read_cost, &ok);
     tw_inspect_destroy(ri);
-    return TW_OK;
+    return ok ? TW_OK : tw_error_set(err, TW_ERR_NOMEM, "out of memory");
 }
+
+static void raster_text(const json_t *f, FILE *out)
+{
+    long long nb = tw_info_get_int(f, "band_count");
+    const char *kind = tw_info_get_str(f, "crs_kind"), *units = tw_info_get_str(f, "crs_units");
+    fprintf(out, "raster:     %s (%s)\n", tw_info_get_str(f, "path"), tw_info_get_str(f, "driver"));
+    fprintf(out, "size:       %lld x %lld pixels, %lld band%s\n", tw_info_get_int(f, "width"),
+            tw_info_get_int(f, "height"), nb, nb == 1 ? "" : "s");
+    if (kind[0])
+        fprintf(out, "crs:        %s, %s%s%s\n", tw_info_get_str(f, "crs"), kind,
+                units[0] ? ", units " : "", units);
+    else
+        fprintf(out, "crs:        %s\n", tw_info_get_str(f, "crs"));
+    json_t *g = json_object_get(f, "geotransform");
+    if (json_is_array(g)) {
+        double gt[6];
+        for (size_t i = 0; i < 6; i++) gt[i] = json_number_value(json_array_get(g, i));
+        json_t *px = json_object_get(f, "pixel_size_m");
+        fprintf(out, "origin:     %.10g, %.10g\n", gt[0], gt[3]);
+        fprintf(out, "pixel:      %.10g x %.10g", gt[1], gt[5]);
+        if (gt[2] != 0 || gt[4] != 0) fprintf(out, " (rotated: %g, %g)", gt[2], gt[4]);
+        if (units[0] && strcmp(kind, "projected") != 0)
+            fprintf(out, " %s (about %.4g x %.4g m)", units,
+                    json_number_value(json_array_get(px, 0)),
+                    json_number_value(json_array_get(px, 1)));
+        else if (units[0])
+            fprintf(out, " %s", units);
+        fputc('\n', out);
+    } else {
+        fprintf(out, "pixel:      no geotransform (pixel coordinates)\n");
+    }
+    const char *layout = tw_info_get_str(f, "layout");
+    const char *compression = tw_info_get_str(f, "compression");
+    if (layout[0] || compression[0])
+        fprintf(out, "layout:     %s%s%s\n", layout, layout[0] && compression[0] ? ", " : "",
+                compression);
+    if (tw_info_get_bool(f, "usable"))
+        fprintf(out, "usable:     yes\n");
+    else
+        fprintf(out, "usable:     no: %s\n", tw_info_get_str(f, "problem"));
+    size_t i;
+    json_t *b;
+    json_array_foreach(json_object_get(f, "bands"), i, b)
+    {
+        json_t *block = json_object_get(b, "block");
+        char nodata[32], lo[32], hi[32];
+        fprintf(out, "band %-5lld  %s, block %lld x %lld, nodata %s", tw_info_get_int(b, "band"),
+                tw_info_get_str(b, "type"), (long long)json_integer_value(json_array_get(block, 0)),
+                (long long)json_integer_value(json_array_get(block, 1)),
+                tw_info_shown(b, "nodata", "%.17g", nodata, sizeof nodata) ? nodata : "none");
+        fprintf(out, ", %s", tw_info_get_str(b, "color"));
+        const char *desc = tw_info_get_str(b, "description");
+        if (desc[0]) fprintf(out, ", \"%s\"", desc);
+        long long n_ovr = tw_info_get_int(b, "overviews");
+        if (n_ovr) fprintf(out, ", %lld overview%s", n_ovr, n_ovr == 1 ? "" : "s");
+        if (tw_info_shown(b, "min", "%g", lo, sizeof lo) &&
+            tw_info_shown(b, "max", "%g", hi, sizeof hi))
+            fprintf(out, ", min %s max %s", lo, hi);
+        fputc('\n', out);
+    }
+    json_t *r = json_object_get(f, "_reading");
+    if (json_is_object(r))
+        fprintf(out,
+                "reading:    remote; all of it takes at least %lld range requests, %lld bytes\n",
+                tw_info_get_int(r, "requests") + 2, tw_info_get_int(r, "bytes"));
+    else if (r)
+        fprintf(out, "reading:    remote; cost unknown (not a tiled GeoTIFF/COG)\n");
+    if (json_object_get(f, "legend"))
+        fprintf(out, "legend:     %s\n", tw_info_get_str(f, "legend"));
+}
+
+/* ---- a polygons product ---- */
 
 static bool looks_like_vector(const char *path)
 {
@@ -346,59 +529,98 @@ static bool looks_like_vector(const char *path)
     return dot && (strcmp(dot, ".gpkg") == 0 || strcmp(dot, ".fgb") == 0);
 }
 
+static json_t *polygons_facts(const char *path, const tw_polygons_summary *s, bool *ok)
+{
+    json_t *f = json_object(), *extent = json_array(), *classes = json_array();
+    tw_info_put(f, "type", json_string("polygons"), ok);
+    tw_info_put(f, "path", tw_info_str(path), ok);
+    tw_info_put(f, "driver", tw_info_str(s->driver), ok);
+    tw_info_put(f, "layer", json_string("classes"), ok);
+    tw_info_put(f, "features", json_integer(s->features), ok);
+    tw_info_put(f, "crs", tw_info_str(s->crs), ok);
+    tw_info_put(f, "area_unit", tw_info_str(s->area_unit), ok);
+    for (int i = 0; i < 4; i++) tw_info_push(extent, tw_info_num(s->extent[i]), ok);
+    tw_info_put(f, "extent", extent, ok);
+    for (int i = 0; i < s->n_classes; i++) {
+        json_t *c = json_object();
+        tw_info_put(c, "class", json_integer(s->classes[i].cls), ok);
+        tw_info_put(c, "name", tw_info_str(s->classes[i].name), ok);
+        tw_info_put(c, "features", json_integer(s->classes[i].features), ok);
+        tw_info_put(c, "cells", json_integer(s->classes[i].cells), ok);
+        tw_info_put(c, "area", tw_info_num(s->classes[i].area), ok);
+        tw_info_push(classes, c, ok);
+    }
+    tw_info_put(f, "classes", classes, ok);
+    return f;
+}
+
 /* A polygons product (io/polygons.h): the layer, its features and each
- * class's regions, cells and area. *done false: not one (a raster
- * GeoPackage, say), nothing written. */
-static tw_status info_polygons(const char *path, bool json, FILE *out, bool *done, tw_error *err)
+ * class's regions, cells and area. *facts NULL: not one (a raster
+ * GeoPackage, say). */
+static tw_status info_polygons(const char *path, json_t **facts, tw_error *err)
 {
     tw_polygons_summary *s = tw_calloc(TW_MEM_OTHER, 1, sizeof *s);
     if (!s) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     tw_status st = tw_polygons_summarize(path, s, err);
-    *done = st == TW_OK && s->found;
-    if (*done && json) {
-        tw_json j = tw_json_file(out);
-        tw_json_open(&j, NULL, '{');
-        tw_json_str(&j, "type", "polygons");
-        tw_json_str(&j, "path", path);
-        tw_json_str(&j, "driver", s->driver);
-        tw_json_str(&j, "layer", "classes");
-        tw_json_int(&j, "features", s->features);
-        tw_json_str(&j, "crs", s->crs);
-        tw_json_str(&j, "area_unit", s->area_unit);
-        tw_json_open(&j, "extent", '[');
-        for (int i = 0; i < 4; i++) tw_json_real(&j, NULL, s->extent[i], 17);
-        tw_json_close(&j, ']');
-        tw_json_open(&j, "classes", '[');
-        for (int i = 0; i < s->n_classes; i++) {
-            tw_json_open(&j, NULL, '{');
-            tw_json_int(&j, "class", s->classes[i].cls);
-            tw_json_str(&j, "name", s->classes[i].name);
-            tw_json_int(&j, "features", s->classes[i].features);
-            tw_json_int(&j, "cells", s->classes[i].cells);
-            tw_json_real(&j, "area", s->classes[i].area, 17);
-            tw_json_close(&j, '}');
-        }
-        tw_json_close(&j, ']');
-        tw_json_close(&j, '}');
-        fputc('\n', out);
-    } else if (*done) {
-        double total = 0;
-        for (int i = 0; i < s->n_classes; i++) total += s->classes[i].area;
-        fprintf(out, "polygons:   %s (%s)\n", path, s->driver);
-        fprintf(out, "layer:      classes, %lld features, CRS %s\n", (long long)s->features,
-                s->crs[0] ? s->crs : "none");
-        fprintf(out, "extent:     %.6f, %.6f - %.6f, %.6f\n", s->extent[0], s->extent[2],
-                s->extent[1], s->extent[3]);
-        fprintf(out, "area unit:  %s\n", s->area_unit[0] ? s->area_unit : "unknown");
-        fprintf(out, "classes:\n");
-        for (int i = 0; i < s->n_classes; i++)
-            fprintf(out, "  %3d %-20s %8lld features %12lld cells %18.3f (%5.1f%%)\n",
-                    s->classes[i].cls, s->classes[i].name, (long long)s->classes[i].features,
-                    (long long)s->classes[i].cells, s->classes[i].area,
-                    total > 0 ? 100.0 * s->classes[i].area / total : 0.0);
+    if (st == TW_OK && s->found) {
+        bool ok = true;
+        *facts = polygons_facts(path, s, &ok);
+        if (!ok) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     tw_free(s);
     return st;
+}
+
+static void polygons_text(const json_t *f, FILE *out)
+{
+    json_t *classes = json_object_get(f, "classes"), *extent = json_object_get(f, "extent");
+    json_t *c;
+    size_t i;
+    double total = 0;
+    json_array_foreach(classes, i, c) total += tw_info_get_num(c, "area");
+    const char *crs = tw_info_get_str(f, "crs"), *unit = tw_info_get_str(f, "area_unit");
+    fprintf(out, "polygons:   %s (%s)\n", tw_info_get_str(f, "path"), tw_info_get_str(f, "driver"));
+    fprintf(out, "layer:      classes, %lld features, CRS %s\n", tw_info_get_int(f, "features"),
+            crs[0] ? crs : "none");
+    fprintf(
+        out, "extent:     %.6f, %.6f - %.6f, %.6f\n", json_number_value(json_array_get(extent, 0)),
+        json_number_value(json_array_get(extent, 2)), json_number_value(json_array_get(extent, 1)),
+        json_number_value(json_array_get(extent, 3)));
+    fprintf(out, "area unit:  %s\n", unit[0] ? unit : "unknown");
+    fprintf(out, "classes:\n");
+    json_array_foreach(classes, i, c)
+    {
+        double area = tw_info_get_num(c, "area");
+        fprintf(out, "  %3lld %-20s %8lld features %12lld cells %18.3f (%5.1f%%)\n",
+                tw_info_get_int(c, "class"), tw_info_get_str(c, "name"),
+                tw_info_get_int(c, "features"), tw_info_get_int(c, "cells"), area,
+                total > 0 ? 100.0 * area / total : 0.0);
+    }
+}
+
+/* ---- one file ---- */
+
+/* The facts about path (*facts the caller's) and the text renderer of their
+ * kind. */
+static tw_status gather(const char *path, bool json, bool tiff_direct, json_t **facts,
+                        void (**text)(const json_t *, FILE *), tw_error *err)
+{
+    *facts = NULL;
+    if (tw_info_is_stac(path)) {
+        *text = tw_info_stac_text;
+        return tw_info_stac_facts(path, facts, err);
+    }
+    if (looks_like_vector(path)) {
+        *text = polygons_text;
+        tw_status st = info_polygons(path, facts, err);
+        if (st != TW_OK || *facts) return st;
+    }
+    if (looks_like_model(path)) {
+        *text = model_text;
+        return info_model(path, facts, err);
+    }
+    *text = raster_text;
+    return info_raster(path, !json, tiff_direct, facts, err);
 }
 
 tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out, tw_error *err)
@@ -410,12 +632,20 @@ tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out
         if (!f) return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open", path);
         fclose(f);
     }
-    if (tw_info_is_stac(path)) return tw_info_stac(path, json, out, err);
-    if (looks_like_vector(path)) {
-        bool done = false;
-        tw_status st = info_polygons(path, json, out, &done, err);
-        if (st != TW_OK || done) return st;
+    json_t *facts = NULL;
+    void (*text)(const json_t *, FILE *) = NULL;
+    tw_status st = gather(path, json, tiff_direct, &facts, &text, err);
+    if (st != TW_OK) {
+        json_decref(facts); /* what was built before memory ran out */
+        return st;
     }
-    return looks_like_model(path) ? info_model(path, json, out, err)
-                                  : info_raster(path, json, tiff_direct, out, err);
+    if (json) {
+        tw_json j = tw_json_file(out);
+        write_json(&j, NULL, NULL, facts);
+        fputc('\n', out);
+    } else {
+        text(facts, out);
+    }
+    json_decref(facts);
+    return TW_OK;
 }

@@ -1,14 +1,12 @@
 /* info_stac.c - `tilewise info` of a STAC Item or Collection that a run
- * wrote (output.stac): id, datetime, bbox, the assets with their sizes, the
- * model (info.h). Read with jansson; nothing is written but to the caller's
- * stream. */
-#include "api/info.h"
-
+ * wrote (output.stac): its facts (id, datetime, bbox, the assets with their
+ * sizes, the model) read with jansson into info's tree, and their text
+ * (info_internal.h). */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "pipeline/json.h"
+#include "api/info_internal.h"
 
 bool tw_info_is_stac(const char *path)
 {
@@ -23,8 +21,100 @@ static const char *str(json_t *o, const char *k)
     return s ? s : "";
 }
 
-tw_status tw_info_stac(const char *path, bool json, FILE *out, tw_error *err)
+/* The facts of a STAC document already known to be an Item or Collection:
+ * the JSON form's members in its order, then the item's CRS and grid for
+ * the text ("_epsg", "_wkt2", "_shape"). */
+static json_t *stac_facts(const char *path, json_t *root, bool item, bool *ok)
 {
+    json_t *f = json_object();
+    json_t *props = json_object_get(root, "properties");
+    json_t *assets = json_object_get(root, "assets");
+    tw_info_put(f, "type", json_string(item ? "stac_item" : "stac_collection"), ok);
+    tw_info_put(f, "path", tw_info_str(path), ok);
+    tw_info_put(f, "id", tw_info_str(str(root, "id")), ok);
+    tw_info_put(f, "stac_version", tw_info_str(str(root, "stac_version")), ok);
+    json_t *extent = json_object_get(root, "extent");
+    if (item) {
+        tw_info_put(f, "datetime", tw_info_str(str(props, "datetime")), ok);
+    } else {
+        json_t *iv =
+            json_array_get(json_object_get(json_object_get(extent, "temporal"), "interval"), 0);
+        /* "": open */
+        tw_info_put(f, "start", tw_info_str(json_string_value(json_array_get(iv, 0))), ok);
+        tw_info_put(f, "end", tw_info_str(json_string_value(json_array_get(iv, 1))), ok);
+    }
+    json_t *bbox =
+        item ? json_object_get(root, "bbox")
+             : json_array_get(json_object_get(json_object_get(extent, "spatial"), "bbox"), 0);
+    if (json_array_size(bbox) == 4) {
+        json_t *b = json_array();
+        for (size_t i = 0; i < 4; i++)
+            tw_info_push(b, tw_info_num(json_number_value(json_array_get(bbox, i))), ok);
+        tw_info_put(f, "bbox", b, ok);
+    }
+    json_t *list = json_array();
+    const char *key;
+    json_t *a;
+    json_object_foreach(assets, key, a)
+    {
+        json_t *size = json_object_get(a, "file:size"), *e = json_object();
+        tw_info_put(e, "key", tw_info_str(key), ok);
+        tw_info_put(e, "href", tw_info_str(str(a, "href")), ok);
+        tw_info_put(e, "type", tw_info_str(str(a, "type")), ok);
+        tw_info_put(e, "size",
+                    json_is_integer(size) ? json_integer(json_integer_value(size)) : json_null(),
+                    ok);
+        tw_info_put(e, "checksum", tw_info_str(str(a, "file:checksum")), ok);
+        tw_info_push(list, e, ok);
+    }
+    tw_info_put(f, "assets", list, ok);
+    if (item && json_object_get(props, "mlm:name")) {
+        json_t *in = json_array_get(json_object_get(props, "mlm:input"), 0);
+        json_t *o = json_array_get(json_object_get(props, "mlm:output"), 0);
+        const char *sha = str(json_object_get(assets, "model"), "file:checksum");
+        if (strncmp(sha, "1220", 4) == 0) sha += 4; /* the multihash's sha2-256 prefix */
+        json_t *m = json_object();
+        tw_info_put(m, "name", tw_info_str(str(props, "mlm:name")), ok);
+        tw_info_put(m, "architecture", tw_info_str(str(props, "mlm:architecture")), ok);
+        tw_info_put(m, "bands",
+                    json_integer((json_int_t)json_array_size(json_object_get(in, "bands"))), ok);
+        tw_info_put(
+            m, "classes",
+            json_integer((json_int_t)json_array_size(json_object_get(o, "classification:classes"))),
+            ok);
+        tw_info_put(m, "sha256", tw_info_str(sha), ok);
+        tw_info_put(f, "model", m, ok);
+    }
+    list = json_array();
+    size_t li;
+    json_t *l;
+    json_array_foreach(json_object_get(root, "links"), li, l)
+    {
+        json_t *e = json_object();
+        tw_info_put(e, "rel", tw_info_str(str(l, "rel")), ok);
+        tw_info_put(e, "href", tw_info_str(str(l, "href")), ok);
+        tw_info_push(list, e, ok);
+    }
+    tw_info_put(f, "links", list, ok);
+    if (item) {
+        json_t *epsg = json_object_get(props, "proj:epsg");
+        json_t *shape = json_object_get(props, "proj:shape");
+        if (json_is_integer(epsg))
+            tw_info_put(f, "_epsg", json_integer(json_integer_value(epsg)), ok);
+        if (json_object_get(props, "proj:wkt2")) tw_info_put(f, "_wkt2", json_true(), ok);
+        if (json_array_size(shape) == 2) {
+            json_t *s = json_array();
+            for (size_t i = 0; i < 2; i++)
+                tw_info_push(s, json_integer(json_integer_value(json_array_get(shape, i))), ok);
+            tw_info_put(f, "_shape", s, ok);
+        }
+    }
+    return f;
+}
+
+tw_status tw_info_stac_facts(const char *path, json_t **facts, tw_error *err)
+{
+    *facts = NULL;
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root)
@@ -39,137 +129,67 @@ tw_status tw_info_stac(const char *path, bool json, FILE *out, tw_error *err)
                             "neither Feature nor Collection)",
                             path);
     }
-    json_t *props = json_object_get(root, "properties");
-    json_t *bbox =
-        item ? json_object_get(root, "bbox")
-             : json_array_get(
-                   json_object_get(json_object_get(json_object_get(root, "extent"), "spatial"),
-                                   "bbox"),
-                   0);
-    json_t *assets = json_object_get(root, "assets");
-    tw_json j = tw_json_file(out);
-    if (json) {
-        tw_json_open(&j, NULL, '{');
-        tw_json_str(&j, "type", item ? "stac_item" : "stac_collection");
-        tw_json_str(&j, "path", path);
-        tw_json_str(&j, "id", str(root, "id"));
-        tw_json_str(&j, "stac_version", str(root, "stac_version"));
-    } else {
-        fprintf(out, "%-10s%s (STAC %s %s)\n", item ? "item" : "collection", str(root, "id"),
-                str(root, "stac_version"), item ? "Item" : "Collection");
+    bool ok = true;
+    json_t *f = stac_facts(path, root, item, &ok);
+    json_decref(root);
+    if (!ok) {
+        json_decref(f);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
+    *facts = f;
+    return TW_OK;
+}
+
+void tw_info_stac_text(const json_t *f, FILE *out)
+{
+    bool item = strcmp(tw_info_get_str(f, "type"), "stac_item") == 0;
+    fprintf(out, "%-10s%s (STAC %s %s)\n", item ? "item" : "collection", tw_info_get_str(f, "id"),
+            tw_info_get_str(f, "stac_version"), item ? "Item" : "Collection");
     if (item) {
-        if (json)
-            tw_json_str(&j, "datetime", str(props, "datetime"));
-        else
-            fprintf(out, "%-10s%s\n", "datetime", str(props, "datetime"));
+        fprintf(out, "%-10s%s\n", "datetime", tw_info_get_str(f, "datetime"));
     } else {
-        json_t *iv = json_array_get(
-            json_object_get(json_object_get(json_object_get(root, "extent"), "temporal"),
-                            "interval"),
-            0);
-        const char *t0 = json_string_value(json_array_get(iv, 0)),
-                   *t1 = json_string_value(json_array_get(iv, 1));
-        if (json) {
-            tw_json_str(&j, "start", t0 ? t0 : "");
-            tw_json_str(&j, "end", t1 ? t1 : "");
-        } else {
-            fprintf(out, "%-10s%s .. %s\n", "time", t0 ? t0 : "open", t1 ? t1 : "open");
-        }
+        const char *t0 = tw_info_get_str(f, "start"), *t1 = tw_info_get_str(f, "end");
+        fprintf(out, "%-10s%s .. %s\n", "time", t0[0] ? t0 : "open", t1[0] ? t1 : "open");
     }
-    if (json_array_size(bbox) == 4) {
-        double b[4];
-        for (int i = 0; i < 4; i++) b[i] = json_number_value(json_array_get(bbox, (size_t)i));
-        if (json) {
-            tw_json_open(&j, "bbox", '[');
-            for (int i = 0; i < 4; i++) tw_json_real(&j, NULL, b[i], 17);
-            tw_json_close(&j, ']');
-        } else {
-            fprintf(out, "%-10slon %.6f .. %.6f, lat %.6f .. %.6f (WGS84)\n", "bbox", b[0], b[2],
-                    b[1], b[3]);
-        }
-    }
-    if (item && !json) {
-        json_t *epsg = json_object_get(props, "proj:epsg");
-        json_t *shape = json_object_get(props, "proj:shape");
-        if (json_is_integer(epsg) || json_array_size(shape) == 2) {
-            fprintf(out, "%-10s", "crs");
-            if (json_is_integer(epsg))
-                fprintf(out, "EPSG:%lld", (long long)json_integer_value(epsg));
-            else
-                fprintf(out, "%s", json_object_get(props, "proj:wkt2") ? "WKT2" : "none");
-            if (json_array_size(shape) == 2)
-                fprintf(out, "; grid %lld x %lld",
-                        (long long)json_integer_value(json_array_get(shape, 1)),
-                        (long long)json_integer_value(json_array_get(shape, 0)));
-            fprintf(out, "\n");
-        }
-    }
-    const char *key;
-    json_t *a;
-    if (json) tw_json_open(&j, "assets", '[');
-    json_object_foreach(assets, key, a)
-    {
-        json_t *size = json_object_get(a, "file:size");
-        if (json) {
-            tw_json_open(&j, NULL, '{');
-            tw_json_str(&j, "key", key);
-            tw_json_str(&j, "href", str(a, "href"));
-            tw_json_str(&j, "type", str(a, "type"));
-            if (json_is_integer(size))
-                tw_json_int(&j, "size", (long long)json_integer_value(size));
-            else
-                tw_json_null(&j, "size");
-            tw_json_str(&j, "checksum", str(a, "file:checksum"));
-            tw_json_close(&j, '}');
-        } else {
-            fprintf(out, "%-10s%s: %s", "asset", key, str(a, "href"));
-            if (json_is_integer(size))
-                fprintf(out, ", %lld bytes", (long long)json_integer_value(size));
-            fprintf(out, " (%s)\n", str(a, "type"));
-        }
-    }
-    if (json) tw_json_close(&j, ']');
-    if (item && json_object_get(props, "mlm:name")) {
-        json_t *in = json_array_get(json_object_get(props, "mlm:input"), 0);
-        json_t *o = json_array_get(json_object_get(props, "mlm:output"), 0);
-        size_t bands = json_array_size(json_object_get(in, "bands"));
-        size_t classes = json_array_size(json_object_get(o, "classification:classes"));
-        const char *sha = str(json_object_get(assets, "model"), "file:checksum");
-        if (strncmp(sha, "1220", 4) == 0) sha += 4;
-        if (json) {
-            tw_json_open(&j, "model", '{');
-            tw_json_str(&j, "name", str(props, "mlm:name"));
-            tw_json_str(&j, "architecture", str(props, "mlm:architecture"));
-            tw_json_int(&j, "bands", (long long)bands);
-            tw_json_int(&j, "classes", (long long)classes);
-            tw_json_str(&j, "sha256", sha);
-            tw_json_close(&j, '}');
-        } else {
-            fprintf(out, "%-10s%s: %s, %zu bands, %zu classes (sha256 %.12s)\n", "model",
-                    str(props, "mlm:name"), str(props, "mlm:architecture"), bands, classes, sha);
-        }
-    }
-    json_t *links = json_object_get(root, "links");
-    size_t li;
-    json_t *l;
-    if (json) tw_json_open(&j, "links", '[');
-    json_array_foreach(links, li, l)
-    {
-        if (json) {
-            tw_json_open(&j, NULL, '{');
-            tw_json_str(&j, "rel", str(l, "rel"));
-            tw_json_str(&j, "href", str(l, "href"));
-            tw_json_close(&j, '}');
-        } else if (strcmp(str(l, "rel"), "root") != 0 && strcmp(str(l, "rel"), "parent") != 0) {
-            fprintf(out, "%-10s%s: %s\n", "link", str(l, "rel"), str(l, "href"));
-        }
-    }
-    if (json) {
-        tw_json_close(&j, ']');
-        tw_json_close(&j, '}');
+    json_t *b = json_object_get(f, "bbox");
+    if (b)
+        fprintf(out, "%-10slon %.6f .. %.6f, lat %.6f .. %.6f (WGS84)\n", "bbox",
+                json_number_value(json_array_get(b, 0)), json_number_value(json_array_get(b, 2)),
+                json_number_value(json_array_get(b, 1)), json_number_value(json_array_get(b, 3)));
+    json_t *epsg = json_object_get(f, "_epsg"), *shape = json_object_get(f, "_shape");
+    if (epsg || shape) {
+        fprintf(out, "%-10s", "crs");
+        if (epsg)
+            fprintf(out, "EPSG:%lld", (long long)json_integer_value(epsg));
+        else
+            fprintf(out, "%s", tw_info_get_bool(f, "_wkt2") ? "WKT2" : "none");
+        if (shape)
+            fprintf(out, "; grid %lld x %lld",
+                    (long long)json_integer_value(json_array_get(shape, 1)),
+                    (long long)json_integer_value(json_array_get(shape, 0)));
         fprintf(out, "\n");
     }
-    json_decref(root);
-    return TW_OK;
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(f, "assets"), i, a)
+    {
+        fprintf(out, "%-10s%s: %s", "asset", tw_info_get_str(a, "key"), tw_info_get_str(a, "href"));
+        json_t *size = json_object_get(a, "size");
+        if (json_is_integer(size))
+            fprintf(out, ", %lld bytes", (long long)json_integer_value(size));
+        fprintf(out, " (%s)\n", tw_info_get_str(a, "type"));
+    }
+    json_t *m = json_object_get(f, "model");
+    if (m)
+        fprintf(out, "%-10s%s: %s, %lld bands, %lld classes (sha256 %.12s)\n", "model",
+                tw_info_get_str(m, "name"), tw_info_get_str(m, "architecture"),
+                tw_info_get_int(m, "bands"), tw_info_get_int(m, "classes"),
+                tw_info_get_str(m, "sha256"));
+    json_t *l;
+    json_array_foreach(json_object_get(f, "links"), i, l)
+    {
+        const char *rel = tw_info_get_str(l, "rel");
+        if (strcmp(rel, "root") != 0 && strcmp(rel, "parent") != 0)
+            fprintf(out, "%-10s%s: %s\n", "link", rel, tw_info_get_str(l, "href"));
+    }
 }
