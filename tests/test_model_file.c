@@ -20,29 +20,9 @@
 #include "core/alloc.h"
 #include "testutil.h"
 
-static const char *fixture(const char *name)
-{
-    const char *dir = tw_test_fixtures();
-    if (!dir) return NULL;
-    const char *p = tw_test_path(dir, name);
-    return tw_test_file_exists(p) ? p : NULL;
-}
-
-#define NEED_FIXTURE(var, name)                                                                    \
-    const char *var = fixture(name);                                                               \
-    if (!var) {                                                                                    \
-        print_message("fixture %s missing ($TW_FIXTURES)\n", name);                                \
-        skip();                                                                                    \
-    }
-
 static tw_model_file *load_ok(const char *path)
 {
-    tw_error err;
-    tw_error_init(&err);
-    tw_model_file *mf = NULL;
-    tw_status st = tw_model_file_load(path, &mf, &err);
-    if (st != TW_OK) print_error("load %s: %s\n", path, err.msg);
-    assert_int_equal(st, TW_OK);
+    tw_model_file *mf = tw_test_load_model(path);
     assert_non_null(mf);
     return mf;
 }
@@ -92,7 +72,7 @@ static void check_listing(const tw_model_file *mf, const char *listing, double t
 static void test_safetensors_f32(void **state)
 {
     (void)state;
-    NEED_FIXTURE(path, "resnet18_6b_7c.safetensors");
+    TW_NEED_FIXTURE(path, "resnet18_6b_7c.safetensors");
     size_t before = tw_mem_current(TW_MEM_WEIGHTS);
     tw_model_file *mf = load_ok(path);
     assert_int_equal(mf->n_tensors, 102);
@@ -100,10 +80,10 @@ static void test_safetensors_f32(void **state)
     int64_t numel = 0;
     for (int i = 0; i < mf->n_tensors; i++) numel += mf->tensors[i].numel;
     assert_true(tw_mem_current(TW_MEM_WEIGHTS) - before >= (size_t)numel * sizeof(float));
-    check_listing(mf, fixture("resnet18_6b_7c_tensors.txt"), 0);
+    check_listing(mf, tw_test_fixture("resnet18_6b_7c_tensors.txt"), 0);
 
     float *ref = NULL;
-    long n = tw_test_read_f32(fixture("resnet18_6b_7c_conv1.f32"), &ref);
+    long n = tw_test_read_f32(tw_test_fixture("resnet18_6b_7c_conv1.f32"), &ref);
     const tw_tensor *conv1 = tw_model_file_find(mf, "conv1.weight");
     assert_int_equal(n, 64 * 6 * 7 * 7);
     assert_int_equal(conv1->numel, n);
@@ -125,13 +105,13 @@ static void test_safetensors_f32(void **state)
  * the dtype's half-ulp of the float32 original. */
 static void check_reduced(const char *file, const char *rounded_ref, double rel)
 {
-    NEED_FIXTURE(path, file);
+    TW_NEED_FIXTURE(path, file);
     tw_model_file *mf = load_ok(path);
     assert_int_equal(mf->n_tensors, 102);
-    check_listing(mf, fixture("resnet18_6b_7c_tensors.txt"), rel);
+    check_listing(mf, tw_test_fixture("resnet18_6b_7c_tensors.txt"), rel);
     float *exact = NULL, *rounded = NULL;
-    long n = tw_test_read_f32(fixture("resnet18_6b_7c_conv1.f32"), &exact);
-    assert_int_equal(tw_test_read_f32(fixture(rounded_ref), &rounded), n);
+    long n = tw_test_read_f32(tw_test_fixture("resnet18_6b_7c_conv1.f32"), &exact);
+    assert_int_equal(tw_test_read_f32(tw_test_fixture(rounded_ref), &rounded), n);
     const tw_tensor *conv1 = tw_model_file_find(mf, "conv1.weight");
     assert_int_equal(conv1->numel, n);
     int differ = 0;
@@ -160,7 +140,7 @@ static void test_safetensors_bf16(void **state)
 
 static void read_stats(float mean[6], float std[6])
 {
-    FILE *f = fopen(fixture("raster_stats.txt"), "r");
+    FILE *f = fopen(tw_test_fixture("raster_stats.txt"), "r");
     assert_non_null(f);
     double m[6], s[6];
     assert_int_equal(
@@ -177,10 +157,10 @@ static void read_stats(float mean[6], float std[6])
 static void test_bundle_resnet18(void **state)
 {
     (void)state;
-    NEED_FIXTURE(path, "resnet18_6b_7c.h5");
+    TW_NEED_FIXTURE(path, "resnet18_6b_7c.h5");
     tw_model_file *mf = load_ok(path);
     assert_int_equal(mf->n_tensors, 102);
-    check_listing(mf, fixture("resnet18_6b_7c_tensors.txt"), 0);
+    check_listing(mf, tw_test_fixture("resnet18_6b_7c_tensors.txt"), 0);
     assert_string_equal(mf->arch, "resnet18");
     assert_int_equal(mf->n_bands, 6);
     for (int i = 0; i < 6; i++) assert_int_equal(mf->bands[i], i + 1);
@@ -206,14 +186,14 @@ static void test_bundle_resnet18(void **state)
 static void test_resnet50_both_formats(void **state)
 {
     (void)state;
-    NEED_FIXTURE(st_path, "resnet50_6b_5c.safetensors");
-    NEED_FIXTURE(h5_path, "resnet50_6b_5c.h5");
+    TW_NEED_FIXTURE(st_path, "resnet50_6b_5c.safetensors");
+    TW_NEED_FIXTURE(h5_path, "resnet50_6b_5c.h5");
     tw_model_file *a = load_ok(st_path);
     tw_model_file *b = load_ok(h5_path);
     assert_int_equal(a->n_tensors, 267);
     assert_int_equal(b->n_tensors, 267);
-    check_listing(a, fixture("resnet50_6b_5c_tensors.txt"), 0);
-    check_listing(b, fixture("resnet50_6b_5c_tensors.txt"), 0);
+    check_listing(a, tw_test_fixture("resnet50_6b_5c_tensors.txt"), 0);
+    check_listing(b, tw_test_fixture("resnet50_6b_5c_tensors.txt"), 0);
     const tw_tensor *fc = tw_model_file_find(b, "fc.weight");
     assert_int_equal(fc->shape[0], 5);
     assert_int_equal(fc->shape[1], 2048);
@@ -234,7 +214,7 @@ static void test_resnet50_both_formats(void **state)
 static void test_bundle_other_types(void **state)
 {
     (void)state;
-    NEED_FIXTURE(path, "tiny.h5");
+    TW_NEED_FIXTURE(path, "tiny.h5");
     tw_model_file *mf = load_ok(path);
     assert_int_equal(mf->n_tensors, 3);
     assert_string_equal(mf->arch, "resnet18");
@@ -250,12 +230,12 @@ static void test_bundle_other_types(void **state)
     assert_string_equal(mf->classes[4], "crop");
     assert_int_equal(mf->tile, 128);
     float *ref = NULL;
-    long n = tw_test_read_f32(fixture("tiny_fc_weight.f32"), &ref);
+    long n = tw_test_read_f32(tw_test_fixture("tiny_fc_weight.f32"), &ref);
     const tw_tensor *fc = tw_model_file_find(mf, "fc.weight");
     assert_int_equal(fc->numel, n);
     for (long i = 0; i < n; i++) assert_true(fabs(fc->data[i] - ref[i]) <= fabs(ref[i]) / 2048);
     free(ref);
-    n = tw_test_read_f32(fixture("tiny_conv1.f32"), &ref);
+    n = tw_test_read_f32(tw_test_fixture("tiny_conv1.f32"), &ref);
     assert_memory_equal(tw_model_file_find(mf, "conv1.weight")->data, ref, (size_t)n * 4);
     free(ref);
     tw_model_file_destroy(mf);
@@ -264,7 +244,7 @@ static void test_bundle_other_types(void **state)
 static void test_safetensors_metadata(void **state)
 {
     (void)state;
-    NEED_FIXTURE(path, "tiny_meta.safetensors");
+    TW_NEED_FIXTURE(path, "tiny_meta.safetensors");
     tw_model_file *mf = load_ok(path);
     assert_string_equal(mf->arch, "resnet18");
     assert_int_equal(mf->n_bands, 3);
@@ -280,7 +260,7 @@ static void test_safetensors_metadata(void **state)
     assert_int_equal(mf->tile, 96);
     tw_model_file_destroy(mf);
 
-    mf = load_ok(fixture("tiny_meta_plain.safetensors"));
+    mf = load_ok(tw_test_fixture("tiny_meta_plain.safetensors"));
     assert_string_equal(mf->arch, "resnet34");
     assert_int_equal(mf->n_bands, 0);
     assert_true(isnan(mf->scale));
@@ -313,7 +293,7 @@ static void test_demo_model(void **state)
     assert_non_null(tw_model_file_find(mf, "layer4.0.downsample.1.running_var"));
     /* the committed bundles carry the checksum: the demo prints no notice */
     assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
-    const char *stats = fixture("raster_stats.txt");
+    const char *stats = tw_test_fixture("raster_stats.txt");
     if (stats) { /* the bundle's mean/std are the raster's, as the fixtures compute them */
         float mean[6], std[6];
         read_stats(mean, std);
@@ -331,13 +311,13 @@ static void test_demo_model(void **state)
 static void test_sha256(void **state)
 {
     (void)state;
-    NEED_FIXTURE(list, "sha256.txt");
+    TW_NEED_FIXTURE(list, "sha256.txt");
     FILE *f = fopen(list, "r");
     assert_non_null(f);
     char hex[80], name[256];
     int n = 0;
     while (fscanf(f, "%79s %255s", hex, name) == 2) {
-        tw_model_file *mf = load_ok(fixture(name));
+        tw_model_file *mf = load_ok(tw_test_fixture(name));
         assert_string_equal(mf->sha256, hex);
         tw_model_file_destroy(mf);
         n++;
@@ -388,7 +368,7 @@ static void test_bad_files(void **state)
         {"bad_text.h5", "neither an HDF5 bundle"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        NEED_FIXTURE(path, cases[i].file);
+        TW_NEED_FIXTURE(path, cases[i].file);
         expect_model_error(path, cases[i].file, cases[i].needle);
     }
     expect_model_error("/nonexistent/dir/model.h5", "/nonexistent/dir/model.h5", "cannot open");
@@ -400,7 +380,7 @@ static void test_bad_files(void **state)
 static void test_hostile_mutations(void **state)
 {
     (void)state;
-    NEED_FIXTURE(src, "tiny_meta.safetensors");
+    TW_NEED_FIXTURE(src, "tiny_meta.safetensors");
     FILE *f = fopen(src, "rb");
     assert_non_null(f);
     unsigned char good[4096];
@@ -466,7 +446,7 @@ static void test_nonfinite(void **state)
         {"nan_fc.h5", "tensor fc.weight[4, 7] is NaN"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        NEED_FIXTURE(path, cases[i].file);
+        TW_NEED_FIXTURE(path, cases[i].file);
         expect_model_error(path, cases[i].file, cases[i].needle);
     }
 }
@@ -477,7 +457,7 @@ static void test_nonfinite(void **state)
 static void test_checksum(void **state)
 {
     (void)state;
-    NEED_FIXTURE(good, "ck_good.h5");
+    TW_NEED_FIXTURE(good, "ck_good.h5");
     char note[TW_ERROR_MSG_MAX];
     tw_model_file *mf = load_ok(good);
     assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
@@ -485,12 +465,12 @@ static void test_checksum(void **state)
     assert_false(tw_model_file_notice(mf, note, sizeof note));
     tw_model_file_destroy(mf);
 
-    mf = load_ok(fixture("ck_mixed.h5"));
+    mf = load_ok(tw_test_fixture("ck_mixed.h5"));
     assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
     tw_model_file_destroy(mf);
 
     /* written without one (as every bundle before the checksum was) */
-    mf = load_ok(fixture("tiny.h5"));
+    mf = load_ok(tw_test_fixture("tiny.h5"));
     assert_int_equal(mf->checksum, TW_CHECKSUM_ABSENT);
     assert_true(tw_model_file_notice(mf, note, sizeof note));
     assert_non_null(strstr(note, "tiny.h5"));
@@ -498,14 +478,14 @@ static void test_checksum(void **state)
     tw_model_file_destroy(mf);
 
     /* safetensors has no checksum to verify, and nothing to say about it */
-    mf = load_ok(fixture("tiny_meta.safetensors"));
+    mf = load_ok(tw_test_fixture("tiny_meta.safetensors"));
     assert_int_equal(mf->checksum, TW_CHECKSUM_NONE);
     assert_false(tw_model_file_notice(mf, note, sizeof note));
     tw_model_file_destroy(mf);
 
-    expect_model_error(fixture("ck_flipped.h5"), "ck_flipped.h5", "checksum mismatch");
-    expect_model_error(fixture("ck_extra.h5"), "ck_extra.h5", "checksum mismatch");
-    expect_model_error(fixture("ck_badattr.h5"), "ck_badattr.h5",
+    expect_model_error(tw_test_fixture("ck_flipped.h5"), "ck_flipped.h5", "checksum mismatch");
+    expect_model_error(tw_test_fixture("ck_extra.h5"), "ck_extra.h5", "checksum mismatch");
+    expect_model_error(tw_test_fixture("ck_badattr.h5"), "ck_badattr.h5",
                        "attribute 'tensors_sha256' is not a checksum");
 }
 

@@ -32,29 +32,9 @@
 #include "model/resnet.h"
 #include "testutil.h"
 
-static const char *fixture(const char *name)
-{
-    const char *dir = tw_test_fixtures();
-    if (!dir) return NULL;
-    const char *p = tw_test_path(dir, name);
-    return tw_test_file_exists(p) ? p : NULL;
-}
-
-#define NEED_FIXTURE(var, name)                                                                    \
-    const char *var = fixture(name);                                                               \
-    if (!var) {                                                                                    \
-        print_message("fixture %s missing ($TW_FIXTURES)\n", name);                                \
-        skip();                                                                                    \
-    }
-
 static tw_model_file *load_ok(const char *path)
 {
-    tw_error err;
-    tw_error_init(&err);
-    tw_model_file *mf = NULL;
-    tw_status st = tw_model_file_load(path, &mf, &err);
-    if (st != TW_OK) print_error("load %s: %s\n", path, err.msg);
-    assert_int_equal(st, TW_OK);
+    tw_model_file *mf = tw_test_load_model(path);
     assert_non_null(mf);
     return mf;
 }
@@ -105,10 +85,10 @@ static void same_conv(const tw_conv *a, const tw_conv *b, double tol, const char
 /* The net of the ONNX file equals the net of the safetensors file. */
 static void same_net(const char *onnx_name, const char *st_name, double tol)
 {
-    NEED_FIXTURE(po, onnx_name);
+    TW_NEED_FIXTURE(po, onnx_name);
     char pst[4096];
     snprintf(pst, sizeof pst, "%s", po);
-    NEED_FIXTURE(ps, st_name);
+    TW_NEED_FIXTURE(ps, st_name);
     tw_model_file *mo = load_ok(pst), *ms = load_ok(ps);
     assert_int_equal(mo->format, TW_MODEL_FORMAT_ONNX);
     tw_resnet *a = net_of(mo), *b = net_of(ms);
@@ -158,7 +138,7 @@ static void test_exporter_folded(void **state)
 static void test_info(void **state)
 {
     (void)state;
-    NEED_FIXTURE(p, "onnx_r18_other.onnx");
+    TW_NEED_FIXTURE(p, "onnx_r18_other.onnx");
     tw_model_file *mf = load_ok(p);
     const tw_onnx_info *o = &mf->onnx;
     assert_int_equal(o->opset, 18);
@@ -182,7 +162,7 @@ static void test_info(void **state)
                         "resolution");
     tw_model_file_destroy(mf);
 
-    NEED_FIXTURE(pf, "onnx_r18_o11_fold.onnx");
+    TW_NEED_FIXTURE(pf, "onnx_r18_o11_fold.onnx");
     mf = load_ok(pf);
     assert_int_equal(mf->onnx.opset, 11);
     assert_int_equal(mf->onnx.n_bn, 0);
@@ -194,7 +174,7 @@ static void test_info(void **state)
     tw_model_file_destroy(mf);
 
     /* external data: counted, and part of the model's identity */
-    NEED_FIXTURE(pe, "onnx_r18_ext.onnx");
+    TW_NEED_FIXTURE(pe, "onnx_r18_ext.onnx");
     mf = load_ok(pe);
     assert_int_equal(mf->onnx.n_external, 42);
     assert_int_equal(strlen(mf->sha256), 64);
@@ -230,7 +210,7 @@ static void test_seed_models(void **state)
 
 static void expect_refused(const char *name, const char *what)
 {
-    NEED_FIXTURE(p, name);
+    TW_NEED_FIXTURE(p, name);
     tw_error err;
     tw_error_init(&err);
     tw_model_file *mf = NULL;
@@ -266,7 +246,7 @@ static void test_refused(void **state)
 static void test_family_graphs(void **state)
 {
     (void)state;
-    NEED_FIXTURE(small, "onnx_small_stem.onnx");
+    TW_NEED_FIXTURE(small, "onnx_small_stem.onnx");
     tw_model_file *mf = load_ok(small);
     tw_resnet *net = net_of(mf);
     assert_int_equal(net->stem_kind, TW_STEM_SMALL);
@@ -275,7 +255,7 @@ static void test_family_graphs(void **state)
     assert_false(net->headless);
     tw_resnet_destroy(net);
     tw_model_file_destroy(mf);
-    NEED_FIXTURE(headless, "onnx_headless.onnx");
+    TW_NEED_FIXTURE(headless, "onnx_headless.onnx");
     mf = load_ok(headless);
     assert_null(tw_model_file_find(mf, "fc.weight"));
     net = net_of(mf);

@@ -135,14 +135,6 @@ static void free_expected(expect *e)
     free(e->valid);
 }
 
-static const char *fixture(const char *name)
-{
-    const char *dir = tw_test_fixtures();
-    if (!dir) return NULL;
-    const char *p = tw_test_path(dir, name);
-    return tw_test_file_exists(p) ? p : NULL;
-}
-
 /* Read one window and compare every byte with the formula. */
 static void check_window(tw_raster *r, const fx_dtype *d, bool nodata, const int *bands, int nb,
                          int x0, int y0, int w, int h, const char *what)
@@ -193,7 +185,7 @@ static void test_fixture_windows(void **state)
                 char name[128];
                 snprintf(name, sizeof name, "rast_%s_%s%s.tif", k_dtypes[di].name, layouts[li],
                          nd ? "_nodata" : "");
-                const char *path = fixture(name);
+                const char *path = tw_test_fixture(name);
                 if (!path) fail_msg("fixture %s missing", name);
                 tw_error err;
                 tw_error_init(&err);
@@ -324,7 +316,7 @@ static void test_direct_matches_gdal(void **state)
         const direct_fx *d = &k_direct[fi];
         char name[128];
         snprintf(name, sizeof name, "rast_direct_%s.tif", d->name);
-        const char *path = fixture(name);
+        const char *path = tw_test_fixture(name);
         if (!path) fail_msg("fixture %s missing", name);
         for (int s = 0; s < (d->bands == 3 ? 2 : 1); s++) {
             const int *bands = d->bands == 1 ? one : s ? sel : all;
@@ -360,7 +352,7 @@ static void test_direct_matches_gdal(void **state)
 static void test_direct_sparse(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_direct_uint16_sparse_nodata.tif");
+    const char *path = tw_test_fixture("rast_direct_uint16_sparse_nodata.tif");
     if (!path) skip();
     tw_raster *r = open_reader(path, NULL, 0, false);
     assert_string_equal(tw_raster_reader(r, NULL), "libtiff");
@@ -383,7 +375,7 @@ static void test_direct_sparse(void **state)
 static void test_direct_cache(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_direct_uint16_deflate_pred2.tif");
+    const char *path = tw_test_fixture("rast_direct_uint16_deflate_pred2.tif");
     if (!path) skip();
     GIntBig old = GDALGetCacheMax64();
     tw_raster *g = open_reader(path, NULL, 0, true);
@@ -428,7 +420,7 @@ static void test_nodata_counts_nonzero(void **state)
     for (int di = 0; di < N_DTYPES; di++) {
         char name[128];
         snprintf(name, sizeof name, "rast_%s_tiled_nodata.tif", k_dtypes[di].name);
-        const char *path = fixture(name);
+        const char *path = tw_test_fixture(name);
         assert_non_null(path);
         tw_error err;
         tw_error_init(&err);
@@ -455,7 +447,7 @@ static void test_nodata_counts_nonzero(void **state)
 static void test_nan_inf(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_float32_striped_naninf.tif");
+    const char *path = tw_test_fixture("rast_float32_striped_naninf.tif");
     if (!path) skip();
     tw_error err;
     tw_error_init(&err);
@@ -504,7 +496,7 @@ static void test_nan_inf(void **state)
 static void test_config_nodata(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_uint16_striped_fill.tif");
+    const char *path = tw_test_fixture("rast_uint16_striped_fill.tif");
     if (!path) skip();
     tw_error err;
     tw_error_init(&err);
@@ -553,7 +545,7 @@ static void test_config_nodata(void **state)
 static void test_mask_band(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_byte_tiled_mask.tif");
+    const char *path = tw_test_fixture("rast_byte_tiled_mask.tif");
     if (!path) skip();
     tw_error err;
     tw_error_init(&err);
@@ -585,7 +577,7 @@ static void test_mask_band(void **state)
 static void test_alpha_band(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_byte_striped_alpha.tif");
+    const char *path = tw_test_fixture("rast_byte_striped_alpha.tif");
     if (!path) skip();
     static const int rgb[] = {1, 2, 3};
     tw_error err;
@@ -651,7 +643,7 @@ static void *reader_thread(void *arg)
 static void test_threads(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_uint16_tiled.tif");
+    const char *path = tw_test_fixture("rast_uint16_tiled.tif");
     if (!path) skip();
     char copy[4096];
     snprintf(copy, sizeof copy, "%s", path);
@@ -669,7 +661,7 @@ static void test_threads(void **state)
 static void test_info_matches_gdal(void **state)
 {
     (void)state;
-    const char *p = fixture("rasters_info.txt");
+    const char *p = tw_test_fixture("rasters_info.txt");
     if (!p) skip();
     FILE *f = fopen(p, "r");
     assert_non_null(f);
@@ -687,7 +679,8 @@ static void test_info_matches_gdal(void **state)
         tw_error err;
         tw_error_init(&err);
         tw_raster *r = NULL;
-        if (tw_raster_open(fixture(file), NULL, 0, &r, &err) != TW_OK) fail_msg("%s", err.msg);
+        if (tw_raster_open(tw_test_fixture(file), NULL, 0, &r, &err) != TW_OK)
+            fail_msg("%s", err.msg);
         const tw_raster_info *in = tw_raster_get_info(r);
         assert_int_equal(in->width, w);
         assert_int_equal(in->height, h);
@@ -756,15 +749,18 @@ static void test_errors(void **state)
     if (!dir) skip();
     const char *missing = tw_test_path(dir, "no_such_scene.tif");
     expect_open_error(missing, NULL, 0, "no_such_scene.tif", NULL);
-    expect_open_error(fixture("not_a_raster.txt"), NULL, 0, "not_a_raster.txt", "not recognized");
+    expect_open_error(tw_test_fixture("not_a_raster.txt"), NULL, 0, "not_a_raster.txt",
+                      "not recognized");
     const int b7[] = {1, 7};
-    expect_open_error(fixture("rast_byte_striped.tif"), b7, 2, "rast_byte_striped.tif",
+    expect_open_error(tw_test_fixture("rast_byte_striped.tif"), b7, 2, "rast_byte_striped.tif",
                       "has 3 bands, input.bands asks for band 7");
     const int b0[] = {0};
-    expect_open_error(fixture("rast_byte_striped.tif"), b0, 1, "rast_byte_striped.tif",
+    expect_open_error(tw_test_fixture("rast_byte_striped.tif"), b0, 1, "rast_byte_striped.tif",
                       "asks for band 0");
-    expect_open_error(fixture("rast_cfloat32.tif"), NULL, 0, "rast_cfloat32.tif", "CFloat32");
-    expect_open_error(fixture("rast_mixed.vrt"), NULL, 0, "rast_mixed.vrt", "one data type");
+    expect_open_error(tw_test_fixture("rast_cfloat32.tif"), NULL, 0, "rast_cfloat32.tif",
+                      "CFloat32");
+    expect_open_error(tw_test_fixture("rast_mixed.vrt"), NULL, 0, "rast_mixed.vrt",
+                      "one data type");
     expect_open_error("", NULL, 0, "empty", NULL);
 
     /* a single band of the mixed VRT is fine */
@@ -772,7 +768,7 @@ static void test_errors(void **state)
     tw_error_init(&err);
     tw_raster *r = NULL;
     const int b2[] = {2};
-    assert_int_equal(tw_raster_open(fixture("rast_mixed.vrt"), b2, 1, &r, &err), TW_OK);
+    assert_int_equal(tw_raster_open(tw_test_fixture("rast_mixed.vrt"), b2, 1, &r, &err), TW_OK);
     assert_int_equal(tw_raster_get_info(r)->dtype, TW_DT_UINT16);
     assert_string_equal(tw_raster_get_info(r)->driver, "VRT");
     tw_raster_close(r);
@@ -782,7 +778,7 @@ static void test_errors(void **state)
 static void test_read_errors(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_truncated.tif");
+    const char *path = tw_test_fixture("rast_truncated.tif");
     if (!path) skip();
     tw_error err;
     tw_error_init(&err);
@@ -848,7 +844,7 @@ static void test_shared_rasters(void **state)
 {
     (void)state;
     const char *sdir = tw_test_shared_rasters();
-    const char *info = fixture("shared_rasters_info.txt");
+    const char *info = tw_test_fixture("shared_rasters_info.txt");
     if (!sdir || !info) skip();
     FILE *f = fopen(info, "r");
     assert_non_null(f);
@@ -900,9 +896,9 @@ static void test_shared_rasters(void **state)
         uint8_t *want_v = malloc(plane), *got_v = malloc(plane);
         char name[320];
         snprintf(name, sizeof name, "shared_%s.win.bin", stem);
-        assert_true(read_file(fixture(name), want, nraw));
+        assert_true(read_file(tw_test_fixture(name), want, nraw));
         snprintf(name, sizeof name, "shared_%s.valid.bin", stem);
-        assert_true(read_file(fixture(name), want_v, plane));
+        assert_true(read_file(tw_test_fixture(name), want_v, plane));
         int64_t nn, ni;
         if (tw_raster_read(r, x0, y0, ws, ws, got_raw, got_v, &nn, &ni, &err) != TW_OK)
             fail_msg("%s", err.msg);
@@ -1078,7 +1074,7 @@ static void test_read_tiles(void **state)
             char name[128];
             snprintf(name, sizeof name, "rast_%s_tiled%s.tif", k_dtypes[di].name,
                      nd ? "_nodata" : "");
-            const char *path = fixture(name);
+            const char *path = tw_test_fixture(name);
             if (!path) fail_msg("fixture %s missing", name);
             check_read_tiles(path, NULL, 0, 32, 32, 200);
             check_read_tiles(path, sel, 2, 24, 8, 64);
@@ -1090,7 +1086,7 @@ static void test_read_tiles(void **state)
         "rast_byte_striped_alpha.tif",     "rast_direct_uint16_deflate_pred2.tif",
         "rast_direct_int16_band_zstd.tif", "rast_direct_uint16_sparse_nodata.tif"};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
-        const char *path = fixture(others[i]);
+        const char *path = tw_test_fixture(others[i]);
         if (!path) fail_msg("fixture %s missing", others[i]);
         check_read_tiles(path, NULL, 0, 16, 16, 40);
         check_read_tiles(path, NULL, 0, 32, 16, 132);
@@ -1148,7 +1144,7 @@ static void *shared_reader(void *varg)
 static void test_shared_tile_cache(void **state)
 {
     (void)state;
-    const char *path = fixture("rast_direct_uint16_deflate_pred2.tif");
+    const char *path = tw_test_fixture("rast_direct_uint16_deflate_pred2.tif");
     if (!path) skip();
     for (int tiny = 0; tiny < 2; tiny++) {
         tw_tiff_cache *c = tw_tiff_cache_create(tiny ? 1 : (size_t)64 << 20, 4);

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/model_file.h"
+
 const char *tw_test_fixtures(void)
 {
     const char *d = getenv("TW_FIXTURES");
@@ -91,4 +93,24 @@ bool tw_test_file_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
+}
+
+const char *tw_test_fixture(const char *name)
+{
+    const char *dir = tw_test_fixtures();
+    if (!dir) return NULL;
+    const char *p = tw_test_path(dir, name);
+    return tw_test_file_exists(p) ? p : NULL;
+}
+
+struct tw_model_file *tw_test_load_model(const char *path)
+{
+    tw_error err;
+    tw_error_init(&err);
+    tw_model_file *mf = NULL;
+    if (tw_model_file_load(path, &mf, &err) != TW_OK) {
+        fprintf(stderr, "load %s: %s\n", path, err.msg);
+        return NULL;
+    }
+    return mf;
 }

@@ -19,5 +19,19 @@ char *tw_test_read_file(const char *path, size_t *len);
 /* A fresh empty temporary directory (mkdtemp under $TMPDIR or /tmp). */
 const char *tw_test_tmpdir(void);
 bool tw_test_file_exists(const char *path);
+/* The fixture `name` in $TW_FIXTURES, or NULL when it (or the folder) is
+ * absent. */
+const char *tw_test_fixture(const char *name);
+/* const char *var = the fixture `name`, else the test is skipped with a
+ * message (cmocka's skip and print_message, in the test file's scope). */
+#define TW_NEED_FIXTURE(var, name)                                                                 \
+    const char *var = tw_test_fixture(name);                                                       \
+    if (!var) {                                                                                    \
+        print_message("fixture %s missing ($TW_FIXTURES)\n", name);                                \
+        skip();                                                                                    \
+    }
+/* The model file at path, loaded (io/model_file.h); NULL, the message on
+ * stderr, when it cannot be. Free it with tw_model_file_destroy. */
+struct tw_model_file *tw_test_load_model(const char *path);
 
 #endif
