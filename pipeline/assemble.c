@@ -53,6 +53,19 @@ static int list_chunks(const tw_parts *pt, chunk_span *spans, int max)
 
 /* n rows of the grid from row r0 into the writer (w may be NULL), their
  * argmax counted into hist and nodata_cells. */
+/* The rows chunk of span sp, positioned at its first row (path: its name,
+ * for messages); NULL with TW_ERR_INPUT naming it when it cannot be read. */
+static FILE *open_rows(const tw_parts *pt, const chunk_span *sp, char *path, size_t size,
+                       tw_error *err)
+{
+    chunk_path(pt, "rows", sp->r0, sp->r1, path, size);
+    FILE *f = fopen(path, "rb");
+    if (f && fseek(f, (long)sizeof(chunk_header), SEEK_SET) == 0) return f;
+    if (f) fclose(f);
+    tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
+    return NULL;
+}
+
 static tw_status assemble_rows(tw_writer *w, int r0, int n, const float *probs, const uint8_t *has,
                                size_t W, size_t C, size_t K, int64_t *hist, int64_t *nodata_cells,
                                tw_error *err)
@@ -89,11 +102,9 @@ static tw_status int8_ranges(tw_parts *pt, const chunk_span *spans, int used, fl
     tw_status st = TW_OK;
     char path[TW_PATH_MAX + 400];
     for (int i = 0; st == TW_OK && i < used; i++) {
-        chunk_path(pt, "rows", spans[i].r0, spans[i].r1, path, sizeof path);
-        FILE *f = fopen(path, "rb");
-        if (!f || fseek(f, (long)sizeof(chunk_header), SEEK_SET) != 0) {
-            st = tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
-            if (f) fclose(f);
+        FILE *f = open_rows(pt, &spans[i], path, sizeof path, err);
+        if (!f) {
+            st = TW_ERR_INPUT;
             break;
         }
         for (int r = spans[i].r0; st == TW_OK && r < spans[i].r1; r++) {
@@ -211,11 +222,9 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
     char path[TW_PATH_MAX + 400];
     int buf_r0 = 0, buf_n = 0; /* rows [buf_r0, buf_r0 + buf_n) read, not written */
     for (int i = 0; st == TW_OK && i < used; i++) {
-        chunk_path(pt, "rows", spans[i].r0, spans[i].r1, path, sizeof path);
-        FILE *f = fopen(path, "rb");
-        if (!f || fseek(f, (long)sizeof(chunk_header), SEEK_SET) != 0) {
-            st = tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
-            if (f) fclose(f);
+        FILE *f = open_rows(pt, &spans[i], path, sizeof path, err);
+        if (!f) {
+            st = TW_ERR_INPUT;
             break;
         }
         /* Rows go to the writer in batches of batch_rows from row 0 on,
