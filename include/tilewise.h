@@ -75,8 +75,9 @@ extern "C" {
  * tilewise_model_classify_image (an image through the run's tiling and
  * stitching) and tilewise_check (submit's check on a login node); the
  * CUDA test hook cuda_fail_alloc_above left the API (its place is
- * reserved_v2, ignored; bench/run_hooked sets the hook). */
-#define TILEWISE_API_VERSION 4
+ * reserved_v2, ignored; bench/run_hooked sets the hook).
+ * Version 5 adds tilewise_run_options.shard_from (run.json's "sharding"). */
+#define TILEWISE_API_VERSION 5
 
 /* The most output rows per committed chunk (tilewise_run_options.chunk_rows,
  * run.chunk_rows, --chunk-rows). Version 4. */
@@ -279,6 +280,12 @@ typedef struct tilewise_run_options {
      * the run with TILEWISE_ERR_CONFIG (exit 2) instead of running on.
      * Default 0: the warnings are logged and listed in the report. */
     int strict;
+
+    /* Since version 5. Where shard_index/shard_count came from, as run.json's
+     * "sharding" says it: "--shard", "SLURM", ... or a sentence such as the
+     * CLI's "none: a whole run in a SLURM array task (SLURM_ARRAY_TASK_ID=3)".
+     * NULL (default): "none" unsharded, "run.shard" sharded. Copied. */
+    const char *shard_from;
 } tilewise_run_options;
 
 /* Defaults in every field and size = sizeof *o. Cannot fail. */

@@ -231,6 +231,8 @@ tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_st
         tw_json_int(&j, "count", p->shard_count);
         tw_json_close(&j, '}');
     }
+    /* which it was: a plain run inside an array task is a whole run */
+    tw_json_str(&j, "sharding", p->shard_from[0] ? p->shard_from : "none");
     tw_run_params *rp = r ? tw_alloc(TW_MEM_OTHER, sizeof *rp) : NULL;
     if (r && !rp) {
         tw_free(buf);

@@ -360,7 +360,7 @@ static char *read_all(const char *path)
 static void test_run_v2_tiles_and_summary(void **state)
 {
     (void)state;
-    assert_int_equal(tilewise_api_version(), 4);
+    assert_int_equal(tilewise_api_version(), 5);
     char dir[2048], yaml[4096];
     tiles_seen seen = {0};
     tilewise_run_options o;
