@@ -159,8 +159,7 @@ static int lock_take(const char *path, bool wait, char *holder, size_t hsize)
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) return -1;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    while (lock_fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, wait ? F_SETLKW : F_SETLK, &fl) !=
-           0) {
+    while (lock_fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, wait ? F_SETLKW : F_SETLK, &fl) != 0) {
         if (errno == EINTR && wait) continue;
         int e = errno;
         if (e == EACCES || e == EAGAIN) {

@@ -351,12 +351,12 @@ static void parts_fingerprint_damaged(void **state)
     const char *fp1 = "tilewise-parts 3\ntiling.stride 32\ninput.raster 64x64 uint8\n";
     static const struct {
         const char *name, *bytes, *says;
-    } cases[] = {{"missing", NULL, "is missing"},
-                 {"empty", "", "is empty"},
-                 {"cut", "tilewise-parts 3\ntiling.str", "is cut short"},
-                 {"garbage", "\x89PNG\r\n\x1a\nnot a fingerprint\n",
-                  "is not a tilewise parts fingerprint"},
-                 {"unreadable", NULL, "cannot be read"}};
+    } cases[] = {
+        {"missing", NULL, "is missing"},
+        {"empty", "", "is empty"},
+        {"cut", "tilewise-parts 3\ntiling.str", "is cut short"},
+        {"garbage", "\x89PNG\r\n\x1a\nnot a fingerprint\n", "is not a tilewise parts fingerprint"},
+        {"unreadable", NULL, "cannot be read"}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const char *dir = tw_test_tmpdir();
         tw_parts_params pp = parts_params(dir, fp1, 0, 1);
@@ -519,12 +519,17 @@ static void budget_adds_up(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(creation_options), cmocka_unit_test(weights_pickle),
-        cmocka_unit_test(output_dir),       cmocka_unit_test(output_dir_unwritable),
-        cmocka_unit_test(output_bytes),     cmocka_unit_test(padding_share),
-        cmocka_unit_test(fingerprint_diff), cmocka_unit_test(parts_refuse_and_lock),
+        cmocka_unit_test(creation_options),
+        cmocka_unit_test(weights_pickle),
+        cmocka_unit_test(output_dir),
+        cmocka_unit_test(output_dir_unwritable),
+        cmocka_unit_test(output_bytes),
+        cmocka_unit_test(padding_share),
+        cmocka_unit_test(fingerprint_diff),
+        cmocka_unit_test(parts_refuse_and_lock),
         cmocka_unit_test(budget_adds_up),
-        cmocka_unit_test(parts_fingerprint_damaged), cmocka_unit_test(parts_lock_in_process),
+        cmocka_unit_test(parts_fingerprint_damaged),
+        cmocka_unit_test(parts_lock_in_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
