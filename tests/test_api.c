@@ -1141,8 +1141,8 @@ static void test_two_runs_one_folder_locked(void **state)
     char path[2200];
     snprintf(path, sizeof path, "%s/run.failed.json", dir);
     assert_false(tw_test_file_exists(path));
-    snprintf(path, sizeof path, "%s/.tilewise", dir);
-    assert_false(tw_test_file_exists(path));
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    assert_true(tw_test_file_exists(path));
 }
 
 int main(void)
