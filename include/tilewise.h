@@ -98,7 +98,8 @@ typedef enum tilewise_status {
     TILEWISE_ERR_REMOTE = -9,   /* a remote input unreachable after its retries (version 2
                                    names it; version 1 returned it without a name) */
     TILEWISE_ERR_PARTS = -10,   /* output dir holds parts of another configuration: refused */
-    TILEWISE_ERR_LOCKED = -11,  /* another process runs the same shard of the same output */
+    TILEWISE_ERR_LOCKED =
+        -11, /* another run (process or thread) has the same shard of the same output */
 } tilewise_status;
 
 #define TILEWISE_MESSAGE_MAX 1024
@@ -119,12 +120,13 @@ typedef struct tilewise_error {
 enum {
     TILEWISE_EXIT_OK = 0,
     TILEWISE_EXIT_INTERNAL = 1,
-    TILEWISE_EXIT_USAGE = 2,        /* command line or workflow file */
-    TILEWISE_EXIT_INPUT = 3,        /* bad raster or model */
-    TILEWISE_EXIT_RESOURCE = 4,     /* memory, disk, device, output not writable, network outage */
-    TILEWISE_EXIT_SKIPPED = 5,      /* finished, but inputs were skipped (input.on_error: skip) */
-    TILEWISE_EXIT_PARTS = 6,        /* parts of another configuration in output.dir: refused */
-    TILEWISE_EXIT_LOCKED = 7,       /* another process runs the same shard of the same output */
+    TILEWISE_EXIT_USAGE = 2,    /* command line or workflow file */
+    TILEWISE_EXIT_INPUT = 3,    /* bad raster or model */
+    TILEWISE_EXIT_RESOURCE = 4, /* memory, disk, device, output not writable, network outage */
+    TILEWISE_EXIT_SKIPPED = 5,  /* finished, but inputs were skipped (input.on_error: skip) */
+    TILEWISE_EXIT_PARTS = 6,    /* parts of another configuration in output.dir: refused */
+    TILEWISE_EXIT_LOCKED =
+        7, /* another run (process or thread) has the same shard of the same output */
     TILEWISE_EXIT_INTERRUPTED = 75, /* interrupted, resumable: run the same command again */
 };
 
