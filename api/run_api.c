@@ -222,6 +222,20 @@ static tilewise_status hand_over(tilewise_report *rep, tilewise_report **report,
     return tw_api_give(out, st, err);
 }
 
+/* Is path (when it exists) one of the run's local inputs, by device and
+ * inode? The run refuses such a configuration before its first tile
+ * (preflight.h); its report must not then replace the input either. */
+static bool is_an_input(const tw_run_params *p, const char *path)
+{
+    struct stat out, in;
+    if (stat(path, &out) != 0) return false;
+    for (int i = 0; i < p->input.n_paths; i++)
+        if (!tw_url_is_remote(p->input.paths[i]) && stat(p->input.paths[i], &in) == 0 &&
+            in.st_dev == out.st_dev && in.st_ino == out.st_ino)
+            return true;
+    return false;
+}
+
 /* Run parsed params; write run.json as the CLI does: in the output folder
  * when it exists (not over the report of the process holding the lock),
  * else to a temporary file only to return it. */
@@ -253,7 +267,8 @@ static tilewise_status run_params(tw_run_params *p, tilewise_run_options *o,
     char path[TW_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s", run_json);
     struct stat sb;
-    bool in_dir = st != TW_ERR_LOCKED && stat(p->output.dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+    bool in_dir = st != TW_ERR_LOCKED && stat(p->output.dir, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+                  !is_an_input(p, path);
     char *json = NULL;
     size_t json_len = 0;
     tw_error rerr;

@@ -115,6 +115,15 @@ def main():
               f"an input in .tilewise/: exit 2 naming it (rc {r.returncode}: {r.stderr.strip()})")
         check(os.path.exists(hidden), "an input in .tilewise/: still there")
 
+        # 5b. an input named as the report a refused run writes (run.failed.json)
+        out = os.path.join(work, "o5b")
+        os.mkdir(out)
+        report_in = os.path.join(out, "run.failed.json")
+        shutil.copy(small, report_in)
+        wf = os.path.join(work, "w5b.yaml")
+        e2eutil.write_workflow(wf, out, [report_in], products="[class]")
+        refused(wf, report_in, report_in, "an input named run.failed.json", [report_in])
+
         # 6. stale products
         out = os.path.join(work, "o6")
         wf = os.path.join(work, "w6.yaml")
