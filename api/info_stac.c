@@ -92,8 +92,7 @@ static json_t *stac_facts(const char *path, json_t *root, bool item, bool *ok)
         tw_info_put(m, "bands",
                     json_integer((json_int_t)json_array_size(json_object_get(tm, "bands"))), ok);
         tw_info_put(m, "classes",
-                    json_integer((json_int_t)json_array_size(json_object_get(tm, "classes"))),
-                    ok);
+                    json_integer((json_int_t)json_array_size(json_object_get(tm, "classes"))), ok);
         tw_info_put(m, "sha256", tw_info_str(str(tm, "sha256")), ok);
         tw_info_put(f, "model", m, ok);
     }

@@ -22,7 +22,7 @@
 struct tw_stac {
     char item[TW_PATH_MAX];
     char vrt[128];
-    char datetime[64]; /* properties.datetime (else start_datetime), "" none */
+    char datetime[64];        /* properties.datetime (else start_datetime), "" none */
     const char *datetime_key; /* "properties.datetime", "properties.start_datetime", "" */
     int n;
     char **hrefs; /* [n] GDAL paths of the assets, CPLStrdup'ed */
@@ -107,8 +107,7 @@ static tw_status check_asset(const char *shown, const char *name, const char *gp
     if (!ds && !why[0]) {
         VSIStatBufL sb;
         snprintf(why, sizeof why, "%s",
-                 VSIStatL(gpath, &sb) != 0 ? "no such file"
-                                           : "not a raster format GDAL reads");
+                 VSIStatL(gpath, &sb) != 0 ? "no such file" : "not a raster format GDAL reads");
     }
     if (!ds) {
         char wshown[1024];

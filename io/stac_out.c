@@ -886,8 +886,7 @@ static json_t *item_load(const char *dir, const char *id, tw_error *err)
     json_error_t je;
     json_t *it = json_load_file(path, 0, &je);
     if (!it)
-        tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot read the item %s: %s", path,
-                     je.text);
+        tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot read the item %s: %s", path, je.text);
     return it;
 }
 

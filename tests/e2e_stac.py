@@ -26,7 +26,8 @@ a run over the whole raster gives the reference class map.
   size and geotransform equal the whole raster's class map, and whose
   pixels do too.
 * A STAC item as input (input.assets) links back with rel derived_from and
-  gives its datetime; `tilewise merge` of two shards writes the merged
+  gives its datetime; an asset GDAL cannot open is exit 3 saying why, an item
+  datetime that is not RFC 3339 exit 2 quoting the key and the value; `tilewise merge` of two shards writes the merged
   products' item (the shards none); a rerun writes the item anew.
 * Before the first tile: no datetime known is exit 2 naming the input and
   input.datetime (no output directory made); a bad input.datetime is exit
@@ -492,6 +493,31 @@ def main():
               it["properties"]["tilewise:model"]["bands"] == [f"B{b}" for b in range(1, 7)],
               "the input item's datetime comes first; the model's bands are its asset names",
               True)
+
+        # -- a STAC item input's errors say why ----------------------------------
+        def bad_item(name, datetime, b1):
+            with open(f"{crop}/{name}.json", "w") as f:
+                json.dump({"type": "Feature", "stac_version": "1.0.0", "id": name,
+                           "geometry": None, "properties": {"datetime": datetime},
+                           "links": [], "assets": {**assets, "B1": {"href": b1}}}, f)
+            return workflow(tmp, name, [f"{crop}/{name}.json"], extra="  stac: true\n",
+                            input_extra="  assets: [B1, B2, B3, B4, B5, B6]\n")
+        with open(f"{crop}/notes.txt", "w") as f:
+            f.write("not a raster\n")
+        for b1, why in (("./notes.txt", "not recognized as a supported file format"),
+                        ("./gone.tif", "No such file or directory")):
+            wf, out = bad_item("badasset", "2020-05-05T05:05:05Z", b1)
+            r = run("run", wf, "-q")
+            check(r.returncode == 3 and f"asset B1 ({crop}/{b1[2:]}) cannot be opened as a "
+                  f"raster: " in r.stderr and why in r.stderr,
+                  f"an asset GDAL cannot open ({b1}): exit 3 saying why ({r.stderr.strip()})",
+                  True)
+        wf, out = bad_item("yesterday", "yesterday", "./B1.tif")
+        r = run("run", wf, "-q")
+        check(r.returncode == 2 and "properties.datetime \"yesterday\" is not RFC 3339" in r.stderr
+              and "no datetime" not in r.stderr and "input.datetime" in r.stderr,
+              f"an item datetime 'yesterday': exit 2 quoting the key and the value, not 'no "
+              f"datetime' ({r.stderr.strip()})", True)
 
         # -- shards + merge: the merged products' item ---------------------------
         wf, out = workflow(tmp, "shards", [left, right], products="[class, prob]",
