@@ -315,7 +315,8 @@ def main():
                 "water, forest]\n"))
         r = run("validate", wf)
         check(r.returncode == 0 and f"left.stac.json: datetime {WHEN} (TIFFTAG_DATETIME)" in r.stdout
-              and "collection.json" in r.stdout, f"validate shows the STAC outputs: {r.stdout}", True)
+              and "collection.json" in r.stdout and f"{out}/items.json" in r.stdout,
+              f"validate shows the STAC outputs: {r.stdout}", True)
         r = run("run", wf, "-q")
         check(r.returncode == 0, f"run over both halves: {r.stderr}")
         items = [check_item(f"{out}/{n}.stac.json", inner) for n in ("left", "right")]
