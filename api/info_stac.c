@@ -84,6 +84,17 @@ static json_t *stac_facts(const char *path, json_t *root, bool item, bool *ok)
             ok);
         tw_info_put(m, "sha256", tw_info_str(sha), ok);
         tw_info_put(f, "model", m, ok);
+    } else if (item && json_is_object(json_object_get(props, "tilewise:model"))) {
+        /* a model without an asset (its weights lay outside the folder) */
+        json_t *tm = json_object_get(props, "tilewise:model"), *m = json_object();
+        tw_info_put(m, "name", tw_info_str(str(tm, "name")), ok);
+        tw_info_put(m, "architecture", tw_info_str(str(tm, "architecture")), ok);
+        tw_info_put(m, "bands",
+                    json_integer((json_int_t)json_array_size(json_object_get(tm, "bands"))), ok);
+        tw_info_put(m, "classes",
+                    json_integer((json_int_t)json_array_size(json_object_get(tm, "classes"))), ok);
+        tw_info_put(m, "sha256", tw_info_str(str(tm, "sha256")), ok);
+        tw_info_put(f, "model", m, ok);
     }
     list = json_array();
     size_t li;

@@ -81,6 +81,11 @@ void tw_validate_write(const tw_validation *v, FILE *out)
     if (v->stac && v->stac_items > 1 && v->shard_count == 1)
         fprintf(out, "stac      %s/collection.json: a collection of the %d items\n", v->out_dir,
                 v->stac_items);
+    if (v->stac && v->stac_items > 0 && v->shard_count == 1)
+        fprintf(out,
+                "stac      %s/items.json: the items as one FeatureCollection (GDAL: "
+                "STACIT:\"items.json\":asset=class)\n",
+                v->out_dir);
     if (v->stac && v->shard_count > 1)
         fprintf(out, "stac      written by `tilewise merge %s` with the merged products\n",
                 v->out_dir);

@@ -22,7 +22,8 @@
 struct tw_stac {
     char item[TW_PATH_MAX];
     char vrt[128];
-    char datetime[64]; /* properties.datetime (else start_datetime), "" none */
+    char datetime[64];        /* properties.datetime (else start_datetime), "" none */
+    const char *datetime_key; /* "properties.datetime", "properties.start_datetime", "" */
     int n;
     char **hrefs; /* [n] GDAL paths of the assets, CPLStrdup'ed */
 };
@@ -95,10 +96,19 @@ static tw_status check_asset(const char *shown, const char *name, const char *gp
     char gshown[TW_URL_SHOWN_MAX];
     tw_url_redact(gpath, gshown, sizeof gshown);
     CPLPushErrorHandler(CPLQuietErrorHandler);
-    GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
+    CPLErrorReset();
+    /* VERBOSE_ERROR: GDAL says why ("not recognized as a supported file
+     * format", "No such file or directory") instead of nothing */
+    GDALDatasetH ds = GDALOpenEx(gpath, GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+                                 NULL, NULL, NULL);
     char why[512];
     snprintf(why, sizeof why, "%s", CPLGetLastErrorMsg());
     CPLPopErrorHandler();
+    if (!ds && !why[0]) {
+        VSIStatBufL sb;
+        snprintf(why, sizeof why, "%s",
+                 VSIStatL(gpath, &sb) != 0 ? "no such file" : "not a raster format GDAL reads");
+    }
     if (!ds) {
         char wshown[1024];
         tw_url_redact(why, wshown, sizeof wshown);
@@ -168,7 +178,11 @@ tw_status tw_stac_open(const char *item, const char (*assets)[TW_NAME_MAX], int 
                               : "");
     json_t *props = json_object_get(root, "properties");
     const char *dt = json_string_value(json_object_get(props, "datetime"));
-    if (!dt) dt = json_string_value(json_object_get(props, "start_datetime"));
+    s->datetime_key = dt ? "properties.datetime" : "";
+    if (!dt) {
+        dt = json_string_value(json_object_get(props, "start_datetime"));
+        s->datetime_key = dt ? "properties.start_datetime" : "";
+    }
     snprintf(s->datetime, sizeof s->datetime, "%s", dt ? dt : "");
     double gt0[6] = {0, 1, 0, 0, 0, 1};
     int w0 = 0, h0 = 0;
@@ -242,6 +256,11 @@ const char *tw_stac_path(const tw_stac *s)
 const char *tw_stac_datetime(const tw_stac *s)
 {
     return s->datetime;
+}
+
+const char *tw_stac_datetime_key(const tw_stac *s)
+{
+    return s->datetime_key;
 }
 
 const char *tw_stac_asset(const tw_stac *s, int k)

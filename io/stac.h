@@ -38,6 +38,10 @@ const char *tw_stac_path(const tw_stac *s);
  * gives it, "" when it has neither. Borrowed; valid until destroy. */
 const char *tw_stac_datetime(const tw_stac *s);
 
+/* Where tw_stac_datetime came from: "properties.datetime",
+ * "properties.start_datetime", "" none. Static. */
+const char *tw_stac_datetime_key(const tw_stac *s);
+
 /* The GDAL path of asset k (0-based, in input.assets order). Borrowed;
  * valid until destroy. */
 const char *tw_stac_asset(const tw_stac *s, int k);

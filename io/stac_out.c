@@ -146,6 +146,26 @@ void tw_stac_relative_href(const char *dir, const char *target, char *out, size_
         len += (size_t)snprintf(out + len, size - len, "%s%s", ctg[i], i + 1 < nt ? "/" : "");
 }
 
+bool tw_stac_model_href(const char *dir, const char *target, char *out, size_t size)
+{
+    out[0] = '\0';
+    if (!target || !target[0]) return false;
+    if (strncmp(target, "file://", 7) == 0) target += 7;
+    if (strstr(target, "://")) {
+        /* a URL is as good published as here, unless it carries a secret */
+        if (tw_url_has_secret(target) || strlen(target) >= size) return false;
+        snprintf(out, size, "%s", target);
+        return true;
+    }
+    char rd[PATH_MAX], rt[PATH_MAX];
+    if (strncmp(target, "/vsi", 4) == 0 || !realpath(dir, rd) || !realpath(target, rt))
+        return false;
+    size_t n = strlen(rd);
+    if (strncmp(rt, rd, n) != 0 || rt[n] != '/' || strlen(rt + n + 1) + 3 > size) return false;
+    snprintf(out, size, "./%s", rt + n + 1);
+    return true;
+}
+
 /* ------------------------------------------------------------------------ */
 /* the asset table: one row per product file suffix                         */
 
@@ -344,21 +364,55 @@ static bool raster_fields(const char *path, json_t *asset, const asset_kind *k, 
     return true;
 }
 
+/* The classification extension's class names: letters, digits, '-' and '_'
+ * only (v2.0.0's pattern), unique within the list. Each UTF-8 character
+ * outside the set becomes one '_' ("open water" -> "open_water"); a name
+ * left without a letter or digit ("é") is "class_<value>"; a name taken by
+ * an earlier class or by the map's "nodata" gets "_<value>" appended (then
+ * "_2", "_3", ... should that be taken too), so the same class map always
+ * gets the same names. */
+static void class_names(const tw_stac_model *m, char (*names)[TW_NAME_MAX + 24])
+{
+    for (int c = 0; c < m->n_classes; c++) {
+        char base[TW_NAME_MAX + 24];
+        size_t n = 0;
+        bool readable = false;
+        for (const unsigned char *ch = (const unsigned char *)m->classes[c];
+             *ch && n + 1 < sizeof base; ch++) {
+            if ((*ch & 0xC0) == 0x80) continue; /* a UTF-8 continuation byte */
+            bool keep = isalnum(*ch) || *ch == '-' || *ch == '_';
+            readable = readable || (*ch < 0x80 && isalnum(*ch));
+            base[n++] = keep && *ch < 0x80 ? (char)*ch : '_';
+        }
+        base[n] = '\0';
+        if (!readable) snprintf(base, sizeof base, "class_%d", c);
+        snprintf(names[c], sizeof names[c], "%s", base);
+        for (int k = 1;; k++) {
+            bool taken = strcmp(names[c], "nodata") == 0;
+            for (int e = 0; !taken && e < c; e++) taken = strcmp(names[e], names[c]) == 0;
+            if (!taken) break;
+            if (k == 1)
+                snprintf(names[c], sizeof names[c], "%.*s_%d", TW_NAME_MAX, base, c);
+            else
+                snprintf(names[c], sizeof names[c], "%.*s_%d_%d", TW_NAME_MAX, base, c, k);
+        }
+    }
+}
+
 /* classification:classes of the class map: value = the class index, name
- * made of the classification extension's letters (others become '_'),
- * title the class name as given, colour from the map's own table; and
- * 255, its nodata. */
+ * from class_names (unique, machine-readable), description and title the
+ * class name as given (v1.1.0 requires description; title is v2.0.0's
+ * legend text), colour from the map's own table; and 255, its nodata. */
 static json_t *class_list(const tw_stac_model *m, const int *colors, bool *ok)
 {
+    char names[TW_MAX_CLASSES][TW_NAME_MAX + 24];
+    class_names(m, names);
     json_t *a = json_array();
     for (int c = 0; c < m->n_classes; c++) {
         json_t *o = json_object();
-        char name[TW_NAME_MAX];
-        snprintf(name, sizeof name, "%s", m->classes[c]);
-        for (char *ch = name; *ch; ch++)
-            if (!isalnum((unsigned char)*ch) && *ch != '-' && *ch != '_') *ch = '_';
         set(o, "value", json_integer(c), ok);
-        set(o, "name", json_string(name), ok);
+        set(o, "name", json_string(names[c]), ok);
+        set(o, "description", json_string(m->classes[c]), ok);
         set(o, "title", json_string(m->classes[c]), ok);
         if (colors[c] >= 0) {
             char hex[12];
@@ -370,6 +424,7 @@ static json_t *class_list(const tw_stac_model *m, const int *colors, bool *ok)
     json_t *nd = json_object();
     set(nd, "value", json_integer(255), ok);
     set(nd, "name", json_string("nodata"), ok);
+    set(nd, "description", json_string("no data (no class)"), ok);
     set(nd, "nodata", json_true(), ok);
     push(a, nd, ok);
     return a;
@@ -457,15 +512,21 @@ static json_t *footprint(const tw_stac_item_params *ip, double bbox[4], bool *ok
     return geom;
 }
 
+/* "resnet18" -> "ResNet-18" (others as given). */
+static void arch_name(const tw_stac_model *m, char *arch, size_t size)
+{
+    int depth = 0;
+    if (sscanf(m->arch, "resnet%d", &depth) == 1)
+        snprintf(arch, size, "ResNet-%d", depth);
+    else
+        snprintf(arch, size, "%s", m->arch);
+}
+
 /* mlm:* item properties. */
 static void mlm_fields(json_t *props, const tw_stac_model *m, bool *ok)
 {
     char arch[40];
-    int depth = 0;
-    if (sscanf(m->arch, "resnet%d", &depth) == 1)
-        snprintf(arch, sizeof arch, "ResNet-%d", depth);
-    else
-        snprintf(arch, sizeof arch, "%s", m->arch);
+    arch_name(m, arch, sizeof arch);
     set(props, "mlm:name", json_string(m->name), ok);
     set(props, "mlm:architecture", json_string(arch), ok);
     const char *tasks[] = {"classification"};
@@ -540,6 +601,39 @@ static void mlm_fields(json_t *props, const tw_stac_model *m, bool *ok)
     set(props, "mlm:output", outs, ok);
 }
 
+/* tilewise:model, the model without the mlm extension (whose Items need a
+ * model asset with an href, and a weights file outside the output folder
+ * has no href that survives publishing it): what identifies the weights
+ * (name, SHA-256, size) and what the products came from. */
+static void model_fields(json_t *props, const tw_stac_model *m, bool *ok)
+{
+    char arch[40];
+    arch_name(m, arch, sizeof arch);
+    json_t *o = json_object();
+    set(o, "name", json_string(m->name), ok);
+    set(o, "architecture", json_string(arch), ok);
+    set(o, "framework", json_string(m->framework ? m->framework : "PyTorch"), ok);
+    set(o, "sha256", json_string(m->weights_sha256), ok);
+    if (m->weights_size >= 0) set(o, "size", json_integer(m->weights_size), ok);
+    json_t *bands = json_array();
+    for (int b = 0; b < m->in_bands; b++) {
+        char name[TW_NAME_MAX + 8];
+        if (m->band_names)
+            snprintf(name, sizeof name, "%s", m->band_names[b]);
+        else if (m->bands && b < m->n_bands)
+            snprintf(name, sizeof name, "band_%d", m->bands[b]);
+        else
+            snprintf(name, sizeof name, "band_%d", b + 1);
+        push(bands, json_string(name), ok);
+    }
+    set(o, "bands", bands, ok);
+    set(o, "tile", json_integer(m->tile), ok);
+    json_t *classes = json_array();
+    for (int c = 0; c < m->n_classes; c++) push(classes, json_string(m->classes[c]), ok);
+    set(o, "classes", classes, ok);
+    set(props, "tilewise:model", o, ok);
+}
+
 /* The item as JSON; NULL with err set. */
 static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
 {
@@ -547,8 +641,10 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
     json_t *item = json_object();
     set(item, "type", json_string("Feature"), &ok);
     set(item, "stac_version", json_string("1.0.0"), &ok);
+    /* mlm only with a model asset (mlm requires one, with an href) */
+    bool mlm = ip->model && ip->model->weights_href && ip->model->weights_href[0];
     const char *exts[] = {EXT_PROJ, EXT_RASTER, EXT_FILE, EXT_CLASS, EXT_MLM};
-    set(item, "stac_extensions", strs(exts, 5, &ok), &ok);
+    set(item, "stac_extensions", strs(exts, mlm ? 5 : 4, &ok), &ok);
     set(item, "id", json_string(ip->id), &ok);
     double bbox[4];
     json_t *geom = footprint(ip, bbox, &ok);
@@ -585,7 +681,10 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
     push(pb, json_real(fmax(x0, x1)), &ok);
     push(pb, json_real(fmax(y0, y1)), &ok);
     set(props, "proj:bbox", pb, &ok);
-    if (ip->model) mlm_fields(props, ip->model, &ok);
+    if (mlm)
+        mlm_fields(props, ip->model, &ok);
+    else if (ip->model)
+        model_fields(props, ip->model, &ok);
     set(item, "properties", props, &ok);
 
     json_t *links = json_array();
@@ -665,7 +764,7 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
         }
         set(assets, k.key, a, &ok);
     }
-    if (ip->model && ip->model->weights_href && ip->model->weights_href[0]) {
+    if (mlm) {
         const tw_stac_model *m = ip->model;
         json_t *a = json_object();
         set(a, "href", json_string(m->weights_href), &ok);
@@ -717,8 +816,114 @@ tw_status tw_stac_item_write(const tw_stac_item_params *ip, tw_error *err)
     return st;
 }
 
+/* ------------------------------------------------------------------------ */
+/* items.json: the items as one FeatureCollection (GDAL's STACIT input)      */
+
+static void items_path(const char *dir, char *out, size_t size)
+{
+    snprintf(out, size, "%s/" TW_STAC_ITEMS, dir);
+}
+
+/* items.json's features, or a new empty array when there is none (or it is
+ * not a FeatureCollection: it is rebuilt from the items written from now). */
+static json_t *items_load(const char *dir)
+{
+    char path[TW_PATH_MAX + 64];
+    items_path(dir, path, sizeof path);
+    json_t *root = json_load_file(path, 0, NULL);
+    json_t *f = json_object_get(root, "features");
+    json_t *features = json_is_array(f) ? json_incref(f) : json_array();
+    json_decref(root);
+    return features;
+}
+
+/* The feature of id in features, -1 none. */
+static int items_find(json_t *features, const char *id)
+{
+    size_t i;
+    json_t *it;
+    json_array_foreach(features, i, it)
+    {
+        const char *fid = json_string_value(json_object_get(it, "id"));
+        if (fid && strcmp(fid, id) == 0) return (int)i;
+    }
+    return -1;
+}
+
+/* Write features as dir/items.json (atomically); none: remove it. Takes
+ * features. */
+static tw_status items_store(const char *dir, json_t *features, tw_error *err)
+{
+    char path[TW_PATH_MAX + 64];
+    items_path(dir, path, sizeof path);
+    if (!features) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (json_array_size(features) == 0) {
+        json_decref(features);
+        if (unlink(path) != 0 && errno != ENOENT)
+            return tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot remove %s: %s", path,
+                                strerror(errno));
+        return TW_OK;
+    }
+    bool ok = true;
+    json_t *fc = json_object();
+    set(fc, "type", json_string("FeatureCollection"), &ok);
+    set(fc, "features", features, &ok);
+    set(fc, "links", json_array(), &ok);
+    if (!ok) {
+        json_decref(fc);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    tw_status st = write_json(path, fc, err);
+    json_decref(fc);
+    return st;
+}
+
+/* dir/<id>.stac.json as written; NULL with err set. */
+static json_t *item_load(const char *dir, const char *id, tw_error *err)
+{
+    char path[TW_PATH_MAX + 300];
+    tw_stac_item_path(dir, id, path, sizeof path);
+    json_error_t je;
+    json_t *it = json_load_file(path, 0, &je);
+    if (!it)
+        tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot read the item %s: %s", path, je.text);
+    return it;
+}
+
+tw_status tw_stac_items_add(const char *dir, const char *id, tw_error *err)
+{
+    json_t *it = item_load(dir, id, err);
+    if (!it) return err->status;
+    json_t *features = items_load(dir);
+    int at = items_find(features, id);
+    int bad = at >= 0 ? json_array_set_new(features, (size_t)at, it)
+                      : json_array_append_new(features, it);
+    if (bad || !features) {
+        json_decref(features);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    return items_store(dir, features, err);
+}
+
+static tw_status items_drop(const char *dir, const char *id, tw_error *err)
+{
+    char path[TW_PATH_MAX + 64];
+    items_path(dir, path, sizeof path);
+    if (access(path, F_OK) != 0) return TW_OK;
+    json_t *features = items_load(dir);
+    int at = items_find(features, id);
+    if (at < 0) {
+        json_decref(features);
+        return TW_OK;
+    }
+    json_array_remove(features, (size_t)at);
+    return items_store(dir, features, err);
+}
+
 tw_status tw_stac_item_remove(const char *dir, const char *id, bool collection, tw_error *err)
 {
+    tw_status dst = items_drop(dir, id, err);
+    if (dst != TW_OK) return dst;
     char path[TW_PATH_MAX + 300];
     if (tw_stac_item_path(dir, id, path, sizeof path) && unlink(path) != 0 && errno != ENOENT)
         return tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot remove %s: %s", path,
@@ -742,18 +947,23 @@ tw_status tw_stac_collection_write(const char *dir, const char *id, const char *
     set(root, "href", json_string("./collection.json"), &ok);
     set(root, "type", json_string("application/json"), &ok);
     push(links, root, &ok);
+    json_t *il = json_object();
+    set(il, "rel", json_string("items"), &ok);
+    set(il, "href", json_string("./" TW_STAC_ITEMS), &ok);
+    set(il, "type", json_string("application/geo+json"), &ok);
+    set(il, "title", json_string("the items as one FeatureCollection (GDAL's STACIT opens it)"),
+        &ok);
+    push(links, il, &ok);
+    json_t *features = json_array();
     tw_status st = TW_OK;
     bool any_bbox = false;
     for (int i = 0; st == TW_OK && i < n; i++) {
-        char path[TW_PATH_MAX + 300];
-        tw_stac_item_path(dir, item_ids[i], path, sizeof path);
-        json_error_t je;
-        json_t *it = json_load_file(path, 0, &je);
+        json_t *it = item_load(dir, item_ids[i], err);
         if (!it) {
-            st = tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot read the item %s: %s", path,
-                              je.text);
+            st = err->status;
             break;
         }
+        push(features, json_incref(it), &ok);
         json_t *b = json_object_get(it, "bbox");
         for (int k = 0; json_array_size(b) == 4 && k < 4; k++) {
             double v = json_number_value(json_array_get(b, (size_t)k));
@@ -775,6 +985,13 @@ tw_status tw_stac_collection_write(const char *dir, const char *id, const char *
         set(l, "type", json_string("application/geo+json"), &ok);
         push(links, l, &ok);
     }
+    if (st != TW_OK) {
+        json_decref(links);
+        json_decref(features);
+        return st;
+    }
+    /* items.json: exactly the collection's items */
+    st = items_store(dir, features, err);
     if (st != TW_OK) {
         json_decref(links);
         return st;

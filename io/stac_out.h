@@ -11,8 +11,13 @@
  * file:checksum (SHA-256 multihash, read back from the file), and for
  * rasters raster:bands (data type, nodata, scale), proj:shape and
  * proj:transform as GDAL reads them. The class asset carries the
- * classification extension (value, name, title, color_hint from the class
- * map's own colour table), and the item the mlm extension (the model).
+ * classification extension (value, a unique machine-readable name, the
+ * class name as given in description and title, color_hint from the class
+ * map's own colour table). The model: the mlm extension and a model asset
+ * when the weights have an href that stays valid where the folder is
+ * published (tw_stac_model_href); else tilewise:model (name, SHA-256,
+ * size, architecture, bands, classes), no asset, no mlm (whose Items must
+ * have a model asset).
  *
  * Extension versions written (their schema URLs in stac_extensions):
  * projection v1.1.0 (proj:epsg, proj:wkt2, proj:shape, proj:transform,
@@ -52,7 +57,7 @@ typedef struct tw_stac_model {
     const char *name;           /* mlm:name: the weights file's stem */
     const char *arch;           /* "resnet18" */
     const char *framework;      /* mlm:framework: "PyTorch" (torchvision layout), "ONNX" */
-    const char *weights_href;   /* the model asset's href ("" none): relative to the item */
+    const char *weights_href;   /* the model asset's href (tw_stac_model_href), "" none */
     const char *weights_sha256; /* hex SHA-256 of the weights file (64 chars) */
     int64_t weights_size;       /* bytes; -1 unknown */
     int in_bands;
@@ -95,22 +100,40 @@ bool tw_stac_item_path(const char *dir, const char *id, char *out, size_t size);
  * TW_ERR_NOMEM. */
 tw_status tw_stac_item_write(const tw_stac_item_params *ip, tw_error *err);
 
+/* The items of a directory as one GeoJSON FeatureCollection (a STAC API
+ * ItemCollection), the file GDAL's STACIT driver opens: dir/items.json. */
+#define TW_STAC_ITEMS "items.json"
+
+/* Add dir/<id>.stac.json, as written, to dir/items.json (replacing a
+ * feature of the same id; a missing or unreadable items.json is started
+ * anew), atomically. TW_ERR_OUTPUT naming the item or items.json. */
+tw_status tw_stac_items_add(const char *dir, const char *id, tw_error *err);
+
 /* Write dir/collection.json (atomically): a STAC Collection whose extents
  * are the union of the items' bboxes and datetimes, with an `item` link to
- * each, read back from dir/<id>.stac.json. description and id as given.
- * TW_ERR_OUTPUT naming an item that cannot be read, or the collection. */
+ * each, read back from dir/<id>.stac.json, and an `items` link to
+ * dir/items.json, rewritten first to hold exactly these items. description
+ * and id as given. TW_ERR_OUTPUT naming an item that cannot be read, or
+ * the collection. */
 tw_status tw_stac_collection_write(const char *dir, const char *id, const char *description,
                                    const char *const *item_ids, int n, tw_error *err);
 
-/* Remove dir/<id>.stac.json (and with collection, dir/collection.json) before
- * the products they describe are replaced, so that no item describes files
- * that are no longer there. A missing file is fine. TW_ERR_OUTPUT when one
- * stays. */
+/* Remove dir/<id>.stac.json and its feature in dir/items.json (and with
+ * collection, dir/collection.json) before the products they describe are
+ * replaced, so that none describes files that are no longer there. A
+ * missing file is fine. TW_ERR_OUTPUT when one stays. */
 tw_status tw_stac_item_remove(const char *dir, const char *id, bool collection, tw_error *err);
 
 /* An href to target (a local path) relative to the directory dir, both
  * resolved with realpath ("../models/m.h5"); target as given when it is not
  * local (a URL, /vsi...) or cannot be resolved. */
 void tw_stac_relative_href(const char *dir, const char *target, char *out, size_t size);
+
+/* The href of the model asset: a weights file inside dir as "./sub/m.h5"
+ * (relative to an item in dir), a URL as given (file:// taken as a local
+ * path). false (out "") for a file outside dir, a /vsi path or a URL that
+ * carries a secret: nothing that would still resolve once dir is
+ * published. */
+bool tw_stac_model_href(const char *dir, const char *target, char *out, size_t size);
 
 #endif

@@ -20,7 +20,8 @@ tw_status tw_stac_run_input(const tw_run_params *p, int i, const char *gdal_sour
     tw_url_redact(p->input.paths[i], shown, sizeof shown);
     if (stac) snprintf(out->derived_from, sizeof out->derived_from, "%s", shown);
     const char *dt = stac ? tw_stac_datetime(stac) : "";
-    if (dt[0] && tw_rfc3339_check(dt, NULL, 0)) {
+    char why[160] = "";
+    if (dt[0] && tw_rfc3339_check(dt, why, sizeof why)) {
         snprintf(out->datetime, sizeof out->datetime, "%s", dt);
         snprintf(out->source, sizeof out->source, "STAC item");
         return TW_OK;
@@ -33,11 +34,19 @@ tw_status tw_stac_run_input(const tw_run_params *p, int i, const char *gdal_sour
         snprintf(out->source, sizeof out->source, "input.datetime");
         return TW_OK;
     }
+    /* the STAC item's own datetime, when it has one that is not RFC 3339 */
+    char item_says[300];
+    if (stac && dt[0])
+        snprintf(item_says, sizeof item_says, "its STAC item's %s \"%.40s\" is not RFC 3339: %s",
+                 tw_stac_datetime_key(stac), dt, why);
+    else
+        snprintf(item_says, sizeof item_says, "%s",
+                 stac ? "its STAC item has no datetime" : "not a STAC item");
     return tw_error_set(err, TW_ERR_CONFIG,
                         "output.stac: %s: no acquisition time known (%s, no ACQUISITIONDATETIME "
                         "or TIFFTAG_DATETIME in its metadata); set input.datetime, e.g. "
                         "input.datetime: \"2021-06-01T10:30:00Z\"",
-                        shown, stac ? "its STAC item has no datetime" : "not a STAC item");
+                        shown, item_says);
 }
 
 void tw_stac_run_collection_id(const char *out_dir, char *out, size_t size)
@@ -65,13 +74,12 @@ tw_status tw_stac_run_item(const tw_run_params *p, const tw_resolved *m, const t
                            const tw_stac_input *si, const char *collection_id, tw_input_result *res,
                            tw_error *err)
 {
-    /* the model: its file as an asset, relative to the item when it can be
-     * resolved here (a merge on another node: the path as the run gave it) */
+    /* the model: an asset only when its href survives publishing the
+     * folder (inside it, or a URL); else described by name and SHA-256 */
     char href[TW_PATH_MAX * 2] = "", name[256];
     int64_t wsize = -1;
     struct stat sb;
-    if (p->model.weights[0])
-        tw_stac_relative_href(p->output.dir, p->model.weights, href, sizeof href);
+    tw_stac_model_href(p->output.dir, p->model.weights, href, sizeof href);
     if (p->model.weights[0] && stat(p->model.weights, &sb) == 0) wsize = (int64_t)sb.st_size;
     const char *ext = strrchr(p->model.weights, '.');
     tw_url_stem(p->model.weights, name, sizeof name);
@@ -124,6 +132,7 @@ tw_status tw_stac_run_item(const tw_run_params *p, const tw_resolved *m, const t
         ip.derived_from = rel;
     }
     tw_status st = tw_stac_item_write(&ip, err);
+    if (st == TW_OK) st = tw_stac_items_add(p->output.dir, res->stem, err);
     int cap = (int)(sizeof res->outputs / sizeof res->outputs[0]);
     if (st == TW_OK && res->n_outputs < cap)
         tw_stac_item_path(p->output.dir, res->stem, res->outputs[res->n_outputs++],

@@ -26,7 +26,8 @@ a run over the whole raster gives the reference class map.
   size and geotransform equal the whole raster's class map, and whose
   pixels do too.
 * A STAC item as input (input.assets) links back with rel derived_from and
-  gives its datetime; `tilewise merge` of two shards writes the merged
+  gives its datetime; an asset GDAL cannot open is exit 3 saying why, an item
+  datetime that is not RFC 3339 exit 2 quoting the key and the value; `tilewise merge` of two shards writes the merged
   products' item (the shards none); a rerun writes the item anew.
 * Before the first tile: no datetime known is exit 2 naming the input and
   input.datetime (no output directory made); a bad input.datetime is exit
@@ -118,7 +119,10 @@ def check_extensions(doc, where):
 
 
 def check_class_object(c, where):
+    """classification v1.1.0 (value, description required) and v2.0.0 (name
+    required, [0-9A-Za-z-_]+); names unique: check_class_list."""
     check(is_int(c.get("value")), f"{where}: class value is not an integer")
+    check(isinstance(c.get("description"), str), f"{where}: class description (v1.1.0) missing")
     check(isinstance(c.get("name"), str) and re.match(r"^[0-9A-Za-z-_]+$", c["name"]),
           f"{where}: class name {c.get('name')!r} is not [0-9A-Za-z-_]+")
     if "color_hint" in c:
@@ -127,8 +131,16 @@ def check_class_object(c, where):
         check(isinstance(c["nodata"], bool), f"{where}: nodata is not a boolean")
 
 
+def check_class_list(classes, where):
+    for c in classes:
+        check_class_object(c, where)
+    names = [c["name"] for c in classes]
+    check(len(set(names)) == len(names), f"{where}: class names not unique: {names}")
+
+
 def check_item(path, weights):
-    """The structural check of one item; returns it."""
+    """The structural check of one item; returns it. weights inside the
+    item's folder: a model asset (mlm); else none, tilewise:model."""
     with open(path) as f:
         item = json.load(f)
     where = os.path.basename(path)
@@ -164,34 +176,41 @@ def check_item(path, weights):
             check(len(obj["proj:transform"]) in (6, 9) and all(map(is_num, obj["proj:transform"])),
                   f"{where} {scope}: proj:transform")
     check(len(props["proj:bbox"]) == 4, f"{where}: proj:bbox")
-    # mlm v1.3.0
-    for k, kind in (("mlm:name", str), ("mlm:architecture", str), ("mlm:tasks", list),
-                    ("mlm:input", list), ("mlm:output", list)):
-        need(props, k, kind, where)
-    for inp in props["mlm:input"]:
-        need(inp, "name", str, where + " mlm:input")
-        bands = need(inp, "bands", list, where + " mlm:input")
-        st = need(inp, "input", dict, where + " mlm:input")
-        shape, order = need(st, "shape", list, where), need(st, "dim_order", list, where)
-        check(len(shape) == len(order) and all(is_int(v) and (v > 0 or v == -1) for v in shape),
-              f"{where}: mlm:input shape/dim_order")
-        need(st, "data_type", str, where)
-        vs = inp.get("value_scaling")
-        check(vs is None or len(vs) in (1, len(bands)), f"{where}: value_scaling per band")
-        for v in vs or []:
-            if v["type"] == "z-score":
-                check(is_num(v["mean"]) and is_num(v["stddev"]), f"{where}: z-score fields")
-    for out in props["mlm:output"]:
-        need(out, "name", str, where + " mlm:output")
-        need(out, "tasks", list, where + " mlm:output")
-        res = need(out, "result", dict, where + " mlm:output")
-        check(len(res["shape"]) == len(res["dim_order"]), f"{where}: mlm:output result")
-        for c in out.get("classification:classes", []):
-            check_class_object(c, where + " mlm:output")
-    models = [a for a in item["assets"].values() if "mlm:model" in a.get("roles", [])]
-    check(len(models) == 1, f"{where}: one asset with role mlm:model")
-    # assets: href, type, roles; file, raster, classification fields
     base = os.path.dirname(path)
+    inside = os.path.realpath(weights).startswith(os.path.realpath(base) + "/")
+    models = [a for a in item["assets"].values() if "mlm:model" in a.get("roles", [])]
+    if not inside:
+        tm = need(props, "tilewise:model", dict, where)
+        check(tm["sha256"] == sha256(weights) and tm["size"] == os.path.getsize(weights) and
+              not models and EXT["mlm"] not in item["stac_extensions"] and
+              not [k for k in props if k.startswith("mlm:")],
+              f"{where}: weights outside the folder: no model asset, no mlm, tilewise:model "
+              f"with the weights' SHA-256 and size")
+    else:  # mlm v1.3.0
+        for k, kind in (("mlm:name", str), ("mlm:architecture", str), ("mlm:tasks", list),
+                        ("mlm:input", list), ("mlm:output", list)):
+            need(props, k, kind, where)
+        for inp in props["mlm:input"]:
+            need(inp, "name", str, where + " mlm:input")
+            bands = need(inp, "bands", list, where + " mlm:input")
+            st = need(inp, "input", dict, where + " mlm:input")
+            shape, order = need(st, "shape", list, where), need(st, "dim_order", list, where)
+            check(len(shape) == len(order) and all(is_int(v) and (v > 0 or v == -1) for v in shape),
+                  f"{where}: mlm:input shape/dim_order")
+            need(st, "data_type", str, where)
+            vs = inp.get("value_scaling")
+            check(vs is None or len(vs) in (1, len(bands)), f"{where}: value_scaling per band")
+            for v in vs or []:
+                if v["type"] == "z-score":
+                    check(is_num(v["mean"]) and is_num(v["stddev"]), f"{where}: z-score fields")
+        for out in props["mlm:output"]:
+            need(out, "name", str, where + " mlm:output")
+            need(out, "tasks", list, where + " mlm:output")
+            res = need(out, "result", dict, where + " mlm:output")
+            check(len(res["shape"]) == len(res["dim_order"]), f"{where}: mlm:output result")
+            check_class_list(out.get("classification:classes", []), where + " mlm:output")
+    check(len(models) == (1 if inside else 0), f"{where}: one asset with role mlm:model")
+    # assets: href, type, roles; file, raster, classification fields
     for key, a in item["assets"].items():
         w = f"{where} asset {key}"
         href = need(a, "href", str, w)
@@ -214,11 +233,13 @@ def check_item(path, weights):
         classes = a.get("classification:classes")
         if classes is not None:
             check(len(classes) >= 1, f"{w}: classes empty")
-            for c in classes:
-                check_class_object(c, w)
-    check(os.path.samefile(os.path.join(base, models[0]["href"]), weights) and
-          models[0]["file:checksum"] == "1220" + sha256(weights),
-          f"{where}: the model asset is the weights file, with its SHA-256")
+            check_class_list(classes, w)
+        check(not os.path.isabs(href) and not href.startswith("..") and "://" not in href,
+              f"{w}: href {href} is not inside the folder")
+    if inside:
+        check(os.path.samefile(os.path.join(base, models[0]["href"]), weights) and
+              models[0]["file:checksum"] == "1220" + sha256(weights),
+              f"{where}: the model asset is the weights file, with its SHA-256")
     return item
 
 
@@ -277,17 +298,41 @@ def main():
               f"input.datetime 2021-13-01...: exit 2 naming the key ({r.stderr.strip()})", True)
 
         # -- two halves, one item each and a collection ------------------------
+        # the weights inside the output folder: a model asset and mlm; class
+        # names that collide once made machine-readable
         wf, out = workflow(tmp, "halves", [left, right], products="[class, prob, confidence]",
                            extra="  stac: true\n",
                            input_extra=f"  datetime: \"{FALLBACK}\"\n")
+        os.makedirs(f"{out}/models")
+        inner = f"{out}/models/m.safetensors"
+        with open(weights, "rb") as f, open(inner, "wb") as g:
+            g.write(f.read())
+        with open(wf) as f:
+            text = f.read()
+        with open(wf, "w") as f:
+            f.write(text.replace(weights, inner).replace(
+                "model:\n", "model:\n  classes: [\"a b\", a_b, \"\u00e9\", \"\u00fc\", nodata, "
+                "water, forest]\n"))
         r = run("validate", wf)
         check(r.returncode == 0 and f"left.stac.json: datetime {WHEN} (TIFFTAG_DATETIME)" in r.stdout
-              and "collection.json" in r.stdout, f"validate shows the STAC outputs: {r.stdout}", True)
+              and "collection.json" in r.stdout and f"{out}/items.json" in r.stdout,
+              f"validate shows the STAC outputs: {r.stdout}", True)
         r = run("run", wf, "-q")
         check(r.returncode == 0, f"run over both halves: {r.stderr}")
-        items = [check_item(f"{out}/{n}.stac.json", weights) for n in ("left", "right")]
+        items = [check_item(f"{out}/{n}.stac.json", inner) for n in ("left", "right")]
         print("ok   both items pass the structural check (fields, extensions, hrefs, sizes, "
               "SHA-256 of every asset and of the weights)")
+        model = items[0]["assets"]["model"]
+        check(model["href"] == "./models/m.safetensors" and "mlm:model" in model["roles"],
+              f"weights inside the folder: the model asset's href is relative, inside it "
+              f"({model['href']})", True)
+        cl = items[0]["assets"]["class"]["classification:classes"]
+        check([c["name"] for c in cl] == ["a_b", "a_b_1", "class_2", "class_3", "nodata_4",
+                                         "water", "forest", "nodata"] and
+              [c["description"] for c in cl[:4]] == ["a b", "a_b", "\u00e9", "\u00fc"] and
+              [c["title"] for c in cl[:4]] == ["a b", "a_b", "\u00e9", "\u00fc"],
+              f"class names unique and machine-readable, the names as given in description and "
+              f"title ({[c['name'] for c in cl]})", True)
         check_collection(f"{out}/collection.json", items)
         print("ok   collection.json passes the structural check (extents hold the items, "
               "item links, the items link back)")
@@ -338,13 +383,19 @@ def main():
               np.allclose([v["stddev"] for v in vs], STD, rtol=1e-6),
               "mlm value_scaling: z-score with the workflow's mean and std (scale 1)", True)
 
-        # -- GDAL's STACIT: the items as one mosaic of class assets -------------
+        # -- GDAL's STACIT: the run's items.json as one mosaic of class assets --
         wf_full, out_full = workflow(tmp, "whole", [src], products="[class]")
         r = run("run", wf_full, "-q")
         check(r.returncode == 0, f"whole run: {r.stderr}")
         ref = gdal.Open(f"{out_full}/L7_ETMs.class.tif")
-        with open(f"{out}/items.json", "w") as f:
-            json.dump({"type": "FeatureCollection", "features": items}, f)
+        with open(f"{out}/items.json") as f:
+            fc = json.load(f)
+        check(fc["type"] == "FeatureCollection" and fc["features"] == items,
+              "items.json: a FeatureCollection of the two items as written", True)
+        with open(f"{out}/collection.json") as f:
+            links = [l for l in json.load(f)["links"] if l["rel"] == "items"]
+        check(len(links) == 1 and links[0]["href"] == "./items.json",
+              f"collection.json links items.json (rel items): {links}", True)
         cwd = os.getcwd()
         os.chdir(out)  # GDAL 3.6 opens the hrefs as given: relative to the process
         try:
@@ -374,11 +425,14 @@ def main():
 
         # -- a rerun writes the item anew, of the new files ---------------------
         r = run("run", wf, "-q", "--set", "output.products=[class]")
-        again = check_item(f"{out}/left.stac.json", weights)
+        again = check_item(f"{out}/left.stac.json", inner)
         check(r.returncode == 0 and sorted(again["assets"]) == ["class", "model"] and
               not [n for n in os.listdir(out) if n.endswith(".part")],
               "a rerun with other products rewrites the item (its checks pass), no temporaries",
               True)
+        with open(f"{out}/items.json") as f:
+            check(json.load(f)["features"] == [again, check_item(f"{out}/right.stac.json", inner)],
+                  "the rerun rewrites items.json with the new items", True)
 
         # -- killed runs: an item with its final name always describes the
         # files next to it (the item is removed before the products are
@@ -398,14 +452,20 @@ def main():
             p.send_signal(signal.SIGKILL)
             p.wait()
             path = f"{out}/left.stac.json"
+            listed = []
+            if os.path.exists(f"{out}/items.json"):
+                with open(f"{out}/items.json") as f:
+                    listed = json.load(f)["features"]
             if os.path.exists(path):
                 it = check_item(path, weights)  # sizes and SHA-256 match the files there
                 states.append("new" if "confidence" in it["assets"] else "old")
+                check(listed == [it], f"killed: items.json holds the item there ({states})")
             else:
                 states.append("none")
+                check(listed == [], f"killed: no item, none in items.json ({states})")
         r = run("run", wf, "-q", "--set", "output.products=[class, confidence]")
         it = check_item(f"{out}/left.stac.json", weights)
-        check(r.returncode == 0 and sorted(it["assets"]) == ["class", "confidence", "model"],
+        check(r.returncode == 0 and sorted(it["assets"]) == ["class", "confidence"],
               f"4 runs killed (SIGKILL) at 50-100 % of a run's time: an item left describes "
               f"the files there (old, new or none: {states}); the rerun writes it", True)
 
@@ -431,8 +491,34 @@ def main():
                                                    f"{crop}/scene.json"),
               f"derived_from links back to the input item ({links})", True)
         check(it["properties"]["datetime"] == "2020-05-05T05:05:05Z" and
-              it["properties"]["mlm:input"][0]["bands"] == [f"B{b}" for b in range(1, 7)],
-              "the input item's datetime comes first; mlm bands are its asset names", True)
+              it["properties"]["tilewise:model"]["bands"] == [f"B{b}" for b in range(1, 7)],
+              "the input item's datetime comes first; the model's bands are its asset names",
+              True)
+
+        # -- a STAC item input's errors say why ----------------------------------
+        def bad_item(name, datetime, b1):
+            with open(f"{crop}/{name}.json", "w") as f:
+                json.dump({"type": "Feature", "stac_version": "1.0.0", "id": name,
+                           "geometry": None, "properties": {"datetime": datetime},
+                           "links": [], "assets": {**assets, "B1": {"href": b1}}}, f)
+            return workflow(tmp, name, [f"{crop}/{name}.json"], extra="  stac: true\n",
+                            input_extra="  assets: [B1, B2, B3, B4, B5, B6]\n")
+        with open(f"{crop}/notes.txt", "w") as f:
+            f.write("not a raster\n")
+        for b1, why in (("./notes.txt", "not recognized as a supported file format"),
+                        ("./gone.tif", "No such file or directory")):
+            wf, out = bad_item("badasset", "2020-05-05T05:05:05Z", b1)
+            r = run("run", wf, "-q")
+            check(r.returncode == 3 and f"asset B1 ({crop}/{b1[2:]}) cannot be opened as a "
+                  f"raster: " in r.stderr and why in r.stderr,
+                  f"an asset GDAL cannot open ({b1}): exit 3 saying why ({r.stderr.strip()})",
+                  True)
+        wf, out = bad_item("yesterday", "yesterday", "./B1.tif")
+        r = run("run", wf, "-q")
+        check(r.returncode == 2 and "properties.datetime \"yesterday\" is not RFC 3339" in r.stderr
+              and "no datetime" not in r.stderr and "input.datetime" in r.stderr,
+              f"an item datetime 'yesterday': exit 2 quoting the key and the value, not 'no "
+              f"datetime' ({r.stderr.strip()})", True)
 
         # -- shards + merge: the merged products' item ---------------------------
         wf, out = workflow(tmp, "shards", [left, right], products="[class, prob]",
@@ -442,15 +528,19 @@ def main():
             r = run("run", wf, "-q", "--shard", s)
             check(r.returncode == 0, f"shard {s}: {r.stderr}")
             check(not [n for n in os.listdir(out)
-                       if n.endswith(".stac.json") or n == "collection.json"],
+                       if n.endswith(".stac.json") or n in ("collection.json", "items.json")],
                   f"shard {s} writes no item nor collection")
         r = run("merge", out, "-q")
         check(r.returncode == 0, f"merge: {r.stderr}")
         merged = [check_item(f"{out}/{n}.stac.json", weights) for n in ("left", "right")]
         check_collection(f"{out}/collection.json", merged)
+        with open(f"{out}/items.json") as f:
+            listed = json.load(f)["features"]
+        check(sorted(listed, key=lambda i: i["id"]) == merged,
+              f"merge writes items.json of the merged items ({[i['id'] for i in listed]})")
         check(merged[0]["properties"]["datetime"] == WHEN and
               merged[1]["properties"]["datetime"] == FALLBACK and
-              sorted(merged[0]["assets"]) == ["class", "model", "prob"],
+              sorted(merged[0]["assets"]) == ["class", "prob"],
               "merge writes the merged products' items and collection (structural checks, "
               "checksums of the merged files, the datetimes the shards resolved)", True)
     print("e2e_stac: all checks passed")

@@ -12,7 +12,13 @@
  *     raster:bands, proj fields, classification from the colour table,
  *     mlm's z-score with input.scale folded in, an unknown product suffix
  *     still getting an asset;
- *   - the collection's extents over two items; a missing item named. */
+ *   - the collection's extents over two items; a missing item named;
+ *   - class names that collide once made machine-readable ("a b"/"a_b",
+ *     "é"/"ü", "nodata") made unique, the names as given in description;
+ *   - the model: an asset (mlm) only with an href inside the folder (or a
+ *     URL without a secret), else tilewise:model and no mlm;
+ *   - items.json: added to as items are written, an input dropped when its
+ *     item is removed, rewritten by the collection (which links it). */
 #include <math.h>
 #include <nettle/sha2.h>
 #include <setjmp.h>
@@ -355,6 +361,201 @@ static void item_and_collection(void **state)
     assert_int_equal(tw_stac_item_remove(dir, "s", true, &err), TW_OK); /* gone: fine */
 }
 
+static const char *class_field(json_t *cl, size_t i, const char *key)
+{
+    return json_string_value(json_object_get(json_array_get(cl, i), key));
+}
+
+static void class_names_and_model(void **state)
+{
+    (void)state;
+    char dir[512], cls[600], models[600], inner[700], outer[600];
+    snprintf(dir, sizeof dir, "%s/stac_names", tw_test_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(cls, sizeof cls, "%s/n.class.tif", dir);
+    snprintf(models, sizeof models, "%s/models", dir);
+    mkdir(models, 0755);
+    snprintf(inner, sizeof inner, "%s/m.h5", models);
+    snprintf(outer, sizeof outer, "%s/stac_names_outside.h5", tw_test_tmpdir());
+    make_raster(cls, 20, 10, 1, NULL, false);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(i ? outer : inner, "wb");
+        fputs("weights", f);
+        fclose(f);
+    }
+
+    /* the model's href: inside the folder, a URL; none for a file outside */
+    char href[700];
+    assert_true(tw_stac_model_href(dir, inner, href, sizeof href));
+    assert_string_equal(href, "./models/m.h5");
+    assert_false(tw_stac_model_href(dir, outer, href, sizeof href));
+    assert_string_equal(href, "");
+    assert_true(tw_stac_model_href(dir, "https://example.com/m.h5", href, sizeof href));
+    assert_string_equal(href, "https://example.com/m.h5");
+    assert_false(
+        tw_stac_model_href(dir, "https://example.com/m.h5?X-Amz-Signature=abc", href, sizeof href));
+    assert_false(tw_stac_model_href(dir, "/vsis3/b/m.h5", href, sizeof href));
+
+    double gt[6] = {500000, 30, 0, 4650000, 0, -30};
+    const char *files[1] = {cls};
+    const char classes[7][TW_NAME_MAX] = {"a b",    "a_b",   "\xc3\xa9", "\xc3\xbc",
+                                          "nodata", "water", "a b"};
+    const float mean[1] = {0}, stdv[1] = {1};
+    tw_stac_model m = {.name = "m",
+                       .arch = "resnet18",
+                       .weights_href = "",
+                       .weights_sha256 = "ab",
+                       .weights_size = 7,
+                       .in_bands = 1,
+                       .tile = 64,
+                       .scale = 1,
+                       .mean = mean,
+                       .std = stdv,
+                       .n_classes = 7,
+                       .classes = classes};
+    tw_stac_item_params ip = {.dir = dir,
+                              .id = "n",
+                              .datetime = "2021-06-01T10:30:00Z",
+                              .width = 20,
+                              .height = 10,
+                              .geotransform = gt,
+                              .crs_wkt = "EPSG:32633",
+                              .files = files,
+                              .n_files = 1,
+                              .model = &m};
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_stac_item_write(&ip, &err), TW_OK);
+    char path[700];
+    tw_stac_item_path(dir, "n", path, sizeof path);
+    json_t *it = load(path);
+    json_t *cl = json_object_get(json_object_get(json_object_get(it, "assets"), "class"),
+                                 "classification:classes");
+    static const char *const want[8] = {"a_b",      "a_b_1", "class_2", "class_3",
+                                        "nodata_4", "water", "a_b_6",   "nodata"};
+    for (size_t i = 0; i < 8; i++) assert_string_equal(class_field(cl, i, "name"), want[i]);
+    for (size_t i = 0; i < 7; i++) {
+        assert_string_equal(class_field(cl, i, "description"), classes[i]);
+        assert_string_equal(class_field(cl, i, "title"), classes[i]);
+    }
+    assert_non_null(class_field(cl, 7, "description")); /* v1.1.0 requires it */
+    /* weights outside the folder: no model asset, no mlm; name and SHA-256 */
+    json_t *props = json_object_get(it, "properties");
+    assert_null(json_object_get(json_object_get(it, "assets"), "model"));
+    assert_null(json_object_get(props, "mlm:name"));
+    json_t *ext = json_object_get(it, "stac_extensions");
+    for (size_t i = 0; i < json_array_size(ext); i++)
+        assert_null(strstr(json_string_value(json_array_get(ext, i)), "/mlm/"));
+    json_t *tm = json_object_get(props, "tilewise:model");
+    assert_string_equal(json_string_value(json_object_get(tm, "sha256")), "ab");
+    assert_string_equal(json_string_value(json_object_get(tm, "architecture")), "ResNet-18");
+    assert_int_equal(json_integer_value(json_object_get(tm, "size")), 7);
+    json_decref(it);
+
+    /* inside: the model asset with its relative href, and mlm */
+    m.weights_href = "./models/m.h5";
+    assert_int_equal(tw_stac_item_write(&ip, &err), TW_OK);
+    it = load(path);
+    json_t *ma = json_object_get(json_object_get(it, "assets"), "model");
+    assert_string_equal(json_string_value(json_object_get(ma, "href")), "./models/m.h5");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(it, "properties"), "mlm:name")), "m");
+    json_decref(it);
+}
+
+/* items.json's feature ids, joined by ',' ("" when there is no file) */
+static void item_ids(const char *dir, char *out, size_t size)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/items.json", dir);
+    out[0] = '\0';
+    json_t *fc = json_load_file(path, 0, NULL);
+    if (!fc) return;
+    assert_string_equal(json_string_value(json_object_get(fc, "type")), "FeatureCollection");
+    size_t i;
+    json_t *f;
+    json_array_foreach(json_object_get(fc, "features"), i, f)
+    {
+        size_t n = strlen(out);
+        snprintf(out + n, size - n, "%s%s", n ? "," : "",
+                 json_string_value(json_object_get(f, "id")));
+    }
+    json_decref(fc);
+}
+
+static void items_file(void **state)
+{
+    (void)state;
+    char dir[512], a[600], b[600], ids[256];
+    snprintf(dir, sizeof dir, "%s/stac_items", tw_test_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(a, sizeof a, "%s/a.class.tif", dir);
+    snprintf(b, sizeof b, "%s/b.class.tif", dir);
+    make_raster(a, 20, 10, 1, NULL, false);
+    make_raster(b, 20, 10, 1, NULL, false);
+    double gt[6] = {500000, 30, 0, 4650000, 0, -30};
+    const char *fa[1] = {a}, *fb[1] = {b};
+    tw_stac_item_params ip = {.dir = dir,
+                              .id = "a",
+                              .datetime = "2021-06-01T10:30:00Z",
+                              .width = 20,
+                              .height = 10,
+                              .geotransform = gt,
+                              .crs_wkt = "EPSG:32633",
+                              .files = fa,
+                              .n_files = 1};
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_stac_item_write(&ip, &err), TW_OK);
+    assert_int_equal(tw_stac_items_add(dir, "a", &err), TW_OK);
+    item_ids(dir, ids, sizeof ids);
+    assert_string_equal(ids, "a");
+    ip.id = "b";
+    ip.files = fb;
+    assert_int_equal(tw_stac_item_write(&ip, &err), TW_OK);
+    assert_int_equal(tw_stac_items_add(dir, "b", &err), TW_OK);
+    assert_int_equal(tw_stac_items_add(dir, "a", &err), TW_OK); /* again: replaced in place */
+    item_ids(dir, ids, sizeof ids);
+    assert_string_equal(ids, "a,b");
+    /* GDAL's STACIT: the features' grid (proj:epsg, proj:transform, proj:shape) */
+    char fpath[700];
+    snprintf(fpath, sizeof fpath, "%s/items.json", dir);
+    json_t *fc = load(fpath);
+    json_t *p0 = json_object_get(json_array_get(json_object_get(fc, "features"), 0), "properties");
+    assert_int_equal(json_integer_value(json_object_get(p0, "proj:epsg")), 32633);
+    assert_int_equal(json_array_size(json_object_get(p0, "proj:transform")), 6);
+    assert_int_equal(json_array_size(json_object_get(p0, "proj:shape")), 2);
+    json_decref(fc);
+    /* a's products about to be replaced: its feature goes with its item */
+    assert_int_equal(tw_stac_item_remove(dir, "a", false, &err), TW_OK);
+    item_ids(dir, ids, sizeof ids);
+    assert_string_equal(ids, "b");
+    assert_int_equal(tw_stac_item_remove(dir, "b", false, &err), TW_OK);
+    assert_false(tw_test_file_exists(fpath)); /* none left: no file */
+    /* the collection rewrites it with exactly its items, and links it */
+    ip.id = "a";
+    ip.files = fa;
+    assert_int_equal(tw_stac_item_write(&ip, &err), TW_OK);
+    ip.id = "b";
+    ip.files = fb;
+    assert_int_equal(tw_stac_item_write(&ip, &err), TW_OK);
+    const char *both[2] = {"b", "a"};
+    assert_int_equal(tw_stac_collection_write(dir, "c", "two", both, 2, &err), TW_OK);
+    item_ids(dir, ids, sizeof ids);
+    assert_string_equal(ids, "b,a");
+    char cpath[700];
+    snprintf(cpath, sizeof cpath, "%s/collection.json", dir);
+    json_t *c = load(cpath);
+    bool linked = false;
+    size_t i;
+    json_t *l;
+    json_array_foreach(json_object_get(c, "links"), i, l) linked =
+        linked || (strcmp(json_string_value(json_object_get(l, "rel")), "items") == 0 &&
+                   strcmp(json_string_value(json_object_get(l, "href")), "./items.json") == 0);
+    assert_true(linked);
+    json_decref(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +563,8 @@ int main(void)
         cmocka_unit_test(raster_datetimes),
         cmocka_unit_test(relative_hrefs),
         cmocka_unit_test(item_and_collection),
+        cmocka_unit_test(class_names_and_model),
+        cmocka_unit_test(items_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
