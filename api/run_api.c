@@ -328,7 +328,7 @@ tilewise_status tilewise_merge(const char *output_dir, const tilewise_run_option
         st = tw_error_set(&err, TW_ERR_USAGE, "tilewise_merge: no output folder");
     if (st != TW_OK) return tw_api_give(out, st, &err);
     tw_run_result *r = NULL;
-    st = tw_merge(output_dir, o.quiet != 0, &r, &err);
+    st = tw_merge_ex(output_dir, o.quiet != 0, o.stop, &r, &err);
     return hand_over(report_new(r, output_dir, "", 0, 1), report, st, &err, out);
 }
 

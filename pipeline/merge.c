@@ -268,6 +268,12 @@ static bool has_products(const char *out_dir)
 
 tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err)
 {
+    return tw_merge_ex(out_dir, quiet, NULL, result, err);
+}
+
+tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic_t *stop,
+                      tw_run_result **result, tw_error *err)
+{
     double t0 = tw_clock_now();
     tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
     char(*stems)[256] = tw_calloc(TW_MEM_OTHER, TW_MAX_INPUTS, 256);
@@ -297,6 +303,13 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
         if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; st == TW_OK && i < n; i++) {
+        if (stop && __atomic_load_n(stop, __ATOMIC_RELAXED)) {
+            st = tw_error_set(err, TW_CANCELLED,
+                              "%s: merge interrupted with %d of %d inputs merged; run the same "
+                              "command again to finish",
+                              out_dir, i, n);
+            break;
+        }
         char mpath[TW_PATH_MAX + 400];
         st = tw_manifest_path(out_dir, stems[i], mpath, sizeof mpath, err);
         if (st == TW_OK) st = tw_manifest_read(mpath, stems[i], mf, err);

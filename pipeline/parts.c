@@ -258,6 +258,12 @@ static const char *fp_value(const char *fp, const char *key, size_t key_len, siz
 
 int tw_parts_fingerprint_diff(const char *now, const char *stored, char *buf, size_t size)
 {
+    return tw_fingerprint_diff_as(now, stored, "in the parts", buf, size);
+}
+
+int tw_fingerprint_diff_as(const char *now, const char *stored, const char *stored_as, char *buf,
+                           size_t size)
+{
     int count = 0;
     size_t used = 0;
     if (size) buf[0] = '\0';
@@ -283,10 +289,11 @@ int tw_parts_fingerprint_diff(const char *now, const char *stored, char *buf, si
                 int ln = (int)(pass == 0 ? la : lb), ls = (int)(pass == 0 ? lb : la);
                 if (ln > 80) ln = 80;
                 if (ls > 80) ls = 80;
-                w = snprintf(buf + used, size - used, "%s%.*s: %.*s%s now, %.*s%s in the parts",
+                w = snprintf(buf + used, size - used, "%s%.*s: %.*s%s now, %.*s%s %s",
                              count > 1 ? "; " : "", (int)kl, l, vn ? ln : 4, vn ? vn : "none",
                              vn && (int)(pass == 0 ? la : lb) > 80 ? "..." : "", vs ? ls : 4,
-                             vs ? vs : "none", vs && (int)(pass == 0 ? lb : la) > 80 ? "..." : "");
+                             vs ? vs : "none", vs && (int)(pass == 0 ? lb : la) > 80 ? "..." : "",
+                             stored_as);
                 if (w > 0 && (size_t)w < size - used) used += (size_t)w;
             }
             l = nl ? nl + 1 : NULL;

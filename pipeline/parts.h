@@ -155,6 +155,10 @@ tw_status tw_parts_remove(tw_parts *pt, tw_error *err);
  * parts; ..." for every line that differs into buf. Returns the number of
  * keys that differ. For messages and tests. */
 int tw_parts_fingerprint_diff(const char *now, const char *stored, char *buf, size_t size);
+/* The same, with stored_as in place of "in the parts" (e.g. "when the run
+ * began": an input's identity at its turn against the run's start). */
+int tw_fingerprint_diff_as(const char *now, const char *stored, const char *stored_as, char *buf,
+                           size_t size);
 
 /* Read the stems that have parts under out_dir (for `tilewise merge`):
  * fills up to max names of TW_NAME_MAX*4 chars, returns the count or -1. */

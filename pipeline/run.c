@@ -420,6 +420,7 @@ static void pipe_init(run_ctx *c, int idx, const tw_plan *plan, tw_input_result 
     pp->path = c->sources[idx];
     pp->display = res->path;
     pp->dtype = c->infos[idx].info.dtype;
+    pp->info = &c->infos[idx].info;
     pp->norm.bands = c->m.in_bands;
     pp->norm.scale = c->m.scale;
     memcpy(pp->norm.mean, c->m.mean, sizeof pp->norm.mean);
@@ -437,17 +438,13 @@ static void pipe_init(run_ctx *c, int idx, const tw_plan *plan, tw_input_result 
  * identity) checked against what earlier runs committed, and the manifest a
  * merge reads written beside them. */
 static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res,
-                            tw_pipe *pp, tw_error *err)
+                            const char *ident, tw_pipe *pp, tw_error *err)
 {
     const tw_run_params *p = c->p;
     const tw_raster_info *info = &c->infos[idx].info;
     tw_status st = TW_OK;
-    char ident[4096];
     char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
     if (!fp) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    if (st == TW_OK)
-        st = c->stacs[idx] ? tw_stac_identity(c->stacs[idx], ident, sizeof ident, err)
-                           : tw_url_identity(p->input.paths[idx], ident, sizeof ident, err);
     if (st == TW_OK) st = fingerprint(c, info, res->path, plan, ident, fp, TW_FINGERPRINT_MAX, err);
     tw_parts_params parts_p = {
         .out_dir = p->output.dir,
@@ -485,6 +482,87 @@ static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_r
         }
     }
     tw_free(fp); /* the parts have checked and stored it */
+    return st;
+}
+
+/* The identity of input idx for resume (url.h; a STAC item's, stac.h). */
+static tw_status input_identity(const run_ctx *c, int idx, char *buf, size_t size, tw_error *err)
+{
+    return c->stacs[idx] ? tw_stac_identity(c->stacs[idx], buf, size, err)
+                         : tw_url_identity(c->p->input.paths[idx], buf, size, err);
+}
+
+/* What input idx is, as "key value" lines that name it (shown): the
+ * geometry the plan and the readers' buffers are cut to, then its identity
+ * (io/identity.h). */
+static void input_state(const tw_raster_info *info, int bands, const char *shown, const char *ident,
+                        char *buf, size_t size)
+{
+    uint64_t crs = 1469598103934665603ULL; /* FNV-1a of the WKT */
+    for (const char *q = info->crs_wkt; *q; q++) crs = (crs ^ (uint8_t)*q) * 1099511628211ULL;
+    const double *g = info->geotransform;
+    snprintf(buf, size,
+             "raster[%s] %dx%d %s x%d\ngeotransform[%s] %.17g,%.17g,%.17g,%.17g,%.17g,%.17g\n"
+             "crs[%s] %s%016llx\nnodata[%s] %s%.17g\n%s",
+             shown, info->width, info->height, tw_dtype_name(info->dtype), bands, shown, g[0], g[1],
+             g[2], g[3], g[4], g[5], shown, info->crs_wkt[0] ? "fnv64:" : "none ",
+             (unsigned long long)crs, shown, info->has_nodata ? "" : "none ",
+             info->has_nodata ? info->nodata : 0.0, ident);
+}
+
+/* Record every input's state before the first tile (input_unchanged
+ * checks it at the input's turn). */
+static tw_status record_inputs(run_ctx *c, tw_error *err)
+{
+    char ident[4096], shown[TW_URL_SHOWN_MAX];
+    for (int i = 0; i < c->p->input.n_paths; i++) {
+        if (c->infos[i].skipped) continue;
+        tw_status st = input_identity(c, i, ident, sizeof ident, err);
+        if (st != TW_OK) return st;
+        tw_url_redact(c->p->input.paths[i], shown, sizeof shown);
+        input_state(&c->infos[i].info, c->infos[i].bands, shown, ident, c->infos[i].state,
+                    sizeof c->infos[i].state);
+    }
+    return TW_OK;
+}
+
+/* Input idx at its turn against what the run recorded before its first
+ * tile: a raster replaced meanwhile (while the inputs before it ran) would
+ * be cut with the old geometry, or classified unchecked. Refused as a
+ * resume of a replaced raster is (parts.c: exit 6, what changed, now and
+ * then); ident gets its identity now (the parts fingerprint's). */
+static tw_status input_unchanged(run_ctx *c, int idx, const char *shown, char *ident,
+                                 size_t ident_size, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    tw_raster *r = NULL;
+    tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
+    tw_status st = tw_raster_open_ex(c->sources[idx], c->m.bands, c->m.n_bands, &op, &r, err);
+    if (st != TW_OK) return st;
+    tw_raster_info now = *tw_raster_get_info(r);
+    int bands = tw_raster_selected_bands(r);
+    tw_raster_close(r);
+    st = input_identity(c, idx, ident, ident_size, err);
+    if (st != TW_OK || !c->infos[idx].state[0]) return st;
+    char *state = tw_alloc(TW_MEM_OTHER, 2 * (size_t)TW_INPUT_STATE_MAX);
+    if (!state) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    char *was = state + TW_INPUT_STATE_MAX;
+    /* another geometry: that alone is said (the file's identity changed too) */
+    input_state(&now, bands, shown, "", state, TW_INPUT_STATE_MAX);
+    input_state(&c->infos[idx].info, c->infos[idx].bands, shown, "", was, TW_INPUT_STATE_MAX);
+    char diff[700];
+    int n = tw_fingerprint_diff_as(state, was, "when the run began", diff, sizeof diff);
+    if (n == 0) {
+        input_state(&now, bands, shown, ident, state, TW_INPUT_STATE_MAX);
+        n = tw_fingerprint_diff_as(state, c->infos[idx].state, "when the run began", diff,
+                                   sizeof diff);
+    }
+    if (n > 0)
+        st = tw_error_set(err, TW_ERR_PARTS,
+                          "%s: the input changed after the run began (%s); nothing of it was "
+                          "classified: run the same command again to classify it as it is now",
+                          shown, diff);
+    tw_free(state);
     return st;
 }
 
@@ -609,7 +687,11 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st != TW_OK) return st;
     pp.aoi = aoi;
 
-    st = open_parts(c, idx, &plan, res, &pp, err);
+    char *ident = tw_alloc(TW_MEM_OTHER, 4096);
+    st = ident ? input_unchanged(c, idx, res->path, ident, 4096, err)
+               : tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK) st = open_parts(c, idx, &plan, res, ident, &pp, err);
+    tw_free(ident);
     if (st == TW_OK) st = plan_segments(&plan, &pp, res, err);
     if (st == TW_OK && pp.n_segs > 0) st = compute(c, idx, &plan, res, &pp, err);
     tw_stitch_destroy(pp.stitch);
@@ -991,6 +1073,7 @@ static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
         r->budget = c->bud;
     }
     if (st == TW_OK) st = make_dirs(p->output.dir, err);
+    if (st == TW_OK) st = record_inputs(c, err);
     int n_items = 0; /* output.stac: inputs that get an item; several make a collection */
     for (int i = 0; st == TW_OK && p->output.stac && p->shard_count == 1 && i < p->input.n_paths;
          i++)

@@ -218,6 +218,12 @@ tw_status tw_check_inputs(const tw_run_params *p, tw_error *err);
  * Merged already (no parts left, final products there): TW_OK and no input
  * in *result. */
 tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_error *err);
+/* The same with a stop flag (NULL: none; the CLI's SIGINT/SIGTERM): once it
+ * is set, no further input is assembled (the one under way finishes, its
+ * parts removed as usual) and the merge returns TW_CANCELLED, the inputs
+ * left still in their parts: the same merge again finishes them. */
+tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic_t *stop,
+                      tw_run_result **result, tw_error *err);
 
 void tw_run_result_destroy(tw_run_result *r);
 

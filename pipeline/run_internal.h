@@ -27,6 +27,8 @@
 #include "pipeline/stac_run.h"
 
 /* What the checks found out about one input, before any work. */
+#define TW_INPUT_STATE_MAX 5120
+
 typedef struct input_info {
     tw_raster_info info;
     int bands;
@@ -36,6 +38,10 @@ typedef struct input_info {
     int64_t all_tiles;     /* tiles of the full plan */
     char skip_reason[512]; /* why */
     tw_stac_input stac;    /* output.stac: its datetime and STAC item (stac_run.h) */
+    /* A run's record of the input before its first tile: its geometry and
+     * identity as "key value" lines (run.c, input_state), checked again
+     * when its turn comes. "" in validate. */
+    char state[TW_INPUT_STATE_MAX];
 } input_info;
 
 /* A prepared run: calloc it, set p (and hooks for a run), then prepare it;

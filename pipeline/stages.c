@@ -44,6 +44,20 @@ static tw_status open_input(const tw_pipe *pp, tw_raster **r, tw_error *err)
     tw_raster_open_params op = {.tiff_direct = pp->p->input.tiff_direct, .shared_tiles = pp->tiles};
     tw_status st = tw_raster_open_ex(pp->path, pp->m->bands, pp->m->n_bands, &op, r, err);
     if (st != TW_OK) return st;
+    const tw_raster_info *now = tw_raster_get_info(*r), *was = pp->info;
+    if (was && (now->width != was->width || now->height != was->height ||
+                now->dtype != was->dtype || tw_raster_selected_bands(*r) != pp->norm.bands)) {
+        st = tw_error_set(err, TW_ERR_PARTS,
+                          "%s: the input changed after the run began (raster[%s]: %dx%d %s x%d "
+                          "now, %dx%d %s x%d when the run began); nothing more of it was read: "
+                          "run the same command again to classify it as it is now",
+                          pp->display, pp->display, now->width, now->height,
+                          tw_dtype_name(now->dtype), tw_raster_selected_bands(*r), was->width,
+                          was->height, tw_dtype_name(was->dtype), pp->norm.bands);
+        tw_raster_close(*r);
+        *r = NULL;
+        return st;
+    }
     tw_raster_set_nodata_rule(*r, pp->p->input.nodata_auto, pp->p->input.nodata);
     return TW_OK;
 }

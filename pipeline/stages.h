@@ -113,6 +113,10 @@ typedef struct tw_pipe {
     const char *path;    /* what the readers open (a URL, a STAC item's VRT, a file) */
     const char *display; /* how messages and progress name the input (redacted) */
     tw_dtype dtype;
+    /* The input as the run recorded it before its first tile (the plan's
+     * and the slots' geometry), or NULL: a reader that opens a raster of
+     * another size or type (replaced since) stops the run (exit 6). */
+    const tw_raster_info *info;
     tw_norm norm;
     bool wants_raw;
     int norm_threads; /* the normalize stage's OpenMP threads (tw_run_normalize_threads) */

@@ -5,6 +5,7 @@
  * no-op; a folder without parts is refused, naming it. The CLI's merge is
  * the same function (e2e_parts, e2e_slurm run it through processes). */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -89,8 +90,20 @@ static void test_shards_merge_to_one_run(void **state)
     snprintf(path, sizeof path, "%s/L7_ETMs.class.tif", shards);
     assert_false(tw_test_file_exists(path));
 
-    /* shard 2 of 2, then merge: one run's bytes */
+    /* shard 2 of 2; a merge with its stop flag set (the CLI's SIGTERM)
+     * stops, resumable (exit 75), and writes no product */
     run(shards, 1, 2);
+    volatile sig_atomic_t stop = 1;
+    tw_error_init(&err);
+    st = tw_merge_ex(shards, true, &stop, &r, &err);
+    tw_run_result_destroy(r);
+    r = NULL;
+    print_message("merge with stop set: %s\n", err.msg);
+    assert_int_equal(st, TW_CANCELLED);
+    assert_non_null(strstr(err.msg, "run the same command again"));
+    assert_false(tw_test_file_exists(path));
+
+    /* then merge: one run's bytes */
     tw_error_init(&err);
     if (tw_merge(shards, true, &r, &err) != TW_OK) fail_msg("merge: %s", err.msg);
     assert_non_null(r);

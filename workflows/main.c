@@ -95,6 +95,22 @@ static void on_signal(int sig)
     __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
 }
 
+/* SIGINT, SIGTERM and SIGUSR1 set the stop flag. SA_RESTART: a system call
+ * a signal interrupts in any thread (GDAL's, libtiff's, libcurl's reads,
+ * writes and waits) is restarted rather than failing with EINTR, which
+ * their callers may not expect. */
+static void stop_on_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 /* ---- help texts ---- */
 
 static const char *usage_text =
@@ -676,12 +692,7 @@ static int cmd_run(int argc, char **argv)
     g_json_done = o.progress == PROGRESS_JSON;
     if ((rc = resolve_shard(&o))) return rc;
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    stop_on_signals();
 
     progress_state ps = {
         .mode = o.progress, .tty = isatty(2) != 0, .last_step = -1, .quiet = o.quiet};
@@ -770,9 +781,11 @@ static int cmd_merge(int argc, char **argv)
             return usage_error("unexpected argument '%s'", argv[i]);
     }
     if (!dir) return usage_error("merge expects OUTPUT_DIR%s", "");
+    stop_on_signals(); /* SLURM's TERM before its KILL: exit 75, never a signal */
     tilewise_run_options ro;
     tilewise_run_options_init(&ro);
     ro.quiet = quiet;
+    ro.stop = &g_stop;
     tilewise_report *rep = NULL;
     tilewise_error err;
     tilewise_status st = tilewise_merge(dir, &ro, &rep, &err);
