@@ -154,13 +154,21 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
                 while (k + 1 < N && (int64_t)H * (k + 1) / N <= r) k++;
                 while (k > 0 && (int64_t)H * k / N > r) k--;
                 bool seen = k < 256 && (pt->journal_seen[k / 32] >> (k % 32) & 1u);
-                snprintf(why, sizeof why,
-                         seen ? ": they are shard %d/%d's, which has not finished them (rerun it "
-                                "with the same configuration: tilewise run WORKFLOW --shard %d/%d)"
-                              : ": they are shard %d/%d's, which has committed nothing (it has "
-                                "not run, failed before its first chunk, or was refused: run "
-                                "tilewise run WORKFLOW --shard %d/%d)",
-                         k + 1, N, k + 1, N);
+                char who[256];
+                if (tw_parts_shard_running(pt, k, N, who, sizeof who))
+                    snprintf(why, sizeof why,
+                             ": they are shard %d/%d's, which is running now (%s): merge once it "
+                             "has finished",
+                             k + 1, N, who);
+                else
+                    snprintf(
+                        why, sizeof why,
+                        seen ? ": they are shard %d/%d's, which has not finished them (rerun it "
+                               "with the same configuration: tilewise run WORKFLOW --shard %d/%d)"
+                             : ": they are shard %d/%d's, which has committed nothing (it has "
+                               "not run, failed before its first chunk, or was refused: run "
+                               "tilewise run WORKFLOW --shard %d/%d)",
+                        k + 1, N, k + 1, N);
             }
             if (pt->rejected > 0) {
                 size_t u = strlen(why);

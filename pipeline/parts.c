@@ -86,6 +86,11 @@ static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int
     return remove_files_ex(dir, only_temps, false, r_begin, r_end, err);
 }
 
+/* The refusal of a second run of a shard (tw_parts_open, tw_parts_probe). */
+#define LOCKED_FMT                                                                                 \
+    "%s: shard %d/%d of %s is being run by %s; not starting a second run of it (wait for it to "   \
+    "finish, or stop it first)"
+
 /* Remove the checkpoint states of every shard (state.*). */
 static void remove_states(const char *dir)
 {
@@ -561,6 +566,60 @@ static tw_status fingerprint_check(tw_parts *pt, const char *mpath, bool quiet, 
     return remove_files(pt->dir, false, 0, 0, err);
 }
 
+bool tw_parts_shard_running(const tw_parts *pt, int k, int n, char *who, size_t size)
+{
+    char path[TW_PATH_MAX + 600];
+    snprintf(path, sizeof path, "%s/lock.%04d-of-%04d", pt->dir, k + 1, n);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    bool held = lock_fcntl(fd, F_OFD_GETLK, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+    if (held) lock_holder(fd, who, size);
+    close(fd);
+    return held;
+}
+
+tw_status tw_parts_probe(const tw_parts_params *p, tw_error *err)
+{
+    tw_parts *pt = tw_calloc(TW_MEM_OTHER, 1, sizeof *pt);
+    if (!pt) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    pt->p = *p;
+    pt->p.restart = false; /* a probe never discards */
+    pt->p.merge_only = false;
+    pt->lock_fd = -1;
+    pt->c_r0 = pt->c_r1 = -1;
+    tw_status st = TW_OK;
+    struct stat sb;
+    if (snprintf(pt->dir, sizeof pt->dir, "%s/.tilewise/%s", p->out_dir, p->stem) >=
+        (int)sizeof pt->dir)
+        st = tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s", p->out_dir);
+    if (st != TW_OK || stat(pt->dir, &sb) != 0) { /* no parts: nothing to refuse */
+        tw_free(pt);
+        return st;
+    }
+    snprintf(pt->lock_path, sizeof pt->lock_path, "%s/lock.%04d-of-%04d", pt->dir,
+             p->shard_index + 1, p->shard_count);
+    /* this shard's lock, as tw_parts_open would find it (read only: the
+     * file is not created, the lock not taken) */
+    int fd = open(pt->lock_path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (lock_fcntl(fd, F_OFD_GETLK, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) {
+            char holder[256];
+            lock_holder(fd, holder, sizeof holder);
+            st = tw_error_set(err, TW_ERR_LOCKED, LOCKED_FMT, p->stem, p->shard_index + 1,
+                              p->shard_count, p->out_dir, holder);
+        }
+        close(fd);
+    }
+    char mpath[TW_PATH_MAX + 400];
+    snprintf(mpath, sizeof mpath, "%s/fingerprint", pt->dir);
+    bool same = false;
+    if (st == TW_OK) st = fingerprint_check(pt, mpath, true, &same, err);
+    tw_free(pt);
+    return st;
+}
+
 tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err)
 {
     *out = NULL;
@@ -596,10 +655,8 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
         if (pt->lock_fd == -2) {
             pt->lock_fd = -1;
             tw_parts_close(pt);
-            return tw_error_set(err, TW_ERR_LOCKED,
-                                "%s: shard %d/%d of %s is being run by %s; not starting a second "
-                                "run of it (wait for it to finish, or stop it first)",
-                                p->stem, p->shard_index + 1, p->shard_count, p->out_dir, holder);
+            return tw_error_set(err, TW_ERR_LOCKED, LOCKED_FMT, p->stem, p->shard_index + 1,
+                                p->shard_count, p->out_dir, holder);
         }
         if (pt->lock_fd < 0) {
             st = tw_error_set(err, TW_ERR_OUTPUT, "cannot lock %s: %s", pt->lock_path,

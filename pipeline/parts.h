@@ -93,6 +93,19 @@ typedef struct tw_parts_params {
  * another run has it: another process, or another thread of this one. Not
  * taken with merge_only. */
 tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err);
+
+/* What tw_parts_open would refuse, read only (validate): TW_ERR_LOCKED when
+ * another run holds this shard's lock, TW_ERR_PARTS when committed parts of
+ * another configuration (or without a readable fingerprint) are there, each
+ * with tw_parts_open's words; TW_OK when it would open them (no folder yet,
+ * the same fingerprint, nothing committed). Creates, locks and deletes
+ * nothing; p->restart and p->merge_only are not read. */
+tw_status tw_parts_probe(const tw_parts_params *p, tw_error *err);
+
+/* Is shard k (0-based) of n of pt's input running now (its lock held by
+ * another run)? Fills who ("process 12 on host n7") when it is. For merge's
+ * message about the rows a shard has not committed. */
+bool tw_parts_shard_running(const tw_parts *pt, int k, int n, char *who, size_t size);
 void tw_parts_close(tw_parts *pt);
 
 /* Rows [0, grid_h) already committed: a bitmap-like query. */

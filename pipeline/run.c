@@ -434,21 +434,14 @@ static void pipe_init(run_ctx *c, int idx, const tw_plan *plan, tw_input_result 
     pp->chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(plan);
 }
 
-/* The parts of input idx (pp->parts): its fingerprint (with the input's
- * identity) checked against what earlier runs committed, and the manifest a
- * merge reads written beside them. */
-static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res,
-                            const char *ident, tw_pipe *pp, tw_error *err)
+/* The parts of an input of stem over plan, with fingerprint fp. */
+static tw_parts_params parts_params(run_ctx *c, const tw_plan *plan, const char *stem,
+                                    const char *fp)
 {
     const tw_run_params *p = c->p;
-    const tw_raster_info *info = &c->infos[idx].info;
-    tw_status st = TW_OK;
-    char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
-    if (!fp) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    if (st == TW_OK) st = fingerprint(c, info, res->path, plan, ident, fp, TW_FINGERPRINT_MAX, err);
-    tw_parts_params parts_p = {
+    return (tw_parts_params){
         .out_dir = p->output.dir,
-        .stem = res->stem,
+        .stem = stem,
         .fingerprint = fp,
         .grid_w = plan->grid_w,
         .grid_h = plan->grid_h,
@@ -461,6 +454,42 @@ static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_r
         .restart = p->restart,
         .log = run_log(c),
     };
+}
+
+static tw_status input_identity(const run_ctx *c, int idx, char *buf, size_t size, tw_error *err);
+
+tw_status tw_run_probe_parts(run_ctx *c, int idx, const tw_plan *plan, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    char shown[TW_PATH_MAX], stem[256];
+    tw_url_redact(p->input.paths[idx], shown, sizeof shown);
+    tw_status st = tw_run_output_name(p, idx, stem, sizeof stem, err);
+    char *ident = tw_alloc(TW_MEM_OTHER, 4096);
+    char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
+    if (st == TW_OK && (!ident || !fp)) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK) st = input_identity(c, idx, ident, 4096, err);
+    if (st == TW_OK)
+        st = fingerprint(c, &c->infos[idx].info, shown, plan, ident, fp, TW_FINGERPRINT_MAX, err);
+    tw_parts_params pp = parts_params(c, plan, stem, fp);
+    if (st == TW_OK) st = tw_parts_probe(&pp, err);
+    tw_free(ident);
+    tw_free(fp);
+    return st;
+}
+
+/* The parts of input idx (pp->parts): its fingerprint (with the input's
+ * identity) checked against what earlier runs committed, and the manifest a
+ * merge reads written beside them. */
+static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res,
+                            const char *ident, tw_pipe *pp, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    const tw_raster_info *info = &c->infos[idx].info;
+    tw_status st = TW_OK;
+    char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
+    if (!fp) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK) st = fingerprint(c, info, res->path, plan, ident, fp, TW_FINGERPRINT_MAX, err);
+    tw_parts_params parts_p = parts_params(c, plan, res->stem, fp);
     if (st == TW_OK) st = tw_parts_open(&parts_p, p->quiet, &pp->parts, err);
     if (st == TW_OK) {
         tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);

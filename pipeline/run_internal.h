@@ -77,6 +77,12 @@ tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
  * over the widest input. Shared by tw_run and tw_validate. */
 tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err);
 
+/* What the run would refuse about input idx's parts in output.dir over plan
+ * (validate): another run holding its shard's lock (TW_ERR_LOCKED), committed
+ * parts of another configuration or without their fingerprint (TW_ERR_PARTS),
+ * in the run's words (parts.h tw_parts_probe). Reads only. */
+tw_status tw_run_probe_parts(run_ctx *c, int idx, const tw_plan *plan, tw_error *err);
+
 /* Free what the prepare steps opened (STAC items, the backend, the net,
  * the input infos) and restore GDAL's network settings. c itself is the
  * caller's. Cannot fail. */
