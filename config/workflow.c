@@ -1006,10 +1006,19 @@ static tw_status yaml_failure(wf_ctx *c, const yaml_parser_t *y, const char *tex
     const char *hint = "";
     size_t at = y->error == YAML_READER_ERROR ? y->problem_offset : y->problem_mark.index;
     if (at < len && text[at] == '\t') hint = " (indent YAML with spaces, not tabs)";
-    /* {parent}_{stem} unquoted starts a YAML flow mapping */
-    if (!*hint && y->context && strstr(y->context, "flow mapping"))
-        hint = " (a value that starts with '{' is a YAML mapping: quote it, e.g. "
-               "name: \"{parent}_{stem}\")";
+    /* {parent}_{stem} unquoted starts a YAML flow mapping: the line of the
+     * problem has a value that starts with '{' */
+    if (!*hint && y->error != YAML_READER_ERROR && at <= len) {
+        size_t b = at, e = at;
+        while (b > 0 && text[b - 1] != '\n') b--;
+        while (e < len && text[e] != '\n') e++;
+        for (size_t i = b; i + 2 < e; i++)
+            if (text[i] == ':' && text[i + 1] == ' ' && text[i + 2] == '{') {
+                hint = " (a value that starts with '{' is a YAML mapping: quote it, e.g. "
+                       "name: \"{parent}_{stem}\")";
+                break;
+            }
+    }
     char ctxbuf[160] = "";
     if (y->context && y->error != YAML_READER_ERROR)
         snprintf(ctxbuf, sizeof ctxbuf, " (%s at line %zu)", y->context,
