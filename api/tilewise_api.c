@@ -240,6 +240,10 @@ void tw_api_apply_options(tw_run_params *p, const tilewise_run_options *o)
 {
     p->shard_index = o->shard_index;
     p->shard_count = o->shard_count;
+    snprintf(p->shard_from, sizeof p->shard_from, "%s",
+             o->shard_from        ? o->shard_from
+             : o->shard_count > 1 ? "run.shard"
+                                  : "none");
     p->chunk_rows = o->chunk_rows;
     p->quiet = o->quiet != 0;
     p->restart = o->restart != 0;

@@ -25,19 +25,19 @@ typedef enum tw_status {
     TW_ERR_REMOTE = -9,   /* a remote input unreachable after its retries (outage) */
     TW_ERR_PARTS = -10,   /* the output directory holds parts of a run with another
                              configuration, model or raster: refused, nothing deleted */
-    TW_ERR_LOCKED = -11,  /* another process is running the same shard of the same output */
+    TW_ERR_LOCKED = -11, /* another run (process or thread) has the same shard of the same output */
 } tw_status;
 
 /* Process exit codes (documented in README.md). Only main() uses them. */
 enum {
     TW_EXIT_OK = 0,
     TW_EXIT_INTERNAL = 1,
-    TW_EXIT_USAGE = 2,        /* command line or workflow file */
-    TW_EXIT_INPUT = 3,        /* bad raster or model */
-    TW_EXIT_RESOURCE = 4,     /* memory, disk, device, output not writable, network outage */
-    TW_EXIT_SKIPPED = 5,      /* finished, but inputs were skipped (input.on_error: skip) */
-    TW_EXIT_PARTS = 6,        /* parts of another configuration in output.dir: refused */
-    TW_EXIT_LOCKED = 7,       /* another process runs the same shard of the same output */
+    TW_EXIT_USAGE = 2,    /* command line or workflow file */
+    TW_EXIT_INPUT = 3,    /* bad raster or model */
+    TW_EXIT_RESOURCE = 4, /* memory, disk, device, output not writable, network outage */
+    TW_EXIT_SKIPPED = 5,  /* finished, but inputs were skipped (input.on_error: skip) */
+    TW_EXIT_PARTS = 6,    /* parts of another configuration in output.dir: refused */
+    TW_EXIT_LOCKED = 7, /* another run (process or thread) has the same shard of the same output */
     TW_EXIT_INTERRUPTED = 75, /* interrupted, resumable: run the same command again */
 };
 

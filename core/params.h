@@ -166,7 +166,8 @@ typedef struct tw_run_params {
     tw_output_params output;
     int shard_index; /* 0-based; shard_count 1 = unsharded */
     int shard_count;
-    int chunk_rows; /* output rows per committed chunk; 0: about 1024 tiles */
+    char shard_from[160]; /* run.json's "sharding": where the shard came from */
+    int chunk_rows;       /* output rows per committed chunk; 0: about 1024 tiles */
     bool quiet;
     bool strict;  /* --strict: a warning before the first tile (advice.h) is an error */
     bool restart; /* --restart: discard parts made with another configuration instead of

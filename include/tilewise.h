@@ -75,8 +75,9 @@ extern "C" {
  * tilewise_model_classify_image (an image through the run's tiling and
  * stitching) and tilewise_check (submit's check on a login node); the
  * CUDA test hook cuda_fail_alloc_above left the API (its place is
- * reserved_v2, ignored; bench/run_hooked sets the hook). */
-#define TILEWISE_API_VERSION 4
+ * reserved_v2, ignored; bench/run_hooked sets the hook).
+ * Version 5 adds tilewise_run_options.shard_from (run.json's "sharding"). */
+#define TILEWISE_API_VERSION 5
 
 /* The most output rows per committed chunk (tilewise_run_options.chunk_rows,
  * run.chunk_rows, --chunk-rows). Version 4. */
@@ -97,7 +98,8 @@ typedef enum tilewise_status {
     TILEWISE_ERR_REMOTE = -9,   /* a remote input unreachable after its retries (version 2
                                    names it; version 1 returned it without a name) */
     TILEWISE_ERR_PARTS = -10,   /* output dir holds parts of another configuration: refused */
-    TILEWISE_ERR_LOCKED = -11,  /* another process runs the same shard of the same output */
+    TILEWISE_ERR_LOCKED =
+        -11, /* another run (process or thread) has the same shard of the same output */
 } tilewise_status;
 
 #define TILEWISE_MESSAGE_MAX 1024
@@ -118,12 +120,13 @@ typedef struct tilewise_error {
 enum {
     TILEWISE_EXIT_OK = 0,
     TILEWISE_EXIT_INTERNAL = 1,
-    TILEWISE_EXIT_USAGE = 2,        /* command line or workflow file */
-    TILEWISE_EXIT_INPUT = 3,        /* bad raster or model */
-    TILEWISE_EXIT_RESOURCE = 4,     /* memory, disk, device, output not writable, network outage */
-    TILEWISE_EXIT_SKIPPED = 5,      /* finished, but inputs were skipped (input.on_error: skip) */
-    TILEWISE_EXIT_PARTS = 6,        /* parts of another configuration in output.dir: refused */
-    TILEWISE_EXIT_LOCKED = 7,       /* another process runs the same shard of the same output */
+    TILEWISE_EXIT_USAGE = 2,    /* command line or workflow file */
+    TILEWISE_EXIT_INPUT = 3,    /* bad raster or model */
+    TILEWISE_EXIT_RESOURCE = 4, /* memory, disk, device, output not writable, network outage */
+    TILEWISE_EXIT_SKIPPED = 5,  /* finished, but inputs were skipped (input.on_error: skip) */
+    TILEWISE_EXIT_PARTS = 6,    /* parts of another configuration in output.dir: refused */
+    TILEWISE_EXIT_LOCKED =
+        7, /* another run (process or thread) has the same shard of the same output */
     TILEWISE_EXIT_INTERRUPTED = 75, /* interrupted, resumable: run the same command again */
 };
 
@@ -279,6 +282,12 @@ typedef struct tilewise_run_options {
      * the run with TILEWISE_ERR_CONFIG (exit 2) instead of running on.
      * Default 0: the warnings are logged and listed in the report. */
     int strict;
+
+    /* Since version 5. Where shard_index/shard_count came from, as run.json's
+     * "sharding" says it: "--shard", "SLURM", ... or a sentence such as the
+     * CLI's "none: a whole run in a SLURM array task (SLURM_ARRAY_TASK_ID=3)".
+     * NULL (default): "none" unsharded, "run.shard" sharded. Copied. */
+    const char *shard_from;
 } tilewise_run_options;
 
 /* Defaults in every field and size = sizeof *o. Cannot fail. */

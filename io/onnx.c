@@ -40,7 +40,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "io/model_file_impl.h"
@@ -258,6 +261,232 @@ static bool attr_ints(const Onnx__NodeProto *n, const char *name, int64_t *out, 
 }
 
 /* ------------------------------------------------------------------------ */
+/* Attributes: every one the ONNX operators define, and what the plan runs   */
+
+/* What tilewise does with an attribute's value. */
+enum {
+    A_MATCHED, /* geometry or layout: checked where the node is matched, against its place */
+    A_ANY,     /* any value runs the same (momentum: training only; Constant's value) */
+    A_ZERO,    /* 0 only (an int) */
+    A_ONE,     /* 1 only (an int) */
+    A_BOOL,    /* 0 or 1 (an int); the matcher honours both */
+    A_ONES,    /* every int 1 (dilations) */
+    A_FINITE,  /* a finite float, folded into the weights (Gemm's alpha and beta) */
+    A_NOTSET,  /* auto_pad NOTSET only (explicit pads) */
+    A_NEVER,   /* defined by ONNX, not run by tilewise (a Constant's other forms) */
+};
+
+typedef struct attr_rule {
+    const char *op, *name;
+    int type;         /* ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__* */
+    int since, until; /* the opsets that define it (until 0: all since) */
+    int rule;         /* A_* */
+    const char *want; /* for messages: what tilewise runs */
+} attr_rule;
+
+#define AT(x) ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__##x
+/* From the ONNX operator schemas (onnx.defs) for opsets 7 to 22; the ops
+ * recognise() accepts and no others. Relu, Add, GlobalAveragePool, MatMul
+ * and Identity define no attribute. */
+static const attr_rule k_attr_rules[] = {
+    {"Conv", "auto_pad", AT(STRING), 1, 0, A_MATCHED, NULL},
+    {"Conv", "dilations", AT(INTS), 1, 0, A_ONES, "[1, 1]"},
+    {"Conv", "group", AT(INT), 1, 0, A_MATCHED, NULL},
+    {"Conv", "kernel_shape", AT(INTS), 1, 0, A_MATCHED, NULL},
+    {"Conv", "pads", AT(INTS), 1, 0, A_MATCHED, NULL},
+    {"Conv", "strides", AT(INTS), 1, 0, A_MATCHED, NULL},
+    {"BatchNormalization", "epsilon", AT(FLOAT), 1, 0, A_MATCHED, NULL},
+    {"BatchNormalization", "momentum", AT(FLOAT), 1, 0, A_ANY, NULL},
+    {"BatchNormalization", "spatial", AT(INT), 1, 8, A_ONE, "1"},
+    {"BatchNormalization", "training_mode", AT(INT), 14, 0, A_ZERO, "0"},
+    {"MaxPool", "auto_pad", AT(STRING), 1, 0, A_NOTSET, "'NOTSET'"},
+    {"MaxPool", "ceil_mode", AT(INT), 10, 0, A_ZERO, "0"},
+    {"MaxPool", "dilations", AT(INTS), 10, 0, A_ONES, "[1, 1]"},
+    {"MaxPool", "kernel_shape", AT(INTS), 1, 0, A_MATCHED, NULL},
+    {"MaxPool", "pads", AT(INTS), 1, 0, A_MATCHED, NULL},
+    {"MaxPool", "storage_order", AT(INT), 8, 0, A_ZERO, "0"},
+    {"MaxPool", "strides", AT(INTS), 1, 0, A_MATCHED, NULL},
+    {"ReduceMean", "axes", AT(INTS), 1, 17, A_MATCHED, NULL},
+    {"ReduceMean", "keepdims", AT(INT), 1, 0, A_BOOL, "0 or 1"},
+    {"ReduceMean", "noop_with_empty_axes", AT(INT), 18, 0, A_BOOL, "0 or 1"},
+    {"Flatten", "axis", AT(INT), 1, 0, A_ONE, "1"},
+    {"Reshape", "allowzero", AT(INT), 14, 0, A_BOOL, "0 or 1"},
+    {"Squeeze", "axes", AT(INTS), 1, 12, A_MATCHED, NULL},
+    {"Gemm", "alpha", AT(FLOAT), 1, 0, A_FINITE, "a finite number"},
+    {"Gemm", "beta", AT(FLOAT), 1, 0, A_FINITE, "a finite number"},
+    {"Gemm", "transA", AT(INT), 1, 0, A_ZERO, "0"},
+    {"Gemm", "transB", AT(INT), 1, 0, A_BOOL, "0 or 1"},
+    {"Softmax", "axis", AT(INT), 1, 0, A_MATCHED, NULL},
+    {"Constant", "value", AT(TENSOR), 1, 0, A_ANY, NULL},
+    {"Constant", "sparse_value", AT(SPARSE_TENSOR), 11, 0, A_NEVER, NULL},
+    {"Constant", "value_float", AT(FLOAT), 12, 0, A_NEVER, NULL},
+    {"Constant", "value_floats", AT(FLOATS), 12, 0, A_NEVER, NULL},
+    {"Constant", "value_int", AT(INT), 12, 0, A_NEVER, NULL},
+    {"Constant", "value_ints", AT(INTS), 12, 0, A_NEVER, NULL},
+    {"Constant", "value_string", AT(STRING), 12, 0, A_NEVER, NULL},
+    {"Constant", "value_strings", AT(STRINGS), 12, 0, A_NEVER, NULL},
+};
+
+static const char *attr_type_name(int t)
+{
+    switch (t) {
+    case AT(FLOAT): return "FLOAT";
+    case AT(INT): return "INT";
+    case AT(STRING): return "STRING";
+    case AT(TENSOR): return "TENSOR";
+    case AT(GRAPH): return "GRAPH";
+    case AT(SPARSE_TENSOR): return "SPARSE_TENSOR";
+    case AT(TYPE_PROTO): return "TYPE_PROTO";
+    case AT(FLOATS): return "FLOATS";
+    case AT(INTS): return "INTS";
+    case AT(STRINGS): return "STRINGS";
+    case AT(TENSORS): return "TENSORS";
+    case AT(GRAPHS): return "GRAPHS";
+    case AT(SPARSE_TENSORS): return "SPARSE_TENSORS";
+    case AT(TYPE_PROTOS): return "TYPE_PROTOS";
+    default: return "UNDEFINED";
+    }
+}
+
+/* a's type: its declared one, or (files that leave it out) the field it
+ * fills; UNDEFINED when neither says. */
+static int attr_type_of(const Onnx__AttributeProto *a)
+{
+    if (a->has_type && a->type != AT(UNDEFINED)) return a->type;
+    if (a->has_f) return AT(FLOAT);
+    if (a->has_i) return AT(INT);
+    if (a->has_s) return AT(STRING);
+    if (a->t) return AT(TENSOR);
+    if (a->g) return AT(GRAPH);
+    if (a->sparse_tensor) return AT(SPARSE_TENSOR);
+    if (a->n_floats) return AT(FLOATS);
+    if (a->n_ints) return AT(INTS);
+    if (a->n_strings) return AT(STRINGS);
+    return AT(UNDEFINED);
+}
+
+/* a's value for a one-line message: 3, 0.5, [1, 1, 2, 2], 'SAME_UPPER'. */
+static const char *attr_text(const Onnx__AttributeProto *a, char *buf, size_t cap)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    switch (attr_type_of(a)) {
+    case AT(FLOAT): snprintf(buf, cap, "%g", (double)a->f); break;
+    case AT(INT): snprintf(buf, cap, "%lld", (long long)a->i); break;
+    case AT(STRING): {
+        char s[48], sb[48];
+        snprintf(s, sizeof s, "%.*s", (int)(a->s.len < 40 ? a->s.len : 40),
+                 a->s.data ? (const char *)a->s.data : "");
+        snprintf(buf, cap, "'%s'", clean(s, sb, sizeof sb));
+        break;
+    }
+    case AT(INTS):
+    case AT(FLOATS): {
+        size_t n = a->n_ints ? a->n_ints : a->n_floats;
+        o += (size_t)snprintf(buf, cap, "[");
+        for (size_t i = 0; i < n && o + 24 < cap; i++) {
+            if (i == 6) {
+                o += (size_t)snprintf(buf + o, cap - o, ", ...");
+                break;
+            }
+            if (a->n_ints)
+                o += (size_t)snprintf(buf + o, cap - o, "%s%lld", i ? ", " : "",
+                                      (long long)a->ints[i]);
+            else
+                o +=
+                    (size_t)snprintf(buf + o, cap - o, "%s%g", i ? ", " : "", (double)a->floats[i]);
+        }
+        snprintf(buf + o, cap - o, "]");
+        break;
+    }
+    default: snprintf(buf, cap, "a %s", attr_type_name(attr_type_of(a))); break;
+    }
+    return buf;
+}
+
+/* Whether value a passes rule r (A_MATCHED, A_ANY: always here). */
+static bool attr_value_ok(const Onnx__AttributeProto *a, int rule)
+{
+    switch (rule) {
+    case A_ZERO: return a->i == 0;
+    case A_ONE: return a->i == 1;
+    case A_BOOL: return a->i == 0 || a->i == 1;
+    case A_ONES:
+        for (size_t i = 0; i < a->n_ints; i++)
+            if (a->ints[i] != 1) return false;
+        return true;
+    case A_FINITE: return isfinite(a->f);
+    case A_NOTSET: return a->s.len == 0 || (a->s.len == 6 && memcmp(a->s.data, "NOTSET", 6) == 0);
+    case A_NEVER: return false;
+    default: return true;
+    }
+}
+
+/* Every attribute of node `node` is one its operator defines at the
+ * model's opset, of its type, given once, and a value tilewise runs (or
+ * one the matcher checks against the node's place). The first that is not
+ * is refused, naming the node, the attribute and its value. */
+static tw_status check_attrs(octx *c, int node)
+{
+    const Onnx__NodeProto *n = c->g->node[node];
+    for (size_t i = 0; i < n->n_attribute; i++) {
+        const Onnx__AttributeProto *a = n->attribute[i];
+        char ab[96], vb[96];
+        const char *name = clean(a->name, ab, sizeof ab);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(S(n->attribute[j]->name), S(a->name)) == 0)
+                return node_error(c, node, "has attribute %s twice", name);
+        if (a->ref_attr_name && *a->ref_attr_name)
+            return node_error(c, node,
+                              "has attribute %s referring to a function's attribute (only "
+                              "functions may)",
+                              name);
+        const attr_rule *r = NULL;
+        for (size_t k = 0; k < sizeof k_attr_rules / sizeof k_attr_rules[0] && !r; k++) {
+            const attr_rule *q = &k_attr_rules[k];
+            if (op_is(n, q->op) && strcmp(q->name, S(a->name)) == 0 && c->opset >= q->since &&
+                (q->until == 0 || c->opset <= q->until))
+                r = q;
+        }
+        if (!r)
+            return node_error(c, node,
+                              "has attribute %s = %s, which %s does not define at opset %lld", name,
+                              attr_text(a, vb, sizeof vb), S(n->op_type), (long long)c->opset);
+        int t = attr_type_of(a);
+        bool filled = (t == AT(FLOAT) && a->has_f) || (t == AT(INT) && a->has_i) ||
+                      (t == AT(STRING) && a->has_s) || (t == AT(TENSOR) && a->t) ||
+                      (t == AT(INTS) || t == AT(FLOATS) || t == AT(STRINGS)) ||
+                      (t == AT(SPARSE_TENSOR) && a->sparse_tensor);
+        if (t != r->type)
+            return node_error(c, node, "has attribute %s = %s of type %s (%s's %s is of type %s)",
+                              name, attr_text(a, vb, sizeof vb), attr_type_name(t), r->op, r->name,
+                              attr_type_name(r->type));
+        if (!filled)
+            return node_error(c, node, "has attribute %s of type %s without its value", name,
+                              attr_type_name(t));
+        if (r->rule == A_NEVER)
+            return node_error(c, node,
+                              "has attribute %s = %s (tilewise reads a Constant's tensor 'value' "
+                              "only)",
+                              name, attr_text(a, vb, sizeof vb));
+        if (!attr_value_ok(a, r->rule))
+            return node_error(c, node, "has attribute %s = %s (tilewise runs %s = %s only)", name,
+                              attr_text(a, vb, sizeof vb), name, r->want);
+    }
+    return TW_OK;
+}
+
+/* Node n's attribute name as "name = value" for the matcher's messages. */
+static const char *attr_show(const Onnx__NodeProto *n, const char *name, char *buf, size_t cap)
+{
+    const Onnx__AttributeProto *a = attr(n, name);
+    char vb[80];
+    snprintf(buf, cap, "%s = %s", name, a ? attr_text(a, vb, sizeof vb) : "(absent)");
+    return buf;
+}
+#undef AT
+
+/* ------------------------------------------------------------------------ */
 /* Tensors                                                                   */
 
 /* The constant behind value name (an initializer, or a Constant node's
@@ -323,6 +552,82 @@ static void le_to_float(int32_t dt, const uint8_t *p, float *dst, int64_t n)
     }
 }
 
+/* Open the external data file of tensor tname: location loc, relative to
+ * the model's folder, must be a regular file inside that folder once every
+ * link (in loc and in the folder's own path) is resolved. Its resolved path
+ * into full, its size into *size. A location that leads outside is refused
+ * with the same words whatever is there: nothing of the target (its size,
+ * its kind, its bytes) reaches a message. */
+static tw_status open_external(octx *c, const char *tname, const char *loc, char *full,
+                               size_t full_cap, FILE **out, uint64_t *size)
+{
+    char lb[400], dir[TW_PATH_MAX], base[PATH_MAX], joined[TW_PATH_MAX + PATH_MAX];
+    *out = NULL;
+    /* ONNX's own rule first: relative, no ".." component */
+    bool escapes = loc[0] == '/';
+    for (const char *p = loc; *p && !escapes; p = strchr(p, '/') ? strchr(p, '/') + 1 : "")
+        escapes = p[0] == '.' && p[1] == '.' && (p[2] == '/' || p[2] == '\0');
+    if (escapes)
+        return tw_model_error(c->err, c->path,
+                              "tensor '%s': external data location '%s' is outside the model's "
+                              "folder",
+                              tname, clean(loc, lb, sizeof lb));
+    const char *slash = strrchr(c->path, '/');
+    if (slash)
+        snprintf(dir, sizeof dir, "%.*s", slash == c->path ? 1 : (int)(slash - c->path), c->path);
+    else
+        snprintf(dir, sizeof dir, ".");
+    if (!realpath(dir, base))
+        return tw_model_error(c->err, c->path, "cannot resolve the model's folder: %s",
+                              strerror(errno));
+    size_t bl = strlen(base);
+    if (snprintf(joined, sizeof joined, "%s/%s", base, loc) >= (int)sizeof joined)
+        return tw_model_error(c->err, c->path, "tensor '%s': external data path is too long",
+                              tname);
+    char resolved[PATH_MAX];
+    if (!realpath(joined, resolved))
+        return tw_model_error(c->err, c->path, "tensor '%s': cannot open external data '%s': %s",
+                              tname, clean(loc, lb, sizeof lb), strerror(errno));
+    /* inside: base itself is a folder, so the file is below it ("/" holds all) */
+    bool inside = strncmp(resolved, base, bl) == 0 &&
+                  (resolved[bl] == '/' || (bl == 1 && base[0] == '/')) && resolved[bl] != '\0';
+    if (!inside)
+        return tw_model_error(c->err, c->path,
+                              "tensor '%s': external data location '%s' is outside the model's "
+                              "folder (through a link)",
+                              tname, clean(loc, lb, sizeof lb));
+    if (snprintf(full, full_cap, "%s", resolved) >= (int)full_cap)
+        return tw_model_error(c->err, c->path, "tensor '%s': external data path is too long",
+                              tname);
+    /* a FIFO or a device is not opened at all (opening one may block or act) */
+    struct stat sb;
+    if (stat(resolved, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return tw_model_error(c->err, c->path,
+                              "tensor '%s': external data %s is not a regular file", tname,
+                              clean(full, lb, sizeof lb));
+    /* resolved has no link left: O_NOFOLLOW refuses one put there since,
+     * O_NONBLOCK a FIFO swapped in, and fstat checks what was opened */
+    int fd = open(resolved, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return tw_model_error(c->err, c->path, "tensor '%s': cannot open external data %s: %s",
+                              tname, clean(full, lb, sizeof lb), strerror(errno));
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return tw_model_error(c->err, c->path,
+                              "tensor '%s': external data %s is not a regular file", tname,
+                              clean(full, lb, sizeof lb));
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return tw_model_error(c->err, c->path, "tensor '%s': cannot open external data %s: %s",
+                              tname, clean(full, lb, sizeof lb), strerror(errno));
+    }
+    *size = (uint64_t)sb.st_size;
+    *out = f;
+    return TW_OK;
+}
+
 /* Read the bytes of an external tensor (location relative to the model's
  * folder, offset, length) into a new buffer of want bytes. */
 static tw_status read_external(octx *c, const Onnx__TensorProto *tp, const char *tname, size_t want,
@@ -332,7 +637,7 @@ static tw_status read_external(octx *c, const Onnx__TensorProto *tp, const char 
     int64_t offset = 0, length = -1;
     for (size_t i = 0; i < tp->n_external_data; i++) {
         const char *k = S(tp->external_data[i]->key), *v = S(tp->external_data[i]->value);
-        char *end = NULL;
+        char *end = NULL, vb[48];
         if (strcmp(k, "location") == 0) {
             loc = v;
         } else if (strcmp(k, "offset") == 0 || strcmp(k, "length") == 0) {
@@ -340,8 +645,8 @@ static tw_status read_external(octx *c, const Onnx__TensorProto *tp, const char 
             long long x = strtoll(v, &end, 10);
             if (errno || end == v || *end || x < 0)
                 return tw_model_error(c->err, c->path,
-                                      "tensor '%s': external data %s '%.40s' is not a byte count",
-                                      tname, k, v);
+                                      "tensor '%s': external data %s '%s' is not a byte count",
+                                      tname, k, clean(v, vb, sizeof vb));
             if (k[0] == 'o')
                 offset = x;
             else
@@ -351,42 +656,21 @@ static tw_status read_external(octx *c, const Onnx__TensorProto *tp, const char 
     if (!loc || !*loc)
         return tw_model_error(c->err, c->path, "tensor '%s': external data without a location",
                               tname);
-    char lb[400];
-    /* ONNX's own rule: a path relative to the model's folder, never above it */
-    bool escapes = loc[0] == '/' || strcmp(loc, "..") == 0 || strncmp(loc, "../", 3) == 0 ||
-                   strstr(loc, "/../") != NULL ||
-                   (strlen(loc) >= 3 && strcmp(loc + strlen(loc) - 3, "/..") == 0);
-    if (escapes)
-        return tw_model_error(c->err, c->path,
-                              "tensor '%s': external data location '%s' is not inside the "
-                              "model's folder",
-                              tname, clean(loc, lb, sizeof lb));
-    char full[TW_PATH_MAX];
-    const char *slash = strrchr(c->path, '/');
-    int dir_len = slash ? (int)(slash - c->path) + 1 : 0;
-    if (snprintf(full, sizeof full, "%.*s%s", dir_len, c->path, loc) >= (int)sizeof full)
-        return tw_model_error(c->err, c->path, "tensor '%s': external data path is too long",
-                              tname);
     if (length >= 0 && (uint64_t)length != want)
         return tw_model_error(c->err, c->path,
                               "tensor '%s': external data length %lld but its dims need %zu bytes",
                               tname, (long long)length, want);
-    FILE *f = fopen(full, "rb");
-    if (!f)
-        return tw_model_error(c->err, c->path, "tensor '%s': cannot open external data %s: %s",
-                              tname, clean(full, lb, sizeof lb), strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return tw_model_error(c->err, c->path, "tensor '%s': external data %s is not a file", tname,
-                              clean(full, lb, sizeof lb));
-    }
-    if ((uint64_t)offset > (uint64_t)sb.st_size || want > (uint64_t)sb.st_size - (uint64_t)offset) {
+    char full[PATH_MAX], lb[400];
+    FILE *f = NULL;
+    uint64_t size = 0;
+    tw_status st = open_external(c, tname, loc, full, sizeof full, &f, &size);
+    if (st != TW_OK) return st;
+    if ((uint64_t)offset > size || want > size - (uint64_t)offset) {
         fclose(f);
         return tw_model_error(c->err, c->path,
-                              "tensor '%s': external data %s holds %lld bytes, the tensor needs "
+                              "tensor '%s': external data %s holds %llu bytes, the tensor needs "
                               "%zu at offset %lld",
-                              tname, clean(full, lb, sizeof lb), (long long)sb.st_size, want,
+                              tname, clean(full, lb, sizeof lb), (unsigned long long)size, want,
                               (long long)offset);
     }
     uint8_t *buf = tw_alloc(TW_MEM_OTHER, want ? want : 1);
@@ -722,18 +1006,23 @@ static tw_status take_conv(octx *c, int node, conv *cv)
     cv->k = (int)cv->wshape[2];
     int64_t v[8];
     int cnt;
+    char ab[128];
     cv->group = (int)attr_int(n, "group", 1);
     if (!attr_ints(n, "kernel_shape", v, 2, &cnt) ||
         (cnt && (cnt != 2 || v[0] != cv->k || v[1] != cv->k)))
-        return node_error(c, node, "has a kernel_shape that is not its weights'");
+        return node_error(c, node, "has attribute %s, which is not its weights' %dx%d",
+                          attr_show(n, "kernel_shape", ab, sizeof ab), cv->k, cv->k);
     if (!attr_ints(n, "dilations", v, 2, &cnt) || (cnt && (cnt != 2 || v[0] != 1 || v[1] != 1)))
-        return node_error(c, node, "is dilated (a ResNet's convolutions are not)");
+        return node_error(c, node, "has attribute %s (a ResNet's convolutions are not dilated)",
+                          attr_show(n, "dilations", ab, sizeof ab));
     if (!attr_ints(n, "strides", v, 2, &cnt) || (cnt && (cnt != 2 || v[0] != v[1])))
-        return node_error(c, node, "has strides that differ by axis");
+        return node_error(c, node, "has attribute %s (strides that differ by axis)",
+                          attr_show(n, "strides", ab, sizeof ab));
     cv->stride = cnt ? (int)v[0] : 1;
     if (!attr_ints(n, "pads", v, 4, &cnt) ||
         (cnt && (cnt != 4 || v[0] != v[1] || v[0] != v[2] || v[0] != v[3])))
-        return node_error(c, node, "has padding that differs by side");
+        return node_error(c, node, "has attribute %s (padding that differs by side)",
+                          attr_show(n, "pads", ab, sizeof ab));
     cv->pad = cnt ? (int)v[0] : 0;
     const Onnx__AttributeProto *ap = attr(n, "auto_pad");
     if (ap && ap->has_s && ap->s.len > 0) {
@@ -743,13 +1032,16 @@ static tw_status take_conv(octx *c, int node, conv *cv)
         if (strcmp(mode, "SAME_UPPER") == 0 || strcmp(mode, "SAME_LOWER") == 0) {
             /* the same as symmetric padding k/2 only at stride 1 with an odd kernel */
             if (cv->stride != 1 || cv->k % 2 == 0)
-                return node_error(c, node, "pads %s at stride %d (asymmetric padding)", mode,
-                                  cv->stride);
+                return node_error(c, node,
+                                  "has attribute auto_pad = '%s' at stride %d with a %dx%d kernel "
+                                  "(asymmetric padding)",
+                                  mode, cv->stride, cv->k, cv->k);
             cv->pad = cv->k / 2;
         } else if (strcmp(mode, "VALID") == 0) {
             cv->pad = 0;
         } else if (strcmp(mode, "NOTSET") != 0) {
-            return node_error(c, node, "has auto_pad '%s'", mode);
+            return node_error(c, node, "has attribute %s (NOTSET, SAME_UPPER, SAME_LOWER or VALID)",
+                              attr_show(n, "auto_pad", ab, sizeof ab));
         }
     }
     if (cv->stride < 1 || cv->stride > 2 || cv->pad < 0 || cv->pad > 3)
@@ -811,7 +1103,7 @@ static tw_status take_conv(octx *c, int node, conv *cv)
      * weights as from safetensors */
     double eps = epsf == 1e-5f ? 1e-5 : (double)epsf;
     if (st == TW_OK && !(eps >= 0 && isfinite(eps)))
-        st = node_error(c, bn, "has epsilon %g", (double)epsf);
+        st = node_error(c, bn, "has attribute epsilon = %g (a number >= 0 expected)", (double)epsf);
     for (int o2 = 0; st == TW_OK && o2 < cv->cout; o2++) {
         float var = p[3][o2];
         if (!(var >= 0.0f) || !isfinite(var)) {
@@ -934,17 +1226,24 @@ static tw_status match_stem(octx *c, int x, int *out)
         const Onnx__NodeProto *p = c->g->node[mp];
         int64_t v[4];
         int cnt;
-        bool ok = p->n_input == 1 && attr_int(p, "ceil_mode", 0) == 0 &&
-                  attr_int(p, "storage_order", 0) == 0;
-        ok = ok && attr_ints(p, "kernel_shape", v, 2, &cnt) && cnt == 2 && v[0] == 3 && v[1] == 3;
-        ok = ok && attr_ints(p, "strides", v, 2, &cnt) && cnt == 2 && v[0] == 2 && v[1] == 2;
-        ok = ok && attr_ints(p, "pads", v, 4, &cnt) && cnt == 4 && v[0] == 1 && v[1] == 1 &&
-             v[2] == 1 && v[3] == 1;
-        ok = ok && attr_ints(p, "dilations", v, 2, &cnt) && (cnt == 0 || (v[0] == 1 && v[1] == 1));
-        const Onnx__AttributeProto *ap = attr(p, "auto_pad");
-        ok = ok && (!ap || !ap->has_s || ap->s.len == 0 ||
-                    (ap->s.len == 6 && memcmp(ap->s.data, "NOTSET", 6) == 0));
-        if (!ok) st = node_error(c, mp, "is not the stem's 3x3 stride-2 max-pool with padding 1");
+        const char *bad = NULL; /* the first attribute that is not the stem's */
+        if (!attr_ints(p, "kernel_shape", v, 2, &cnt) || cnt != 2 || v[0] != 3 || v[1] != 3)
+            bad = "kernel_shape";
+        else if (!attr_ints(p, "strides", v, 2, &cnt) || cnt != 2 || v[0] != 2 || v[1] != 2)
+            bad = "strides";
+        else if (!attr_ints(p, "pads", v, 4, &cnt) || cnt != 4 || v[0] != 1 || v[1] != 1 ||
+                 v[2] != 1 || v[3] != 1)
+            bad = "pads";
+        else if (!attr_ints(p, "dilations", v, 2, &cnt) || (cnt != 0 && cnt != 2))
+            bad = "dilations";
+        char ab[128];
+        if (p->n_input != 1)
+            st = node_error(c, mp, "has %zu inputs", p->n_input);
+        else if (bad)
+            st = node_error(c, mp,
+                            "has attribute %s: the stem's max-pool is 3x3 stride 2 with "
+                            "padding 1",
+                            attr_show(p, bad, ab, sizeof ab));
     }
     if (st == TW_OK && !small) {
         c->used[mp] = true;
@@ -1188,6 +1487,12 @@ static tw_status match_head(octx *c, int x, int channels)
             flat = tensor_ints(constant(c, f->input[1]), s, 4, &ns) && ns == 2 &&
                    (s[0] == 0 || s[0] == -1 || s[0] > 0) && (s[1] == channels || s[1] == -1) &&
                    !(s[0] == -1 && s[1] == -1);
+            /* allowzero 1 makes a 0 in the shape a dimension of 0, not "keep N" */
+            if (flat && s[0] == 0 && attr_int(f, "allowzero", 0) != 0)
+                return node_error(c, nx,
+                                  "has attribute allowzero = 1 with shape [0, %lld]: its output "
+                                  "would be empty",
+                                  (long long)s[1]);
         } else if (op_is(f, "Squeeze")) {
             bool ok = f->n_input >= 2 && *S(f->input[1])
                           ? tensor_ints(constant(c, f->input[1]), ax, 4, &cnt)
@@ -1304,8 +1609,11 @@ static tw_status match_head(octx *c, int x, int channels)
         int sm = c->cons[c->cons_off[out]];
         const Onnx__NodeProto *s = c->g->node[sm];
         int64_t axis = attr_int(s, "axis", c->opset >= 13 ? -1 : 1);
-        if (!op_is(s, "Softmax") || (axis != 1 && axis != -1))
+        if (!op_is(s, "Softmax"))
             st = node_error(c, sm, "follows the classifier (only a Softmax over the classes may)");
+        else if (axis != 1 && axis != -1)
+            st = node_error(c, sm, "has attribute axis = %lld (the classes are axis 1 or -1)",
+                            (long long)axis);
         if (st == TW_OK) {
             c->used[sm] = true;
             oi->softmax = true;
@@ -1562,6 +1870,8 @@ static tw_status recognise(octx *c)
         /* a ResNet's ops take 5 inputs at most (BatchNormalization) */
         if (n->n_input > 8 || n->n_output > 8)
             return node_error(c, (int)i, "has %zu inputs and %zu outputs", n->n_input, n->n_output);
+        tw_status st = check_attrs(c, (int)i);
+        if (st != TW_OK) return st;
     }
     tw_status st = index_graph(c);
     if (st != TW_OK) return st;

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gdal.h>
@@ -221,6 +222,28 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
     return TW_OK;
 }
 
+int tw_run_stale_products(const tw_run_params *p, tw_input_result *res)
+{
+    static const char *const suffixes[] = {".class.tif",  ".prob.tif",  ".conf.tif",
+                                           ".emb.tif",    ".tiles.h5",  ".tiles.gpkg",
+                                           ".class.gpkg", ".class.fgb", ".stac.json"};
+    const int cap = (int)(sizeof res->stale / sizeof res->stale[0]);
+    res->n_stale = 0;
+    for (size_t k = 0; k < sizeof suffixes / sizeof suffixes[0] && res->n_stale < cap; k++) {
+        char path[sizeof res->stale[0]];
+        struct stat sb;
+        if (snprintf(path, sizeof path, "%s/%s%s", p->output.dir, res->stem, suffixes[k]) >=
+                (int)sizeof path ||
+            stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        bool written = false;
+        for (int o = 0; o < res->n_outputs && !written; o++)
+            written = strcmp(res->outputs[o], path) == 0;
+        if (!written) memcpy(res->stale[res->n_stale++], path, sizeof path);
+    }
+    return res->n_stale;
+}
+
 /* Whether out_dir holds a final product (a merge, or a whole-grid run,
  * wrote it: products are renamed to their final names only when complete). */
 static bool has_products(const char *out_dir)
@@ -331,6 +354,7 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
             st = tw_stac_run_item(&mf->p, &mf->m, &mf->info, &mf->stac,
                                   collection_id[0] ? collection_id : NULL, res, err);
         n_items += st == TW_OK && stac;
+        if (st == TW_OK) tw_run_stale_products(&mf->p, res);
         tw_parts_close(parts);
     }
     if (st == TW_OK && n_items > 1) st = tw_stac_run_collection(out_dir, &r->model, r, err);

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,8 +86,45 @@ static tw_status remove_files(const char *dir, bool only_temps, int r_begin, int
     return remove_files_ex(dir, only_temps, false, r_begin, r_end, err);
 }
 
-/* ---- locks: POSIX record locks (they work on NFS and Lustre, and die with
- * their process, so a killed run never leaves a stale lock) ---- */
+/* Remove the checkpoint states of every shard (state.*). */
+static void remove_states(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[TW_PATH_MAX + 600];
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "state.", 6) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+/* ---- locks: open file description locks (F_OFD_SETLK), a record lock of
+ * the whole file owned by one open() of it rather than by the process.
+ * Like the classic POSIX record locks they go through the same kernel lock
+ * code (NFS, Lustre), conflict with the classic locks of an older tilewise,
+ * and die with their process, so a killed run never leaves a stale lock.
+ * Unlike them they also exclude a second open() in the same process: two
+ * threads running one output through the library (tilewise_run, the Python
+ * package) exclude each other as two processes do, and closing another
+ * descriptor of the file (other_lock_held, a second run's attempt) does not
+ * drop the holder's lock. A kernel or file system without them (EINVAL)
+ * gets the classic commands: processes still exclude each other. ---- */
+
+/* fcntl(fd, one of the lock commands, fl), OFD first (see above). */
+static int lock_fcntl(int fd, int ofd, int classic, struct flock *fl)
+{
+    static _Atomic int no_ofd = 0;
+    if (!atomic_load(&no_ofd)) {
+        fl->l_pid = 0; /* F_OFD_* require it */
+        int r = fcntl(fd, ofd, fl);
+        if (r == 0 || errno != EINVAL) return r;
+        atomic_store(&no_ofd, 1);
+    }
+    return fcntl(fd, classic, fl);
+}
 
 /* What a lock file says about its holder: "pid 1234 on host node7", from
  * the file, else from F_GETLK. */
@@ -102,7 +140,8 @@ static void lock_holder(int fd, char *buf, size_t size)
     }
     if (pid <= 0) {
         struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-        if (fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) pid = fl.l_pid;
+        if (lock_fcntl(fd, F_OFD_GETLK, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK)
+            pid = fl.l_pid; /* -1 for an OFD lock */
     }
     if (pid > 0 && host[0])
         snprintf(buf, size, "process %ld on host %s", pid, host);
@@ -113,14 +152,14 @@ static void lock_holder(int fd, char *buf, size_t size)
 }
 
 /* Take the lock on path: returns the open descriptor (>= 0), -1 on an
- * error (errno), -2 when another process holds it (holder says who).
+ * error (errno), -2 when another run holds it (holder says who).
  * wait: block until it is free instead. */
 static int lock_take(const char *path, bool wait, char *holder, size_t hsize)
 {
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) return -1;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    while (fcntl(fd, wait ? F_SETLKW : F_SETLK, &fl) != 0) {
+    while (lock_fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, wait ? F_SETLKW : F_SETLK, &fl) != 0) {
         if (errno == EINTR && wait) continue;
         int e = errno;
         if (e == EACCES || e == EAGAIN) {
@@ -145,7 +184,7 @@ static void lock_sign(int fd)
     if (ftruncate(fd, 0) == 0 && pwrite(fd, line, (size_t)n, 0) == n) (void)fsync(fd);
 }
 
-/* Is another shard's lock of this directory held (by another process)?
+/* Is another shard's lock of this directory held (by another run)?
  * Fills who (its file and holder) when it is. */
 static bool other_lock_held(const tw_parts *pt, const char *own, char *who, size_t size)
 {
@@ -158,12 +197,12 @@ static bool other_lock_held(const tw_parts *pt, const char *own, char *who, size
         if (strncmp(e->d_name, "lock.", 5) != 0) continue;
         snprintf(path, sizeof path, "%s/%s", pt->dir, e->d_name);
         if (strcmp(path, own) == 0) continue;
-        /* Never open our own lock file a second time: closing any
-         * descriptor of a file drops the process's POSIX locks on it. */
+        /* (Our own lock file is skipped: with the classic locks' fallback,
+         * closing any descriptor of a file drops the process's locks on it.) */
         int fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd < 0) continue;
         struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-        if (fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) {
+        if (lock_fcntl(fd, F_OFD_GETLK, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) {
             char h[256];
             lock_holder(fd, h, sizeof h);
             int sh = 0, cnt = 0;
@@ -374,43 +413,115 @@ static void load_state(tw_parts *pt)
     pt->state_tiles = h.n_tiles;
 }
 
-/* The fingerprint stored in the parts directory (allocated), or NULL. */
-static char *fingerprint_read(const char *path)
+/* The fingerprint stored in the parts directory: TW_OK and *out (allocated,
+ * '\0'-terminated, what the file holds) when it could be read; TW_OK and
+ * NULL when there is none (ENOENT); TW_ERR_PARTS with why ("cannot be
+ * read: ...") when it is there but cannot be read; TW_ERR_NOMEM. */
+static tw_status fingerprint_read(const char *path, char **out, char *why, size_t why_size)
 {
+    *out = NULL;
     FILE *f = fopen(path, "r");
-    if (!f) return NULL;
+    if (!f) {
+        if (errno == ENOENT) return TW_OK;
+        snprintf(why, why_size, "cannot be read: %s", strerror(errno));
+        return TW_ERR_PARTS;
+    }
     size_t cap = TW_FINGERPRINT_MAX;
-    char *buf = tw_alloc(TW_MEM_OTHER, cap);
-    size_t got = buf ? fread(buf, 1, cap - 1, f) : 0;
+    char *buf = tw_alloc(TW_MEM_OTHER, cap + 1);
+    if (!buf) {
+        fclose(f);
+        snprintf(why, why_size, "out of memory");
+        return TW_ERR_NOMEM;
+    }
+    size_t got = fread(buf, 1, cap, f);
+    bool bad = ferror(f) != 0;
+    int e = errno;
     fclose(f);
-    if (buf) buf[got] = '\0';
-    return buf;
+    if (bad) {
+        tw_free(buf);
+        snprintf(why, why_size, "cannot be read: %s", strerror(e));
+        return TW_ERR_PARTS;
+    }
+    buf[got] = '\0';
+    *out = buf;
+    return TW_OK;
+}
+
+/* What is wrong with a stored fingerprint that is not this run's, as a
+ * phrase into why: its own format broken (empty, cut short, not a
+ * fingerprint, a NUL inside: a damaged file says nothing about which run
+ * wrote the parts) or another version; else the keys that differ. Returns
+ * whether the file itself is damaged. */
+static bool fingerprint_damage(const char *now, const char *old, char *why, size_t size)
+{
+    char head[32];
+    int hl = snprintf(head, sizeof head, "tilewise-parts ");
+    size_t n = strlen(old);
+    int version = 0;
+    char *end = NULL;
+    bool has_head = strncmp(old, head, (size_t)hl) == 0;
+    if (has_head) version = (int)strtol(old + hl, &end, 10);
+    if (n == 0) {
+        snprintf(why, size, "is empty");
+        return true;
+    }
+    if (!has_head || !end || *end != '\n' || version < 1) {
+        /* (a caller's fingerprint without the header, as tests write them:
+         * compared key by key) */
+        if (strchr(now, '\n') && strncmp(now, head, (size_t)hl) != 0) {
+            tw_parts_fingerprint_diff(now, old, why, size);
+            return false;
+        }
+        snprintf(why, size, "is not a tilewise parts fingerprint");
+        return true;
+    }
+    if (version != TW_PARTS_FINGERPRINT_VERSION) {
+        snprintf(why, size, "was written by another version of tilewise (format %d, this one %d)",
+                 version, TW_PARTS_FINGERPRINT_VERSION);
+        return false;
+    }
+    if (old[n - 1] != '\n' || n >= TW_FINGERPRINT_MAX) {
+        snprintf(why, size, "is cut short (%zu bytes, no final line end)", n);
+        return true;
+    }
+    tw_parts_fingerprint_diff(now, old, why, size);
+    return false;
 }
 
 /* Decide what to do with the fingerprint on disk: same, replace (nothing
- * to lose), discard (--restart), or refuse. Called under the open lock. */
+ * to lose), discard (--restart), or refuse. A fingerprint that is missing,
+ * unreadable or damaged beside committed rows is refused like one of
+ * another configuration: nothing says which run those rows are of. Called
+ * under the open lock. */
 static tw_status fingerprint_check(tw_parts *pt, const char *mpath, bool quiet, bool *same,
                                    tw_error *err)
 {
     const tw_parts_params *p = &pt->p;
-    char *old = fingerprint_read(mpath);
+    char *old = NULL;
+    char why[700] = "";
+    tw_status rst = fingerprint_read(mpath, &old, why, sizeof why);
+    if (rst == TW_ERR_NOMEM) return tw_error_set(err, rst, "%s: %s", mpath, why);
     *same = old && strcmp(old, p->fingerprint) == 0;
-    if (!old || *same) {
+    if (*same) {
         tw_free(old);
         return TW_OK;
     }
+    const bool had = old != NULL;
     int rows = committed_rows_any(pt->dir);
+    bool damaged = true;
+    if (rst == TW_OK && !old)
+        snprintf(why, sizeof why, "is missing");
+    else if (old)
+        damaged = fingerprint_damage(p->fingerprint, old, why, sizeof why);
+    tw_free(old);
+    if (!had && rows == 0 && rst == TW_OK) return TW_OK; /* a new parts directory */
     char who[512] = "";
     bool running = !p->merge_only && other_lock_held(pt, pt->lock_path, who, sizeof who);
-    char diff[700];
-    char head[32];
-    int hl = snprintf(head, sizeof head, "tilewise-parts %d\n", TW_PARTS_FINGERPRINT_VERSION);
-    bool other_version = strncmp(old, head, (size_t)hl) != 0;
-    if (other_version)
-        snprintf(diff, sizeof diff, "they were written by another version of tilewise");
+    char diff[1400];
+    if (damaged)
+        snprintf(diff, sizeof diff, "its fingerprint %.600s %.700s", mpath, why);
     else
-        tw_parts_fingerprint_diff(p->fingerprint, old, diff, sizeof diff);
-    tw_free(old);
+        snprintf(diff, sizeof diff, "%s", why);
     if (p->merge_only)
         return tw_error_set(err, TW_ERR_PARTS,
                             "%s: the shards' parts do not match their manifest (%s); rerun the "
@@ -422,6 +533,13 @@ static tw_status fingerprint_check(tw_parts *pt, const char *mpath, bool quiet, 
                             "was deleted: run with the same configuration as the other shards",
                             p->stem, p->out_dir, p->stem, who, diff);
     if (rows == 0) return TW_OK; /* nothing committed, nobody running: nothing to lose */
+    if (!p->restart && damaged)
+        return tw_error_set(err, TW_ERR_PARTS,
+                            "%s: %s/.tilewise/%s holds %d committed output rows, but %s: "
+                            "nothing says which configuration, model and raster they are of, so "
+                            "they are not resumed; nothing was deleted: add --restart to discard "
+                            "them",
+                            p->stem, p->out_dir, p->stem, rows, diff);
     if (!p->restart)
         return tw_error_set(err, TW_ERR_PARTS,
                             "%s: %s/.tilewise/%s holds %d committed output rows of a run with "
@@ -431,9 +549,8 @@ static tw_status fingerprint_check(tw_parts *pt, const char *mpath, bool quiet, 
                             p->stem, p->out_dir, p->stem, rows, diff);
     (void)quiet; /* the log decides (the CLI drops notices with -q) */
     tw_log_printf(p->log, TW_LOG_NOTICE,
-                  "%s: --restart: discarding %d committed output rows of a run with another "
-                  "configuration (%s)",
-                  p->stem, rows, diff);
+                  "%s: --restart: discarding %d committed output rows of %s (%s)", p->stem, rows,
+                  damaged ? "an unknown run" : "a run with another configuration", diff);
     return remove_files(pt->dir, false, 0, 0, err);
 }
 
@@ -503,8 +620,12 @@ tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw
     if (st == TW_OK && !same && p->merge_only)
         st = tw_error_set(err, TW_ERR_INPUT, "%s: the shards' parts have no fingerprint (%s)",
                           p->stem, mpath);
-    if (st == TW_OK && !same)
+    if (st == TW_OK && !same) {
+        /* A checkpoint counts only under the fingerprint it was taken with:
+         * one left beside a replaced (or missing) fingerprint goes. */
+        remove_states(pt->dir);
         st = tw_write_file_atomic(mpath, p->fingerprint, strlen(p->fingerprint), err);
+    }
     if (ofd >= 0) close(ofd);
     if (st != TW_OK) {
         tw_parts_close(pt);

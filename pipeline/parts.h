@@ -83,10 +83,15 @@ typedef struct tw_parts_params {
  * p->restart (then they are discarded, with one notice on stderr unless
  * quiet) or nothing was committed under it and no other shard is running.
  *
- * Lock: one per (output dir, input, shard), a POSIX record lock on
- * OUT/.tilewise/<stem>/lock.<I>-of-<N> holding "pid host"; held until
- * tw_parts_close. TW_ERR_LOCKED naming the holder when another process has
- * it. Not taken with merge_only. */
+ * A stored fingerprint that is missing, unreadable or damaged (empty, cut
+ * short, not a fingerprint) beside committed rows is refused the same way
+ * (TW_ERR_PARTS naming the file), never resumed; p->restart discards.
+ *
+ * Lock: one per (output dir, input, shard), an open file description lock
+ * (parts.c, "locks") on OUT/.tilewise/<stem>/lock.<I>-of-<N> holding "pid
+ * host"; held until tw_parts_close. TW_ERR_LOCKED naming the holder when
+ * another run has it: another process, or another thread of this one. Not
+ * taken with merge_only. */
 tw_status tw_parts_open(const tw_parts_params *p, bool quiet, tw_parts **out, tw_error *err);
 void tw_parts_close(tw_parts *pt);
 

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <limits.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -20,6 +21,8 @@
 
 #include "core/alloc.h"
 #include "io/gdal_msgs.h"
+#include "io/polygons.h"
+#include "io/url.h"
 #include "io/writer.h"
 #include "pipeline/budget.h"
 #include "pipeline/plan.h"
@@ -375,6 +378,185 @@ static tw_status check_dir(const char *dir, tw_error *err)
     return TW_OK;
 }
 
+/* ---- outputs against inputs ---- */
+
+/* One path the run writes, resolved. */
+typedef struct out_path {
+    char path[TW_PATH_MAX + 300]; /* real output.dir + name */
+    const char *what;             /* "the prob product of", "the report of the run", ... */
+    int input;                    /* whose product, -1: the run's */
+    bool exists;
+    dev_t dev;
+    ino_t ino;
+} out_path;
+
+typedef struct out_list {
+    out_path *v;
+    int n, cap;
+    char dir[PATH_MAX]; /* output.dir, resolved */
+} out_list;
+
+static bool out_add(out_list *l, const char *name, const char *what, int input)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        out_path *v = tw_alloc(TW_MEM_OTHER, (size_t)cap * sizeof *v);
+        if (!v) return false;
+        if (l->n) memcpy(v, l->v, (size_t)l->n * sizeof *v);
+        tw_free(l->v);
+        l->v = v;
+        l->cap = cap;
+    }
+    out_path *o = &l->v[l->n++];
+    snprintf(o->path, sizeof o->path, "%.1023s/%.299s", l->dir, name);
+    o->what = what;
+    o->input = input;
+    struct stat sb;
+    o->exists = stat(o->path, &sb) == 0;
+    o->dev = o->exists ? sb.st_dev : 0;
+    o->ino = o->exists ? sb.st_ino : 0;
+    return true;
+}
+
+/* Every file a run of pp writes directly in output.dir (the store under
+ * .tilewise/ is compared by its prefix). */
+static bool out_collect(const tw_preflight_params *pp, out_list *l)
+{
+    const tw_run_params *p = pp->run;
+    static const struct {
+        unsigned bits;
+        const char *suffix, *what;
+    } prods[] = {{TW_PRODUCT_CLASS, "class.tif", "the class product of"},
+                 {TW_PRODUCT_PROB, "prob.tif", "the prob product of"},
+                 {TW_PRODUCT_CONF, "conf.tif", "the confidence product of"},
+                 {TW_PRODUCT_EMB_RASTER, "emb.tif", "the embedding_raster product of"},
+                 {TW_PRODUCT_TILES | TW_PRODUCT_EMB, "tiles.h5", "the tile table of"},
+                 {TW_PRODUCT_TILES_GPKG, "tiles.gpkg", "the tiles_gpkg product of"}};
+    char name[600];
+    bool ok = true;
+    for (int i = 0; ok && i < pp->n_inputs; i++) {
+        if (pp->width[i] <= 0) continue;
+        for (size_t k = 0; ok && k < sizeof prods / sizeof prods[0]; k++) {
+            if (!(p->output.products & prods[k].bits)) continue;
+            snprintf(name, sizeof name, "%s.%s", pp->stems[i], prods[k].suffix);
+            ok = out_add(l, name, prods[k].what, i);
+        }
+        if (ok && (p->output.products & TW_PRODUCT_POLYGONS)) {
+            tw_polygons_path(".", pp->stems[i], p->output.vector_format, name, sizeof name);
+            ok = out_add(l, name + 2, "the polygons product of", i);
+        }
+        if (ok && p->output.stac) {
+            snprintf(name, sizeof name, "%s.stac.json", pp->stems[i]);
+            ok = out_add(l, name, "the STAC item of", i);
+        }
+    }
+    char shard[40] = "";
+    if (p->shard_count > 1)
+        snprintf(shard, sizeof shard, ".shard%04d-of-%04d", p->shard_index + 1, p->shard_count);
+    snprintf(name, sizeof name, "run%s.json", shard);
+    if (ok) ok = out_add(l, name, "the run's report", -1);
+    snprintf(name, sizeof name, "run%s.failed.json", shard);
+    if (ok) ok = out_add(l, name, "the run's failure report", -1);
+    if (ok && p->output.stac) ok = out_add(l, "collection.json", "the STAC collection", -1);
+    return ok;
+}
+
+/* Is file (an input's, resolved as real and stat'ed) one the run writes?
+ * The output it is, or NULL; *store set when it lies under .tilewise/. */
+static const out_path *out_find(const out_list *l, const char *real, const struct stat *sb,
+                                bool *store)
+{
+    size_t dl = strlen(l->dir);
+    *store = strncmp(real, l->dir, dl) == 0 && strncmp(real + dl, "/.tilewise/", 11) == 0;
+    for (int k = 0; k < l->n; k++) {
+        const out_path *o = &l->v[k];
+        if (strcmp(o->path, real) == 0) return o;
+        if (sb && o->exists && o->dev == sb->st_dev && o->ino == sb->st_ino) return o;
+    }
+    return NULL;
+}
+
+/* The files of a local input: GDAL's list (the raster, its sidecars, a
+ * VRT's sources), or the path alone when GDAL cannot open it or it is not
+ * a regular file (a FIFO is not opened). Remote: none. */
+static char **input_files(const char *path, const char *source)
+{
+    if (tw_url_is_remote(path)) return NULL;
+    const char *src = source ? source : path;
+    struct stat sb;
+    bool local_file = stat(src, &sb) == 0 && S_ISREG(sb.st_mode);
+    bool vsimem = strncmp(src, "/vsimem/", 8) == 0;
+    char **list = NULL;
+    if (local_file || vsimem) {
+        CPLPushErrorHandler(CPLQuietErrorHandler);
+        GDALDatasetH ds = GDALOpenEx(src, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
+        list = ds ? GDALGetFileList(ds) : NULL;
+        if (ds) GDALClose(ds);
+        CPLPopErrorHandler();
+    }
+    if (!vsimem) list = CSLAddString(list, path);
+    return list;
+}
+
+static tw_status check_not_inputs(const tw_preflight_params *pp, tw_error *err)
+{
+    const tw_run_params *p = pp->run;
+    out_list l = {0};
+    if (!realpath(p->output.dir, l.dir)) return TW_OK; /* not there yet: holds no input */
+    if (!out_collect(pp, &l)) {
+        tw_free(l.v);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    tw_status st = TW_OK;
+    for (int i = 0; st == TW_OK && i < p->input.n_paths; i++) {
+        char **files = input_files(p->input.paths[i], pp->sources ? pp->sources[i] : NULL);
+        for (int f = 0; st == TW_OK && files && files[f]; f++) {
+            char real[PATH_MAX];
+            struct stat sb;
+            if (strncmp(files[f], "/vsi", 4) == 0 || !realpath(files[f], real)) continue;
+            bool has_sb = stat(real, &sb) == 0;
+            bool store = false;
+            const out_path *o = out_find(&l, real, has_sb ? &sb : NULL, &store);
+            if (!o && !store) continue;
+            char shown[TW_URL_SHOWN_MAX], whose[TW_URL_SHOWN_MAX + 16] = "";
+            tw_url_redact(p->input.paths[i], shown, sizeof shown);
+            bool itself = strcmp(files[f], p->input.paths[i]) == 0 ||
+                          (pp->sources && pp->sources[i] && strcmp(files[f], pp->sources[i]) == 0);
+            char of[TW_URL_SHOWN_MAX + 300] = "";
+            if (o && o->input >= 0) {
+                tw_url_redact(p->input.paths[o->input], whose, sizeof whose);
+                snprintf(of, sizeof of, "%s input %s", o->what, whose);
+            } else if (o) {
+                snprintf(of, sizeof of, "%s", o->what);
+            }
+            if (store)
+                st = tw_error_set(err, TW_ERR_CONFIG,
+                                  "input.path: %s%s%s lies in %s/.tilewise/, the run's own store "
+                                  "of parts, which it writes and removes: move the input, or "
+                                  "choose another output.dir",
+                                  itself ? "" : files[f], itself ? "" : ", a file of ", shown,
+                                  p->output.dir);
+            else if (itself)
+                st = tw_error_set(
+                    err, TW_ERR_CONFIG,
+                    "output.dir/output.name: %s (%s) would overwrite the input %s "
+                    "(input.path); refused before the first tile: choose another output.dir "
+                    "or output.name",
+                    o->path, of, shown);
+            else
+                st = tw_error_set(
+                    err, TW_ERR_CONFIG,
+                    "output.dir/output.name: %s (%s) would overwrite %s, a file of "
+                    "the input %s (input.path: its sidecar or a VRT's source): "
+                    "refused before the first tile: choose another output.dir or output.name",
+                    o->path, of, files[f], shown);
+        }
+        CSLDestroy(files);
+    }
+    tw_free(l.v);
+    return st;
+}
+
 tw_status tw_preflight_submit(const tw_run_params *p, tw_error *err)
 {
     tw_status st = tw_preflight_weights(p->model.weights, err);
@@ -395,6 +577,7 @@ tw_status tw_preflight_output(const tw_preflight_params *pp, tw_preflight_warnin
                                                  (const char(*)[128])p->output.creation_options,
                                                  p->output.n_creation_options, err);
     if (st == TW_OK) st = check_dir(p->output.dir, err);
+    if (st == TW_OK) st = check_not_inputs(pp, err);
     if (st == TW_OK) st = trial_write(p, pp->n_classes, err);
     if (st != TW_OK) return st;
     /* A final path taken by a directory fails at assembly: say it now. */

@@ -40,8 +40,9 @@ typedef struct tw_preflight_params {
     const tw_run_params *run;
     int n_classes, feat_dim, tile, stride;
     int n_inputs;
-    const int *width, *height; /* [n_inputs] input pixels */
-    const char (*stems)[256];  /* [n_inputs] output file stems */
+    const int *width, *height;  /* [n_inputs] input pixels */
+    const char (*stems)[256];   /* [n_inputs] output file stems */
+    const char *const *sources; /* [n_inputs] what GDAL opens for each input (NULL: paths) */
 } tw_preflight_params;
 
 /* The weights file: TW_ERR_MODEL naming it when it is a PyTorch checkpoint
@@ -67,7 +68,17 @@ tw_status tw_preflight_submit(const tw_run_params *p, tw_error *err);
 uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp);
 
 /* Everything about the outputs: creation options (and the trial write),
- * output.dir, product paths; free space into *warn. */
+ * output.dir, product paths; free space into *warn.
+ *
+ * No output may be an input: every path the run writes (each input's
+ * products, its STAC item, run.json and run.failed.json, collection.json,
+ * anything under OUT/.tilewise/) against every file of every input of the
+ * list (the raster, and what GDAL lists with it: .aux.xml, .ovr, .msk, world
+ * files, a VRT's sources), by resolved path and by device and inode (hard
+ * and symbolic links). TW_ERR_CONFIG naming both, before any file is
+ * written: a product replacing an input destroys it, and a later input of
+ * the list would be read from the product. Remote inputs (url.h) are left
+ * out; a local input GDAL cannot open counts with its own path. */
 tw_status tw_preflight_output(const tw_preflight_params *pp, tw_preflight_warnings *warn,
                               tw_error *err);
 

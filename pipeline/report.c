@@ -231,6 +231,8 @@ tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_st
         tw_json_int(&j, "count", p->shard_count);
         tw_json_close(&j, '}');
     }
+    /* which it was: a plain run inside an array task is a whole run */
+    tw_json_str(&j, "sharding", p->shard_from[0] ? p->shard_from : "none");
     tw_run_params *rp = r ? tw_alloc(TW_MEM_OTHER, sizeof *rp) : NULL;
     if (r && !rp) {
         tw_free(buf);
@@ -348,6 +350,12 @@ tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_st
             tw_json_open(&j, "outputs", '[');
             for (int o = 0; o < in->n_outputs; o++) tw_json_str(&j, NULL, in->outputs[o]);
             tw_json_close(&j, ']');
+            if (in->n_stale > 0) {
+                /* product files of this name that this run did not write */
+                tw_json_open(&j, "stale", '[');
+                for (int o = 0; o < in->n_stale; o++) tw_json_str(&j, NULL, in->stale[o]);
+                tw_json_close(&j, ']');
+            }
             tw_json_close(&j, '}');
         }
         tw_json_close(&j, ']');

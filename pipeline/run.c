@@ -617,6 +617,22 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     tw_free(pp.segs);
     if (st == TW_OK) st = finish(c, idx, res, pp.parts, err);
     tw_parts_close(pp.parts);
+    if (st == TW_OK && p->shard_count == 1 && tw_run_stale_products(p, res) > 0) {
+        char names[1200] = "";
+        size_t used = 0;
+        for (int k = 0; k < res->n_stale; k++) {
+            const char *base = strrchr(res->stale[k], '/');
+            int w = snprintf(names + used, sizeof names - used, "%s%s", k ? ", " : "",
+                             base ? base + 1 : res->stale[k]);
+            if (w > 0 && (size_t)w < sizeof names - used) used += (size_t)w;
+        }
+        tw_log_printf(run_log(c), TW_LOG_WARNING,
+                      "%s: %s in %s %s not written by this run (left by an earlier run with "
+                      "other output.products, or not tilewise's): kept, listed as stale in "
+                      "run.json; remove %s if %s not wanted",
+                      res->stem, names, p->output.dir, res->n_stale == 1 ? "was" : "were",
+                      res->n_stale == 1 ? "it" : "them", res->n_stale == 1 ? "it is" : "they are");
+    }
     tw_aoi_destroy(aoi);
     res->seconds = tw_clock_now() - t0;
     return st;
@@ -720,6 +736,7 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
         .width = wh,
         .height = wh + n,
         .stems = (const char(*)[256])stems,
+        .sources = c->sources,
     };
     if (st == TW_OK) st = tw_preflight_output(&pf, &c->warn, err);
     for (int i = 0; st == TW_OK && i < n; i++)

@@ -97,6 +97,9 @@ typedef struct tw_input_result {
                                      over readers (-1: GDAL read the pixels) */
     char outputs[10][TW_PATH_MAX + 320]; /* files written (the products, then the STAC item) */
     int n_outputs;
+    char stale[10][TW_PATH_MAX + 320]; /* product files of this name in output.dir that this run
+                                          did not write (an earlier configuration's), kept */
+    int n_stale;
     char skipped[512]; /* "" : run; else why it was skipped (input.on_error: skip) */
 } tw_input_result;
 

@@ -115,4 +115,12 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
                             const tw_raster_info *info, const char *source, const char *config_json,
                             tw_parts *parts, tw_input_result *res, tw_error *err);
 
+/* (merge.c) After res's products are final: the files of res->stem in
+ * p->output.dir that a run of some configuration writes (the rasters, the
+ * tile table, the GeoPackages, the polygons, the STAC item) but this one did
+ * not (not in res->outputs) into res->stale, and their count. They are left
+ * where they are: a file of that name may be the user's, and removing it is
+ * worse than naming it (the run logs them; run.json lists them). */
+int tw_run_stale_products(const tw_run_params *p, tw_input_result *res);
+
 #endif

@@ -99,6 +99,37 @@ def main():
             got = open(os.path.join(out, name), "rb").read()
             check(got == data, f"qgis_process wrote the CLI's {name} ({len(data)} bytes)", say_ok=True)
 
+        # BANDS, SCALE, MEAN, STD and the embedding raster: the CLI's bytes for
+        # the workflow that says the same.
+        norm = {"bands": [6, 5, 4, 3, 2, 1], "scale": 0.5,
+                "mean": [20.0, 22.5, 25.0, 27.5, 30.0, 32.5], "std": [9.0, 8.0, 7.0, 6.0, 5.0, 4.0]}
+        out4 = os.path.join(tmp, "out4")
+        with open(wf, "w") as f:
+            json.dump({"input": {"path": [sample], "bands": norm["bands"], "scale": norm["scale"]},
+                       "model": {"weights": model, "mean": norm["mean"], "std": norm["std"]},
+                       "tiling": {"stride": 32}, "runtime": {"device": "cpu", "precision": "fp32"},
+                       "output": {"dir": out4, "products": ["class", "embedding_raster"]}}, f)
+        subprocess.run([BIN, "run", wf, "-q"], check=True, cwd=tmp)
+        want4 = {n: open(os.path.join(out4, n), "rb").read()
+                 for n in ("L7_ETMs.class.tif", "L7_ETMs.emb.tif")}
+        shutil.rmtree(out4)
+        join = lambda v: ",".join(str(x) for x in v)  # noqa: E731
+        r = qgis_process("run", "tilewise:classify", "--", f"INPUT={sample}", f"MODEL={model}",
+                         "STRIDE=32", "DEVICE=1", "PRECISION=0", "PRODUCTS=0,7",
+                         f"BANDS={join(norm['bands'])}", f"SCALE={norm['scale']}",
+                         f"MEAN={join(norm['mean'])}", f"STD={join(norm['std'])}",
+                         f"OUTPUT_FOLDER={out4}")
+        check(r.returncode == 0, f"tilewise:classify with BANDS/SCALE/MEAN/STD ({r.stderr[-800:]})")
+        check(f"EMBEDDING_RASTER:\t{out4}/L7_ETMs.emb.tif" in r.stdout,
+              "EMBEDDING_RASTER output reported")
+        for name, data in want4.items():
+            got = open(os.path.join(out4, name), "rb").read()
+            check(got == data, f"BANDS/SCALE/MEAN/STD: the CLI's {name}", say_ok=True)
+        r = qgis_process("run", "tilewise:classify", "--", f"INPUT={sample}", f"MODEL={model}",
+                         "DEVICE=1", "MEAN=1,x", f"OUTPUT_FOLDER={out4}")
+        check(r.returncode != 0 and "MEAN: expected numbers separated by commas, got '1,x'" in
+              r.stdout + r.stderr, "a bad MEAN is refused naming it")
+
         # Cancel and resume, layers, warnings: PyQGIS.
         out2 = os.path.join(tmp, "out2")
         subprocess.run([BIN, "run", "workflows/sample.yaml", "-q", "--chunk-rows", "1",

@@ -4,13 +4,15 @@ to one uninterrupted, unsharded run.
 
 * Shards 1..N run separately (--shard I/N) then `tilewise merge`: class and
   probability rasters equal pixel for pixel (and georeferencing) to a single
-  run, for N = 1, 2, 3, 7. Also with SLURM's array variables instead of --shard,
-  and with --shard auto under Kubernetes, PBS, LSF and AWS Batch variables.
+  run, for N = 1, 2, 3, 7. Also with --shard auto under SLURM's, Kubernetes',
+  PBS, LSF and AWS Batch variables; without --shard an array task runs the
+  whole raster (and says so); disagreeing indices are refused.
 * kill -9 at 5 different moments of a run (committed chunks differ each
   time), then the same command again: identical outputs.
 * SIGTERM: exit with the resumable code (75) within 30 s, having committed the
   chunk under way; the rerun completes identically.
 """
+import json
 import os
 import signal
 import subprocess
@@ -142,17 +144,46 @@ def main():
         check(diff is None, "after the refusals, merge with the manifest restored == single run" +
               (f": {diff}" if diff else ""))
 
-        # SLURM array variables pick the shard
+        # --shard auto under SLURM's array variables picks the shard
         out = f"{tmp}/slurm"
         wf = f"{tmp}/slurm.yaml"
         workflow(wf, out, 32)
         for task in (5, 6, 7):
             env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_COUNT="3",
                        SLURM_ARRAY_TASK_MIN="5")
-            subprocess.run([BIN, "run", wf, "-q"], env=env, capture_output=True)
+            subprocess.run([BIN, "run", wf, "-q", "--shard", "auto"], env=env,
+                           capture_output=True)
         r = subprocess.run([BIN, "merge", out], capture_output=True, text=True)
         diff = same(read_outputs(out), ref) if r.returncode == 0 else r.stderr
         check(diff is None, f"SLURM array tasks 5..7 + merge == single run" + (f": {diff}" if diff else ""))
+
+        # Without --shard, a run in an array task is a whole run (one scene per
+        # task is the common job script): the products at once, and run.json and
+        # stderr say which it was.
+        out = f"{tmp}/slurm_plain"
+        wf = f"{tmp}/slurm_plain.yaml"
+        workflow(wf, out, 32)
+        env = dict(os.environ, SLURM_ARRAY_TASK_ID="6", SLURM_ARRAY_TASK_COUNT="3",
+                   SLURM_ARRAY_TASK_MIN="5")
+        r = subprocess.run([BIN, "run", wf], env=env, capture_output=True, text=True)
+        diff = same(read_outputs(out), ref) if r.returncode == 0 else r.stderr
+        check(diff is None, "a plain run in a SLURM array task == single run" +
+              (f": {diff}" if diff else ""))
+        check("a whole run of every input in this SLURM array task (SLURM_ARRAY_TASK_ID=6)"
+              in r.stderr, f"its stderr says it is a whole run: {r.stderr!r}")
+        with open(f"{out}/run.json") as f:
+            rj = json.load(f)
+        check(rj.get("sharding", "").startswith("none: a whole run in a SLURM array task") and
+              "shard" not in rj, f"its run.json says so: sharding {rj.get('sharding')!r}")
+        # Two batch systems' indices that name other shards: refused, not one picked.
+        env = dict(os.environ, SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_TASK_COUNT="3",
+                   JOB_COMPLETION_INDEX="2")
+        r = subprocess.run([BIN, "run", wf, "--shard", "auto/3"], env=env, capture_output=True,
+                           text=True)
+        check(r.returncode == 2 and "SLURM says shard 2/3" in r.stderr and
+              "Kubernetes says 3/3" in r.stderr,
+              f"--shard auto with disagreeing SLURM and Kubernetes indices: exit 2 "
+              f"(got {r.returncode}: {r.stderr.strip()!r})")
 
         # --shard auto: each batch system's array index, with its first index
         for system, var, first, arg in (("Kubernetes", "JOB_COMPLETION_INDEX", 0, "auto/3"),

@@ -360,7 +360,7 @@ static char *read_all(const char *path)
 static void test_run_v2_tiles_and_summary(void **state)
 {
     (void)state;
-    assert_int_equal(tilewise_api_version(), 4);
+    assert_int_equal(tilewise_api_version(), 5);
     char dir[2048], yaml[4096];
     tiles_seen seen = {0};
     tilewise_run_options o;
@@ -1065,6 +1065,89 @@ static void test_two_runs_two_threads(void **state)
     }
 }
 
+/* ---- two runs into one output folder on two threads (issue 39.2) ---- */
+
+/* Run A holds the folder: its first tiles callback (after its lock is
+ * taken) says so and waits until run B has returned. */
+typedef struct holder {
+    int running, b_done; /* __atomic */
+} holder;
+
+static void hold_until_b(int64_t done, int64_t total, const char *input, void *user)
+{
+    (void)done;
+    (void)total;
+    (void)input;
+    holder *h = user;
+    __atomic_store_n(&h->running, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&h->b_done, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+typedef struct run_a {
+    tilewise_run_options o;
+    tilewise_status st;
+} run_a;
+
+static void *run_a_main(void *arg)
+{
+    run_a *a = arg;
+    tilewise_error e;
+    a->st = tilewise_run(NULL, &a->o, NULL, &e);
+    return NULL;
+}
+
+/* Before: the parts lock was a classic POSIX record lock, which another
+ * thread of the same process takes again, so B ran into A's folder (one
+ * failed renaming A's chunk, the other's products mixed both). Now B is
+ * refused as another process is: exit 7, the holder named, nothing written
+ * over A's report; A finishes. */
+static void test_two_runs_one_folder_locked(void **state)
+{
+    (void)state;
+    char dir[2048], yaml[4096];
+    run_a a;
+    sample_options(&a.o, dir, yaml);
+    a.o.chunk_rows = 1;
+    holder h = {0, 0};
+    a.o.tiles = hold_until_b;
+    a.o.user = &h;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_a_main, &a), 0);
+    while (!__atomic_load_n(&h.running, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    tilewise_run_options ob;
+    char yaml_b[4096];
+    sample_yaml(yaml_b, sizeof yaml_b, dir);
+    tilewise_run_options_init(&ob);
+    ob.yaml = yaml_b;
+    ob.yaml_len = strlen(yaml_b);
+    ob.quiet = 1;
+    ob.chunk_rows = 1;
+    tilewise_error e;
+    tilewise_status st = tilewise_run(NULL, &ob, NULL, &e);
+    __atomic_store_n(&h.b_done, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    printf("second run: %d (exit %d): %s\n", (int)st, e.exit_code, e.message);
+    assert_int_equal(st, TILEWISE_ERR_LOCKED);
+    assert_int_equal(e.exit_code, 7);
+    assert_string_equal(e.exit_class, "locked");
+    char want[64];
+    snprintf(want, sizeof want, "is being run by process %ld on host", (long)getpid());
+    assert_non_null(strstr(e.message, want));
+    assert_int_equal(a.st, TILEWISE_OK);
+    /* A's products and its report only: B wrote no run.json of its own */
+    char path[2200];
+    snprintf(path, sizeof path, "%s/run.failed.json", dir);
+    assert_false(tw_test_file_exists(path));
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    assert_true(tw_test_file_exists(path));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1079,6 +1162,7 @@ int main(void)
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_info_and_config),
         cmocka_unit_test(test_two_runs_two_threads),
+        cmocka_unit_test(test_two_runs_one_folder_locked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

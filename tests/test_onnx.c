@@ -235,7 +235,7 @@ static void test_refused(void **state)
      * its weights disagree (a basic block is never grouped either) */
     expect_refused("onnx_bad_group.onnx", "node 'conv_14' (Conv) has group 32 for 2 outputs");
     expect_refused("onnx_bad_stride.onnx", "node 'conv_16' (Conv) is a 3x3 stride-2 convolution");
-    expect_refused("onnx_bad_ext_escape.onnx", "is not inside the model's folder");
+    expect_refused("onnx_bad_ext_escape.onnx", "is outside the model's folder");
     expect_refused("onnx_bad_ext_short.onnx",
                    "onnx_bad_ext_short.data holds 7832 bytes, the tensor needs");
 }

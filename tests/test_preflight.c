@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,6 +338,142 @@ static void parts_refuse_and_lock(void **state)
     tw_parts_close(pt);
 }
 
+/* A parts folder whose fingerprint is gone or damaged beside committed
+ * rows (issue 39.6): refused naming the file and why, never resumed
+ * (before: a missing or unreadable one read as "no fingerprint", and the
+ * rows of whatever run wrote them were resumed into another run's
+ * products); --restart discards them. Damaged: missing, empty, cut short,
+ * garbage, unreadable (a directory in its place). Nothing committed: a
+ * missing fingerprint is a new folder, as before. */
+static void parts_fingerprint_damaged(void **state)
+{
+    (void)state;
+    const char *fp1 = "tilewise-parts 3\ntiling.stride 32\ninput.raster 64x64 uint8\n";
+    static const struct {
+        const char *name, *bytes, *says;
+    } cases[] = {
+        {"missing", NULL, "is missing"},
+        {"empty", "", "is empty"},
+        {"cut", "tilewise-parts 3\ntiling.str", "is cut short"},
+        {"garbage", "\x89PNG\r\n\x1a\nnot a fingerprint\n", "is not a tilewise parts fingerprint"},
+        {"unreadable", NULL, "cannot be read"}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const char *dir = tw_test_tmpdir();
+        tw_parts_params pp = parts_params(dir, fp1, 0, 1);
+        tw_error err;
+        tw_error_init(&err);
+        tw_parts *pt = NULL;
+        assert_int_equal(tw_parts_open(&pp, true, &pt, &err), TW_OK);
+        commit_rows(pt, 0, 4);
+        tw_parts_close(pt);
+        char fp[512], chunk[512];
+        snprintf(fp, sizeof fp, "%s/.tilewise/scene/fingerprint", dir);
+        snprintf(chunk, sizeof chunk, "%s/.tilewise/scene/rows-0000000-0000004.bin", dir);
+        assert_int_equal(unlink(fp), 0);
+        if (cases[k].bytes) {
+            FILE *f = fopen(fp, "wb");
+            assert_non_null(f);
+            fputs(cases[k].bytes, f);
+            fclose(f);
+        } else if (strcmp(cases[k].name, "unreadable") == 0) {
+            assert_int_equal(mkdir(fp, 0755), 0);
+        }
+        /* the same configuration is refused too: nothing says the rows are its */
+        for (int again = 0; again < 2; again++) {
+            tw_error_init(&err);
+            pt = NULL;
+            tw_status st = tw_parts_open(&pp, true, &pt, &err);
+            printf("%s: %s\n", cases[k].name, err.msg);
+            assert_int_equal(st, TW_ERR_PARTS);
+            assert_null(pt);
+            assert_non_null(strstr(err.msg, fp));
+            assert_non_null(strstr(err.msg, cases[k].says));
+            assert_non_null(strstr(err.msg, "holds 4 committed output rows"));
+            assert_non_null(strstr(err.msg, "--restart"));
+            assert_true(tw_test_file_exists(chunk));
+        }
+        if (strcmp(cases[k].name, "unreadable") == 0) assert_int_equal(rmdir(fp), 0);
+        pp.restart = true;
+        tw_error_init(&err);
+        assert_int_equal(tw_parts_open(&pp, true, &pt, &err), TW_OK);
+        assert_int_equal(tw_parts_rows_done(pt), 0);
+        assert_false(tw_test_file_exists(chunk));
+        tw_parts_close(pt);
+    }
+    /* nothing committed: a missing fingerprint is a new folder */
+    const char *dir = tw_test_tmpdir();
+    tw_parts_params pp = parts_params(dir, fp1, 0, 1);
+    tw_error err;
+    tw_error_init(&err);
+    tw_parts *pt = NULL;
+    assert_int_equal(tw_parts_open(&pp, true, &pt, &err), TW_OK);
+    tw_parts_close(pt);
+    char fp[512];
+    snprintf(fp, sizeof fp, "%s/.tilewise/scene/fingerprint", dir);
+    assert_int_equal(unlink(fp), 0);
+    assert_int_equal(tw_parts_open(&pp, true, &pt, &err), TW_OK);
+    tw_parts_close(pt);
+}
+
+typedef struct open_try {
+    tw_parts_params pp;
+    tw_status st;
+    char msg[TW_ERROR_MSG_MAX];
+} open_try;
+
+static void *open_on_thread(void *arg)
+{
+    open_try *t = arg;
+    tw_error err;
+    tw_error_init(&err);
+    tw_parts *pt = NULL;
+    t->st = tw_parts_open(&t->pp, true, &pt, &err);
+    snprintf(t->msg, sizeof t->msg, "%s", err.msg);
+    tw_parts_close(pt);
+    return NULL;
+}
+
+/* The shard's lock excludes another thread of the same process as it does
+ * another process (issue 39.2: it was a classic POSIX record lock, owned by
+ * the process: a second thread took it again, and its close dropped the
+ * first's); the failed attempt leaves the holder's lock in place. */
+static void parts_lock_in_process(void **state)
+{
+    (void)state;
+    const char *dir = tw_test_tmpdir();
+    const char *fp = "tilewise-parts 3\ntiling.stride 32\n";
+    tw_parts_params pp = parts_params(dir, fp, 0, 1);
+    tw_error err;
+    tw_error_init(&err);
+    tw_parts *pt = NULL;
+    assert_int_equal(tw_parts_open(&pp, true, &pt, &err), TW_OK);
+    open_try t = {.pp = pp};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, open_on_thread, &t), 0);
+    pthread_join(th, NULL);
+    printf("second thread: %s\n", t.msg);
+    assert_int_equal(t.st, TW_ERR_LOCKED);
+    char want[64];
+    snprintf(want, sizeof want, "process %ld on host", (long)getpid());
+    assert_non_null(strstr(t.msg, want));
+    /* another process is still refused: the attempt did not drop the lock */
+    pid_t child = fork();
+    if (child == 0) {
+        tw_parts *p2 = NULL;
+        tw_error e2;
+        tw_error_init(&e2);
+        _exit(tw_parts_open(&pp, true, &p2, &e2) == TW_ERR_LOCKED ? 0 : 1);
+    }
+    int wst = 0;
+    waitpid(child, &wst, 0);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    tw_parts_close(pt);
+    /* released: the next thread gets it */
+    assert_int_equal(pthread_create(&th, NULL, open_on_thread, &t), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(t.st, TW_OK);
+}
+
 static void budget_adds_up(void **state)
 {
     (void)state;
@@ -382,11 +519,17 @@ static void budget_adds_up(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(creation_options), cmocka_unit_test(weights_pickle),
-        cmocka_unit_test(output_dir),       cmocka_unit_test(output_dir_unwritable),
-        cmocka_unit_test(output_bytes),     cmocka_unit_test(padding_share),
-        cmocka_unit_test(fingerprint_diff), cmocka_unit_test(parts_refuse_and_lock),
+        cmocka_unit_test(creation_options),
+        cmocka_unit_test(weights_pickle),
+        cmocka_unit_test(output_dir),
+        cmocka_unit_test(output_dir_unwritable),
+        cmocka_unit_test(output_bytes),
+        cmocka_unit_test(padding_share),
+        cmocka_unit_test(fingerprint_diff),
+        cmocka_unit_test(parts_refuse_and_lock),
         cmocka_unit_test(budget_adds_up),
+        cmocka_unit_test(parts_fingerprint_damaged),
+        cmocka_unit_test(parts_lock_in_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

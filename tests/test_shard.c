@@ -37,14 +37,35 @@ static const want k_cases[] = {
     {"0/2", {NULL}, -1, 0, 1, "got '0/2'"},
     {"1/2x", {NULL}, -1, 0, 1, "got '1/2x'"},
     {"auto/0", {NULL}, -1, 0, 1, "auto/N expects a count N >= 1"},
-    /* no --shard: shard 1 of 1, or a SLURM array task's own */
+    /* no --shard: a whole run, inside an array task too */
     {NULL, {NULL}, 0, 0, 1, "none"},
     {NULL,
      {"SLURM_ARRAY_TASK_ID=7", "SLURM_ARRAY_TASK_COUNT=4", "SLURM_ARRAY_TASK_MIN=5", NULL},
      0,
-     2,
-     4,
+     0,
+     1,
+     "none"},
+    {NULL, {"JOB_COMPLETION_INDEX=3", NULL}, 0, 0, 1, "none"},
+    /* two systems' indices: the same shard is fine, another is refused */
+    {"auto/3",
+     {"SLURM_ARRAY_TASK_ID=1", "SLURM_ARRAY_TASK_COUNT=3", "JOB_COMPLETION_INDEX=1", NULL},
+     0,
+     1,
+     3,
      "SLURM"},
+    {"auto/3",
+     {"SLURM_ARRAY_TASK_ID=1", "SLURM_ARRAY_TASK_COUNT=3", "JOB_COMPLETION_INDEX=2", NULL},
+     -1,
+     0,
+     1,
+     "SLURM says shard 2/3 (SLURM_ARRAY_TASK_ID=1) but Kubernetes says 3/3 "
+     "(JOB_COMPLETION_INDEX=2)"},
+    {"auto",
+     {"SLURM_ARRAY_TASK_ID=1", "SLURM_ARRAY_TASK_COUNT=3", "JOB_COMPLETION_INDEX=1", NULL},
+     -1,
+     0,
+     1,
+     "SLURM and Kubernetes both set an array index, and Kubernetes's cannot be read"},
     /* SLURM: ids from MIN with STEP; its count must agree with auto/N */
     {"auto",
      {"SLURM_ARRAY_TASK_ID=9", "SLURM_ARRAY_TASK_COUNT=4", "SLURM_ARRAY_TASK_MIN=3",
@@ -98,6 +119,20 @@ static const want k_cases[] = {
     {"auto", {NULL}, -1, 0, 1, "no array index in the environment (SLURM_ARRAY_TASK_ID"},
 };
 
+/* The note a whole run gives inside an array task. */
+static void array_task_named(void **state)
+{
+    (void)state;
+    char what[128];
+    const char *slurm[] = {"SLURM_ARRAY_TASK_ID=3", NULL};
+    assert_true(tw_shard_array_task(fake_env, (void *)slurm, what, sizeof what));
+    assert_string_equal(what, "SLURM array task (SLURM_ARRAY_TASK_ID=3)");
+    const char *lsf0[] = {"LSB_JOBINDEX=0", NULL}; /* LSF outside an array */
+    assert_false(tw_shard_array_task(fake_env, (void *)lsf0, what, sizeof what));
+    const char *none[] = {NULL};
+    assert_false(tw_shard_array_task(fake_env, (void *)none, what, sizeof what));
+}
+
 static void shard_cases(void **state)
 {
     (void)state;
@@ -125,6 +160,7 @@ static void shard_cases(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(shard_cases)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(shard_cases),
+                                       cmocka_unit_test(array_task_named)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

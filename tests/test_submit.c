@@ -230,8 +230,10 @@ static void test_script_lines(void **state)
     assert_non_null(strstr(a, "\n#SBATCH --open-mode=append\n"));
     assert_null(strstr(a, "--gres"));
     assert_non_null(strstr(a, "\ncd -- '/home/u/proj' || exit 1\n"));
-    assert_non_null(strstr(a, "\n'/opt/tw/bin/tilewise' run '/home/u/proj/flow.yaml' &\n"));
-    assert_null(strstr(a, "--shard")); /* the shard comes from SLURM's variables */
+    /* the shard is asked for (--shard auto reads SLURM's variables): without
+     * it a run in an array task is a whole run */
+    assert_non_null(
+        strstr(a, "\n'/opt/tw/bin/tilewise' run '/home/u/proj/flow.yaml' --shard auto &\n"));
     /* the merge: after the array, never a GPU, the absolute output dir */
     assert_non_null(strstr(m, "\n#SBATCH --dependency=afterok:777\n"));
     assert_non_null(strstr(m, "\n#SBATCH --kill-on-invalid-dep=yes\n"));
@@ -425,16 +427,19 @@ static void test_scripts_run_with_exact_argv(void **state)
     assert_non_null(argv_rec);
     const char *f[32];
     int n = split_nul(argv_rec, len, f, 32);
-    assert_int_equal(n, 2 + 2 * 6 + 2);
+    assert_int_equal(n, 2 + 2 + 2 * 6 + 2);
     assert_string_equal(f[0], "run");
     char *abs_wf = join(s.cwd, sp.workflow);
     assert_string_equal(f[1], abs_wf);
+    /* the shard is asked for: a plain run in an array task is a whole run */
+    assert_string_equal(f[2], "--shard");
+    assert_string_equal(f[3], "auto");
     for (int i = 0; i < 6; i++) {
-        assert_string_equal(f[2 + 2 * i], "--set");
-        assert_string_equal(f[3 + 2 * i], sets[i]);
+        assert_string_equal(f[4 + 2 * i], "--set");
+        assert_string_equal(f[5 + 2 * i], sets[i]);
     }
-    assert_string_equal(f[14], "--chunk-rows");
-    assert_string_equal(f[15], "2");
+    assert_string_equal(f[16], "--chunk-rows");
+    assert_string_equal(f[17], "2");
     char *pwd = rec(&s, "pwd", NULL);
     assert_string_equal(pwd, s.cwd);
     char *env = rec(&s, "env", NULL);

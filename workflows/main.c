@@ -107,7 +107,7 @@ static const char *usage_text =
     "                    classify every input raster of the workflow; output rows are\n"
     "                    committed in chunks (N rows; default about 1024 tiles' worth), so\n"
     "                    running the same command after a kill redoes only what is missing.\n"
-    "                    --shard I/N (or a SLURM array task) runs the I-th of N bands of rows\n"
+    "                    --shard I/N (or auto: the array task's) runs the I-th of N bands of rows\n"
     "  validate WORKFLOW.yaml [--set key.path=value]...\n"
     "                    check config, inputs and model; print the plan and memory estimate\n"
     "  info [--json] FILE\n"
@@ -134,9 +134,9 @@ static const char *run_help =
     "\n"
     "options:\n"
     "  --set key.path=value   override a workflow key (repeatable), e.g. --set tiling.stride=32\n"
-    "  --shard I/N            run the I-th of N bands of output rows (1-based); under a SLURM\n"
-    "                         job array it comes from SLURM_ARRAY_TASK_ID/COUNT/MIN.\n"
-    "                         Then: tilewise merge OUTPUT_DIR\n"
+    "  --shard I/N            run the I-th of N bands of output rows (1-based).\n"
+    "                         Then: tilewise merge OUTPUT_DIR. Without --shard a run is a\n"
+    "                         whole run, inside a job array too\n"
     "  --shard auto[/N]       the array task's index from the batch system: SLURM, AWS Batch\n"
     "                         (with their counts), Kubernetes indexed Jobs "
     "(JOB_COMPLETION_INDEX),\n"
@@ -212,7 +212,7 @@ static const char *info_help =
 static const char *merge_help =
     "usage: tilewise merge [-q] OUTPUT_DIR\n"
     "\n"
-    "After sharded runs (--shard I/N, or a SLURM array) into OUTPUT_DIR: check that every\n"
+    "After sharded runs (--shard I/N or --shard auto) into OUTPUT_DIR: check that every\n"
     "output row of every input is committed, then write the final products as the\n"
     "workflow asked and remove the parts. Exit 3 naming the missing rows when a shard\n"
     "has not finished.\n"
@@ -501,6 +501,8 @@ typedef struct cli_opts {
     int n_sets;
     int shard_index, shard_count;
     const char *shard_arg; /* --shard's value, or NULL */
+    char shard_from[160];  /* where the shard came from, for run.json */
+    char shard_note[256];  /* a whole run inside an array task: the notice */
     int chunk_rows;
     bool quiet;
     bool restart;
@@ -580,8 +582,9 @@ static const char *process_env(const char *name, void *user)
     return getenv(name);
 }
 
-/* --shard I/N, --shard auto[/N] (the batch system's array index), or
- * without --shard a SLURM array task's own variables (shard.h). */
+/* --shard I/N or --shard auto[/N] (the batch system's array index); without
+ * --shard a whole run, and inside an array task a notice that says so
+ * (shard.h). */
 static int resolve_shard(cli_opts *o)
 {
     char msg[512];
@@ -589,6 +592,16 @@ static int resolve_shard(cli_opts *o)
     if (tw_shard_resolve(o->shard_arg, process_env, NULL, &o->shard_index, &o->shard_count, &from,
                          msg, sizeof msg) != 0)
         return usage_error("%s", msg);
+    char task[128];
+    if (!o->shard_arg && tw_shard_array_task(process_env, NULL, task, sizeof task)) {
+        snprintf(o->shard_from, sizeof o->shard_from, "none: a whole run in a %s", task);
+        snprintf(o->shard_note, sizeof o->shard_note,
+                 "a whole run of every input in this %s; --shard auto runs only this "
+                 "task's shard of the rows",
+                 task);
+    } else {
+        snprintf(o->shard_from, sizeof o->shard_from, "%s", from);
+    }
     return 0;
 }
 
@@ -711,8 +724,10 @@ static int cmd_run(int argc, char **argv)
     ro.log = log_cb;
     ro.user = &ps;
     ro.stop = &g_stop;
+    if (o.shard_note[0]) log_cb(TILEWISE_LOG_INFO, o.shard_note, &ps);
     ro.shard_index = o.shard_index;
     ro.shard_count = o.shard_count;
+    ro.shard_from = o.shard_from;
     ro.chunk_rows = o.chunk_rows;
     ro.quiet = o.quiet;
     ro.restart = o.restart;

@@ -93,6 +93,76 @@ static int from_source(const source *s, tw_shard_getenv get, void *user, long wa
     return 0;
 }
 
+/* Whether the LSF variable names an array task: LSF sets LSB_JOBINDEX=0 for
+ * a job that is not one. */
+static bool is_array_index(const source *s, const char *v)
+{
+    return v && !(strcmp(s->name, "LSF") == 0 && strcmp(v, "0") == 0);
+}
+
+bool tw_shard_array_task(tw_shard_getenv get, void *user, char *what, size_t what_size)
+{
+    for (int s = 0; s < N_SOURCES; s++) {
+        const char *v = get(k_sources[s].index_var, user);
+        if (!is_array_index(&k_sources[s], v)) continue;
+        snprintf(what, what_size, "%s array task (%s=%s)", k_sources[s].name,
+                 k_sources[s].index_var, v);
+        return true;
+    }
+    if (what_size) what[0] = '\0';
+    return false;
+}
+
+/* --shard auto[/N]: the first batch system whose array index is set decides;
+ * any other that also sets one must name the same shard, or the task would
+ * run a shard that one of them does not mean. */
+static int from_auto(long want, tw_shard_getenv get, void *user, int *index, int *count,
+                     const char **from, char *msg, size_t msg_size)
+{
+    int first = -1;
+    for (int s = 0; s < N_SOURCES; s++) {
+        if (!is_array_index(&k_sources[s], get(k_sources[s].index_var, user))) continue;
+        int i, n;
+        char why[256];
+        if (from_source(&k_sources[s], get, user, want, &i, &n, why, sizeof why) != 0) {
+            if (first < 0) {
+                snprintf(msg, msg_size, "%s", why);
+                return -1;
+            }
+            snprintf(msg, msg_size,
+                     "--shard auto: %s and %s both set an array index, and %s's cannot be "
+                     "read (%s); unset one, or give --shard I/N",
+                     k_sources[first].name, k_sources[s].name, k_sources[s].name, why);
+            return -1;
+        }
+        if (first < 0) {
+            first = s;
+            *index = i;
+            *count = n;
+            *from = k_sources[s].name;
+            continue;
+        }
+        if (i != *index || n != *count) {
+            snprintf(msg, msg_size,
+                     "--shard auto: %s says shard %d/%d (%s=%s) but %s says %d/%d (%s=%s); "
+                     "unset one, or give --shard I/N",
+                     k_sources[first].name, *index + 1, *count, k_sources[first].index_var,
+                     get(k_sources[first].index_var, user), k_sources[s].name, i + 1, n,
+                     k_sources[s].index_var, get(k_sources[s].index_var, user));
+            *index = 0;
+            *count = 1;
+            *from = "none";
+            return -1;
+        }
+    }
+    if (first >= 0) return 0;
+    snprintf(msg, msg_size,
+             "--shard auto: no array index in the environment (SLURM_ARRAY_TASK_ID, "
+             "AWS_BATCH_JOB_ARRAY_INDEX, JOB_COMPLETION_INDEX, PBS_ARRAY_INDEX, "
+             "LSB_JOBINDEX); run it as an array task, or give --shard I/N");
+    return -1;
+}
+
 int tw_shard_resolve(const char *arg, tw_shard_getenv get, void *user, int *index, int *count,
                      const char **from, char *msg, size_t msg_size)
 {
@@ -100,30 +170,23 @@ int tw_shard_resolve(const char *arg, tw_shard_getenv get, void *user, int *inde
     *count = 1;
     *from = "none";
     if (msg_size) msg[0] = '\0';
-    if (!arg) {
-        /* no --shard: a SLURM array task runs its shard (as it always has) */
-        if (!get("SLURM_ARRAY_TASK_ID", user) || !get("SLURM_ARRAY_TASK_COUNT", user)) return 0;
-        *from = "SLURM";
-        return from_source(&k_sources[0], get, user, 0, index, count, msg, msg_size);
-    }
+    /* no --shard: a whole run, also inside an array task (one scene per
+     * task is the common job script; tw_shard_array_task lets the caller
+     * say so) */
+    if (!arg) return 0;
     long want = 0;
     if (strncmp(arg, "auto", 4) == 0 && (arg[4] == '\0' || arg[4] == '/')) {
         if (arg[4] == '/' && !whole(arg + 5, 1, INT_MAX, &want)) {
             snprintf(msg, msg_size, "--shard auto/N expects a count N >= 1, got '%s'", arg);
             return -1;
         }
-        for (int s = 0; s < N_SOURCES; s++) {
-            const char *v = get(k_sources[s].index_var, user);
-            /* LSF sets LSB_JOBINDEX=0 for a job that is not an array task */
-            if (!v || (strcmp(k_sources[s].name, "LSF") == 0 && strcmp(v, "0") == 0)) continue;
-            *from = k_sources[s].name;
-            return from_source(&k_sources[s], get, user, want, index, count, msg, msg_size);
+        int rc = from_auto(want, get, user, index, count, from, msg, msg_size);
+        if (rc != 0) {
+            *index = 0;
+            *count = 1;
+            *from = "none";
         }
-        snprintf(msg, msg_size,
-                 "--shard auto: no array index in the environment (SLURM_ARRAY_TASK_ID, "
-                 "AWS_BATCH_JOB_ARRAY_INDEX, JOB_COMPLETION_INDEX, PBS_ARRAY_INDEX, "
-                 "LSB_JOBINDEX); run it as an array task, or give --shard I/N");
-        return -1;
+        return rc;
     }
     long i, n;
     const char *slash = strchr(arg, '/');

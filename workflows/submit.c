@@ -288,10 +288,11 @@ tilewise_status tw_submit_scripts(const tw_submit_params *sp, const tilewise_job
                "}\n"
                "trap 'tw_usr1=1; tw_sig=1; tw_forward USR1' USR1\n"
                "trap 'tw_sig=1; tw_forward TERM' TERM INT\n"
-               "# the shard comes from SLURM_ARRAY_TASK_ID/COUNT/MIN\n");
+               "# --shard auto: the shard comes from SLURM_ARRAY_TASK_ID/COUNT/MIN\n");
     sb_quoted(&a, sp->tilewise);
     sb_add(&a, " run ");
     sb_quoted(&a, wf ? wf : "");
+    sb_add(&a, " --shard auto");
     for (int i = 0; i < sp->n_sets; i++) {
         sb_add(&a, " --set ");
         sb_quoted(&a, sp->sets[i]);

@@ -128,7 +128,7 @@ _LOG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 class _Options(ctypes.Structure):
-    """tilewise_run_options (API version 3); its size is checked against the
+    """tilewise_run_options (API version 5); its size is checked against the
     library's (tilewise_run_options_init sets it)."""
     _fields_ = [("size", ctypes.c_size_t), ("yaml", ctypes.c_char_p), ("yaml_len", ctypes.c_size_t),
                 ("sets", ctypes.POINTER(ctypes.c_char_p)), ("n_sets", ctypes.c_int),
@@ -140,7 +140,8 @@ class _Options(ctypes.Structure):
                 ("report_path", ctypes.c_char_p), ("tiff_direct", ctypes.c_int),
                 ("cpu_winograd", ctypes.c_int), ("cpu_gemm", ctypes.c_int),
                 ("cpu_nhwc", ctypes.c_int), ("_reserved_v2", ctypes.c_uint64),
-                ("strict", ctypes.c_int)]  # API version 3
+                ("strict", ctypes.c_int),  # API version 3
+                ("shard_from", ctypes.c_char_p)]  # API version 5
 
 
 class _RunSummary(ctypes.Structure):
@@ -242,7 +243,7 @@ def _declare(lib):
         try:
             f = getattr(lib, name)
         except AttributeError:
-            raise ImportError(f"{lib._name} lacks {name}: this package needs API version 4 "
+            raise ImportError(f"{lib._name} lacks {name}: this package needs API version 5 "
                               "(the library of the same build)") from None
         f.restype = res
         f.argtypes = args

@@ -38,7 +38,21 @@ SOURCES = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 DEVICES = ["auto", "cpu", "cuda"]
 PRECISIONS = ["fp32", "tf32", "fp16", "bf16", "int8"]
-PRODUCTS = ["class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg", "polygons"]
+# (new products go at the end: saved models and scripts name them by index)
+PRODUCTS = ["class", "prob", "confidence", "embeddings", "tiles", "tiles_gpkg", "polygons",
+            "embedding_raster"]
+
+
+def number_list(text, what, whole=False):
+    """'1, 2,3' (commas or spaces) as a list of numbers; [] for an empty text;
+    a QgsProcessingException naming the parameter for anything else."""
+    items = [t for t in text.replace(",", " ").split() if t]
+    try:
+        return [int(t) if whole else float(t) for t in items]
+    except ValueError:
+        raise QgsProcessingException(
+            f"{what}: expected {'whole numbers' if whole else 'numbers'} separated by commas, "
+            f"got '{text}'") from None
 
 
 def tilewise_module():
@@ -232,6 +246,8 @@ def load_outputs(report, context, results):
                 key, style = "PROB", None
             elif base.endswith(".conf.tif"):
                 key, style = "CONFIDENCE", None
+            elif base.endswith(".emb.tif"):
+                key, style = "EMBEDDING_RASTER", None
             elif base.endswith(".class.gpkg") or base.endswith(".class.fgb"):
                 key, style = "POLYGONS", PolygonStyle(names, path)
             else:
@@ -262,6 +278,7 @@ class _Base(QgsProcessingAlgorithm):
         self.addOutput(QgsProcessingOutputRasterLayer("PROB", "Probabilities"))
         self.addOutput(QgsProcessingOutputRasterLayer("CONFIDENCE", "Confidence"))
         self.addOutput(QgsProcessingOutputVectorLayer("POLYGONS", "Class polygons"))
+        self.addOutput(QgsProcessingOutputRasterLayer("EMBEDDING_RASTER", "Embeddings per cell"))
         self.addOutput(QgsProcessingOutputFile("REPORT", "Run report (run.json)"))
 
 
@@ -276,7 +293,9 @@ class ClassifyAlgorithm(_Base):
         return ("Classifies INPUT tile by tile with the model file (HDF5 bundle, safetensors "
                 "or ONNX) in bounded memory and writes a class map (colours and class names), "
                 "probabilities (one band per class) and what PRODUCTS asks into OUTPUT_FOLDER. "
-                "TILE 0 takes the model's tile size, STRIDE 0 the tile. Cancel stops at a commit "
+                "TILE 0 takes the model's tile size, STRIDE 0 the tile. BANDS, SCALE, MEAN and "
+                "STD are input.bands, input.scale, model.mean and model.std (empty: the model "
+                "file's, else all bands, 1, none). Cancel stops at a commit "
                 "point: run again with the same parameters to resume.")
 
     def initAlgorithm(self, config=None):  # noqa: N802
@@ -290,6 +309,16 @@ class ClassifyAlgorithm(_Base):
         self.addParameter(QgsProcessingParameterNumber(
             "STRIDE", "Stride (pixels; 0 = the tile; must divide it)",
             QgsProcessingParameterNumber.Integer, 0, minValue=0))
+        self.addParameter(QgsProcessingParameterString(
+            "BANDS", "Bands (1-based, in the model's order, e.g. 3,2,1; empty: the model's or all)",
+            optional=True))
+        self.addParameter(QgsProcessingParameterNumber(
+            "SCALE", "Scale (x = (value * scale - mean) / std; empty: the model's or 1)",
+            QgsProcessingParameterNumber.Double, None, optional=True, minValue=0.0))
+        self.addParameter(QgsProcessingParameterString(
+            "MEAN", "Mean per band (after scale; empty: the model's)", optional=True))
+        self.addParameter(QgsProcessingParameterString(
+            "STD", "Std per band (after scale; empty: the model's)", optional=True))
         self.addParameter(QgsProcessingParameterEnum("DEVICE", "Device", DEVICES, defaultValue=0))
         self.addParameter(QgsProcessingParameterEnum("PRECISION", "Precision", PRECISIONS,
                                                      defaultValue=0))
@@ -335,6 +364,16 @@ class ClassifyAlgorithm(_Base):
             workflow["tiling"]["stride"] = stride
         if not workflow["tiling"]:
             del workflow["tiling"]
+        bands = number_list(self.parameterAsString(parameters, "BANDS", context) or "", "BANDS",
+                            whole=True)
+        if bands:
+            workflow["input"]["bands"] = bands
+        if parameters.get("SCALE") not in (None, ""):
+            workflow["input"]["scale"] = self.parameterAsDouble(parameters, "SCALE", context)
+        for key, name in (("MEAN", "mean"), ("STD", "std")):
+            values = number_list(self.parameterAsString(parameters, key, context) or "", key)
+            if values:
+                workflow["model"][name] = values
         push_validate_warnings(workflow, [], feedback)
         report = run_tilewise(workflow, [], feedback)
         results = {"OUTPUT_FOLDER": folder,

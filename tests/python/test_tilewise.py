@@ -112,6 +112,46 @@ def test_two_runs_on_two_threads(tmp_path):
             together["b"][1]["memory"]["allocator_peak"]["slots"])
 
 
+def test_two_runs_into_one_folder_on_two_threads(tmp_path):
+    """Two threads run the same workflow into one folder with different
+    model.weights (issue 39.2): the second is refused as a second process is
+    (LockedError, exit 7, the holder named), the first's products are its
+    own bytes. Before: the lock was a process's POSIX record lock, the second
+    thread took it again; one run failed renaming the other's chunk (exit 4)
+    and the other's products mixed both models."""
+    import threading
+    out = str(tmp_path / "out")
+    wf_a = fixture_workflow(out, products="[class, prob]")
+    wf_b = wf_a.replace(f"{FIX}/resnet18_6b_7c.safetensors",
+                        os.path.join(SRC, "sample_data", "demo_resnet18.h5"))
+    sets = {"run.chunk_rows": 2}
+    tilewise.run(wf_a, sets)
+    want = tifs(out)
+    shutil.rmtree(out)
+    a_running, b_done, got = threading.Event(), threading.Event(), {}
+
+    def hold(fraction, message):  # called once A holds the folder
+        a_running.set()
+        b_done.wait(300)
+
+    def go_a():
+        got["a"] = tilewise.run(wf_a, sets, progress=hold)
+    t = threading.Thread(target=go_a)
+    t.start()
+    try:
+        assert a_running.wait(300)
+        with pytest.raises(tilewise.LockedError) as e:
+            tilewise.run(wf_b, sets)
+    finally:
+        b_done.set()
+        t.join()
+    assert e.value.exit_code == 7 and e.value.exit_class == "locked"
+    assert f"is being run by process {os.getpid()} on host" in str(e.value)
+    assert got["a"]["status"] == "ok"
+    assert tifs(out) == want
+    assert json.load(open(os.path.join(out, "run.json")))["status"] == "ok"
+
+
 def test_run_gives_the_cli_bytes(tmp_path):
     out = str(tmp_path / "out")
     sets = {"output.dir": out, "runtime.device": "cpu"}
