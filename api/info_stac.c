@@ -154,7 +154,8 @@ tw_status tw_info_stac_facts(const char *path, json_t **facts, tw_error *err)
 void tw_info_stac_text(const json_t *f, FILE *out)
 {
     bool item = strcmp(tw_info_get_str(f, "type"), "stac_item") == 0;
-    fprintf(out, "%-10s%s (STAC %s %s)\n", item ? "item" : "collection", tw_info_get_str(f, "id"),
+    /* "collection" fills the label column: a space always follows it */
+    fprintf(out, "%-9s %s (STAC %s %s)\n", item ? "item" : "collection", tw_info_get_str(f, "id"),
             tw_info_get_str(f, "stac_version"), item ? "Item" : "Collection");
     if (item) {
         fprintf(out, "%-10s%s\n", "datetime", tw_info_get_str(f, "datetime"));

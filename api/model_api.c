@@ -433,6 +433,11 @@ tilewise_status tilewise_model_classify_image(tilewise_model *mo, const tilewise
     if (img->width <= 0 || img->height <= 0)
         return tw_api_give_new(oerr, TW_ERR_USAGE, "an image of %d x %d pixels", img->width,
                                img->height);
+    if (stride < 0)
+        return tw_api_give_new(oerr, TW_ERR_USAGE,
+                               "tilewise_model_classify_image: stride %d (expected 0, the model's "
+                               "tile %d, or a divisor of it)",
+                               stride, mo->m.tile);
     bool ok;
     tw_dtype t = to_internal(img->dtype, &ok);
     if (!ok) /* tilewise_model_classify names the type */

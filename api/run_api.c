@@ -111,7 +111,7 @@ tilewise_status tilewise_report_summary(const tilewise_report *rep, tilewise_run
         .inputs_skipped = r->inputs_skipped,
         .tiles_classified = r->tiles_classified,
         .seconds = r->seconds,
-        .n_classes = r->model.n_classes,
+        .n_classes = r->model.headless ? 0 : r->model.n_classes, /* no stand-in class_0 */
         .class_names = rep->class_names,
         .backend = r->backend,
         .output_dir = rep->output_dir,

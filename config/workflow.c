@@ -1006,6 +1006,19 @@ static tw_status yaml_failure(wf_ctx *c, const yaml_parser_t *y, const char *tex
     const char *hint = "";
     size_t at = y->error == YAML_READER_ERROR ? y->problem_offset : y->problem_mark.index;
     if (at < len && text[at] == '\t') hint = " (indent YAML with spaces, not tabs)";
+    /* {parent}_{stem} unquoted starts a YAML flow mapping: the line of the
+     * problem has a value that starts with '{' */
+    if (!*hint && y->error != YAML_READER_ERROR && at <= len) {
+        size_t b = at, e = at;
+        while (b > 0 && text[b - 1] != '\n') b--;
+        while (e < len && text[e] != '\n') e++;
+        for (size_t i = b; i + 2 < e; i++)
+            if (text[i] == ':' && text[i + 1] == ' ' && text[i + 2] == '{') {
+                hint = " (a value that starts with '{' is a YAML mapping: quote it, e.g. "
+                       "name: \"{parent}_{stem}\")";
+                break;
+            }
+    }
     char ctxbuf[160] = "";
     if (y->context && y->error != YAML_READER_ERROR)
         snprintf(ctxbuf, sizeof ctxbuf, " (%s at line %zu)", y->context,
@@ -1119,8 +1132,29 @@ static tw_status apply_set(wf_ctx *c, const char *set, tw_run_params *p)
         return tw_error_set(c->err, TW_ERR_CONFIG, "--set %s: unknown key", d);
     }
     const char *value = eq + 1;
+    /* A string key's value that starts with '{' is a name template such as
+     * {parent}_{stem}, never a YAML flow mapping (no string key takes one):
+     * it is read as written, double-quoted for the parser. */
+    char *quoted = NULL;
+    const char *v0 = value;
+    while (*v0 == ' ') v0++;
+    if (*v0 == '{' && (tw_keys[k].type == TW_KT_STRING || tw_keys[k].type == TW_KT_PATH)) {
+        size_t n = strlen(value);
+        quoted = malloc(2 * n + 3);
+        if (!quoted) return tw_error_set(c->err, TW_ERR_NOMEM, "out of memory");
+        size_t o = 0;
+        quoted[o++] = '"';
+        for (size_t i = 0; i < n; i++) {
+            if (value[i] == '"' || value[i] == '\\') quoted[o++] = '\\';
+            quoted[o++] = value[i];
+        }
+        quoted[o++] = '"';
+        quoted[o] = '\0';
+        value = quoted;
+    }
     yaml_document_t doc;
     tw_status st = load_document(c, &doc, value, strlen(value), tw_keys[k].path);
+    free(quoted);
     if (st) return st;
     yaml_document_t *saved = c->doc;
     c->doc = &doc;

@@ -446,7 +446,7 @@ typedef struct tilewise_run_summary {
     int inputs_skipped;
     int64_t tiles_classified;
     double seconds;
-    int n_classes;
+    int n_classes;                  /* 0 for a headless backbone */
     const char *const *class_names; /* [n_classes] */
     const char *backend;            /* "cpu", "cuda", "merge" */
     const char *output_dir;
@@ -584,7 +584,7 @@ typedef struct tilewise_image {
  * ceil(height / stride); a cell that no classified tile covers is NaN.
  * Holds a batch of tiles and tile/stride rows of cells besides the
  * caller's arrays. Errors as tilewise_model_classify's, and
- * TILEWISE_ERR_USAGE for a stride that does not divide the tile or an
+ * TILEWISE_ERR_USAGE for a negative stride, one that does not divide the tile, or an
  * empty image. Version 4. */
 tilewise_status tilewise_model_classify_image(tilewise_model *m, const tilewise_image *img,
                                               int stride, float *probs, tilewise_error *err);

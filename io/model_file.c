@@ -236,9 +236,34 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
                           : !fcw && fcb ? "fc.weight"
                           : fcw && !fcb ? "fc.bias"
                                         : NULL;
-    if (missing)
-        return tw_model_error(
-            err, mf->path, "no tensor '%s': not a torchvision-layout ResNet state_dict", missing);
+    if (missing) {
+        /* A checkpoint's tensors under a prefix (backbone., model.,
+         * module.backbone., ...): P + "conv1.weight" with a
+         * P + "layer1.0.conv1.weight" beside it (which tells it from a
+         * block's own conv1). export_model.py strips the prefix. */
+        const char *prefixed = NULL;
+        size_t ml = strlen(missing);
+        for (int i = 0; !prefixed && !conv1 && i < mf->n_tensors; i++) {
+            const char *name = mf->tensors[i].name;
+            size_t nl = strlen(name);
+            char block[320];
+            if (nl > ml && name[nl - ml - 1] == '.' && strcmp(name + nl - ml, missing) == 0 &&
+                snprintf(block, sizeof block, "%.*slayer1.0.conv1.weight", (int)(nl - ml), name) <
+                    (int)sizeof block &&
+                tw_model_file_find(mf, block))
+                prefixed = name;
+        }
+        if (prefixed)
+            return tw_model_error(err, mf->path,
+                                  "no tensor '%s' but '%s': the tensors carry a prefix ('%.*s'); "
+                                  "tools/export_model.py %s -o model.h5 strips it",
+                                  missing, prefixed, (int)(strlen(prefixed) - ml), prefixed,
+                                  mf->path);
+        return tw_model_error(err, mf->path,
+                              "no tensor '%s': not a torchvision-layout ResNet state_dict "
+                              "(tools/export_model.py converts a timm, TorchGeo or Lightning one)",
+                              missing);
+    }
     char s1[64], s2[64];
     if (conv1->ndim != 4) {
         shape_str(conv1, s1, sizeof s1);

@@ -159,8 +159,12 @@ const char *tw_format_bytes(size_t bytes, char *buf, size_t size)
 {
     if (bytes >= ((size_t)1 << 30))
         snprintf(buf, size, "%.2f GiB", bytes / (double)((size_t)1 << 30));
-    else
+    else if (bytes >= MIB)
         snprintf(buf, size, "%.1f MiB", bytes / (double)MIB);
+    else if (bytes >= 1024) /* not "0.0 MiB" for a small output */
+        snprintf(buf, size, "%.1f KiB", bytes / 1024.0);
+    else
+        snprintf(buf, size, "%zu bytes", bytes);
     return buf;
 }
 

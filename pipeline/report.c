@@ -340,7 +340,8 @@ tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_st
             }
             tw_json_close(&j, '}');
             tw_json_open(&j, "class_cells", '{');
-            for (int c = 0; c < r->model.n_classes; c++)
+            /* a headless backbone has no classes (its stand-in head's one is not shown) */
+            for (int c = 0; !r->model.headless && c < r->model.n_classes; c++)
                 tw_json_int(&j, r->model.classes[c], in->hist[c]);
             tw_json_close(&j, '}');
             tw_json_int(&j, "nodata_cells", in->nodata_cells);

@@ -936,6 +936,9 @@ static void test_classify_image(void **state)
     /* A stride that does not divide the tile: a usage error. */
     assert_int_equal(tilewise_model_classify_image(m, &im, 24, got, &e), TILEWISE_ERR_USAGE);
     assert_non_null(strstr(e.message, "24"));
+    /* A negative stride: a usage error too, never the tile (issue 40). */
+    assert_int_equal(tilewise_model_classify_image(m, &im, -1, got, &e), TILEWISE_ERR_USAGE);
+    assert_non_null(strstr(e.message, "stride -1"));
     im.width = 0;
     assert_int_equal(tilewise_model_classify_image(m, &im, S, got, &e), TILEWISE_ERR_USAGE);
     free(img);

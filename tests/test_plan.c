@@ -324,6 +324,11 @@ static void test_format_bytes(void **state)
     char b[32];
     assert_string_equal(tw_format_bytes((size_t)3 << 30, b, sizeof b), "3.00 GiB");
     assert_string_equal(tw_format_bytes((size_t)512 << 20, b, sizeof b), "512.0 MiB");
+    /* Small sizes in KiB or bytes, never "0.0 MiB" (issue 40). */
+    assert_string_equal(tw_format_bytes((size_t)1 << 20, b, sizeof b), "1.0 MiB");
+    assert_string_equal(tw_format_bytes(40960, b, sizeof b), "40.0 KiB");
+    assert_string_equal(tw_format_bytes(1000, b, sizeof b), "1000 bytes");
+    assert_string_equal(tw_format_bytes(0, b, sizeof b), "0 bytes");
     size_t now = tw_rss_now();
     assert_true(now > 0);
     assert_true(tw_rss_peak() >= now);

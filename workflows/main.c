@@ -115,6 +115,7 @@ static void stop_on_signals(void)
 
 static const char *usage_text =
     "usage: tilewise <command> [options]      (tilewise <command> --help for more)\n"
+    "       any command also takes --config KEY VALUE (a GDAL configuration option)\n"
     "\n"
     "commands:\n"
     "  run WORKFLOW.yaml [--set key.path=value]... [--shard I/N|auto[/N]] [-q] [--report FILE]\n"
@@ -126,8 +127,9 @@ static const char *usage_text =
     "  validate WORKFLOW.yaml [--set key.path=value]...\n"
     "                    check config, inputs and model; print the plan and memory estimate\n"
     "  info [--json] FILE\n"
-    "                    describe a raster or a model file\n"
-    "  merge OUTPUT_DIR  after sharded runs: check every shard finished, write the mosaics\n"
+    "                    describe a raster, a model file, a STAC item or a polygons file\n"
+    "  merge [-q] OUTPUT_DIR\n"
+    "                    after sharded runs: check every shard finished, write the mosaics\n"
     "  submit WORKFLOW.yaml --array N [--dry-run] [--set k=v]... [--sbatch OPT]...\n"
     "                    [--chunk-rows N]\n"
     "                    SLURM job array of N shards, then a merge job after it succeeds\n"
@@ -193,15 +195,35 @@ static const char *validate_help =
     "  * padding: tiles more than half outside the raster (one smaller than a tile).\n"
     "Advice lines start with 'warning'; they do not change the exit code.\n"
     "\n"
+    "options:\n"
+    "  --set key.path=value   override a workflow key (repeatable), as for run\n"
+    "  --config KEY VALUE     a GDAL configuration option (any command)\n"
+    "  -h, --help             this text\n"
+    "\n"
     "exit codes: 0 the run can start, 2 workflow error, 3 input or model does not fit\n";
 
 static const char *info_help =
     "usage: tilewise info [--json] FILE\n"
     "\n"
-    "Describe a raster (driver, size, CRS as EPSG code and units, pixel size, bands with\n"
-    "type, nodata, block size, description) or a model file (.h5 bundle, .safetensors:\n"
-    "architecture, bands, classes, parameters, normalization, tile size, sha256).\n"
-    "  --json   one JSON object on stdout instead of text\n";
+    "Describe one of:\n"
+    "  * a raster: driver, size, CRS as EPSG code and units, pixel size, bands with type,\n"
+    "    nodata, block size, description, overviews; the class map's legend;\n"
+    "  * a model file (.h5 bundle, .safetensors, .onnx): architecture, family and stem,\n"
+    "    bands, classes, parameters, normalization, tile size, sha256, checksum; for ONNX\n"
+    "    also opset, producer, where batch norm was, the head and the metadata used;\n"
+    "  * a STAC item or collection a run wrote (.stac.json, collection.json): id, datetime,\n"
+    "    bbox, assets with sizes, model;\n"
+    "  * a polygons file (.class.gpkg, .class.fgb): features, CRS, area unit, per class\n"
+    "    its features, cells and area.\n"
+    "A PyTorch checkpoint (.pth, .pt) gets the tools/export_model.py command.\n"
+    "\n"
+    "options:\n"
+    "  --json               one JSON object on stdout instead of text\n"
+    "  --config KEY VALUE   a GDAL configuration option (any command)\n"
+    "  -h, --help           this text\n"
+    "\n"
+    "exit codes: 0 ok, 2 usage error, 3 unreadable or unknown file (also a remote raster\n"
+    "that cannot be reached)\n";
 
 static const char *merge_help =
     "usage: tilewise merge [-q] OUTPUT_DIR\n"
@@ -209,7 +231,12 @@ static const char *merge_help =
     "After sharded runs (--shard I/N or --shard auto) into OUTPUT_DIR: check that every\n"
     "output row of every input is committed, then write the final products as the\n"
     "workflow asked and remove the parts. Exit 3 naming the missing rows when a shard\n"
-    "has not finished.\n";
+    "has not finished.\n"
+    "\n"
+    "options:\n"
+    "  -q, --quiet          no notices and no \"already merged\" line\n"
+    "  --config KEY VALUE   a GDAL configuration option (any command)\n"
+    "  -h, --help           this text\n";
 
 static const char *submit_help =
     "usage: tilewise submit WORKFLOW.yaml --array N [options]\n"
@@ -224,6 +251,8 @@ static const char *submit_help =
     "  --set k=v          workflow override, passed on to every task (repeatable)\n"
     "  --sbatch OPT       an sbatch option for both jobs, e.g. --sbatch --time=4:00:00\n"
     "  --chunk-rows N     passed on to tilewise run\n"
+    "  --config KEY VALUE a GDAL configuration option for the check here (not passed on)\n"
+    "  -h, --help         this text\n"
     "\n"
     "exit 4 when sbatch is missing or refuses a job (its message is shown)\n";
 

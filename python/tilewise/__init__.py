@@ -399,7 +399,14 @@ def _items(overrides):
             else:
                 items.append(f"{k}={json.dumps(v)}")
     else:
-        items = [str(s) for s in overrides]
+        items = [s.decode() if isinstance(s, bytes) else str(s) for s in overrides]
+    # The library takes C strings: a NUL would end one silently, and the
+    # rest of the value would be lost. Refuse it, naming the override.
+    for s in items:
+        if "\0" in s:
+            shown = s.replace("\0", "\\0")
+            raise _usage(f"override '{shown}' holds a NUL character, which no workflow value "
+                         f"can hold")
     return items
 
 
@@ -665,6 +672,8 @@ class Model:
     def info(self):
         """arch, bands, in_bands, classes, n_classes, feature_dim, tile, stride,
         scale, mean, std, sha256, backend, batch, memory."""
+        if getattr(self, "_h", None) is None:
+            raise _usage("the model is closed")
         return json.loads(self._lib.tilewise_model_info_json(self._h).decode())
 
     def _check_bands(self, bands, inf):

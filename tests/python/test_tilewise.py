@@ -544,3 +544,23 @@ def test_run_gives_validate_advice_and_strict_refuses(tmp_path):
     assert "--strict: 6 warnings before the first tile" in e.value.message
     assert e.value.report and len(e.value.report["warnings"]) == 6
 
+
+
+def test_closed_model_and_nul_overrides_raise():
+    """Model.info after close() raises (it gave {}), and an override holding
+    a NUL is refused naming it (ctypes would cut it at the NUL) (issue 40)."""
+    m = tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"),
+                       {"runtime.device": "cpu"})
+    assert m.info["tile"] == 64
+    m.close()
+    with pytest.raises(tilewise.UsageError) as e:
+        m.info
+    assert "closed" in e.value.message
+    for overrides in ({"output.dir": "out\0/x"}, ["output.dir=out\0/x"], [b"output.dir=out\0/x"]):
+        with pytest.raises(tilewise.UsageError) as e:
+            tilewise.validate(os.path.join(SRC, "workflows", "sample.yaml"), overrides)
+        assert "NUL" in e.value.message and "output.dir" in e.value.message
+    with pytest.raises(tilewise.UsageError) as e:
+        tilewise.Model(os.path.join(SRC, "sample_data", "demo_resnet18.h5"),
+                       {"runtime.device": "cpu\0x"})
+    assert "NUL" in e.value.message and "runtime.device" in e.value.message
