@@ -51,12 +51,34 @@ bool tw_url_is_remote(const char *path)
     return false;
 }
 
+/* How many '@' the authority of an http(s) URL holds (after "://", up to
+ * the first '/', '?' or '#'): more than one is a user name or password
+ * whose '@' was not written %40, which curl would send to another host. */
+static int authority_ats(const char *rest)
+{
+    int n = 0;
+    for (; *rest && *rest != '/' && *rest != '?' && *rest != '#'; rest++) n += *rest == '@';
+    return n;
+}
+
 tw_status tw_url_to_gdal(const char *path, char *out, size_t size, tw_error *err)
 {
     char shown[TW_URL_SHOWN_MAX];
     int n;
     if (starts_with_ci(path, "http://") || starts_with_ci(path, "https://")) {
-        n = snprintf(out, size, "/vsicurl/%s", path);
+        /* A scheme is case-insensitive (RFC 3986), GDAL's /vsicurl/ is not:
+         * HTTP:// is written http:// for it, not retried into "Missing url
+         * parameter". */
+        size_t scheme = (size_t)(strchr(path, ':') - path);
+        if (authority_ats(path + scheme + 3) > 1) {
+            tw_url_redact(path, shown, sizeof shown);
+            return tw_error_set(err, TW_ERR_INPUT,
+                                "%s: the user name or password holds an '@': write it %%40 "
+                                "(percent-encoded)",
+                                shown);
+        }
+        n = snprintf(out, size, "/vsicurl/%.*s%s", (int)scheme, scheme == 4 ? "http" : "https",
+                     path + scheme);
     } else if (starts_with_ci(path, "s3://")) {
         const char *rest = path + 5;
         const char *slash = strchr(rest, '/');
@@ -237,7 +259,7 @@ static bool redact(const char *text, outbuf *o)
         }
         size_t n;
         char c = decoded(s, &n, &depth);
-        if (c == '?' || c == '&' || c == ';') {
+        if (c == '?' || c == '&' || c == ';' || c == '#') {
             /* The name, decoded ("X%2DAmz%2DSignature"), then '='. */
             char name[64];
             size_t len = 0, at = n, m;
