@@ -12,6 +12,7 @@
 
 #include "api/info_internal.h"
 #include "core/alloc.h"
+#include "core/fileio.h"
 #include "io/inspect.h"
 #include "io/legend.h"
 #include "io/model_file.h"
@@ -628,6 +629,10 @@ tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out
     /* GDAL opens /vsicurl/, https://, s3:// and other virtual paths that
      * fopen does not. */
     if (strncmp(path, "/vsi", 4) != 0 && !tw_url_is_remote(path)) {
+        /* a FIFO would block the open until a writer came; GDAL opens
+         * some directories as rasters */
+        tw_status rst = tw_path_check_regular(path, "file", true, TW_ERR_INPUT, err);
+        if (rst != TW_OK) return rst;
         FILE *f = fopen(path, "rb");
         if (!f) return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open", path);
         fclose(f);

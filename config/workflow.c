@@ -32,6 +32,7 @@
 #include <yaml.h>
 
 #include "core/datetime.h"
+#include "core/fileio.h"
 #include "core/keys.h"
 
 /* A workflow file is a few hundred bytes; anything this large is a mistake
@@ -936,6 +937,13 @@ static tw_status walk_document(wf_ctx *c, tw_run_params *p)
         return fail_at(
             c, 0, NULL,
             "empty workflow file (expected sections input, model, tiling, runtime, output)");
+    /* A file that is one scalar is not a workflow at all (a .netrc, a
+     * raster's bytes): say what it is, never its content. */
+    if (root->type == YAML_SCALAR_NODE)
+        return fail_at(c, node_line(root), NULL,
+                       "expected a mapping of sections (input, model, tiling, runtime, output), "
+                       "got a plain text of %zu bytes: not a workflow file",
+                       root->data.scalar.length);
     if (root->type != YAML_MAPPING_NODE)
         return fail_at(
             c, node_line(root), NULL,
@@ -1218,6 +1226,9 @@ tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets
                            tw_run_params *out, tw_error *err)
 {
     if (!path || !*path) return tw_error_set(err, TW_ERR_CONFIG, "no workflow file given");
+    /* a FIFO would block the open until a writer came */
+    tw_status rst = tw_path_check_regular(path, "workflow file", false, TW_ERR_CONFIG, err);
+    if (rst != TW_OK) return rst;
     FILE *f = fopen(path, "rb");
     if (!f)
         return tw_error_set(err, TW_ERR_CONFIG, "%s: cannot open workflow file: %s", path,

@@ -371,6 +371,10 @@ static tw_status read_external(octx *c, const Onnx__TensorProto *tp, const char 
         return tw_model_error(c->err, c->path,
                               "tensor '%s': external data length %lld but its dims need %zu bytes",
                               tname, (long long)length, want);
+    struct stat pre; /* before the open: a FIFO's would wait for a writer */
+    if (stat(full, &pre) == 0 && !S_ISREG(pre.st_mode))
+        return tw_model_error(c->err, c->path, "tensor '%s': external data %s is not a file", tname,
+                              clean(full, lb, sizeof lb));
     FILE *f = fopen(full, "rb");
     if (!f)
         return tw_model_error(c->err, c->path, "tensor '%s': cannot open external data %s: %s",

@@ -26,6 +26,7 @@
 #include "core/alloc.h"
 #include "io/url.h"
 #include "core/clock.h"
+#include "core/fileio.h"
 
 struct tw_raster {
     GDALDatasetH ds;
@@ -365,6 +366,10 @@ tw_status tw_raster_open_ex(const char *path, const int *bands, int n_bands,
         r->gpath = strdup(gpath);
         if (!r->gpath) st = tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", shown);
     }
+    /* a FIFO would block GDAL's open until a writer came; GDAL opens some
+     * directories (a .SAFE, a Zarr store) as rasters */
+    if (st == TW_OK && !r->remote && strncmp(path, "/vsi", 4) != 0)
+        st = tw_path_check_regular(path, "raster", true, TW_ERR_INPUT, err);
     if (st != TW_OK) {
         tw_raster_close(r);
         return st;
