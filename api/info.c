@@ -639,7 +639,16 @@ tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out
     }
     json_t *facts = NULL;
     void (*text)(const json_t *, FILE *) = NULL;
+    /* A remote input: GDAL's HTTP settings of a run with the default
+     * input.* keys (url.h), input.timeout above all: a silent server hung
+     * info before. GDAL's own retry options (environment) are kept. */
+    tw_url_saved *net_saved = NULL;
+    if (tw_url_is_remote(path)) {
+        tw_url_settings net = tw_url_gdal_settings();
+        tw_url_settings_apply(&net, &net_saved);
+    }
     tw_status st = gather(path, json, tiff_direct, &facts, &text, err);
+    tw_url_settings_restore(net_saved);
     if (st != TW_OK) {
         json_decref(facts); /* what was built before memory ran out */
         return st;

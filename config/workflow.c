@@ -429,6 +429,7 @@ static tw_status set_number(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
     switch ((tw_key_id)c->key) {
     case TW_KEY_INPUT_SCALE: p->input.scale = x; break;
     case TW_KEY_INPUT_RETRY_DELAY: p->input.retry_delay = x; break;
+    case TW_KEY_INPUT_TIMEOUT: p->input.timeout = x; break;
     case TW_KEY_TILING_MAX_NODATA_FRACTION: p->tiling.max_nodata_fraction = x; break;
     case TW_KEY_OUTPUT_MIN_AREA: p->output.min_area = x; break;
     case TW_KEY_OUTPUT_SIMPLIFY: p->output.simplify = x; break;
@@ -742,6 +743,7 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_INPUT_ASSETS] = set_input_assets,
     [TW_KEY_INPUT_RETRIES] = set_int,
     [TW_KEY_INPUT_RETRY_DELAY] = set_number,
+    [TW_KEY_INPUT_TIMEOUT] = set_number,
     [TW_KEY_INPUT_AOI] = set_input_aoi,
     [TW_KEY_INPUT_DATETIME] = set_input_datetime,
     [TW_KEY_MODEL_WEIGHTS] = set_model_weights,

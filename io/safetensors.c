@@ -438,10 +438,9 @@ tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *e
             st = duplicate_error(mf, header, (size_t)jerr.position, err);
         else {
             char jwhy[sizeof jerr.text]; /* without jansson's quote of the bytes */
-            st = tw_model_error(err, path,
-                                "safetensors header is not valid JSON: %s (line %d, column %d)",
-                                tw_json_error_text(jerr.text, jwhy, sizeof jwhy), jerr.line,
-                                jerr.column);
+            st = tw_model_error(
+                err, path, "safetensors header is not valid JSON: %s (line %d, column %d)",
+                tw_json_error_text(jerr.text, jwhy, sizeof jwhy), jerr.line, jerr.column);
         }
         goto done;
     }

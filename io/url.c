@@ -426,6 +426,8 @@ bool tw_url_transient(const char *msg)
         "Connection reset",
         "Connection was reset",
         "timed out",
+        /* curl's low-speed limit (input.timeout): a silent server */
+        "Operation too slow",
         "Empty reply",
         "Recv failure",
         "transfer closed",
@@ -484,7 +486,14 @@ tw_url_settings tw_url_default_settings(int retries, double retry_delay)
         .merge_ranges = -1,
         .multirange = NULL,
         .no_listing = false,
+        .timeout = TW_URL_TIMEOUT_DEFAULT,
     };
+}
+
+tw_url_settings tw_url_gdal_settings(void)
+{
+    return tw_url_default_settings(atoi(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", "0")),
+                                   CPLAtof(CPLGetConfigOption("GDAL_HTTP_RETRY_DELAY", "0.5")));
 }
 
 double tw_url_retry_delay(const tw_url_settings *s, int attempt)
@@ -502,7 +511,9 @@ double tw_url_retry_span(int retries, double retry_delay)
     return total;
 }
 
-enum { N_KEYS = 9 };
+/* Keys 0..1 and K_TIMEOUT.. follow the workflow always; the read-ahead
+ * knobs between them leave a user's own setting alone. */
+enum { N_KEYS = 12, K_TIMEOUT = 9 };
 static const char *const k_keys[N_KEYS] = {
     "GDAL_HTTP_MAX_RETRY",
     "GDAL_HTTP_RETRY_DELAY",
@@ -513,6 +524,9 @@ static const char *const k_keys[N_KEYS] = {
     "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES",
     "GDAL_HTTP_MULTIRANGE",
     "GDAL_DISABLE_READDIR_ON_OPEN",
+    "GDAL_HTTP_CONNECTTIMEOUT",
+    "GDAL_HTTP_LOW_SPEED_TIME",
+    "GDAL_HTTP_LOW_SPEED_LIMIT",
 };
 
 /* GDAL's options are process-wide and two runs may read at once (two
@@ -549,6 +563,15 @@ void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved)
      * process-wide: GDAL would then miss sidecar files (an ENVI .hdr, a .msk,
      * the .aux.xml of outputs), local ones included. Left to the user. */
     if (s->no_listing) snprintf(v[8], sizeof v[8], "EMPTY_DIR");
+    /* No answer, or a drip, for timeout seconds: the request fails and is
+     * retried (a server that accepts and never answers hung runs before).
+     * curl takes whole seconds. */
+    if (s->timeout > 0) {
+        long t = (long)ceil(s->timeout);
+        snprintf(v[K_TIMEOUT], sizeof v[K_TIMEOUT], "%ld", t);
+        snprintf(v[K_TIMEOUT + 1], sizeof v[K_TIMEOUT + 1], "%ld", t);
+        snprintf(v[K_TIMEOUT + 2], sizeof v[K_TIMEOUT + 2], "%d", TW_URL_LOW_SPEED);
+    }
     pthread_mutex_lock(&g_saved_lock);
     tw_url_saved *sv = &g_saved;
     for (int i = 0; i < N_KEYS; i++) {
@@ -559,9 +582,9 @@ void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved)
             continue;
         }
         const char *old = CPLGetConfigOption(k_keys[i], NULL);
-        /* The read-ahead knobs: the user's own setting wins. Retries follow
-         * the workflow (input.retries) always. */
-        if (old && i >= 2) continue;
+        /* The read-ahead knobs: the user's own setting wins. Retries and
+         * timeouts follow the workflow (input.retries, input.timeout) always. */
+        if (old && i >= 2 && i < K_TIMEOUT) continue;
         sv->old[i] = old ? CPLStrdup(old) : NULL;
         sv->set[i] = true;
         CPLSetConfigOption(k_keys[i], v[i]);
