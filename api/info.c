@@ -12,6 +12,7 @@
 
 #include "api/info_internal.h"
 #include "core/alloc.h"
+#include "core/fileio.h"
 #include "io/inspect.h"
 #include "io/legend.h"
 #include "io/model_file.h"
@@ -628,13 +629,26 @@ tw_status tw_info_write(const char *path, bool json, bool tiff_direct, FILE *out
     /* GDAL opens /vsicurl/, https://, s3:// and other virtual paths that
      * fopen does not. */
     if (strncmp(path, "/vsi", 4) != 0 && !tw_url_is_remote(path)) {
+        /* a FIFO would block the open until a writer came; GDAL opens
+         * some directories as rasters */
+        tw_status rst = tw_path_check_regular(path, "file", true, TW_ERR_INPUT, err);
+        if (rst != TW_OK) return rst;
         FILE *f = fopen(path, "rb");
         if (!f) return tw_error_set(err, TW_ERR_INPUT, "%s: cannot open", path);
         fclose(f);
     }
     json_t *facts = NULL;
     void (*text)(const json_t *, FILE *) = NULL;
+    /* A remote input: GDAL's HTTP settings of a run with the default
+     * input.* keys (url.h), input.timeout above all: a silent server hung
+     * info before. GDAL's own retry options (environment) are kept. */
+    tw_url_saved *net_saved = NULL;
+    if (tw_url_is_remote(path)) {
+        tw_url_settings net = tw_url_gdal_settings();
+        tw_url_settings_apply(&net, &net_saved);
+    }
     tw_status st = gather(path, json, tiff_direct, &facts, &text, err);
+    tw_url_settings_restore(net_saved);
     if (st != TW_OK) {
         json_decref(facts); /* what was built before memory ran out */
         return st;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/info_internal.h"
+#include "core/fileio.h"
 
 bool tw_info_is_stac(const char *path)
 {
@@ -128,9 +129,10 @@ tw_status tw_info_stac_facts(const char *path, json_t **facts, tw_error *err)
     *facts = NULL;
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
+    char jwhy[sizeof je.text]; /* without jansson's quote of the file's bytes */
     if (!root)
-        return tw_error_set(err, TW_ERR_INPUT, "%s: not JSON (line %d: %s)", path, je.line,
-                            je.text);
+        return tw_error_set(err, TW_ERR_INPUT, "%s: not JSON (line %d, column %d: %s)", path,
+                            je.line, je.column, tw_json_error_text(je.text, jwhy, sizeof jwhy));
     const char *type = str(root, "type");
     bool item = strcmp(type, "Feature") == 0, coll = strcmp(type, "Collection") == 0;
     if ((!item && !coll) || !json_is_string(json_object_get(root, "stac_version"))) {

@@ -32,6 +32,7 @@
 #include <yaml.h>
 
 #include "core/datetime.h"
+#include "core/fileio.h"
 #include "core/keys.h"
 
 /* A workflow file is a few hundred bytes; anything this large is a mistake
@@ -428,6 +429,7 @@ static tw_status set_number(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
     switch ((tw_key_id)c->key) {
     case TW_KEY_INPUT_SCALE: p->input.scale = x; break;
     case TW_KEY_INPUT_RETRY_DELAY: p->input.retry_delay = x; break;
+    case TW_KEY_INPUT_TIMEOUT: p->input.timeout = x; break;
     case TW_KEY_TILING_MAX_NODATA_FRACTION: p->tiling.max_nodata_fraction = x; break;
     case TW_KEY_OUTPUT_MIN_AREA: p->output.min_area = x; break;
     case TW_KEY_OUTPUT_SIMPLIFY: p->output.simplify = x; break;
@@ -741,6 +743,7 @@ static const wf_setter k_setters[TW_KEY_COUNT] = {
     [TW_KEY_INPUT_ASSETS] = set_input_assets,
     [TW_KEY_INPUT_RETRIES] = set_int,
     [TW_KEY_INPUT_RETRY_DELAY] = set_number,
+    [TW_KEY_INPUT_TIMEOUT] = set_number,
     [TW_KEY_INPUT_AOI] = set_input_aoi,
     [TW_KEY_INPUT_DATETIME] = set_input_datetime,
     [TW_KEY_MODEL_WEIGHTS] = set_model_weights,
@@ -936,6 +939,13 @@ static tw_status walk_document(wf_ctx *c, tw_run_params *p)
         return fail_at(
             c, 0, NULL,
             "empty workflow file (expected sections input, model, tiling, runtime, output)");
+    /* A file that is one scalar is not a workflow at all (a .netrc, a
+     * raster's bytes): say what it is, never its content. */
+    if (root->type == YAML_SCALAR_NODE)
+        return fail_at(c, node_line(root), NULL,
+                       "expected a mapping of sections (input, model, tiling, runtime, output), "
+                       "got a plain text of %zu bytes: not a workflow file",
+                       root->data.scalar.length);
     if (root->type != YAML_MAPPING_NODE)
         return fail_at(
             c, node_line(root), NULL,
@@ -1252,6 +1262,9 @@ tw_status tw_workflow_load(const char *path, const char *const *sets, int n_sets
                            tw_run_params *out, tw_error *err)
 {
     if (!path || !*path) return tw_error_set(err, TW_ERR_CONFIG, "no workflow file given");
+    /* a FIFO would block the open until a writer came */
+    tw_status rst = tw_path_check_regular(path, "workflow file", false, TW_ERR_CONFIG, err);
+    if (rst != TW_OK) return rst;
     FILE *f = fopen(path, "rb");
     if (!f)
         return tw_error_set(err, TW_ERR_CONFIG, "%s: cannot open workflow file: %s", path,

@@ -74,3 +74,29 @@ tw_status tw_fsync_dir(const char *dir, tw_error *err)
 {
     return tw_fsync_path(dir, false, err);
 }
+
+tw_status tw_path_check_regular(const char *path, const char *what, bool dir_ok, tw_status st,
+                                tw_error *err)
+{
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0 || S_ISREG(sb.st_mode) || (dir_ok && S_ISDIR(sb.st_mode)))
+        return TW_OK;
+    const char *kind = S_ISFIFO(sb.st_mode)   ? "a FIFO (named pipe)"
+                       : S_ISSOCK(sb.st_mode) ? "a socket"
+                       : S_ISCHR(sb.st_mode)  ? "a character device"
+                       : S_ISBLK(sb.st_mode)  ? "a block device"
+                       : S_ISDIR(sb.st_mode)  ? "a directory"
+                                              : "not a file";
+    return tw_error_set(err, st, "%s %s is %s, not a regular file", what, path, kind);
+}
+
+const char *tw_json_error_text(const char *text, char *out, size_t size)
+{
+    if (size == 0) return out;
+    const char *near = text ? strstr(text, " near ") : NULL;
+    size_t n = !text ? 0 : near ? (size_t)(near - text) : strlen(text);
+    if (n >= size) n = size - 1;
+    memcpy(out, text ? text : "", n);
+    out[n] = '\0';
+    return out;
+}

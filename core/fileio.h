@@ -25,4 +25,22 @@ tw_status tw_fsync_path(const char *path, bool missing_ok, tw_error *err);
 /* tw_fsync_path of a directory, so renames in it are durable. */
 tw_status tw_fsync_dir(const char *dir, tw_error *err);
 
+/* Before a file is opened for reading: is path (symbolic links followed) a
+ * regular file (or, with dir_ok, a directory: GDAL and OGR open some as
+ * datasets)? TW_OK when it is, and when it does not exist or cannot be
+ * stat'ed (the caller's own open then says why). Else status st with the
+ * message "<what> <path> is a FIFO (named pipe), not a regular file" (or
+ * a socket, a character device, a block device, a directory): a FIFO's
+ * open would wait for a writer forever, a character device may never end.
+ * Never opens path. what names the role ("workflow file", "model file",
+ * "raster", ...). Thread-safe. */
+tw_status tw_path_check_regular(const char *path, const char *what, bool dir_ok, tw_status st,
+                                tw_error *err);
+
+/* A JSON parser's error text (jansson's json_error_t.text) without the
+ * quote of the file's own bytes it ends with (" near 'machine login bob
+ * password ...'"): messages name a file's line and column, never its
+ * content. Writes at most size bytes to out, always terminated; returns out. */
+const char *tw_json_error_text(const char *text, char *out, size_t size);
+
 #endif

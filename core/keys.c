@@ -48,6 +48,9 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
     [TW_KEY_INPUT_RETRY_DELAY] = {"input.retry_delay", TW_KT_NUMBER, .lo = 0.01, .hi = 60,
                                   .range = "seconds, 0.01..60", .def = "0.5",
                                   .why = "how long a remote read is retried"},
+    [TW_KEY_INPUT_TIMEOUT] = {"input.timeout", TW_KT_NUMBER, .lo = 1, .hi = 3600,
+                              .range = "seconds, 1..3600", .def = "5",
+                              .why = "how long a remote request may stay silent"},
     [TW_KEY_INPUT_AOI] = {"input.aoi", TW_KT_PATH,
                           .range = "a vector file path (GeoPackage, Shapefile, GeoJSON, ...)",
                           .flags = TW_KEY_BYTES},
@@ -295,6 +298,7 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
     case TW_KEY_INPUT_ASSETS: add_strings(&b, in->assets, in->n_assets); break;
     case TW_KEY_INPUT_RETRIES: add(&b, "%d", in->retries); break;
     case TW_KEY_INPUT_RETRY_DELAY: add_double(&b, in->retry_delay); break;
+    case TW_KEY_INPUT_TIMEOUT: add_double(&b, in->timeout); break;
     case TW_KEY_INPUT_AOI: add_str(&b, in->aoi); break;
     case TW_KEY_INPUT_DATETIME: add_str(&b, in->datetime); break;
     case TW_KEY_MODEL_WEIGHTS: add_str(&b, m->weights); break;

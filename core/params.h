@@ -93,6 +93,7 @@ typedef struct tw_input_params {
     int n_assets;
     int retries;        /* remote inputs: GDAL's HTTP retries and tile-level retries; default 8 */
     double retry_delay; /* seconds before the first retry, doubled after each; default 0.5 */
+    double timeout;     /* remote inputs: seconds a request may receive (almost) nothing; 5 */
 } tw_input_params;
 
 typedef struct tw_model_params {

@@ -12,6 +12,7 @@
 #include <ogr_srs_api.h>
 
 #include "core/alloc.h"
+#include "core/fileio.h"
 #include "io/gdal_msgs.h"
 
 /* The cell grid's cap: its summed-area table (4 bytes a cell) is what an
@@ -185,6 +186,10 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
                         tw_aoi **out, tw_error *err)
 {
     *out = NULL;
+    /* a FIFO would block the open until a writer came; OGR opens some
+     * directories (a Shapefile folder, a FileGDB) as datasets */
+    tw_status rst = tw_path_check_regular(path, "input.aoi:", true, TW_ERR_INPUT, err);
+    if (rst != TW_OK) return rst;
     if (!GDALGetDriverByName("MEM")) GDALAllRegister();
     tw_gdal_msgs msg;
     tw_gdal_capture_begin(&msg);

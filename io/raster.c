@@ -26,6 +26,7 @@
 #include "core/alloc.h"
 #include "io/url.h"
 #include "core/clock.h"
+#include "core/fileio.h"
 
 struct tw_raster {
     GDALDatasetH ds;
@@ -45,6 +46,7 @@ struct tw_raster {
     char why_gdal[160];
     bool allow_direct; /* tw_raster_open_params.tiff_direct */
     tw_tiff_cache *shared_tiles;
+    const volatile sig_atomic_t *stop; /* tw_raster_open_params.stop */
     uint8_t *strip;     /* tw_raster_read_tiles' window: raw then valid, strip_bytes */
     size_t strip_bytes; /* 0 until tw_raster_reserve_strip */
     int strip_w, strip_h;
@@ -188,10 +190,29 @@ static void open_direct(tw_raster *r)
     }
 }
 
-static void sleep_s(double s)
+static bool stopping(const tw_raster *r)
 {
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {
+    return r->stop && __atomic_load_n(r->stop, __ATOMIC_RELAXED) != 0;
+}
+
+/* What to add to a message whose GDAL text says curl gave up on a silent
+ * server (input.timeout, url.h). */
+static const char *timeout_hint(const char *why)
+{
+    return why && strstr(why, "Operation too slow")
+               ? " (the server sent nothing within input.timeout: raise it for a slow server)"
+               : "";
+}
+
+/* Wait s seconds between retries, in steps of 0.1 s: a stop ends it. */
+static void sleep_s(const tw_raster *r, double s)
+{
+    double end = tw_clock_now() + s;
+    for (double left = s; left > 0 && !stopping(r); left = end - tw_clock_now()) {
+        double step = left < 0.1 ? left : 0.1;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(step * 1e9)};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
     }
 }
 
@@ -210,7 +231,8 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
 {
     const char *path = r->path;
     bool ok = open_ds(r, msgs);
-    if (!ok && r->remote && strstr(capture_text(msgs), "does not exist in the file system")) {
+    if (!ok && r->remote && !stopping(r) &&
+        strstr(capture_text(msgs), "does not exist in the file system")) {
         /* GDAL remembers an object it could not stat for the life of the
          * process and then says only this: ask the server once more, at
          * once, so that its answer (404, 503, ...) decides below. */
@@ -225,14 +247,18 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
      * server's final answer (404, 403: the object is not there for us). */
     double t0 = tw_clock_now();
     for (int attempt = 1;
-         !ok && r->remote && attempt <= r->net.retries && !tw_url_definitive(capture_text(msgs)) &&
+         !ok && r->remote && !stopping(r) && attempt <= r->net.retries &&
+         !tw_url_definitive(capture_text(msgs)) &&
          tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay);
          attempt++) {
-        sleep_s(tw_url_retry_delay(&r->net, attempt));
+        sleep_s(r, tw_url_retry_delay(&r->net, attempt));
+        if (stopping(r)) break;
         capture_clear(msgs, true);
         VSICurlPartialClearCache(r->gpath);
         ok = open_ds(r, msgs);
     }
+    if (!ok && r->remote && stopping(r))
+        return tw_error_set(err, TW_CANCELLED, "%s: stopped while opening", path);
     if (!ok) {
         /* GDAL often starts with the path itself; don't say it twice. */
         const char *why = capture_text(msgs);
@@ -249,9 +275,10 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
                            ? TW_ERR_REMOTE
                            : TW_ERR_INPUT;
         return tw_error_set(
-            err, st, "%s: cannot open as a raster%s: %s%s", path,
+            err, st, "%s: cannot open as a raster%s: %s%s%s", path,
             st == TW_ERR_REMOTE ? " (network)" : "", why,
-            r->remote && tw_url_definitive(why) ? " (the server's final answer: not retried)" : "");
+            r->remote && tw_url_definitive(why) ? " (the server's final answer: not retried)" : "",
+            timeout_hint(why));
     }
     capture_clear(msgs, false);
 
@@ -351,6 +378,7 @@ tw_status tw_raster_open_ex(const char *path, const int *bands, int n_bands,
     if (!r) return tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", path);
     r->allow_direct = op->tiff_direct;
     r->shared_tiles = op->shared_tiles;
+    r->stop = op->stop;
     char shown[TW_URL_SHOWN_MAX], gpath[8192];
     tw_url_redact(path, shown, sizeof shown);
     r->path = strdup(shown);
@@ -365,6 +393,10 @@ tw_status tw_raster_open_ex(const char *path, const int *bands, int n_bands,
         r->gpath = strdup(gpath);
         if (!r->gpath) st = tw_error_set(err, TW_ERR_NOMEM, "%s: out of memory", shown);
     }
+    /* a FIFO would block GDAL's open until a writer came; GDAL opens some
+     * directories (a .SAFE, a Zarr store) as rasters */
+    if (st == TW_OK && !r->remote && strncmp(path, "/vsi", 4) != 0)
+        st = tw_path_check_regular(path, "raster", true, TW_ERR_INPUT, err);
     if (st != TW_OK) {
         tw_raster_close(r);
         return st;
@@ -631,24 +663,29 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
          * that saw one can keep failing. Retry those on a fresh dataset,
          * with backoff, within the span GDAL's own retries would wait; not
          * a decoding error (a damaged block stays damaged). */
-        while (!ok && r->remote && attempt < r->net.retries &&
+        while (!ok && r->remote && !stopping(r) && attempt < r->net.retries &&
                (tw_url_transient(msgs.failure) || tw_url_transient(msgs.last_warning)) &&
                tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay)) {
             attempt++;
-            sleep_s(tw_url_retry_delay(&r->net, attempt));
+            sleep_s(r, tw_url_retry_delay(&r->net, attempt));
+            if (stopping(r)) break;
             capture_clear(&msgs, true);
             if (!reopen(r, &msgs)) continue;
             ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
         }
-        if (!ok) {
+        if (!ok && r->remote && stopping(r)) {
+            /* a stop: not an error of the tile, and no HEAD to wait for */
+            st = tw_error_set(err, TW_CANCELLED, "%s: stopped while reading window x=%d y=%d",
+                              r->path, x0, y0);
+        } else if (!ok) {
             bool outage = r->remote && !reachable(r);
             st = tw_error_set(err, outage ? TW_ERR_REMOTE : TW_ERR_INPUT,
-                              "%s: %s failed at window x=%d y=%d %dx%d%s: %s", r->path, what, x0,
+                              "%s: %s failed at window x=%d y=%d %dx%d%s: %s%s", r->path, what, x0,
                               y0, w, h,
                               outage ? " and the object is unreachable (network outage; run the "
                                        "same command again to resume)"
                                      : "",
-                              capture_text(&msgs));
+                              capture_text(&msgs), timeout_hint(capture_text(&msgs)));
         }
     }
     capture_end();

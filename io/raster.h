@@ -9,6 +9,7 @@
 #ifndef TW_RASTER_H
 #define TW_RASTER_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,6 +48,11 @@ typedef struct tw_raster_open_params {
      * decodes each tile once whatever the number of readers. Borrowed: it
      * must outlive the raster. */
     tw_tiff_cache *shared_tiles;
+    /* NULL, or the run's stop flag (tw_run_hooks.stop), borrowed for the
+     * raster's life: once non-zero, a remote open or read that failed is
+     * not retried nor waited for, and returns TW_CANCELLED. A request under
+     * way is not interrupted: it ends within input.timeout (url.h). */
+    const volatile sig_atomic_t *stop;
 } tw_raster_open_params;
 tw_raster_open_params tw_raster_default_open_params(void);
 /* tw_raster_open with params (tw_raster_open uses the defaults). */

@@ -18,6 +18,7 @@
 
 #include "io/model_file_impl.h"
 #include "core/alloc.h"
+#include "core/fileio.h"
 
 /* A safetensors header larger than this is not a model we could use anyway
  * (a ResNet-152 header is ~100 KiB); refusing early avoids huge allocations. */
@@ -212,9 +213,10 @@ static tw_status st_parse_meta_value(tw_model_file *mf, const char *key, const c
         json_decref(d);
         return key[0] == 'a' ? tw_model_set_arch(mf, arch, err) : tw_model_set_stem(mf, arch, err);
     }
+    char jwhy[sizeof jerr.text]; /* without jansson's quote of the bytes */
     if (!d)
         return tw_model_error(err, mf->path, "metadata '%s' is not valid JSON (%s)", key,
-                              jerr.text);
+                              tw_json_error_text(jerr.text, jwhy, sizeof jwhy));
     size_t n = json_is_array(d) ? json_array_size(d) : 0;
     if (strcmp(key, "scale") == 0) {
         st = json_is_number(d) && isfinite(json_number_value(d))
@@ -434,10 +436,12 @@ tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *e
     if (!root) {
         if (json_error_code(&jerr) == json_error_duplicate_key && jerr.position > 0)
             st = duplicate_error(mf, header, (size_t)jerr.position, err);
-        else
-            st = tw_model_error(err, path,
-                                "safetensors header is not valid JSON: %s (line %d, column %d)",
-                                jerr.text, jerr.line, jerr.column);
+        else {
+            char jwhy[sizeof jerr.text]; /* without jansson's quote of the bytes */
+            st = tw_model_error(
+                err, path, "safetensors header is not valid JSON: %s (line %d, column %d)",
+                tw_json_error_text(jerr.text, jwhy, sizeof jwhy), jerr.line, jerr.column);
+        }
         goto done;
     }
     if (!json_is_object(root)) {

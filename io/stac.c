@@ -16,6 +16,7 @@
 
 #include "io/url.h"
 #include "core/alloc.h"
+#include "core/fileio.h"
 
 #define STAC_MAX_JSON (16 << 20)
 
@@ -64,6 +65,9 @@ static tw_status read_item(const char *item, const char *shown, json_t **root, t
 {
     char gpath[TW_PATH_MAX + 16];
     tw_status st = tw_url_to_gdal(item, gpath, sizeof gpath, err);
+    /* a FIFO would block the read until a writer came */
+    if (st == TW_OK && !tw_url_is_remote(item))
+        st = tw_path_check_regular(item, "STAC item", false, TW_ERR_INPUT, err);
     if (st != TW_OK) return st;
     GByte *buf = NULL;
     vsi_l_offset len = 0;
@@ -82,9 +86,13 @@ static tw_status read_item(const char *item, const char *shown, json_t **root, t
     json_error_t jerr;
     *root = json_loadb((const char *)buf, (size_t)len, 0, &jerr);
     VSIFree(buf);
+    /* jansson's text quotes the bytes where it stopped: not shown (they
+     * may be a credentials file's) */
+    char jwhy[sizeof jerr.text];
     if (!*root)
-        return tw_error_set(err, TW_ERR_INPUT, "%s: not JSON (line %d: %s)", shown, jerr.line,
-                            jerr.text);
+        return tw_error_set(err, TW_ERR_INPUT, "%s: not JSON (line %d, column %d: %s)", shown,
+                            jerr.line, jerr.column,
+                            tw_json_error_text(jerr.text, jwhy, sizeof jwhy));
     return TW_OK;
 }
 
@@ -95,6 +103,12 @@ static tw_status check_asset(const char *shown, const char *name, const char *gp
 {
     char gshown[TW_URL_SHOWN_MAX];
     tw_url_redact(gpath, gshown, sizeof gshown);
+    if (!tw_url_is_remote(gpath) && strncmp(gpath, "/vsi", 4) != 0) {
+        char what[TW_URL_SHOWN_MAX + TW_NAME_MAX + 16];
+        snprintf(what, sizeof what, "%s: asset %s:", shown, name);
+        tw_status rst = tw_path_check_regular(gpath, what, true, TW_ERR_INPUT, err);
+        if (rst != TW_OK) return rst;
+    }
     CPLPushErrorHandler(CPLQuietErrorHandler);
     CPLErrorReset();
     /* VERBOSE_ERROR: GDAL says why ("not recognized as a supported file

@@ -51,12 +51,34 @@ bool tw_url_is_remote(const char *path)
     return false;
 }
 
+/* How many '@' the authority of an http(s) URL holds (after "://", up to
+ * the first '/', '?' or '#'): more than one is a user name or password
+ * whose '@' was not written %40, which curl would send to another host. */
+static int authority_ats(const char *rest)
+{
+    int n = 0;
+    for (; *rest && *rest != '/' && *rest != '?' && *rest != '#'; rest++) n += *rest == '@';
+    return n;
+}
+
 tw_status tw_url_to_gdal(const char *path, char *out, size_t size, tw_error *err)
 {
     char shown[TW_URL_SHOWN_MAX];
     int n;
     if (starts_with_ci(path, "http://") || starts_with_ci(path, "https://")) {
-        n = snprintf(out, size, "/vsicurl/%s", path);
+        /* A scheme is case-insensitive (RFC 3986), GDAL's /vsicurl/ is not:
+         * HTTP:// is written http:// for it, not retried into "Missing url
+         * parameter". */
+        size_t scheme = (size_t)(strchr(path, ':') - path);
+        if (authority_ats(path + scheme + 3) > 1) {
+            tw_url_redact(path, shown, sizeof shown);
+            return tw_error_set(err, TW_ERR_INPUT,
+                                "%s: the user name or password holds an '@': write it %%40 "
+                                "(percent-encoded)",
+                                shown);
+        }
+        n = snprintf(out, size, "/vsicurl/%.*s%s", (int)scheme, scheme == 4 ? "http" : "https",
+                     path + scheme);
     } else if (starts_with_ci(path, "s3://")) {
         const char *rest = path + 5;
         const char *slash = strchr(rest, '/');
@@ -237,7 +259,7 @@ static bool redact(const char *text, outbuf *o)
         }
         size_t n;
         char c = decoded(s, &n, &depth);
-        if (c == '?' || c == '&' || c == ';') {
+        if (c == '?' || c == '&' || c == ';' || c == '#') {
             /* The name, decoded ("X%2DAmz%2DSignature"), then '='. */
             char name[64];
             size_t len = 0, at = n, m;
@@ -404,6 +426,8 @@ bool tw_url_transient(const char *msg)
         "Connection reset",
         "Connection was reset",
         "timed out",
+        /* curl's low-speed limit (input.timeout): a silent server */
+        "Operation too slow",
         "Empty reply",
         "Recv failure",
         "transfer closed",
@@ -462,7 +486,14 @@ tw_url_settings tw_url_default_settings(int retries, double retry_delay)
         .merge_ranges = -1,
         .multirange = NULL,
         .no_listing = false,
+        .timeout = TW_URL_TIMEOUT_DEFAULT,
     };
+}
+
+tw_url_settings tw_url_gdal_settings(void)
+{
+    return tw_url_default_settings(atoi(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", "0")),
+                                   CPLAtof(CPLGetConfigOption("GDAL_HTTP_RETRY_DELAY", "0.5")));
 }
 
 double tw_url_retry_delay(const tw_url_settings *s, int attempt)
@@ -480,7 +511,9 @@ double tw_url_retry_span(int retries, double retry_delay)
     return total;
 }
 
-enum { N_KEYS = 9 };
+/* Keys 0..1 and K_TIMEOUT.. follow the workflow always; the read-ahead
+ * knobs between them leave a user's own setting alone. */
+enum { N_KEYS = 12, K_TIMEOUT = 9 };
 static const char *const k_keys[N_KEYS] = {
     "GDAL_HTTP_MAX_RETRY",
     "GDAL_HTTP_RETRY_DELAY",
@@ -491,6 +524,9 @@ static const char *const k_keys[N_KEYS] = {
     "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES",
     "GDAL_HTTP_MULTIRANGE",
     "GDAL_DISABLE_READDIR_ON_OPEN",
+    "GDAL_HTTP_CONNECTTIMEOUT",
+    "GDAL_HTTP_LOW_SPEED_TIME",
+    "GDAL_HTTP_LOW_SPEED_LIMIT",
 };
 
 /* GDAL's options are process-wide and two runs may read at once (two
@@ -527,6 +563,15 @@ void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved)
      * process-wide: GDAL would then miss sidecar files (an ENVI .hdr, a .msk,
      * the .aux.xml of outputs), local ones included. Left to the user. */
     if (s->no_listing) snprintf(v[8], sizeof v[8], "EMPTY_DIR");
+    /* No answer, or a drip, for timeout seconds: the request fails and is
+     * retried (a server that accepts and never answers hung runs before).
+     * curl takes whole seconds. */
+    if (s->timeout > 0) {
+        long t = (long)ceil(s->timeout);
+        snprintf(v[K_TIMEOUT], sizeof v[K_TIMEOUT], "%ld", t);
+        snprintf(v[K_TIMEOUT + 1], sizeof v[K_TIMEOUT + 1], "%ld", t);
+        snprintf(v[K_TIMEOUT + 2], sizeof v[K_TIMEOUT + 2], "%d", TW_URL_LOW_SPEED);
+    }
     pthread_mutex_lock(&g_saved_lock);
     tw_url_saved *sv = &g_saved;
     for (int i = 0; i < N_KEYS; i++) {
@@ -537,9 +582,9 @@ void tw_url_settings_apply(const tw_url_settings *s, tw_url_saved **saved)
             continue;
         }
         const char *old = CPLGetConfigOption(k_keys[i], NULL);
-        /* The read-ahead knobs: the user's own setting wins. Retries follow
-         * the workflow (input.retries) always. */
-        if (old && i >= 2) continue;
+        /* The read-ahead knobs: the user's own setting wins. Retries and
+         * timeouts follow the workflow (input.retries, input.timeout) always. */
+        if (old && i >= 2 && i < K_TIMEOUT) continue;
         sv->old[i] = old ? CPLStrdup(old) : NULL;
         sv->set[i] = true;
         CPLSetConfigOption(k_keys[i], v[i]);

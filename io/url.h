@@ -89,11 +89,28 @@ typedef struct tw_url_settings {
     int merge_ranges;      /* GDAL_HTTP_MERGE_CONSECUTIVE_RANGES: 1 YES, 0 NO, -1 GDAL's default */
     const char *multirange; /* GDAL_HTTP_MULTIRANGE: "PARALLEL", "SERIAL", "SINGLE_GET" or NULL */
     bool no_listing; /* GDAL_DISABLE_READDIR_ON_OPEN=EMPTY_DIR (process-wide: hides sidecars) */
+    /* input.timeout, s: a request that connects in no more, and then never
+     * receives less than TW_URL_LOW_SPEED bytes/s for this long
+     * (GDAL_HTTP_CONNECTTIMEOUT, GDAL_HTTP_LOW_SPEED_TIME/_LIMIT); else it
+     * fails (curl: "Operation too slow", a transient failure, retried). */
+    double timeout;
 } tw_url_settings;
 
+/* input.timeout's default, s, and the speed below which a request counts
+ * as silent, bytes/s: a server that accepts and never answers, or drips a
+ * few bytes a second, fails the request after timeout seconds. */
+#define TW_URL_TIMEOUT_DEFAULT 5.0
+#define TW_URL_LOW_SPEED 1024
+
 /* The defaults measured best against a 50 ms server (bench/RESULTS.md,
- * "Remote inputs"), with retries/retry_delay given. Cannot fail. */
+ * "Remote inputs"), with retries/retry_delay given, timeout
+ * TW_URL_TIMEOUT_DEFAULT. Cannot fail. */
 tw_url_settings tw_url_default_settings(int retries, double retry_delay);
+
+/* tw_url_default_settings with the retries GDAL's configuration holds now
+ * (GDAL_HTTP_MAX_RETRY, GDAL_HTTP_RETRY_DELAY; 0 and 0.5 when unset): for
+ * what opens a remote path outside a run (tilewise info). Cannot fail. */
+tw_url_settings tw_url_gdal_settings(void);
 
 /* Tile-level retry schedule of a read that failed after GDAL's own retries
  * (a dropped connection or a truncated body, which GDAL 3.6 does not retry):

@@ -20,6 +20,7 @@
 #include <gdal.h>
 
 #include "core/alloc.h"
+#include "core/fileio.h"
 #include "io/gdal_msgs.h"
 #include "io/polygons.h"
 #include "io/url.h"
@@ -29,6 +30,9 @@
 
 tw_status tw_preflight_weights(const char *path, tw_error *err)
 {
+    /* a FIFO would block the open until a writer came */
+    tw_status rst = tw_path_check_regular(path, "model file", false, TW_ERR_MODEL, err);
+    if (rst != TW_OK) return rst;
     FILE *f = fopen(path, "rb");
     if (!f) return TW_OK; /* the model reader names the path and the reason */
     unsigned char m[4] = {0};

@@ -99,12 +99,14 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
         break;
     case TW_KEY_INPUT_SCALE:
     case TW_KEY_INPUT_RETRY_DELAY:
+    case TW_KEY_INPUT_TIMEOUT:
     case TW_KEY_TILING_MAX_NODATA_FRACTION:
     case TW_KEY_OUTPUT_MIN_AREA:
     case TW_KEY_OUTPUT_SIMPLIFY:
         tw_json_num(j, key,
                     k == TW_KEY_INPUT_SCALE         ? in->scale
                     : k == TW_KEY_INPUT_RETRY_DELAY ? in->retry_delay
+                    : k == TW_KEY_INPUT_TIMEOUT     ? in->timeout
                     : k == TW_KEY_OUTPUT_MIN_AREA   ? r->output.min_area
                     : k == TW_KEY_OUTPUT_SIMPLIFY   ? r->output.simplify
                                                     : r->tiling.max_nodata_fraction);

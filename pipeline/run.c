@@ -254,18 +254,26 @@ static tw_status band_mismatch(const tw_run_params *p, const tw_resolved *m, con
                         worst, p->model.weights, m->in_bands, m->in_bands, have);
 }
 
+/* Was the run asked to stop (tw_run_hooks.stop)? */
+static bool stopped(const run_ctx *c)
+{
+    return c->hooks && c->hooks->stop && __atomic_load_n(c->hooks->stop, __ATOMIC_RELAXED) != 0;
+}
+
 static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
-                              const char *const *sources, input_info *infos, tw_error *err)
+                              const char *const *sources, input_info *infos,
+                              const volatile sig_atomic_t *stop, tw_error *err)
 {
     int n_ok = 0;
     for (int i = 0; i < p->input.n_paths; i++) {
         tw_raster *r = NULL;
         char shown[TW_URL_SHOWN_MAX], shown_j[TW_URL_SHOWN_MAX];
         tw_url_redact(p->input.paths[i], shown, sizeof shown);
-        tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
+        tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct, .stop = stop};
         tw_error oerr;
         tw_error_init(&oerr);
         tw_status st = tw_raster_open_ex(sources[i], m->bands, m->n_bands, &op, &r, &oerr);
+        if (st == TW_CANCELLED) return tw_error_set(err, st, "%s", oerr.msg);
         if (st != TW_OK && band_mismatch(p, m, sources[i], shown, err) != TW_OK) return err->status;
         if (st != TW_OK && p->input.on_error == TW_ON_ERROR_SKIP && p->input.n_paths > 1) {
             /* One bad input of a batch: reported and skipped, the others run. */
@@ -904,17 +912,24 @@ tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
     /* GDAL's HTTP retries and read-ahead for this run (url.h); restored by
      * tw_run_ctx_release. */
     tw_url_settings net = tw_url_default_settings(p->input.retries, p->input.retry_delay);
+    net.timeout = p->input.timeout;
     tw_url_settings_apply(&net, &c->net_saved);
     for (int i = 0; i < p->input.n_paths; i++) {
         c->sources[i] = p->input.paths[i];
         if (p->input.n_assets > 0) {
             st = tw_stac_open(p->input.paths[i], (const char(*)[TW_NAME_MAX])p->input.assets,
                               p->input.n_assets, &c->stacs[i], err);
+            /* a remote item's fetch ends within input.timeout; a stop then
+             * is a stop, not a bad item */
+            if (st != TW_OK && stopped(c)) {
+                tw_error_init(err);
+                return tw_error_set(err, TW_CANCELLED, "stopped while reading the STAC item");
+            }
             if (st != TW_OK) return st;
             c->sources[i] = tw_stac_path(c->stacs[i]);
         }
     }
-    st = check_inputs(p, &c->m, c->sources, c->infos, err);
+    st = check_inputs(p, &c->m, c->sources, c->infos, c->hooks ? c->hooks->stop : NULL, err);
     /* output.stac: every input's datetime is known before the first tile */
     for (int i = 0; st == TW_OK && p->output.stac && i < p->input.n_paths; i++) {
         if (c->infos[i].skipped) continue;

@@ -41,7 +41,9 @@ static void chunk_of(const tw_pipe *pp, const tw_segment *seg, int row, int *r0,
 /* Open the input with the nodata value the workflow asks for. */
 static tw_status open_input(const tw_pipe *pp, tw_raster **r, tw_error *err)
 {
-    tw_raster_open_params op = {.tiff_direct = pp->p->input.tiff_direct, .shared_tiles = pp->tiles};
+    tw_raster_open_params op = {.tiff_direct = pp->p->input.tiff_direct,
+                                .shared_tiles = pp->tiles,
+                                .stop = pp->hooks ? pp->hooks->stop : NULL};
     tw_status st = tw_raster_open_ex(pp->path, pp->m->bands, pp->m->n_bands, &op, r, err);
     if (st != TW_OK) return st;
     const tw_raster_info *now = tw_raster_get_info(*r), *was = pp->info;
@@ -405,6 +407,11 @@ static work_result read_tiles_one_by_one(worker *w, tw_slot *s, int si, int ty, 
         tw_status st = tw_raster_read(w->r, x0, y0, T, T, (char *)s->raw + (size_t)k * raw_tile,
                                       s->valid + (size_t)k * px, &n_nodata, &n_inside, &rerr);
         w->bytes_read += (int64_t)raw_tile;
+        if (st == TW_CANCELLED || (st != TW_OK && stop_requested(pp))) {
+            /* a remote read cut short by a stop: the batch is dropped */
+            s->dropped = true;
+            return W_PASS;
+        }
         if (st != TW_OK) {
             /* an outage that outlasted the retries ends the run (resumable),
              * whatever on_error says: skipping would make nodata of it all */
@@ -439,6 +446,12 @@ static work_result read_run(worker *w, tw_slot *s, int si, int ty, int tx0, int 
     tw_status st =
         tw_raster_read_tiles(w->r, y0, w->xs, n, T, (char *)s->raw + (size_t)k0 * raw_tile,
                              s->valid + (size_t)k0 * px, w->nod, w->ins, &rerr);
+    if (st == TW_CANCELLED || (st != TW_OK && stop_requested(pp))) {
+        /* a remote read cut short by a stop (its request ended within
+         * input.timeout): the batch is dropped, not failed */
+        s->dropped = true;
+        return W_PASS;
+    }
     if (st == TW_ERR_REMOTE) {
         /* the retries are spent: reading the strip's tiles one by one would
          * wait them out once per tile */

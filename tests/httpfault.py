@@ -15,9 +15,12 @@ Control (GET /__ctl?...; answers JSON with the counters):
   kind=K&n=N         the next N range GETs fail with K
   kind=K&every=E     every E-th range GET fails with K (until kind=none)
   kind=outage        every request (HEAD too) answers 503 until kind=none
+  kind=silent        every request (HEAD too) is accepted and never answered
+                     (the connection held open) until kind=none
+  kind=drip          every request is answered one byte a second
   reset=1            zero the counters
 K: 503 | 429 | 500 | reset (connection dropped, RST) | truncate (half the
-body, then the connection is closed).
+body, then the connection is closed) | stall (no answer, connection held).
 Counters: requests, gets, heads, bytes (body bytes sent), faults, signed
 (requests with an AWS4-HMAC-SHA256 Authorization header), ranges (range
 GETs), queries (the query strings seen, for redaction checks).
@@ -90,6 +93,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if kind == "outage":
                 COUNT["faults"] += 1
                 return "503"
+            if kind in ("silent", "drip"):
+                COUNT["faults"] += 1
+                return kind
             if kind == "none" or not is_range_get:
                 return None
             COUNT["range_gets"] += 1
@@ -149,6 +155,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = os.path.realpath(os.path.join(self.root, rel))
         rng = self.headers.get("Range")
         fault = self._fault_for(not head and rng is not None)
+        if fault in ("silent", "stall"):
+            # accepted, never answered: held until the client gives up (or
+            # the fault is lifted: then the connection is closed unanswered)
+            for _ in range(6000):
+                with LOCK:
+                    if STATE["kind"] == "none":
+                        break
+                time.sleep(0.1)
+            self.close_connection = True
+            return
+        if fault == "drip":
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            for _ in range(100000):
+                with LOCK:
+                    if STATE["kind"] == "none":
+                        break
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(1.0)
+            self.close_connection = True
+            return
         if fault in ("503", "429", "500"):
             return self._error(int(fault), b"<Error><Code>SlowDown</Code></Error>")
         if fault == "reset":

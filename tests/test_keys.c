@@ -297,6 +297,7 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_INPUT_ASSETS] = "[B08, B03, B02]",
         [TW_KEY_INPUT_RETRIES] = "4",
         [TW_KEY_INPUT_RETRY_DELAY] = "1",
+        [TW_KEY_INPUT_TIMEOUT] = "60",
         [TW_KEY_INPUT_AOI] = "other.gpkg",
         [TW_KEY_INPUT_DATETIME] = "2020-01-01T00:00:00Z",
         [TW_KEY_MODEL_WEIGHTS] = "other.h5",

@@ -31,7 +31,9 @@ static void test_paths(void **state)
 {
     (void)state;
     to_gdal("https://host/a/b.tif", "/vsicurl/https://host/a/b.tif");
-    to_gdal("HTTP://host/b.tif?x=1", "/vsicurl/HTTP://host/b.tif?x=1");
+    /* a scheme is case-insensitive; GDAL's /vsicurl/ wants it lower case */
+    to_gdal("HTTP://host/b.tif?x=1", "/vsicurl/http://host/b.tif?x=1");
+    to_gdal("HttpS://u:p%40w@host/b.tif", "/vsicurl/https://u:p%40w@host/b.tif");
     to_gdal("s3://bucket/dir/key.tif", "/vsis3/bucket/dir/key.tif");
     to_gdal("/vsigs/bucket/key.tif", "/vsigs/bucket/key.tif");
     to_gdal("/vsizip//vsicurl/https://h/a.zip/x.tif", "/vsizip//vsicurl/https://h/a.zip/x.tif");
@@ -49,6 +51,16 @@ static void test_paths(void **state)
     tw_error_init(&err);
     assert_int_equal(tw_url_to_gdal("s3://bucket", out, sizeof out, &err), TW_ERR_INPUT);
     assert_non_null(strstr(err.msg, "s3://BUCKET/KEY"));
+    /* an '@' of a password not percent-encoded: refused at once, no secret shown */
+    tw_error_init(&err);
+    char big[256];
+    assert_int_equal(tw_url_to_gdal("http://bob:hun@ter2@host/x.tif", big, sizeof big, &err),
+                     TW_ERR_INPUT);
+    assert_non_null(strstr(err.msg, "%40"));
+    assert_null(strstr(err.msg, "hun"));
+    assert_null(strstr(err.msg, "ter2"));
+    tw_error_init(&err);
+    assert_int_equal(tw_url_to_gdal("http://host/a@b/x.tif?q=c@d", big, sizeof big, &err), TW_OK);
     tw_error_init(&err);
     char small[16];
     assert_int_equal(tw_url_to_gdal("https://host/long/path.tif", small, sizeof small, &err),
@@ -79,6 +91,10 @@ static void test_redact(void **state)
             "https://h/x.tif?token=REDACTED&key=REDACTED&signature=REDACTED&Signature=REDACTED"
             "&other=keep");
     redacts("https://user:pa55@host/x.tif", "https://REDACTED@host/x.tif");
+    /* a fragment's parameters (OAuth's implicit flow) like a query's */
+    redacts("http://host/x.tif#access_token=s3cr3t&token_type=bearer",
+            "http://host/x.tif#access_token=REDACTED&token_type=bearer");
+    redacts("http://host/x.tif?a=1#frag&sig=abc", "http://host/x.tif?a=1#frag&sig=REDACTED");
     /* Inside a GDAL message: the value ends at a blank, a quote, a bracket. */
     redacts("HTTP error code: 503 - https://h/x.tif?sig=abc. Retrying",
             "HTTP error code: 503 - https://h/x.tif?sig=REDACTED Retrying");
@@ -191,7 +207,12 @@ static void test_settings(void **state)
     assert_string_equal(CPLGetConfigOption("VSI_CACHE", ""), "TRUE");
     assert_string_equal(CPLGetConfigOption("CPL_VSIL_CURL_CHUNK_SIZE", ""), "262144");
     assert_null(CPLGetConfigOption("GDAL_HTTP_MERGE_CONSECUTIVE_RANGES", NULL));
+    /* input.timeout (default 5 s): a silent server fails the request */
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_CONNECTTIMEOUT", ""), "5");
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_LOW_SPEED_TIME", ""), "5");
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_LOW_SPEED_LIMIT", ""), "1024");
     tw_url_settings_restore(sv);
+    assert_null(CPLGetConfigOption("GDAL_HTTP_LOW_SPEED_TIME", NULL));
     assert_string_equal(CPLGetConfigOption("GDAL_HTTP_MAX_RETRY", ""), "1");
     assert_null(CPLGetConfigOption("GDAL_HTTP_RETRY_DELAY", NULL));
     assert_null(CPLGetConfigOption("CPL_VSIL_CURL_CHUNK_SIZE", NULL));
