@@ -13,8 +13,8 @@
  * input.scale and the model's mean/std (a mean outside +-3, very wide or flat
  * ranges are the classic wrong-input.scale symptoms; the scale hint is
  * computed from the band means, one per raster unless no one scale suits
- * every band (KEYS.md, input.scale); not for remote inputs). Notes are facts for validate's listing (the CRS and pixel
- * size, how many bands fit, which reader decodes), never warnings.
+ * every band (KEYS.md, input.scale); not for remote inputs). Notes are facts for validate's listing
+ * (the CRS and pixel size, how many bands fit, which reader decodes), never warnings.
  */
 #ifndef TW_ADVICE_H
 #define TW_ADVICE_H
@@ -25,13 +25,14 @@
 #include "core/params.h"
 
 #define TW_ADVICE_MAX 64
+#define TW_ADVICE_TEXT 640
 
 typedef struct tw_advice_item {
-    bool warning;   /* else a note */
-    char code[24];  /* warnings: stable codes ("no_crs", "values", "padding", ...);
-                       notes: validate's column ("crs", "values", "reader") */
-    int input;      /* index into input.path */
-    char text[640]; /* one line, the input named */
+    bool warning;              /* else a note */
+    char code[24];             /* warnings: stable codes ("no_crs", "values", "padding", ...);
+                                  notes: validate's column ("crs", "values", "reader") */
+    int input;                 /* index into input.path */
+    char text[TW_ADVICE_TEXT]; /* one line, the input named */
 } tw_advice_item;
 
 /* In the order validate lists them. */
