@@ -214,7 +214,7 @@ static void check_values(tw_advice *a, int input, const char *path, const char *
         if (zhi - zlo > 200 || (st[i].max > st[i].min && zhi - zlo < 0.05))
             snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "",
                      zhi - zlo > 200 ? "a very wide range" : "almost constant");
-        if (common && hint != m->scale)
+        if (common && fabs(hint - m->scale) > 1e-9 * m->scale) /* pow(10, -4) vs 0.0001 */
             snprintf(tip, sizeof tip, "; is input.scale %g meant?", hint);
         else if (!common && per[i] > 0)
             snprintf(tip, sizeof tip,
