@@ -111,12 +111,13 @@ void tw_validate_write(const tw_validation *v, FILE *out)
         fprintf(
             out,
             "polygons  %s.class.%s: at most %.0f regions%s in %d x %d cells, about %s "
-            "of file at that; at assembly %s left for them at %d bytes each: %lld regions\n",
+            "of file at that; at assembly %s left for them at %d bytes each (beside their "
+            "rows): %lld regions before the sieve\n",
             in->stem, tw_vector_format_names[v->vector_format], in->polygons_most, why,
             in->polygons_grid_w, in->polygons_grid_h,
             tw_format_bytes((size_t)(in->polygons_most * TW_POLYGONS_FILE_BYTES), b1, sizeof b1),
             tw_format_bytes(v->polygons_room, b2, sizeof b2), TW_POLYGONS_REGION_BYTES,
-            (long long)v->polygons_fit);
+            (long long)in->polygons_fit);
     }
     const tw_advice *a = &v->advice;
     for (int i = 0; i < v->n_checks; i++) fprintf(out, "warning   %s\n", a->items[i].text);

@@ -38,6 +38,11 @@
  *     and the last to end puts back what was there before), and
  *     peak_rss_bytes (the process's VmHWM). Callbacks run on the run's
  *     worker threads.
+ *   - runtime.memory is the run's own budget: it counts a fixed base for
+ *     the code and libraries (40 MiB, the CLI's size before a run) and what
+ *     the run allocates, never the host process's size, so a Python or
+ *     QGIS session that already holds memory gets the CLI's batch: auto
+ *     and the same refusals for the same workflow.
  *     The only thing a signal handler may do with this API is store to a
  *     run's stop flag (tilewise_run_options.stop).
  *

@@ -4,6 +4,7 @@
 #include <cpl_conv.h>
 #include <gdal.h>
 #include <math.h>
+#include <stdint.h>
 #include <ogr_srs_api.h>
 #include <stdio.h>
 #include <string.h>
@@ -174,36 +175,105 @@ bool tw_inspect_pixel_metres(const tw_inspect *ri, double *px, double *py)
     return true;
 }
 
-tw_status tw_inspect_band_ranges(const char *path, const int *bands, int n, double *lo, double *hi,
-                                 const char **how, bool *ok, tw_error *err)
+/* Mean, sd, min and max of band b from up to TW_INSPECT_SAMPLES windows
+ * (see tw_inspect_band_stats); false when no valid pixel was read. */
+static bool sample_band(GDALRasterBandH b, tw_band_stats *s)
+{
+    int W = GDALGetRasterBandXSize(b), H = GDALGetRasterBandYSize(b), bw = 0, bh = 0;
+    GDALGetBlockSize(b, &bw, &bh);
+    int ww = W < 256 ? W : 256, wh = H < 256 ? H : 256;
+    int has_nodata = 0;
+    double nodata = GDALGetRasterNoDataValue(b, &has_nodata);
+    int mflags = GDALGetMaskFlags(b);
+    GDALRasterBandH mask = (mflags & (GMF_ALL_VALID | GMF_NODATA))
+                               ? NULL
+                               : GDALGetMaskBand(b); /* alpha, per dataset */
+    double *px = tw_alloc(TW_MEM_OTHER, (size_t)ww * (size_t)wh * sizeof(double));
+    uint8_t *valid = mask ? tw_alloc(TW_MEM_OTHER, (size_t)ww * (size_t)wh) : NULL;
+    double sum = 0, sum2 = 0, lo = INFINITY, hi = -INFINITY, shift = NAN;
+    long long n = 0;
+    /* a raster of TW_INSPECT_SAMPLES windows or fewer is read whole */
+    int nx = (W + 255) / 256, ny = (H + 255) / 256;
+    bool whole = (long long)nx * ny <= TW_INSPECT_SAMPLES;
+    int n_win = whole ? nx * ny : TW_INSPECT_SAMPLES;
+    for (int g = 0; px && (!mask || valid) && g < n_win; g++) {
+        int x0, y0, cw = ww, ch = wh;
+        if (whole) {
+            x0 = g % nx * 256;
+            y0 = g / nx * 256;
+            cw = W - x0 < 256 ? W - x0 : 256;
+            ch = H - y0 < 256 ? H - y0 : 256;
+        } else {
+            /* the centre of cell g of an 8 x 8 grid; its window
+             * block-aligned when blocks are no larger than the window */
+            int cx = (int)(((double)(g % 8) + 0.5) * W / 8);
+            int cy = (int)(((double)(g / 8) + 0.5) * H / 8);
+            x0 = cx - ww / 2;
+            y0 = cy - wh / 2;
+            if (bw > 0 && bw <= ww) x0 = cx / bw * bw;
+            if (bh > 0 && bh <= wh) y0 = cy / bh * bh;
+            x0 = x0 < 0 ? 0 : x0 > W - ww ? W - ww : x0;
+            y0 = y0 < 0 ? 0 : y0 > H - wh ? H - wh : y0;
+            if ((ww == W && g % 8) || (wh == H && g / 8)) continue; /* the same window again */
+        }
+        if (GDALRasterIO(b, GF_Read, x0, y0, cw, ch, px, cw, ch, GDT_Float64, 0, 0) != CE_None)
+            continue;
+        if (mask &&
+            GDALRasterIO(mask, GF_Read, x0, y0, cw, ch, valid, cw, ch, GDT_Byte, 0, 0) != CE_None)
+            continue;
+        for (size_t k = 0; k < (size_t)cw * (size_t)ch; k++) {
+            double v = px[k];
+            if (!isfinite(v) || (has_nodata && v == nodata) || (mask && !valid[k])) continue;
+            if (isnan(shift)) shift = v; /* sums about the first value: no cancellation */
+            double d = v - shift;
+            sum += d;
+            sum2 += d * d;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+            n++;
+        }
+    }
+    tw_free(px);
+    tw_free(valid);
+    if (n == 0) return false;
+    double m = sum / (double)n, var = sum2 / (double)n - m * m;
+    s->mean = shift + m;
+    s->sd = var > 0 ? sqrt(var) : 0;
+    s->min = lo;
+    s->max = hi;
+    return true;
+}
+
+tw_status tw_inspect_band_stats(const char *path, const int *bands, int n, tw_band_stats *out,
+                                tw_error *err)
 {
     GDALDatasetH ds = open_raster(path, path, err);
     if (!ds) return TW_ERR_INPUT;
     for (int i = 0; i < n; i++) {
-        ok[i] = false;
-        how[i] = NULL;
-        GDALRasterBandH b = GDALGetRasterBand(ds, bands[i]);
+        tw_band_stats *s = &out[i];
+        memset(s, 0, sizeof *s);
+        GDALRasterBandH b = bands[i] >= 1 && bands[i] <= GDALGetRasterCount(ds)
+                                ? GDALGetRasterBand(ds, bands[i])
+                                : NULL;
         if (!b) continue;
-        how[i] = "";
+        s->how = "";
         tw_gdal_msgs m;
         tw_gdal_capture_begin(&m);
-        double mean, sd;
-        CPLErr e = GDALGetRasterStatistics(b, TRUE, FALSE, &lo[i], &hi[i], &mean, &sd);
+        CPLErr e = GDALGetRasterStatistics(b, TRUE, FALSE, &s->min, &s->max, &s->mean, &s->sd);
         tw_gdal_capture_end();
-        if (e == CE_None) {
-            how[i] = "statistics";
-            ok[i] = true;
+        if (e == CE_None && isfinite(s->min) && isfinite(s->max) && isfinite(s->mean) &&
+            isfinite(s->sd)) {
+            s->how = "statistics";
+            s->ok = true;
             continue;
         }
-        double mm[2] = {NAN, NAN};
         tw_gdal_capture_begin(&m);
-        GDALComputeRasterMinMax(b, TRUE, mm);
+        bool got = sample_band(b, s);
         tw_gdal_capture_end();
-        if (m.failures || !isfinite(mm[0]) || !isfinite(mm[1])) continue;
-        lo[i] = mm[0];
-        hi[i] = mm[1];
-        how[i] = "approximate scan";
-        ok[i] = true;
+        if (got) {
+            s->how = "sampled";
+            s->ok = true;
+        }
     }
     GDALClose(ds);
     return TW_OK;

@@ -51,12 +51,23 @@ void tw_inspect_destroy(tw_inspect *ri);
 /* Pixel size in ground metres (x, y), or false without has_metres. */
 bool tw_inspect_pixel_metres(const tw_inspect *ri, double *px, double *py);
 
-/* Minimum and maximum of each of the n 1-based bands of path: GDAL's
- * statistics when it has them (how[i] = "statistics"), else an approximate
- * scan ("approximate scan"); ok[i] false when neither gives a finite range
- * (how[i] ""), or when the raster has no such band (how[i] NULL).
- * TW_ERR_INPUT when the raster cannot be opened. */
-tw_status tw_inspect_band_ranges(const char *path, const int *bands, int n, double *lo, double *hi,
-                                 const char **how, bool *ok, tw_error *err);
+/* What tw_inspect_band_stats learns of one band. */
+typedef struct tw_band_stats {
+    const char *how; /* "statistics" (GDAL's stored ones), "sampled" (read here);
+                        "" when neither gives a finite value; NULL: no such band */
+    bool ok;         /* min..max, mean and sd are finite */
+    double min, max, mean, sd;
+} tw_band_stats;
+
+/* Approximate statistics of each of the n 1-based bands of path: GDAL's
+ * stored statistics when it has them, else read here: the whole band when
+ * it is TW_INSPECT_SAMPLES windows of 256 x 256 pixels or fewer, else that
+ * many such windows (block-aligned when the blocks are that small) at the
+ * centres of an 8 x 8 grid over the raster, leaving out the band's nodata value, masked and NaN
+ * pixels. Reads a bounded number of pixels whatever the raster's size; writes nothing (no .aux.xml:
+ * GDAL's ComputeStatistics would). TW_ERR_INPUT when the raster cannot be opened. Thread-safe. */
+#define TW_INSPECT_SAMPLES 64
+tw_status tw_inspect_band_stats(const char *path, const int *bands, int n, tw_band_stats *out,
+                                tw_error *err);
 
 #endif

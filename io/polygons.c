@@ -973,13 +973,12 @@ tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw
         size_t need = tw_polygons_memory(c.W, c.H, (int64_t)L0.n_out);
         lab_release(&L0);
         if (st == TW_OK && need > p->max_bytes) {
-            char a[32], b[32];
-            st = tw_error_set(err, TW_ERR_NOMEM,
-                              "%s: the class map has %zu regions; their polygons need about %s "
-                              "and runtime.memory leaves %s for them: set output.min_area "
-                              "(smaller regions are merged first) or give runtime.memory more",
-                              p->path, L0.n_out, fmt_bytes(need, a, sizeof a),
-                              fmt_bytes(p->max_bytes, b, sizeof b));
+            /* output.min_area cannot help: these are the regions before
+             * its sieve, whose arrays GDAL holds over all of them */
+            char a[32], b[32], d[32];
+            st = tw_error_set(err, TW_ERR_NOMEM, TW_POLYGONS_TOO_MANY, p->path, L0.n_out,
+                              fmt_bytes(need, a, sizeof a), fmt_bytes(p->max_bytes, b, sizeof b),
+                              fmt_bytes(need - p->max_bytes, d, sizeof d));
         }
     }
     /* regions of fewer cells than this are sieved (1: none is) */

@@ -35,7 +35,10 @@
  * tw_polygons_memory (TW_POLYGONS_REGION_BYTES a region before the sieve);
  * the regions are counted first, so a map with too many for max_bytes is
  * refused before the sieve. output.min_area does not lower the sieve's
- * share (it works on the regions before it), only the output's.
+ * share (it works on the regions before it), only the output's: a region
+ * smaller than min_area merges into its largest neighbour, but one whose
+ * neighbours are all smaller than min_area stays (GDALSieveFilter's rule:
+ * a checkerboard is left as it is).
  *
  * The output is written under ".<name>.part.gpkg" (".part.fgb") in the
  * same directory and renamed when complete, as the rasters are; on failure
@@ -74,11 +77,21 @@ typedef struct tw_polygons_params {
                                   counting pass before the sieve; 0: not checked */
 } tw_polygons_params;
 
+/* The refusal when the regions need more than max_bytes, with what can
+ * help (validate's warning uses the same words): printf arguments path,
+ * regions (size_t), need, max_bytes, the difference (formatted sizes). */
+#define TW_POLYGONS_HELP                                                                           \
+    "or make fewer regions (fewer cells: output.resolution: cells or a larger tiling.stride; "     \
+    "fewer classes); output.min_area cannot help (the regions are counted before its sieve)"
+#define TW_POLYGONS_TOO_MANY                                                                       \
+    "%s: the class map has %zu regions; their polygons need about %s and runtime.memory "          \
+    "leaves %s for them at assembly: give runtime.memory about %s more, " TW_POLYGONS_HELP
+
 /* Write the polygons of p->class_path to p->path (see above). Returns the
  * number of features in *n_features (may be NULL). TW_ERR_INPUT when a
  * raster cannot be read, TW_ERR_OUTPUT when the file cannot be written,
- * TW_ERR_NOMEM (also when the regions need more than max_bytes: the
- * message names output.min_area). Thread-safe for different files (GDAL's
+ * TW_ERR_NOMEM (also when the regions need more than max_bytes:
+ * TW_POLYGONS_TOO_MANY). Thread-safe for different files (GDAL's
  * message capture is per thread). */
 tw_status tw_polygons_write(const tw_polygons_params *p, int64_t *n_features, tw_error *err);
 

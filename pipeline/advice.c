@@ -99,10 +99,56 @@ static void check_padding(tw_advice *a, int input, const char *path, const tw_in
              path, ri->width, ri->height, m->tile, 100 * pad);
 }
 
-static int cmp_double(const void *x, const void *y)
+/* |mean after input.scale, mean and std| above this is warned (KEYS.md,
+ * input.scale): a network trained on (x - mean) / std saw band means within
+ * a few units of 0. */
+#define Z_MAX 3.0
+
+typedef struct band_fit {
+    bool used;        /* statistics known and the model's mean/std apply */
+    double mu, m, sd; /* the raster's sampled mean; the model's mean and std */
+} band_fit;
+
+static double z_of(const band_fit *f, double scale)
 {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
+    return (f->mu * scale - f->m) / f->sd;
+}
+
+/* Whether scale puts every used band's normalized mean within +-Z_MAX. */
+static bool fits_all(const band_fit *f, int n, double scale)
+{
+    for (int i = 0; i < n; i++)
+        if (f[i].used && !(fabs(z_of(&f[i], scale)) <= Z_MAX)) return false;
+    return true;
+}
+
+/* The value to suggest for scale s (bands f[0..n)): the power of ten
+ * nearest s when it, too, puts them within +-Z_MAX, else s itself. */
+static double suggest(const band_fit *f, int n, double s)
+{
+    double p = pow(10.0, round(log10(s)));
+    return fits_all(f, n, p) ? p : s;
+}
+
+/* The scale hint, computed (KEYS.md, input.scale): the s that puts the
+ * normalized band means nearest 0 (least squares over the bands,
+ * sum((mu s - m) / sd)^2 least), suggested as suggest() when it puts every
+ * band within +-Z_MAX; *common false when none does, and each band gets its
+ * own m / mu into per[] (0: none). Returns the common s, 0 when none. */
+static double scale_hint(const band_fit *f, int n, bool *common, double *per)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        per[i] = 0;
+        if (!f[i].used || f[i].mu == 0) continue;
+        num += f[i].mu * f[i].m / (f[i].sd * f[i].sd);
+        den += f[i].mu * f[i].mu / (f[i].sd * f[i].sd);
+        double s = f[i].m / f[i].mu;
+        if (s > 0 && isfinite(s)) per[i] = suggest(&f[i], 1, s);
+    }
+    double s = den > 0 ? num / den : 0;
+    *common = s > 0 && isfinite(s) && fits_all(f, n, s);
+    return *common ? suggest(f, n, s) : 0;
 }
 
 static void check_values(tw_advice *a, int input, const char *path, const char *gdal_path,
@@ -110,9 +156,9 @@ static void check_values(tw_advice *a, int input, const char *path, const char *
 {
     int n = m->n_bands > 0 ? m->n_bands : m->in_bands;
     int bands[TW_MAX_BANDS];
-    double los[TW_MAX_BANDS], his[TW_MAX_BANDS];
-    const char *hows[TW_MAX_BANDS];
-    bool oks[TW_MAX_BANDS], flagged[TW_MAX_BANDS];
+    tw_band_stats st[TW_MAX_BANDS];
+    band_fit fit[TW_MAX_BANDS];
+    bool flagged[TW_MAX_BANDS];
     for (int i = 0; i < n; i++) bands[i] = m->n_bands > 0 ? m->bands[i] : i + 1;
     /* Without a mean/std (neither the workflow nor the bundle gave one: 0
      * and 1 throughout) nothing says what the model was trained on. */
@@ -127,56 +173,64 @@ static void check_values(tw_advice *a, int input, const char *path, const char *
     }
     tw_error err;
     tw_error_init(&err);
-    if (tw_inspect_band_ranges(gdal_path, bands, n, los, his, hows, oks, &err) != TW_OK) return;
-    /* One scale hint for the raster: the bands of one sensor share a scale,
-     * so the hint is the median over the bands of the order of magnitude
-     * between the model's mean and the band's mid-range (before, each band
-     * got its own and one raster was told both 1e-05 and 0.0001). */
-    double mags[TW_MAX_BANDS];
-    int n_mags = 0, fits = 0, n_flagged = 0;
+    if (tw_inspect_band_stats(gdal_path, bands, n, st, &err) != TW_OK) return;
+    int fits = 0, n_flagged = 0;
     for (int i = 0; i < n; i++) {
         flagged[i] = false;
-        if (!hows[i] || !oks[i]) continue;
-        double lo = los[i], hi = his[i], mean = m->mean[i], sd = m->std[i];
-        double zlo = (lo * m->scale - mean) / sd, zhi = (hi * m->scale - mean) / sd;
-        /* A network trained on (x - mean) / std sees values within a few
-         * units; ranges far outside, or squeezed to nothing, are the
-         * classic wrong-input.scale symptoms. */
-        bool far = zlo > 8 || zhi<-8, wide = zhi - zlo> 200, flat = hi > lo && zhi - zlo < 0.05;
+        fit[i] = (band_fit){.used = st[i].how && st[i].ok && m->std[i] > 0,
+                            .mu = st[i].mean,
+                            .m = m->mean[i],
+                            .sd = m->std[i]};
+        if (!fit[i].used) continue;
+        double zlo = (st[i].min * m->scale - fit[i].m) / fit[i].sd;
+        double zhi = (st[i].max * m->scale - fit[i].m) / fit[i].sd;
+        /* A band mean outside +-Z_MAX, a range squeezed to nothing or
+         * hundreds of units wide: the classic wrong-input.scale symptoms. */
+        bool far = !(fabs(z_of(&fit[i], m->scale)) <= Z_MAX), wide = zhi - zlo > 200,
+             flat = st[i].max > st[i].min && zhi - zlo < 0.05;
         flagged[i] = far || wide || flat;
         n_flagged += flagged[i];
         fits += !flagged[i];
-        double mid = (lo + hi) / 2;
-        if (mid > 0 && mean > 0) mags[n_mags++] = log10(mean / mid);
     }
-    char hint[96] = "";
-    if (n_flagged > 0 && n_mags > 0) {
-        qsort(mags, (size_t)n_mags, sizeof mags[0], cmp_double);
-        double med = n_mags % 2 ? mags[n_mags / 2] : (mags[n_mags / 2 - 1] + mags[n_mags / 2]) / 2;
-        /* Only the order of magnitude: a mid-range is not a mean. */
-        snprintf(hint, sizeof hint, "; is input.scale %g meant?", pow(10.0, round(med)));
-    }
+    bool common = false;
+    double per[TW_MAX_BANDS];
+    double hint = n_flagged > 0 ? scale_hint(fit, n, &common, per) : 0;
     for (int i = 0; i < n; i++) {
-        if (!hows[i]) continue; /* no such band: the run's checks say so */
-        if (!oks[i]) {          /* the run's own reads say what is wrong, if anything */
-            NOTE("values", "%s band %d: cannot compute its range (no valid pixels?)", path,
+        if (!st[i].how) continue; /* no such band: the run's checks say so */
+        if (!st[i].ok) {          /* the run's own reads say what is wrong, if anything */
+            NOTE("values", "%s band %d: cannot compute its statistics (no valid pixels?)", path,
                  bands[i]);
             continue;
         }
         if (!flagged[i]) continue;
-        double lo = los[i], hi = his[i], mean = m->mean[i], sd = m->std[i];
-        double zlo = (lo * m->scale - mean) / sd, zhi = (hi * m->scale - mean) / sd;
+        const band_fit *f = &fit[i];
+        double z = z_of(f, m->scale);
+        double zlo = (st[i].min * m->scale - f->m) / f->sd;
+        double zhi = (st[i].max * m->scale - f->m) / f->sd;
+        char why[128] = "", tip[200] = "";
+        if (!(fabs(z) <= Z_MAX))
+            snprintf(why, sizeof why, "a mean outside +-%g: far from what it was trained on",
+                     Z_MAX);
+        if (zhi - zlo > 200 || (st[i].max > st[i].min && zhi - zlo < 0.05))
+            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "",
+                     zhi - zlo > 200 ? "a very wide range" : "almost constant");
+        if (common && fabs(hint - m->scale) > 1e-9 * m->scale) /* pow(10, -4) vs 0.0001 */
+            snprintf(tip, sizeof tip, "; is input.scale %g meant?", hint);
+        else if (!common && per[i] > 0)
+            snprintf(tip, sizeof tip,
+                     "; this band alone would need input.scale %.3g, and no one scale puts "
+                     "every band within +-%g (are input.bands in the model's order?)",
+                     per[i], Z_MAX);
         WARN("values",
-             "%s band %d: values %g..%g (%s) x scale %g give %.3g..%.3g after the model's mean "
-             "%g / std %g, %s%s",
-             path, bands[i], lo, hi, hows[i], m->scale, zlo, zhi, mean, sd,
-             zlo > 8 || zhi < -8 ? "far from what it was trained on"
-             : zhi - zlo > 200   ? "a very wide range"
-                                 : "almost constant",
-             hint);
+             "%s band %d: values %g..%g, mean %.4g (%s) x scale %g give %.3g..%.3g, mean %.3g "
+             "after the model's mean %g / std %g: %s%s",
+             path, bands[i], st[i].min, st[i].max, st[i].mean, st[i].how, m->scale, zlo, zhi, z,
+             f->m, f->sd, why, tip);
     }
-    NOTE("values", "%s: %d of %d bands within a plausible range of the model's mean/std (scale %g)",
-         path, fits, n, m->scale);
+    NOTE("values",
+         "%s: %d of %d bands with a mean within +-%g and a plausible range after the model's "
+         "mean/std (scale %g)",
+         path, fits, n, Z_MAX, m->scale);
 }
 
 /* Whether the tile at index (ax_i, ay_i) is classified: the run's rule

@@ -9,12 +9,12 @@
  *
  * For raster inputs (not STAC items): georeferencing (no geotransform or
  * CRS, rotated, stretched or odd pixels, geographic tiles of many km), tiles
- * that are more padding than raster, and each band's value range after
- * input.scale and the model's mean/std (far off, very wide or flat ranges are
- * the classic wrong-input.scale symptoms; one scale hint per raster, the
- * same for all its bands; not for remote inputs, whose statistics would read
- * every pixel). Notes are facts for validate's listing (the CRS and pixel
- * size, how many bands fit, which reader decodes), never warnings.
+ * that are more padding than raster, and each band's mean and range after
+ * input.scale and the model's mean/std (a mean outside +-3, very wide or flat
+ * ranges are the classic wrong-input.scale symptoms; the scale hint is
+ * computed from the band means, one per raster unless no one scale suits
+ * every band (KEYS.md, input.scale); not for remote inputs). Notes are facts for validate's listing
+ * (the CRS and pixel size, how many bands fit, which reader decodes), never warnings.
  */
 #ifndef TW_ADVICE_H
 #define TW_ADVICE_H
@@ -25,13 +25,14 @@
 #include "core/params.h"
 
 #define TW_ADVICE_MAX 64
+#define TW_ADVICE_TEXT 640
 
 typedef struct tw_advice_item {
-    bool warning;   /* else a note */
-    char code[24];  /* warnings: stable codes ("no_crs", "values", "padding", ...);
-                       notes: validate's column ("crs", "values", "reader") */
-    int input;      /* index into input.path */
-    char text[640]; /* one line, the input named */
+    bool warning;              /* else a note */
+    char code[24];             /* warnings: stable codes ("no_crs", "values", "padding", ...);
+                                  notes: validate's column ("crs", "values", "reader") */
+    int input;                 /* index into input.path */
+    char text[TW_ADVICE_TEXT]; /* one line, the input named */
 } tw_advice_item;
 
 /* In the order validate lists them. */
@@ -44,7 +45,7 @@ typedef struct tw_advice {
  * first; beyond TW_ADVICE_MAX items the rest are dropped). An input that
  * cannot be inspected gets no advice (the run's own checks report it).
  * Reads each raster's header and approximate band statistics (GDAL's
- * stored ones, else a subsampled min/max); writes nothing. Cannot fail. */
+ * stored ones, else a bounded sample: io/inspect.h); writes nothing. Cannot fail. */
 struct tw_resolved;
 void tw_advice_collect(const tw_run_params *p, const struct tw_resolved *m, tw_advice *a);
 

@@ -93,11 +93,7 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
     b->strip = in->strip;
     b->polygons = in->polygons;
     b->base = in->base;
-    /* what tw_alloc does not see: allocator slack, GDAL datasets, HDF5,
-     * threads' stacks, oneDNN's JIT-compiled kernels. Measured: peak RSS -
-     * base - tw_alloc's peak = 16-17 MiB for ResNet-18/50 on the CPU
-     * (bench/RESULTS.md, "Bounded memory") */
-    b->margin = 16 * MIB;
+    b->margin = TW_BUDGET_MARGIN;
     size_t kept = in->weights_consumed ? 0 : b->weights; /* through the run */
     b->weights_kept = kept;
     size_t fixed = b->base + kept + b->strip + b->polygons + b->margin;
@@ -179,7 +175,7 @@ const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_
         size_t bytes;
     } it[11];
     int n = 0;
-    it[n].name = "base (process before the run)", it[n++].bytes = b->base;
+    it[n].name = "base (code and libraries)", it[n++].bytes = b->base;
     if (load > run) {
         it[n].name = "model load (file + folded weights)", it[n++].bytes = load;
     } else {
@@ -222,6 +218,12 @@ const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_
     }
     snprintf(buf + used, size - used, " = %lld.%lld MiB", sum / 10, sum % 10);
     return buf;
+}
+
+size_t tw_budget_assembly_room(const tw_budget *b, size_t total)
+{
+    size_t fixed = b->base + b->weights_kept + b->workspace + b->margin + b->gdal_cache;
+    return total > fixed ? total - fixed : 0;
 }
 
 static size_t status_kib(const char *key)

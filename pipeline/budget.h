@@ -1,6 +1,6 @@
 /* budget.h - one memory budget for the whole run, fixed at start-up.
  *
- * Peak memory = base (the process before any work: code, libraries) +
+ * Peak memory = base (TW_BUDGET_BASE: the code and libraries a run needs) +
  * output strip + margin + the larger of the model load (the file's tensors
  * and the folded weights side by side: twice the weights) and the run
  * (slots x slot size + the readers' strips + backend workspace + GDAL block
@@ -21,9 +21,24 @@
 #include "core/error.h"
 #include "pipeline/plan.h"
 
+/* The run's base: the code and the libraries' state a run needs (GDAL,
+ * oneDNN, HDF5), as the CLI's RSS before a run measures it (37 MiB on
+ * x86-64, GDAL 3.6), rounded up. A constant, not the host process's RSS:
+ * runtime.memory is the run's own budget, so a library session (Python,
+ * QGIS) that already holds memory of its own gets the CLI's batch for the
+ * same workflow (before, its RSS counted as base: a smaller batch, or a
+ * refusal where the CLI runs). */
+#define TW_BUDGET_BASE ((size_t)40 << 20)
+
+/* What tw_alloc does not see: allocator slack, GDAL datasets, HDF5,
+ * threads' stacks, oneDNN's JIT-compiled kernels. Measured: peak RSS -
+ * base - tw_alloc's peak = 16-17 MiB for ResNet-18/50 on the CPU
+ * (bench/RESULTS.md, "Bounded memory"). */
+#define TW_BUDGET_MARGIN ((size_t)16 << 20)
+
 typedef struct tw_budget_in {
     size_t total;          /* runtime.memory */
-    size_t base;           /* process RSS before the run's allocations */
+    size_t base;           /* TW_BUDGET_BASE (tests give others) */
     size_t weights;        /* folded weights on the host */
     bool weights_consumed; /* freed by the backend's reserve (consumes_weights) */
     const tw_backend *backend;
@@ -90,6 +105,13 @@ const char *tw_format_bytes(size_t bytes, char *buf, size_t size);
  * counts and nothing else, rounded so that the shown items add up to the
  * shown total. Returns buf. */
 const char *tw_budget_breakdown(const tw_budget *b, bool worst, char *buf, size_t size);
+
+/* What the assembly of products (polygons' regions) may take of total
+ * (runtime.memory) beside b's fixed items: base, the weights kept, the
+ * backend's workspace, the margin and the GDAL cache (the slots, readers
+ * and strip are released by then); 0 when they fill it. The same number
+ * for validate and the run. */
+size_t tw_budget_assembly_room(const tw_budget *b, size_t total);
 
 /* Resident set size of this process now, and its peak (VmHWM), in bytes. */
 size_t tw_rss_now(void);

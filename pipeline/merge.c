@@ -69,7 +69,7 @@ static void writer_params_for(const tw_run_params *p, const tw_resolved *m, cons
 
 tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
                             const tw_raster_info *info, const char *source, const char *config_json,
-                            tw_parts *parts, tw_input_result *res, tw_error *err)
+                            size_t room, tw_parts *parts, tw_input_result *res, tw_error *err)
 {
     tw_plan plan;
     tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
@@ -191,11 +191,10 @@ tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
             .simplify = p->output.simplify,
             .metadata_json = config_json,
         };
-        /* the regions may take what runtime.memory leaves beside the
-         * process and GDAL's block cache (checked before the sieve) */
-        size_t used = tw_rss_now() + (size_t)GDALGetCacheMax64();
-        pp.max_bytes = p->runtime.memory > used + ((size_t)1 << 20) ? p->runtime.memory - used
-                                                                    : ((size_t)1 << 20);
+        /* the regions may take what the run's budget leaves at assembly
+         * (checked before the sieve): the number validate shows, not the
+         * host process's RSS */
+        pp.max_bytes = room > ((size_t)1 << 20) ? room : ((size_t)1 << 20);
         st = tw_polygons_write(&pp, NULL, err);
     }
     if (st == TW_OK) st = tw_parts_remove(parts, err);
@@ -360,9 +359,16 @@ tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic
             tw_stac_run_collection_id(out_dir, collection_id, sizeof collection_id);
         if (st == TW_OK && stac)
             st = tw_stac_run_forget(&mf->p, stems[i], collection_id[0] != '\0', err);
-        if (st == TW_OK)
-            st = tw_merge_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json, parts,
-                                   res, err);
+        if (st == TW_OK) {
+            /* merge runs no model: its budget is the base, the margin and
+             * GDAL's block cache */
+            tw_budget mb = {.base = TW_BUDGET_BASE,
+                            .margin = TW_BUDGET_MARGIN,
+                            .gdal_cache = (size_t)GDALGetCacheMax64()};
+            st = tw_merge_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json,
+                                   tw_budget_assembly_room(&mb, mf->p.runtime.memory), parts, res,
+                                   err);
+        }
         if (st == TW_OK && stac)
             st = tw_stac_run_item(&mf->p, &mf->m, &mf->info, &mf->stac,
                                   collection_id[0] ? collection_id : NULL, res, err);

@@ -690,7 +690,9 @@ static tw_status finish(run_ctx *c, int idx, tw_input_result *res, tw_parts *par
     tw_status st = TW_OK;
     if (stac) st = tw_stac_run_forget(p, res->stem, c->collection_id[0] != '\0', err);
     if (st == TW_OK && p->shard_count == 1)
-        st = tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json, parts, res, err);
+        st =
+            tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json,
+                              tw_budget_assembly_room(&c->bud, p->runtime.memory), parts, res, err);
     if (st == TW_OK && stac)
         st = tw_stac_run_item(p, &c->m, info, &c->infos[idx].stac,
                               c->collection_id[0] ? c->collection_id : NULL, res, err);
@@ -882,6 +884,61 @@ void tw_run_checks_advice(const run_ctx *c, tw_advice *a)
         snprintf(it->code, sizeof it->code, "output");
         snprintf(it->text, sizeof it->text, "%s", c->warn.msg[i]);
     }
+    for (int i = 0; i < c->polygons.n && a->n < TW_ADVICE_MAX; i++) {
+        tw_advice_item *it = &a->items[a->n++];
+        memset(it, 0, sizeof *it);
+        it->warning = true;
+        a->n_warnings++;
+        snprintf(it->code, sizeof it->code, "polygons_memory");
+        snprintf(it->text, sizeof it->text, "%s", c->polygons.msg[i]);
+    }
+}
+
+int64_t tw_run_polygons_fit(const run_ctx *c, int i, int *grid_w, int *grid_h)
+{
+    const tw_raster_info *info = &c->infos[i].info;
+    int gw = info->width, gh = info->height;
+    tw_plan plan;
+    tw_error e;
+    tw_error_init(&e);
+    if (c->p->output.resolution != TW_RESOLUTION_INPUT &&
+        tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, c->p->tiling.edge, 0, 1,
+                     &plan, &e) == TW_OK) {
+        gw = plan.grid_w;
+        gh = plan.grid_h;
+    }
+    *grid_w = gw;
+    *grid_h = gh;
+    /* the run's check (merge.c, io/polygons.c): tw_polygons_memory of the
+     * regions within the room */
+    size_t room = tw_budget_assembly_room(&c->bud, c->p->runtime.memory);
+    size_t fixed = tw_polygons_memory(gw, gh, 0);
+    return room > fixed ? (int64_t)((room - fixed) / TW_POLYGONS_REGION_BYTES) : 0;
+}
+
+/* products: [polygons]: a warning per input whose class map, a region per
+ * cell at worst, may not fit what the budget leaves at assembly. */
+static void polygons_check(run_ctx *c)
+{
+    c->polygons.n = 0;
+    for (int i = 0; i < c->p->input.n_paths && c->polygons.n < TW_PREFLIGHT_MAX_WARNINGS; i++) {
+        if (c->infos[i].skipped) continue;
+        int gw, gh;
+        int64_t fit = tw_run_polygons_fit(c, i, &gw, &gh);
+        int64_t cells = (int64_t)gw * gh;
+        if (cells <= fit) continue;
+        char shown[TW_URL_SHOWN_MAX], more[32];
+        tw_url_redact(c->p->input.paths[i], shown, sizeof shown);
+        size_t worst = tw_polygons_memory(gw, gh, cells);
+        size_t room = tw_budget_assembly_room(&c->bud, c->p->runtime.memory);
+        snprintf(c->polygons.msg[c->polygons.n++], sizeof c->polygons.msg[0],
+                 "%.160s: polygons: its class map of %d x %d cells may have up to %lld regions "
+                 "and runtime.memory leaves room for %lld at assembly: a class map with more "
+                 "stops the run (exit 4) after the inference; give runtime.memory about %s more "
+                 "for the worst case, " TW_POLYGONS_HELP,
+                 shown, gw, gh, (long long)cells, (long long)fit,
+                 tw_format_bytes(worst - room, more, sizeof more));
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -943,7 +1000,6 @@ tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
 
 tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
 {
-    size_t base = tw_rss_now();
     tw_status st = tw_run_prepare_inputs(c, p, err);
     if (st == TW_OK) st = preflight(c, p, err);
     if (st != TW_OK) return st;
@@ -987,7 +1043,7 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         }
     tw_budget_in bin = {
         .total = p->runtime.memory,
-        .base = base,
+        .base = TW_BUDGET_BASE, /* the run's own, not the host process's (budget.h) */
         .weights = c->net->weight_bytes,
         .weights_consumed = c->be.i->consumes_weights(c->be.ctx, p->runtime.precision),
         .backend = &c->be,
@@ -1014,7 +1070,9 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         bin.polygons = p->output.resolution == TW_RESOLUTION_INPUT
                            ? tw_polygons_memory(wi->width, wi->height, 0)
                            : tw_polygons_memory(plan.grid_w, plan.row_end - plan.row_begin, 0);
-    return tw_budget_plan(&bin, &c->bud, err);
+    st = tw_budget_plan(&bin, &c->bud, err);
+    if (st == TW_OK && (p->output.products & TW_PRODUCT_POLYGONS)) polygons_check(c);
+    return st;
 }
 
 /* The run proper: tw_run inside the run's allocator scope. */

@@ -150,6 +150,7 @@ typedef struct tw_validation_input {
      * output.min_area leaves (cells) and so the most regions it can hold */
     int polygons_grid_w, polygons_grid_h;
     double polygons_min_cells, polygons_most;
+    int64_t polygons_fit; /* the regions (before the sieve) that fit at assembly */
     /* output.stac: the item's name and datetime (pipeline/stac_run.h) */
     char stem[256];
     char stac_datetime[64];
@@ -167,8 +168,8 @@ typedef struct tw_validation {
     bool stac;                 /* output.stac */
     unsigned products;         /* output.products */
     tw_vector_format vector_format;
-    size_t polygons_room; /* products: [polygons]: memory left for the regions at assembly */
-    int64_t polygons_fit; /* and the regions that fit in it */
+    size_t polygons_room; /* products: [polygons]: memory left at assembly (its rows and
+                             the regions: tw_budget_assembly_room) */
     int stac_items;       /* items a run writes (inputs not skipped) */
     int shard_count;
     bool resolved; /* model, backend and precision below are set */

@@ -20,6 +20,7 @@
 #include "model/resnet.h"
 #include "core/error.h"
 #include "core/params.h"
+#include "pipeline/advice.h"
 #include "pipeline/budget.h"
 #include "pipeline/parts.h"
 #include "pipeline/preflight.h"
@@ -60,6 +61,10 @@ typedef struct run_ctx {
     const char **sources; /* [n_paths]: what tw_raster_open opens */
     tw_url_saved *net_saved;
     tw_preflight_warnings warn;
+    struct {
+        int n;
+        char msg[TW_PREFLIGHT_MAX_WARNINGS][TW_ADVICE_TEXT];
+    } polygons; /* regions that may not fit (tw_run_polygons_fit) */
     char config_json[TW_CONFIG_JSON_MAX];
     char collection_id[300]; /* output.stac over several inputs: collection.json's id, else "" */
 } run_ctx;
@@ -89,9 +94,18 @@ tw_status tw_run_probe_parts(run_ctx *c, int idx, const tw_plan *plan, tw_error 
 void tw_run_ctx_release(run_ctx *c);
 
 /* Append the output checks' warnings (c->warn, as prepare left them) to *a
- * as warnings with code "output", as far as TW_ADVICE_MAX allows: a run
- * logs them first, validate lists them with the plan. */
+ * as warnings with code "output", then prepare's polygons warnings with code
+ * "polygons_memory", as far as TW_ADVICE_MAX allows: a run logs them first,
+ * validate lists them with the plan. */
 void tw_run_checks_advice(const run_ctx *c, tw_advice *a);
+
+/* products: [polygons], input i (planned by tw_run_prepare): the class
+ * map's grid (*grid_w x *grid_h cells) and the most regions its polygons
+ * fit in what the budget leaves at assembly (tw_budget_assembly_room):
+ * the run stops (exit 4) when the class map has more, counted before
+ * output.min_area's sieve. Prepare warns when the worst case, a region per
+ * cell, does not fit. */
+int64_t tw_run_polygons_fit(const run_ctx *c, int i, int *grid_w, int *grid_h);
 
 /* The output name of input i of p (its files are OUT/name.*, its parts
  * OUT/.tilewise/name/): output.name's template (core/keys.h,
@@ -121,11 +135,13 @@ static inline bool tw_run_keeps_tiles(unsigned products)
  * res->stem.*, with config_json as their metadata, then remove the parts.
  * source: the raster as the run opened it (its own nodata stays nodata at
  * output.resolution: input; NULL: not read again).
- * Fills res->hist, res->nodata_cells and res->outputs. p, m, info and
- * config_json are borrowed; parts stays the caller's to close. */
+ * room: what the polygons' regions may take (tw_budget_assembly_room, the
+ * number validate shows). Fills res->hist, res->nodata_cells and
+ * res->outputs. p, m, info and config_json are borrowed; parts stays the
+ * caller's to close. */
 tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
                             const tw_raster_info *info, const char *source, const char *config_json,
-                            tw_parts *parts, tw_input_result *res, tw_error *err);
+                            size_t room, tw_parts *parts, tw_input_result *res, tw_error *err);
 
 /* (merge.c) After res's products are final: the files of res->stem in
  * p->output.dir that a run of some configuration writes (the rasters, the

@@ -60,24 +60,20 @@ static void remote_cost(const run_ctx *c, int i, const tw_plan *plan, tw_validat
 }
 
 /* products: [polygons]: what its regions may take at assembly (what
- * runtime.memory leaves beside the process, the weights, the backend's
- * workspace and GDAL's cache: the slots are freed by then) and, per input,
- * the most regions the class map can have. */
+ * runtime.memory leaves beside the base, the weights, the backend's
+ * workspace, the margin and GDAL's cache: the slots are freed by then) and,
+ * per input, the regions that fit (the run's own check: more stop it) and
+ * the most the output can have after output.min_area's sieve. */
 static void polygons_estimate(const run_ctx *c, tw_validation *v)
 {
     const tw_run_params *p = c->p;
-    const tw_budget *b = &c->bud;
-    size_t fixed =
-        b->base + b->weights_kept + b->workspace + b->margin + b->gdal_cache + b->polygons;
-    v->polygons_room = p->runtime.memory > fixed ? p->runtime.memory - fixed : 0;
-    v->polygons_fit = (int64_t)(v->polygons_room / TW_POLYGONS_REGION_BYTES);
+    v->polygons_room = tw_budget_assembly_room(&c->bud, p->runtime.memory);
     for (int i = 0; i < v->n_inputs; i++) {
         tw_validation_input *in = &v->inputs[i];
         if (in->skipped) continue;
         const tw_raster_info *info = &c->infos[i].info;
         bool in_res = p->output.resolution == TW_RESOLUTION_INPUT;
-        in->polygons_grid_w = in_res ? info->width : in->grid_w;
-        in->polygons_grid_h = in_res ? info->height : in->grid_h;
+        in->polygons_fit = tw_run_polygons_fit(c, i, &in->polygons_grid_w, &in->polygons_grid_h);
         double px = in_res ? 1.0 : (double)in->stride;
         double cell = fabs(info->geotransform[1] * info->geotransform[5] -
                            info->geotransform[2] * info->geotransform[4]) *

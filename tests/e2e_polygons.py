@@ -38,6 +38,7 @@ checked against independent references: the class map through GDAL, scipy's
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -289,6 +290,64 @@ def main():
     check(r.returncode == 0 and " + polygons " in r.stdout and len(est) == 1
           and "holed.class.gpkg: at most 7744 regions in 88 x 88 cells" in est[0],
           f"validate shows the polygons' budget item and estimate: {est}")
+
+    # ---- the regions' memory: validate and the run agree (issue 40.2) ----
+    # The run counts the class map's regions before the sieve against what
+    # the budget leaves at assembly (more: exit 4, tests/test_polygons.c);
+    # validate and the run warn, with the run's words, when a region per
+    # cell would not fit, and --strict refuses. At output.resolution: input
+    # the class map has 349 x 352 cells, whose worst case (9.4 MiB) a tight
+    # budget cannot hold although this map's 36 regions fit. runtime.memory
+    # is searched (in bytes) for a room of a given number of regions: with
+    # tiling.batch fixed a byte less is 1/80 region less, or 3/4 of that
+    # where GDAL's cache is capped at a quarter of what the fixed items leave.
+    full_wf = os.path.join(work, "full.yaml")
+    cells = 349 * 352
+
+    def tw(cmd, memory, name, *more):
+        args = [BIN, cmd, full_wf, "--set", f"runtime.memory={memory}", "--set", "tiling.batch=4",
+                "--set", "output.resolution=input", "--set",
+                f"output.dir={os.path.join(work, name)}", *more]
+        return subprocess.run(args + (["-q"] if cmd == "run" else []), capture_output=True,
+                              text=True)
+
+    def fit_of(r):
+        m = re.search(r"left for them at 80 bytes each \(beside their rows\): (\d+) regions",
+                      r.stdout)
+        return int(m.group(1)) if m else -1
+
+    def memory_for(lo, hi):
+        memory = 1 << 30
+        for _ in range(30):
+            r = tw("validate", memory, "v")
+            fit = fit_of(r)
+            if lo <= fit <= hi:
+                return memory, fit, r
+            memory += ((lo + hi) // 2 - fit) * 80
+        sys.exit(f"FAIL: no runtime.memory leaves room for {lo}..{hi} regions ({r.stdout})")
+
+    tight, tight_fit, r = memory_for(cells - 20000, cells - 10000)
+    warn = [ln for ln in r.stdout.splitlines() if ln.startswith("warning") and "polygons:" in ln]
+    words = (f"polygons: its class map of 349 x 352 cells may have up to {cells} regions and "
+             f"runtime.memory leaves room for {tight_fit} at assembly: a class map with more "
+             f"stops the run (exit 4)")
+    check(r.returncode == 0 and len(warn) == 1 and words in warn[0]
+          and "output.min_area cannot help" in warn[0] and "give runtime.memory about" in warn[0],
+          f"validate, room for {tight_fit} of {cells} regions: the polygons warning "
+          f"({warn or r.stdout})")
+    r = tw("run", tight, "r1")
+    check(r.returncode == 0 and words in r.stderr
+          and os.path.exists(os.path.join(work, "r1", "holed.class.gpkg")),
+          f"the run warns the same and, with 36 regions, fits ({r.returncode}: {r.stderr[-400:]})")
+    r = tw("run", tight, "r2", "--strict")
+    check(r.returncode == 2 and words in r.stderr and not os.path.exists(os.path.join(work, "r2")),
+          f"run --strict: refused before the first tile ({r.returncode}: {r.stderr[-300:]})")
+    roomy, roomy_fit, r = memory_for(cells, cells + 2000)  # room for a region per cell
+    check(not [ln for ln in r.stdout.splitlines() if ln.startswith("warning")],
+          f"room for {roomy_fit} regions: no warning ({r.stdout})")
+    r = tw("run", roomy, "r3")
+    check(r.returncode == 0 and r.stderr.strip() == "",
+          f"and the run fits without a warning ({r.returncode}: {r.stderr[-300:]})")
 
     # ---- bad input ----
     for setting, key_name in (("output.min_area=-1", "output.min_area"),

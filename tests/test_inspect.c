@@ -52,15 +52,16 @@ static void test_sample_raster(void **state)
     tw_inspect_destroy(NULL);
 
     int bands[3] = {1, 6, 99};
-    double lo[3], hi[3];
-    const char *how[3];
-    bool ok[3];
-    assert_int_equal(tw_inspect_band_ranges(sample(), bands, 3, lo, hi, how, ok, &err), TW_OK);
-    assert_true(ok[0] && ok[1]);
-    assert_true(lo[0] >= 0 && hi[0] <= 255 && lo[0] < hi[0]);
-    assert_non_null(how[0]);
-    assert_false(ok[2]);
-    assert_null(how[2]); /* no band 99 */
+    tw_band_stats s[3];
+    assert_int_equal(tw_inspect_band_stats(sample(), bands, 3, s, &err), TW_OK);
+    assert_true(s[0].ok && s[1].ok);
+    assert_true(s[0].min >= 0 && s[0].max <= 255 && s[0].min < s[0].max);
+    assert_non_null(s[0].how);
+    /* the whole 128 x 128 raster is sampled: numpy's mean/std of band 1 */
+    assert_true(fabs(s[0].mean - 79.14771913258662) < 1e-9);
+    assert_true(fabs(s[0].sd - 14.694064257216084) < 1e-9);
+    assert_false(s[2].ok);
+    assert_null(s[2].how); /* no band 99 */
 }
 
 static void test_not_a_raster(void **state)
@@ -74,12 +75,9 @@ static void test_not_a_raster(void **state)
     assert_null(ri);
     assert_non_null(strstr(err.msg, "/nonexistent/x.tif: not a raster GDAL can open"));
     int b = 1;
-    double lo, hi;
-    const char *how;
-    bool ok;
+    tw_band_stats s;
     tw_error_init(&err);
-    assert_int_equal(tw_inspect_band_ranges("/nonexistent/x.tif", &b, 1, &lo, &hi, &how, &ok, &err),
-                     TW_ERR_INPUT);
+    assert_int_equal(tw_inspect_band_stats("/nonexistent/x.tif", &b, 1, &s, &err), TW_ERR_INPUT);
 }
 
 static void test_capture(void **state)

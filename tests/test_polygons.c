@@ -277,11 +277,71 @@ static void simplify_shared(void **state)
     GDALClose(ds);
 }
 
+/* A 16 x 16 checkerboard of two classes (10 m cells): 256 regions of one
+ * cell each (issue 40.2). Too many for max_bytes: refused naming what can
+ * help, and output.min_area not as a remedy (it cannot lower the count,
+ * taken before its sieve: the same refusal with a large one). With room,
+ * a min_area of 100 cells leaves every region: each is smaller, but so are
+ * all its neighbours (GDALSieveFilter's rule, README). */
+static void checkerboard(void **state)
+{
+    (void)state;
+    char dir[512], cls[512], conf[512], out[512];
+    snprintf(dir, sizeof dir, "%s", tw_test_tmpdir());
+    snprintf(cls, sizeof cls, "%s", tw_test_path(dir, "board.tif"));
+    snprintf(conf, sizeof conf, "%s", tw_test_path(dir, "board_conf.tif"));
+    snprintf(out, sizeof out, "%s", tw_test_path(dir, "board.class.gpkg"));
+    GDALAllRegister();
+    GDALDriverH drv = GDALGetDriverByName("GTiff");
+    double gt[6] = {500000, 10, 0, 6000000, 0, -10};
+    GDALDatasetH c = GDALCreate(drv, cls, 16, 16, 1, GDT_Byte, NULL);
+    GDALDatasetH f = GDALCreate(drv, conf, 16, 16, 1, GDT_Float32, NULL);
+    assert_non_null(c);
+    assert_non_null(f);
+    GDALSetGeoTransform(c, gt);
+    GDALSetGeoTransform(f, gt);
+    GDALSetRasterNoDataValue(GDALGetRasterBand(c, 1), 255);
+    uint8_t board[16][16];
+    float v[16][16];
+    for (int y = 0; y < 16; y++)
+        for (int x = 0; x < 16; x++) board[y][x] = (uint8_t)((x + y) % 2), v[y][x] = 0.75f;
+    assert_int_equal(GDALRasterIO(GDALGetRasterBand(c, 1), GF_Write, 0, 0, 16, 16, board, 16, 16,
+                                  GDT_Byte, 0, 0),
+                     CE_None);
+    assert_int_equal(
+        GDALRasterIO(GDALGetRasterBand(f, 1), GF_Write, 0, 0, 16, 16, v, 16, 16, GDT_Float32, 0, 0),
+        CE_None);
+    GDALClose(c);
+    GDALClose(f);
+
+    tw_polygons_params p = params(cls, conf, out, dir);
+    p.max_bytes = tw_polygons_memory(16, 16, 256) - 1;
+    tw_error err;
+    tw_error_init(&err);
+    assert_int_equal(tw_polygons_write(&p, NULL, &err), TW_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "the class map has 256 regions"));
+    assert_non_null(strstr(err.msg, "give runtime.memory about"));
+    assert_non_null(strstr(err.msg, "output.min_area cannot help"));
+    assert_null(strstr(err.msg, "set output.min_area"));
+    p.min_area = 100 * 100.0; /* 100 cells */
+    tw_error_init(&err);
+    assert_int_equal(tw_polygons_write(&p, NULL, &err), TW_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "256 regions"));
+    assert_false(tw_test_file_exists(out));
+
+    p.max_bytes = tw_polygons_memory(16, 16, 256);
+    int64_t n = 0;
+    tw_error_init(&err);
+    assert_int_equal(tw_polygons_write(&p, &n, &err), TW_OK);
+    assert_int_equal(n, 256);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(exact_regions),
         cmocka_unit_test(sieve_and_memory),
+        cmocka_unit_test(checkerboard),
         cmocka_unit_test(simplify_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -152,6 +152,28 @@ def test_two_runs_into_one_folder_on_two_threads(tmp_path):
     assert json.load(open(os.path.join(out, "run.json")))["status"] == "ok"
 
 
+def test_budget_is_the_runs_own(tmp_path):
+    """runtime.memory is the run's budget, not the host process's (issue
+    40.2): a Python process that holds ~600 MiB runs the sample workflow with
+    runtime.memory 512MiB (which the CLI fits) with the CLI's auto batch.
+    Before, the process's RSS counted as the run's base: refused (exit 4)."""
+    os.chdir(SRC)
+    sets = {"runtime.device": "cpu", "runtime.memory": "512MiB", "tiling.batch": "auto"}
+    flags = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    cli_out = str(tmp_path / "cli")
+    cli("run", "workflows/sample.yaml", "-q", "--set", f"output.dir={cli_out}", *flags)
+    with open(os.path.join(cli_out, "run.json")) as f:
+        want = json.load(f)["memory"]["batch"]
+    held = np.ones(600 << 20, dtype=np.uint8)  # written: resident
+    out = str(tmp_path / "lib")
+    rep = tilewise.run("workflows/sample.yaml", overrides=dict(sets, **{"output.dir": out}))
+    assert held[-1] == 1
+    with open(os.path.join(out, "run.json")) as f:
+        got = json.load(f)["memory"]
+    assert rep["status"] == "ok" and got["batch"] == want, (got, want)
+    assert got["items"]["base"] == 40 << 20  # the run's own base, not the process's size
+
+
 def test_run_gives_the_cli_bytes(tmp_path):
     out = str(tmp_path / "out")
     sets = {"output.dir": out, "runtime.device": "cpu"}
