@@ -87,7 +87,9 @@ enum { CPU_MIN_PLAN_BATCH = 4 };
 
 static int plan_batch(int batch)
 {
-    return batch < CPU_MIN_PLAN_BATCH ? CPU_MIN_PLAN_BATCH : batch;
+    if (batch < CPU_MIN_PLAN_BATCH) batch = CPU_MIN_PLAN_BATCH;
+    /* whole groups of oneDNN's Winograd convs (cpu_internal.h) */
+    return (batch + CPU_WINO_GROUP - 1) / CPU_WINO_GROUP * CPU_WINO_GROUP;
 }
 
 static size_t mode_bytes(cpu_ctx *c, const tw_resnet *net, int tile, int max_batch, num_mode mode)

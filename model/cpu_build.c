@@ -295,6 +295,14 @@ static tw_status build(cpu_ctx *c, const tw_resnet *net, tw_resnet *consume, con
         /* (a lowering's padding rows are not the output's) */
         o->dst_floats =
             dnnl_memory_desc_get_size(l->lower != LOWER_NONE ? &l->out4 : dmd) / sizeof(float);
+        o->groups = l->groups > 1 ? l->groups : 1;
+        if (o->groups > 1) { /* a group's layouts: the batch's is groups of them */
+            o->dst_floats *= (size_t)o->groups;
+            o->src_step = l->src_step;
+            o->dst_step = l->dst_step;
+            o->src0 = c->buf[l->src];
+            o->dst0 = c->buf[l->dst];
+        }
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_FROM : DNNL_ARG_SRC, sm};
         o->args[o->nargs++] = (dnnl_exec_arg_t){reorder ? DNNL_ARG_TO : DNNL_ARG_DST, dm};
         if (l->kind == L_CONV) {
@@ -364,7 +372,17 @@ tw_status cpu_run_ops(cpu_ctx *c, const tw_infer_batch *b, calib_rec *rec, tw_er
     if (st != TW_OK) return st;
     for (int i = 0, k = 0; i < c->n_ops; i++) {
         const op *o = &c->ops[i];
-        if (o->kind == OP_PRIM) {
+        if (o->kind == OP_PRIM && o->groups > 1) {
+            for (int g = 0; g < o->groups; g++) {
+                DNNL_TRY(dnnl_memory_set_data_handle(o->args[0].memory,
+                                                     o->src0 + (size_t)g * o->src_step),
+                         "set group source");
+                DNNL_TRY(dnnl_memory_set_data_handle(o->args[1].memory,
+                                                     o->dst0 + (size_t)g * o->dst_step),
+                         "set group destination");
+                DNNL_TRY(dnnl_primitive_execute(o->prim, c->stream, o->nargs, o->args), "execute");
+            }
+        } else if (o->kind == OP_PRIM) {
             DNNL_TRY(dnnl_primitive_execute(o->prim, c->stream, o->nargs, o->args), "execute");
         } else {
             DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");

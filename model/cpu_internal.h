@@ -80,7 +80,21 @@ typedef struct layer {
     /* lowerings: the GEMM's rows, padding included (cpu_lowering_rows, cpu_next_rows) */
     size_t rows;
     dnnl_memory_desc_t in4, out4; /* LOWER_DENSE: the 4-d layouts the matrix maps between */
+    /* oneDNN's Winograd convs: planned for CPU_WINO_GROUP tiles and run on
+     * the batch that many at a time (groups > 1), each group's source and
+     * destination src_step / dst_step bytes after the last's */
+    int groups;
+    size_t src_step, dst_step;
 } layer;
+
+/* The tiles oneDNN's AVX-512 Winograd convs are planned for. Its kernel
+ * blocks the tiles of a batch by divisors of their count and sums a tile's
+ * products in another order for other counts (measured on a Zen 4 EPYC:
+ * batches of 1-12 and 31 differ from 32; on a Xeon 1-2), so a tile's bits
+ * would depend on the batch the budget picks. Every batch runs through one
+ * primitive of this many tiles instead, group after group (a plan's batch is
+ * then a multiple of it: cpu_backend.c plan_batch). */
+enum { CPU_WINO_GROUP = 4 };
 
 /* rows_independent's answers by GEMM shape: a run plans the same shapes for
  * the budget's estimates and again for reserve, which must agree. */
@@ -151,6 +165,12 @@ typedef struct op {
     int levels;        /* conv: int8 steps of its output (255 after a ReLU, else 127) */
     void *dst;         /* the output storage, and its f32 element count */
     size_t dst_floats; /* (calibration reads the fp32 plan's outputs) */
+    /* OP_PRIM planned for a group of tiles (layer.groups > 1): run groups
+     * times, args[0] and args[1] (source, destination) moved on by src_step
+     * and dst_step bytes from src0 / dst0 each time */
+    int groups;
+    size_t src_step, dst_step;
+    char *src0, *dst0;
 } op;
 
 /* Whether a mode's plan could be built for (net, tile), and why not. */

@@ -140,6 +140,14 @@ static dnnl_status_t like_layout(const dnnl_memory_desc_t *like, const dnnl_dims
     return dnnl_memory_desc_init_by_tag(out, 4, dims, dt, tag);
 }
 
+/* md cut to its first `tiles` tiles (a batch-outermost layout: a tile's
+ * values are contiguous, the same strides); format any stays any. */
+static void first_tiles(dnnl_memory_desc_t *md, int tiles)
+{
+    md->dims[0] = tiles;
+    if (md->format_kind != dnnl_format_kind_any) md->padded_dims[0] = tiles;
+}
+
 /* Whether oneDNN picked its reference code (plain loops) for pd. */
 static bool is_ref_impl(const_dnnl_primitive_desc_t pd)
 {
@@ -225,6 +233,16 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     /* Winograd F(4,3) computes 4x4 output tiles: on maps under 4x4 most of
      * each tile is padding and direct is faster (bench/RESULTS.md) */
     bool wino = p->wino && c->k == 3 && c->stride == 1 && oh >= 4 && g == 1;
+    /* oneDNN's Winograd: planned for CPU_WINO_GROUP tiles (cpu_internal.h),
+     * run group after group over the batch */
+    int groups =
+        wino && lw == LOWER_NONE && !in_any && n > CPU_WINO_GROUP && n % CPU_WINO_GROUP == 0
+            ? n / CPU_WINO_GROUP
+            : 1;
+    if (groups > 1) {
+        first_tiles(&src_md, CPU_WINO_GROUP);
+        first_tiles(&dst_md, CPU_WINO_GROUP);
+    }
     dnnl_convolution_desc_t cd;
     DNNL_TRY(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference,
                                                 wino ? dnnl_convolution_winograd
@@ -369,6 +387,14 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
     p->layers[p->n_layers - 1].rows = rows;
     p->layers[p->n_layers - 1].in4 = src->md;
     p->layers[p->n_layers - 1].out4 = out4;
+    p->layers[p->n_layers - 1].groups = groups;
+    if (groups > 1) { /* the group's layouts as the primitive took them */
+        const dnnl_memory_desc_t *gs = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+        const dnnl_memory_desc_t *gd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+        if (!gs || !gd) return tw_error_set(err, TW_ERR_INTERNAL, "oneDNN: no group layout");
+        p->layers[p->n_layers - 1].src_step = dnnl_memory_desc_get_size(gs);
+        p->layers[p->n_layers - 1].dst_step = dnnl_memory_desc_get_size(gd);
+    }
     const dnnl_memory_desc_t *wq, *bq, *dq = NULL;
     if (lw == LOWER_WINO) {
         /* U, the bias (kept by the output transform), the two Winograd
@@ -411,6 +437,10 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
         if (lw != LOWER_NONE) p->n_gemm++;
     }
     out->md = lw == LOWER_NONE ? *dq : out4;
+    if (groups > 1) { /* the whole batch's, as the next layers read it */
+        out->md.dims[0] = n;
+        out->md.padded_dims[0] = n;
+    }
     out->buf = dst;
     out->c = c->cout;
     out->h = oh;
