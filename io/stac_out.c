@@ -522,6 +522,24 @@ static void arch_name(const tw_stac_model *m, char *arch, size_t size)
         snprintf(arch, size, "%s", m->arch);
 }
 
+/* The model's input bands by name, in its order: the names it carries, else
+ * the raster's band numbers it reads, else band_1.. */
+static json_t *band_names(const tw_stac_model *m, bool *ok)
+{
+    json_t *bands = json_array();
+    for (int b = 0; b < m->in_bands; b++) {
+        char name[TW_NAME_MAX + 8];
+        if (m->band_names)
+            snprintf(name, sizeof name, "%s", m->band_names[b]);
+        else if (m->bands && b < m->n_bands)
+            snprintf(name, sizeof name, "band_%d", m->bands[b]);
+        else
+            snprintf(name, sizeof name, "band_%d", b + 1);
+        push(bands, json_string(name), ok);
+    }
+    return bands;
+}
+
 /* mlm:* item properties. */
 static void mlm_fields(json_t *props, const tw_stac_model *m, bool *ok)
 {
@@ -535,17 +553,7 @@ static void mlm_fields(json_t *props, const tw_stac_model *m, bool *ok)
 
     json_t *in = json_object();
     set(in, "name", json_string("tiles"), ok);
-    json_t *bands = json_array();
-    for (int b = 0; b < m->in_bands; b++) {
-        char name[TW_NAME_MAX + 8];
-        if (m->band_names)
-            snprintf(name, sizeof name, "%s", m->band_names[b]);
-        else if (m->bands && b < m->n_bands)
-            snprintf(name, sizeof name, "band_%d", m->bands[b]);
-        else
-            snprintf(name, sizeof name, "band_%d", b + 1);
-        push(bands, json_string(name), ok);
-    }
+    json_t *bands = band_names(m, ok);
     set(in, "bands", bands, ok);
     json_t *st = json_object();
     json_t *shape = json_array();
@@ -615,17 +623,7 @@ static void model_fields(json_t *props, const tw_stac_model *m, bool *ok)
     set(o, "framework", json_string(m->framework ? m->framework : "PyTorch"), ok);
     set(o, "sha256", json_string(m->weights_sha256), ok);
     if (m->weights_size >= 0) set(o, "size", json_integer(m->weights_size), ok);
-    json_t *bands = json_array();
-    for (int b = 0; b < m->in_bands; b++) {
-        char name[TW_NAME_MAX + 8];
-        if (m->band_names)
-            snprintf(name, sizeof name, "%s", m->band_names[b]);
-        else if (m->bands && b < m->n_bands)
-            snprintf(name, sizeof name, "band_%d", m->bands[b]);
-        else
-            snprintf(name, sizeof name, "band_%d", b + 1);
-        push(bands, json_string(name), ok);
-    }
+    json_t *bands = band_names(m, ok);
     set(o, "bands", bands, ok);
     set(o, "tile", json_integer(m->tile), ok);
     json_t *classes = json_array();
