@@ -49,7 +49,7 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
                                   .range = "seconds, 0.01..60", .def = "0.5",
                                   .why = "how long a remote read is retried"},
     [TW_KEY_INPUT_TIMEOUT] = {"input.timeout", TW_KT_NUMBER, .lo = 1, .hi = 3600,
-                              .range = "seconds, 1..3600", .def = "5",
+                              .range = "seconds, 1..3600", .def = "4",
                               .why = "how long a remote request may stay silent"},
     [TW_KEY_INPUT_AOI] = {"input.aoi", TW_KT_PATH,
                           .range = "a vector file path (GeoPackage, Shapefile, GeoJSON, ...)",

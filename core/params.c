@@ -32,7 +32,7 @@ tw_run_params tw_run_default_params(void)
     /* A request that receives nothing for 5 s fails and is retried like a
      * dropped connection: a silent server never hangs a run, and a stop
      * (SIGTERM) waits at most this long for a request under way. */
-    p.input.timeout = 5.0;
+    p.input.timeout = 4.0;
     p.runtime.cpu_gemm = -1;
     p.runtime.cpu_nhwc = -1;
     p.tiling.edge = TW_EDGE_PAD;

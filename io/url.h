@@ -99,7 +99,7 @@ typedef struct tw_url_settings {
 /* input.timeout's default, s, and the speed below which a request counts
  * as silent, bytes/s: a server that accepts and never answers, or drips a
  * few bytes a second, fails the request after timeout seconds. */
-#define TW_URL_TIMEOUT_DEFAULT 5.0
+#define TW_URL_TIMEOUT_DEFAULT 4.0
 #define TW_URL_LOW_SPEED 1024
 
 /* The defaults measured best against a 50 ms server (bench/RESULTS.md,

@@ -51,8 +51,28 @@ def start(args):
                             text=True)
 
 
+def catching(p, sig, limit=30.0):
+    """Wait until process p has its handler for sig (its /proc status lists
+    it among the caught signals), or has ended: a signal before that (the
+    dynamic loader, libraries' constructors: before main) ends any program,
+    and is no stop tilewise could honour."""
+    t0 = time.monotonic()
+    while p.poll() is None and time.monotonic() - t0 < limit:
+        try:
+            with open(f"/proc/{p.pid}/status") as f:
+                for line in f:
+                    if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (sig - 1) & 1:
+                        return
+        except OSError:
+            return
+        time.sleep(0.002)
+
+
 def signal_after(procs_delays, sig):
-    """Send sig to each (process, delay) after its delay; their (rc, stderr)."""
+    """Send sig to each (process, delay) after its delay (counted from when
+    it catches sig: catching()); their (rc, stderr)."""
+    for p, _ in procs_delays:
+        catching(p, sig)
     t0 = time.monotonic()
     pending = sorted(procs_delays, key=lambda pd: pd[1])
     for p, d in pending:

@@ -207,9 +207,9 @@ static void test_settings(void **state)
     assert_string_equal(CPLGetConfigOption("VSI_CACHE", ""), "TRUE");
     assert_string_equal(CPLGetConfigOption("CPL_VSIL_CURL_CHUNK_SIZE", ""), "262144");
     assert_null(CPLGetConfigOption("GDAL_HTTP_MERGE_CONSECUTIVE_RANGES", NULL));
-    /* input.timeout (default 5 s): a silent server fails the request */
-    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_CONNECTTIMEOUT", ""), "5");
-    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_LOW_SPEED_TIME", ""), "5");
+    /* input.timeout (default 4 s): a silent server fails the request */
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_CONNECTTIMEOUT", ""), "4");
+    assert_string_equal(CPLGetConfigOption("GDAL_HTTP_LOW_SPEED_TIME", ""), "4");
     assert_string_equal(CPLGetConfigOption("GDAL_HTTP_LOW_SPEED_LIMIT", ""), "1024");
     tw_url_settings_restore(sv);
     assert_null(CPLGetConfigOption("GDAL_HTTP_LOW_SPEED_TIME", NULL));
