@@ -118,6 +118,11 @@ def readme_keys_block(work, gdal):
     r = tw("validate", path, "--set", "runtime.device=cpu")
     check(r.returncode == 0, f"validate README's all-keys block: exit {r.returncode}: {r.stderr}"
           f"{r.stdout}", True)
+    # and it runs as written (the CPU: the test machine has no GPU)
+    r = tw("run", path, "-q", "--set", "runtime.device=cpu")
+    out = os.path.join(work, "keys_out")
+    check(r.returncode == 0 and os.path.exists(os.path.join(out, "L7_ETMs.class.tif")),
+          f"run README's all-keys block: exit {r.returncode}: {r.stderr[-600:]}", True)
 
 
 def options_of(text):
