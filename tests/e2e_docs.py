@@ -339,6 +339,11 @@ def c_client(work):
     if not os.path.exists(os.path.join(build, "cmake_install.cmake")) or not shutil.which("cc"):
         print("no build directory or compiler here: the C client lines not run")
         return
+    if os.environ.get("TW_SANITIZED"):
+        # a plain cc client cannot load the sanitized library (ASan's runtime
+        # must come first); the release pass runs these lines
+        print("sanitized build: the C client lines not run")
+        return
     prefix = os.path.join(work, "prefix")  # no space: pkg-config output is split by the shell
     r = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True,
                        text=True)
