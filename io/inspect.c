@@ -193,7 +193,7 @@ static bool sample_band(GDALRasterBandH b, tw_band_stats *s)
     double sum = 0, sum2 = 0, lo = INFINITY, hi = -INFINITY, shift = NAN;
     long long n = 0;
     /* a raster of TW_INSPECT_SAMPLES windows or fewer is read whole */
-    int nx = (W + 255) / 256, ny = (H + 255) / 256;
+    int nx = (int)(((long long)W + 255) / 256), ny = (int)(((long long)H + 255) / 256);
     bool whole = (long long)nx * ny <= TW_INSPECT_SAMPLES;
     int n_win = whole ? nx * ny : TW_INSPECT_SAMPLES;
     for (int g = 0; px && (!mask || valid) && g < n_win; g++) {

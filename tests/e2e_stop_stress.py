@@ -16,7 +16,7 @@ build without a sanitizer report.
   fresh copy of it and is signalled after a spread delay; one that exits
   75 is merged again to the end (exit 0).
 
-Release: 16 run tries and 6 merge tries. Under the sanitizers
+Release: 12 run tries and 5 merge tries. Under the sanitizers
 (TW_SANITIZED) 8 and 3. TW_STOP_STRESS_TRIES sets the run tries (a long
 hunt by hand: 500).
 """
@@ -98,8 +98,8 @@ def main():
     if gdal is None:
         return 77
     sanitized = bool(os.environ.get("TW_SANITIZED"))
-    n_run = int(os.environ.get("TW_STOP_STRESS_TRIES", "8" if sanitized else "16"))
-    n_merge = 3 if sanitized else 6
+    n_run = int(os.environ.get("TW_STOP_STRESS_TRIES", "8" if sanitized else "12"))
+    n_merge = 3 if sanitized else 5
     tmp = tempfile.mkdtemp(prefix="tw_stop_stress_")
     try:
         return body(gdal, tmp, n_run, n_merge)
