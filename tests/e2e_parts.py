@@ -178,7 +178,10 @@ def main():
 
         # ---- the same command twice at once
         out = f"{tmp}/twice"
-        workflow(wf2, out, stride=8)
+        # stride 4 (5,476 tiles): the first must still run when the second,
+        # whose checks before the first tile take seconds under the
+        # sanitizers, reaches the lock (at stride 8 it had finished first)
+        workflow(wf2, out, stride=4)
         a = subprocess.Popen([BIN, "run", wf2, "-q"], stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
         lock = f"{out}/.tilewise/L7_ETMs/lock.0001-of-0001"
