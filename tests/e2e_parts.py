@@ -178,11 +178,13 @@ def main():
 
         # ---- the same command twice at once
         out = f"{tmp}/twice"
-        # stride 4 (5,476 tiles): the first must still run when the second,
-        # whose checks before the first tile take seconds under the
-        # sanitizers, reaches the lock (at stride 8 it had finished first)
-        workflow(wf2, out, stride=4)
-        a = subprocess.Popen([BIN, "run", wf2, "-q"], stderr=subprocess.PIPE, text=True)
+        workflow(wf2, out, stride=8)
+        # the first runs slower (batches of 1 on one thread: keys that change
+        # no byte), so that it still holds the lock when the second, whose
+        # checks before the first tile take seconds under the sanitizers,
+        # reaches it (with the defaults it had finished first)
+        a = subprocess.Popen([BIN, "run", wf2, "-q", "--set", "tiling.batch=1", "--set",
+                              "runtime.threads=1"], stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
         lock = f"{out}/.tilewise/L7_ETMs/lock.0001-of-0001"
         while time.time() < deadline and not (os.path.exists(lock) and os.path.getsize(lock)):
