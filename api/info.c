@@ -13,14 +13,14 @@
 #include "api/info_internal.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
-#include "io/inspect.h"
-#include "io/legend.h"
-#include "io/model_file.h"
-#include "io/polygons.h"
-#include "io/raster.h"
-#include "io/url.h"
+#include "io/input/inspect.h"
+#include "io/output/legend.h"
+#include "io/modelfile/model_file.h"
+#include "io/output/polygons.h"
+#include "io/input/raster.h"
+#include "io/input/url.h"
 #include "model/resnet.h"
-#include "pipeline/json.h"
+#include "pipeline/report/json.h"
 
 /* ---- the tree (info_internal.h) ---- */
 
@@ -422,7 +422,7 @@ static tw_status info_raster(const char *user_path, bool read_cost, bool tiff_di
                              json_t **facts, tw_error *err)
 {
     /* https:// and s3:// as the run opens them; shown with credentials
-     * redacted (io/url.h). */
+     * redacted (io/input/url.h). */
     char path[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
     tw_url_redact(user_path, path, sizeof path);
     tw_status st = tw_url_to_gdal(user_path, gpath, sizeof gpath, err);
@@ -555,7 +555,7 @@ static json_t *polygons_facts(const char *path, const tw_polygons_summary *s, bo
     return f;
 }
 
-/* A polygons product (io/polygons.h): the layer, its features and each
+/* A polygons product (io/output/polygons.h): the layer, its features and each
  * class's regions, cells and area. *facts NULL: not one (a raster
  * GeoPackage, say). */
 static tw_status info_polygons(const char *path, json_t **facts, tw_error *err)

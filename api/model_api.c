@@ -18,18 +18,18 @@
 #include <cpl_conv.h>
 #include <jansson.h>
 
-#include "io/model_file.h"
-#include "io/url.h"
+#include "io/modelfile/model_file.h"
+#include "io/input/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
-#include "pipeline/normalize.h"
-#include "pipeline/plan.h"
-#include "pipeline/preflight.h"
-#include "pipeline/run.h"
-#include "pipeline/stitch.h"
+#include "pipeline/engine/normalize.h"
+#include "pipeline/engine/plan.h"
+#include "pipeline/run/preflight.h"
+#include "pipeline/run/run.h"
+#include "pipeline/engine/stitch.h"
 #include "api/api_internal.h"
 #include "api/info.h"
 #include "api/validate.h"
@@ -269,7 +269,7 @@ static tw_status reserve(tilewise_model *mo, int T, tw_error *err)
     return TW_OK;
 }
 
-/* The readers' nodata rule (io/raster.h, tw_mark_nodata) on one tile
+/* The readers' nodata rule (io/input/raster.h, tw_mark_nodata) on one tile
  * [bands][T][T]: clears valid[] where it says nodata. Returns the invalid
  * count. */
 static int64_t mark_valid(const void *tile, tw_dtype t, int bands, int T, bool use_nd, double nd,

@@ -16,18 +16,18 @@
 
 #include <cpl_conv.h>
 
-#include "io/model_file.h"
-#include "io/url.h"
+#include "io/modelfile/model_file.h"
+#include "io/input/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
-#include "pipeline/normalize.h"
-#include "pipeline/plan.h"
-#include "pipeline/preflight.h"
-#include "pipeline/run.h"
-#include "pipeline/stitch.h"
+#include "pipeline/engine/normalize.h"
+#include "pipeline/engine/plan.h"
+#include "pipeline/run/preflight.h"
+#include "pipeline/run/run.h"
+#include "pipeline/engine/stitch.h"
 #include "api/api_internal.h"
 #include "api/info.h"
 #include "api/validate.h"
@@ -206,7 +206,7 @@ static void log_hook(tw_log_level level, const char *msg, void *user)
     o->log(level == TW_LOG_WARNING ? TILEWISE_LOG_WARNING : TILEWISE_LOG_INFO, msg, o->user);
 }
 
-/* The backend a run of p would create (the same knobs as pipeline/run.c). */
+/* The backend a run of p would create (the same knobs as pipeline/run/run.c). */
 /* The end of a run or merge: rep (may be NULL: out of memory) with the
  * final status to the caller's *report (or freed), the status returned. */
 static tilewise_status hand_over(tilewise_report *rep, tilewise_report **report, tw_status st,

@@ -11,9 +11,9 @@
 
 #include <gdal.h>
 
-#include "io/polygons.h"
-#include "io/raster.h"
-#include "pipeline/preflight.h"
+#include "io/output/polygons.h"
+#include "io/input/raster.h"
+#include "pipeline/run/preflight.h"
 #include "api/api_internal.h"
 #include "tilewise.h"
 

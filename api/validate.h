@@ -1,9 +1,9 @@
 /* validate.h - `tilewise validate`'s listing, one rendering of the plan and
- * the advice (pipeline/run.h: tw_validation).
+ * the advice (pipeline/run/run.h: tw_validation).
  *
  * The plan is tw_validate's (config, inputs and model checked against each
  * other; tiles, grid, batch, memory estimate), the advice every run also
- * gives (pipeline/advice.h): georeferencing, value ranges, padding, and
+ * gives (pipeline/run/advice.h): georeferencing, value ranges, padding, and
  * which reader decodes the pixels. Warning lines start with "warning"; they
  * are advice for a person, never errors. The C API hands the same data out
  * through its accessors; the library only writes text to a caller's stream.
@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
-#include "pipeline/run.h"
+#include "pipeline/run/run.h"
 
 /* tw_validate, with GDAL's process-wide block cache limit as the caller had
  * it afterwards (tw_validate sets the run's for the advice's reads). */

@@ -3,7 +3,7 @@
  *   advice_cost WORKFLOW.yaml [REPEAT]
  *
  * Loads the workflow and the model as a run does, then times
- * tw_advice_collect (pipeline/advice.h: the raster headers, approximate band
+ * tw_advice_collect (pipeline/run/advice.h: the raster headers, approximate band
  * statistics and up to 128 output cells' tiles) REPEAT times (default 3),
  * printing each time and the warnings, so that bench/RESULTS.md can set it
  * against the run's own time. The first repeat reads from disk (or the page
@@ -14,8 +14,8 @@
 
 #include "config/workflow.h"
 #include "core/clock.h"
-#include "pipeline/advice.h"
-#include "pipeline/run.h"
+#include "pipeline/run/advice.h"
+#include "pipeline/run/run.h"
 
 int main(int argc, char **argv)
 {

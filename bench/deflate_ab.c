@@ -1,5 +1,5 @@
 /* deflate_ab.c - libdeflate against zlib for the DEFLATE tiles the direct
- * libtiff reader (io/tiff_direct.c) decodes: every tile of FILE decoded
+ * libtiff reader (io/input/tiff_direct.c) decodes: every tile of FILE decoded
  * with TIFFReadEncodedTile, as that reader does, once with each of
  * libtiff's DEFLATE sub-codecs (TIFFTAG_DEFLATE_SUBCODEC), alternating,
  * best of ROUNDS; process CPU seconds.

@@ -21,7 +21,7 @@
 
 #include "model/backend.h"
 #include "core/alloc.h"
-#include "pipeline/run.h"
+#include "pipeline/run/run.h"
 
 static double now_s(void)
 {

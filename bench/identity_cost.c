@@ -1,5 +1,5 @@
 /* identity_cost.c - what fingerprinting a local input for resume costs
- * (io/identity.c, issue 27): seconds and bytes read of tw_identity_local on
+ * (io/input/identity.c, issue 27): seconds and bytes read of tw_identity_local on
  * each file given, with the file's pages evicted from the page cache first
  * (posix_fadvise DONTNEED: a cold read of this file only, nothing else's)
  * and then again warm. Built and run by bench/identity_cost.sh.
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
-#include "io/identity.h"
+#include "io/input/identity.h"
 
 static void evict(const char *path)
 {

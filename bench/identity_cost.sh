@@ -1,6 +1,6 @@
 #!/bin/bash
 # identity_cost.sh - what the resume fingerprint of a local input costs
-# (io/identity.c: size, mtime, sampled SHA-256 and TIFF block index of every
+# (io/input/identity.c: size, mtime, sampled SHA-256 and TIFF block index of every
 # file of the dataset), against the run it belongs to.
 #
 #   bench/identity_cost.sh [BUILD_DIR]    (default build; needs libtilewise_core.a and tilewise)

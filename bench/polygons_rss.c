@@ -2,7 +2,7 @@
  *
  *   polygons_rss CLASS.tif CONF.tif OUT.gpkg|OUT.fgb SCRATCH_DIR [MIN_AREA [CACHE_MIB]]
  *
- * Runs tw_polygons_write (io/polygons.h: sieve, polygonize, labelling,
+ * Runs tw_polygons_write (io/output/polygons.h: sieve, polygonize, labelling,
  * output) on a class map as a run's assembly does, with GDAL's block cache
  * set to CACHE_MIB (default 64), and prints the features, the seconds, the
  * process's peak RSS (VmHWM) before and after, the counting allocator's
@@ -18,8 +18,8 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "io/polygons.h"
-#include "pipeline/budget.h"
+#include "io/output/polygons.h"
+#include "pipeline/engine/budget.h"
 
 int main(int argc, char **argv)
 {

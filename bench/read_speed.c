@@ -1,7 +1,7 @@
 /* read_speed.c - tilewise's raster reader alone: windows/s and MB/s of raw
  * pixels for one file, read the way the pipeline reads it (row-major
  * windows of tile x tile at stride tile), through GDAL and through the
- * direct libtiff path (io/tiff_direct.c), alternating, best of REPEAT
+ * direct libtiff path (io/input/tiff_direct.c), alternating, best of REPEAT
  * passes, in the process's CPU seconds.
  *
  *   read_speed FILE TILE [REPEAT]
@@ -17,7 +17,7 @@
 
 #include <gdal.h>
 
-#include "io/raster.h"
+#include "io/input/raster.h"
 
 static double now_s(void)
 {

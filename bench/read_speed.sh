@@ -1,6 +1,6 @@
 #!/bin/bash
 # read_speed.sh - the raster reader alone, GDAL against the direct libtiff path
-# (io/tiff_direct.c), on the layouts users' GeoTIFFs come in.
+# (io/input/tiff_direct.c), on the layouts users' GeoTIFFs come in.
 #
 #   bench/read_speed.sh [BUILD_DIR]      (default build; needs its libtilewise_core.a)
 #

@@ -6,7 +6,7 @@
  *
  *   run_hooked WORKFLOW BYTES
  *
- * Runs the workflow through the library's own run (pipeline/run.h) with
+ * Runs the workflow through the library's own run (pipeline/run/run.h) with
  * every device arena larger than BYTES failing as if the device were full
  * (cuda/README.md, "Test hook"), notices on stderr as the CLI prints them,
  * and writes run.json into output.dir as the CLI does. On a CPU run the
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 
 #include "config/workflow.h"
-#include "pipeline/run.h"
+#include "pipeline/run/run.h"
 
 static void to_stderr(tw_log_level level, const char *msg, void *user)
 {

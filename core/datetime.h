@@ -1,5 +1,5 @@
 /* datetime.h - RFC 3339 date-times, as STAC items and input.datetime
- * write them (the workflow parser checks the key, io/stac_out.c the
+ * write them (the workflow parser checks the key, io/output/stac_out.c the
  * metadata it reads).
  */
 #ifndef TW_DATETIME_H

@@ -7,10 +7,10 @@
  * documented everywhere at once:
  *   - workflows/workflow.c: the parser, `--set`, "did you mean", the ranges
  *     and enum words in messages (one setter per key, checked complete);
- *   - pipeline/run.c: the parts fingerprint is one line per TW_KEY_BYTES key
+ *   - pipeline/run/run.c: the parts fingerprint is one line per TW_KEY_BYTES key
  *     (tw_key_format), so resumed runs, shards and merges are refused when
  *     any of them differs, naming the keys;
- *   - pipeline/report.c: run.json's "config" and the products' TILEWISE_RUN
+ *   - pipeline/report/report.c: run.json's "config" and the products' TILEWISE_RUN
  *     metadata, one entry per key in table order;
  *   - tests/test_keys.c: workflows/KEYS.md has one row per key, with every
  *     enum word and the default shown here.

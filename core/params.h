@@ -51,7 +51,7 @@ enum {
     TW_PRODUCT_EMB = 1u << 3,        /* embeddings into the HDF5 tile table */
     TW_PRODUCT_TILES = 1u << 4,      /* the HDF5 tile table (probabilities per tile) */
     TW_PRODUCT_TILES_GPKG = 1u << 5, /* GeoPackage of tile polygons */
-    TW_PRODUCT_POLYGONS = 1u << 6,   /* class regions as polygons (io/polygons.h) */
+    TW_PRODUCT_POLYGONS = 1u << 6,   /* class regions as polygons (io/output/polygons.h) */
     TW_PRODUCT_EMB_RASTER = 1u << 7, /* pooled features per output cell (scene.emb.tif) */
 };
 /* The products that need the model's head (fc): a headless backbone runs
@@ -144,14 +144,14 @@ typedef struct tw_output_params {
     tw_format format;
     char creation_options[TW_MAX_CREATION_OPTIONS][128];
     int n_creation_options;
-    bool stac; /* output.stac: a STAC Item per input (+ collection.json), pipeline/stac_run.h */
+    bool stac; /* output.stac: a STAC Item per input (pipeline/report/stac_run.h) */
     tw_vector_format vector_format; /* polygons: GeoPackage or FlatGeobuf */
     double min_area;                /* polygons: smaller regions are sieved (CRS units^2) */
     double simplify;                /* polygons: tolerance in CRS units, 0 none */
 } tw_output_params;
 
 /* The per-band map from raw pixels to the model's input: x = (v * scale -
- * mean) / std (pipeline/normalize.h; the GPU does it on the device). */
+ * mean) / std (pipeline/engine/normalize.h; the GPU does it on the device). */
 typedef struct tw_norm {
     int bands;
     double scale;

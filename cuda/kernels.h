@@ -27,7 +27,7 @@ typedef enum tw_cuda_dtype {
     TW_CUDA_BF16,
 } tw_cuda_dtype;
 
-/* Raw pixel types, numbered as io/raster.h's tw_dtype (checked in cuda_backend.c). */
+/* Raw pixel types, numbered as io/input/raster.h's tw_dtype (checked in cuda_backend.c). */
 enum {
     TW_CUDA_RAW_U8 = 0,
     TW_CUDA_RAW_U16,

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "core/alloc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

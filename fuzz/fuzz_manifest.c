@@ -1,5 +1,5 @@
 /* fuzz_manifest.c - libFuzzer harness for the shard/merge manifest reader
- * (pipeline/resume.c).
+ * (pipeline/store/manifest.c).
  *
  * The input is a manifest file's bytes. Any status is fine; a crash, a
  * sanitizer report or a broken contract is not:
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/resume.h"
+#include "pipeline/store/manifest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "core/alloc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,5 +1,5 @@
 /* fuzz_tiff_direct.c - libFuzzer harness for the direct libtiff reader
- * (io/tiff_direct.c), structure-aware: the input describes a tiled TIFF
+ * (io/input/tiff_direct.c), structure-aware: the input describes a tiled TIFF
  * that libtiff writes to a scratch file in /dev/shm; the reader must give
  * back exactly the samples written, or with the input's corrupt flag fail
  * cleanly (tests/tiff_roundtrip.h says what is checked). */

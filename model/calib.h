@@ -30,7 +30,7 @@ float tw_calib_max(const float *v, size_t n);
 void tw_calib_hist_add(double *hist, float m, const float *v, size_t n);
 float tw_calib_hist_range(const double *hist, float m, int levels);
 
-/* Tiles in the calibration sample (pipeline/stages.c): a count of its own,
+/* Tiles in the calibration sample (pipeline/engine/stages.c): a count of its own,
  * not the batch's, so that the ranges do not depend on runtime.memory. */
 enum { TW_CALIB_TILES = 32 };
 

@@ -123,7 +123,7 @@ static size_t cpu_workspace_bytes(void *ctx, const tw_resnet *net, int tile, int
      * the peak */
     size_t sample = 0;
     if (mode == NUM_INT8) {
-        /* and the calibration sample beside it (pipeline/stages.c): its
+        /* and the calibration sample beside it (pipeline/engine/stages.c): its
          * TW_CALIB_TILES tiles as floats and raw (4 bytes a value at most
          * counted: 64-bit rasters exceed it), their masks, the histograms */
         size_t px = (size_t)tile * tile;

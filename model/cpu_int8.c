@@ -10,7 +10,7 @@
  *    divided int8's mean |p - p_fp32| by 2-3 on ResNet-18, for 1.3 % of int8
  *    ResNet-50's speed at 64 px). The activation ranges are
  *    measured by cpu_int8_calibrate(): the pipeline hands it, before each raster, a
- *    batch of tiles spread over the whole raster (pipeline/run.c), which
+ *    batch of tiles spread over the whole raster (pipeline/run/run.c), which
  *    runs once in fp32 with every convolution's output recorded; each range
  *    is the clip with the least squared error (model/calib.h), and the int8
  *    plan replaces the fp32 one. Ranges thus depend on the raster, not on

@@ -29,7 +29,7 @@
 
 #include <stdbool.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "core/error.h"
 
 typedef struct tw_conv {

@@ -4,7 +4,7 @@
 # lower layer includes a higher one: io/ including pipeline/, core/
 # including io/, model/ including workflows/; when the CLI (workflows/)
 # includes anything of the library but tilewise.h; or when a file outside
-# pipeline/ includes its private header (pipeline/run_internal.h; the
+# pipeline/ includes its private header (pipeline/run/run_internal.h; the
 # same for model/cpu_internal.h outside model/).
 set -euo pipefail
 src=${TW_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -16,17 +16,18 @@ echo "ok   $out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cases=(
-  'io/bad.c|#include "pipeline/run.h"|io/bad.c:2: io/ may not include pipeline/'
-  'core/bad.h|#include "io/raster.h"|core/bad.h:2: core/ may not include io/'
+  'io/bad.c|#include "pipeline/run/run.h"|io/bad.c:2: io/ may not include pipeline/'
+  'core/bad.h|#include "io/input/raster.h"|core/bad.h:2: core/ may not include io/'
   'model/bad.c|  #  include "workflows/workflow.h"|model/bad.c:2: model/ may not include workflows/'
   'api/bad.c|#include "workflows/submit.h"|api/bad.c:2: api/ may not include workflows/'
   'config/bad.c|#include "api/info.h"|config/bad.c:2: config/ may not include api/'
   'pipeline/bad.c|#include "config/workflow.h"|pipeline/bad.c:2: pipeline/ may not include config/'
   'workflows/bad.c|#include "api/validate.h"|workflows/bad.c:2: workflows/ may not include api/'
-  'workflows/submit.c|#include "pipeline/run.h"|workflows/submit.c:2: workflows/ may not include pipeline/'
+  'workflows/submit.c|#include "pipeline/run/run.h"|workflows/submit.c:2: workflows/ may not include pipeline/'
   'workflows/main.c|#include "core/params.h"|workflows/main.c:2: workflows/ may not include core/'
-  'workflows/bad.c|#include "pipeline/run_internal.h"|workflows/bad.c:2: pipeline/run_internal.h is private to pipeline/'
-  'tests/test_bad.c|#include "pipeline/run_internal.h"|tests/test_bad.c:2: pipeline/run_internal.h is private to pipeline/'
+  'workflows/bad.c|#include "pipeline/run/run_internal.h"|workflows/bad.c:2: pipeline/run/run_internal.h is private to pipeline/run/'
+  'tests/test_bad.c|#include "pipeline/run/run_internal.h"|tests/test_bad.c:2: pipeline/run/run_internal.h is private to pipeline/run/'
+  'pipeline/engine/bad.c|#include "pipeline/store/parts_internal.h"|pipeline/engine/bad.c:2: pipeline/store/parts_internal.h is private to pipeline/store/'
   'pipeline/bad.c|#include "model/cpu_internal.h"|pipeline/bad.c:2: model/cpu_internal.h is private to model/'
 )
 for c in "${cases[@]}"; do
@@ -45,9 +46,9 @@ for c in "${cases[@]}"; do
   fi
 done
 # a legal include stays legal
-mkdir -p "$tmp/ok/io" "$tmp/ok/pipeline"
-printf '#include "core/error.h"\n#include "io/raster.h"\n' >"$tmp/ok/io/fine.c"
-printf '#include "pipeline/run_internal.h"\n' >"$tmp/ok/pipeline/merge.c"
+mkdir -p "$tmp/ok/io" "$tmp/ok/pipeline/run"
+printf '#include "core/error.h"\n#include "io/input/raster.h"\n' >"$tmp/ok/io/fine.c"
+printf '#include "pipeline/run/run_internal.h"\n' >"$tmp/ok/pipeline/run/merge.c"
 mkdir -p "$tmp/ok/model"
 printf '#include "model/cpu_internal.h"\n' >"$tmp/ok/model/cpu_plan.c"
 bash "$check" "$tmp/ok" >/dev/null || { echo "FAIL: a legal include was refused"; fail=1; }

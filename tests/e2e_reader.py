@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""End to end: a run reading its input through libtiff (io/tiff_direct.c)
+"""End to end: a run reading its input through libtiff (io/input/tiff_direct.c)
 writes exactly what the same run reading through GDAL writes.
 
 sample_data/L7_ETMs.tif is copied (gdal_translate) into three tiled GeoTIFFs:

@@ -3,7 +3,7 @@
 
 Before: the resume fingerprint held a local raster's size and type only, so a
 raster replaced by another of the same size resumed: one class map of two
-rasters, exit 0. Now (io/identity.c) every file of the dataset is fingerprinted
+rasters, exit 0. Now (io/input/identity.c) every file of the dataset is fingerprinted
 by size, mtime and sampled content:
 
 * kill -9 after some chunks (--chunk-rows), the raster replaced by one of the

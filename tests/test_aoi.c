@@ -1,4 +1,4 @@
-/* test_aoi.c - io/aoi.c: which tiles an area of interest touches, in the
+/* test_aoi.c - io/input/aoi.c: which tiles an area of interest touches, in the
  * raster's CRS and in another one, and its errors. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 #include <gdal.h>
 #include <ogr_srs_api.h>
 
-#include "io/aoi.h"
+#include "io/input/aoi.h"
 #include "testutil.h"
 
 /* A 640 x 640 raster of 10 m pixels in UTM 33N, tiles of 64 px, stride 64:

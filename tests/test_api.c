@@ -31,8 +31,8 @@
 #include <cpl_conv.h>
 #include <jansson.h>
 
-#include "io/model_file.h"
-#include "io/raster.h"
+#include "io/modelfile/model_file.h"
+#include "io/input/raster.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "tests/testutil.h"

@@ -1,4 +1,4 @@
-/* test_budget.c - the memory budget (pipeline/budget.c): batch: auto is the
+/* test_budget.c - the memory budget (pipeline/engine/budget.c): batch: auto is the
  * largest batch that fits, refusals name the bytes needed, raster size
  * enters only through the strip and the (capped) GDAL cache, and the
  * weights a backend consumes are counted once. A fake backend with a known
@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "pipeline/budget.h"
+#include "pipeline/engine/budget.h"
 
 #define MIB ((size_t)1 << 20)
 

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 #include <dnnl.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "model/backend.h"
 #include "model/calib.h"
 #include "model/resnet.h"

@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "cuda/half.h"
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"

@@ -18,9 +18,9 @@
 
 #include <cmocka.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "core/alloc.h"
-#include "pipeline/resume.h"
+#include "pipeline/store/manifest.h"
 #include "tests/testutil.h"
 #include "tests/tiff_roundtrip.h"
 #include "config/workflow.h"
@@ -266,10 +266,10 @@ static void test_hdf5_regressions(void **state)
         const char *name;
         const char *needle;
     } cases[] = {
-        /* H5Dread of a tensor fails: its buffer leaked (io/model_file.c). */
+        /* H5Dread of a tensor fails: its buffer leaked (io/modelfile/model_file.c). */
         {"regress-tensor-read-fails", "cannot read /tensors/"},
         /* Corrupt dense link storage: H5Lget_name_by_idx made libhdf5 free
-         * an uninitialised pointer (io/model_file.c now uses H5Literate). */
+         * an uninitialised pointer (io/modelfile/model_file.c now uses H5Literate). */
         {"regress-dense-links-corrupt", "/tensors"},
     };
     const char *src = getenv("TW_SOURCE_DIR");
@@ -288,7 +288,7 @@ static void test_hdf5_regressions(void **state)
 }
 
 /* fuzz_safetensors: two "__metadata__" keys; the first was taken for a
- * tensor and written past the tensor table (io/model_file.c). */
+ * tensor and written past the tensor table (io/modelfile/model_file.c). */
 static void test_safetensors_regressions(void **state)
 {
     (void)state;
@@ -306,7 +306,7 @@ static void test_safetensors_regressions(void **state)
 }
 
 /* fuzz_onnx: a ModelProto that decodes but has no graph; the decoded
- * message leaked (io/onnx.c). */
+ * message leaked (io/modelfile/onnx.c). */
 static void test_onnx_regressions(void **state)
 {
     (void)state;

@@ -1,4 +1,4 @@
-/* test_gpkg.c - the GeoPackage of tile polygons: written by io/gpkg.c, read
+/* test_gpkg.c - the GeoPackage of tile polygons: written by io/output/gpkg.c, read
  * back with OGR's C API and checked against footprints computed here from
  * the geotransform. */
 #include <dirent.h>
@@ -19,7 +19,7 @@
 #include <ogr_api.h>
 #include <ogr_srs_api.h>
 
-#include "io/gpkg.h"
+#include "io/output/gpkg.h"
 #include "tests/testutil.h"
 
 /* "Water body" and "water-body" both sanitize to p_Water_body / p_water_body,

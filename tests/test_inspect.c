@@ -1,4 +1,4 @@
-/* test_inspect.c - io/inspect.c (what info and validate learn from GDAL)
+/* test_inspect.c - io/input/inspect.c (what info and validate learn from GDAL)
  * on the sample raster, whose facts are known (sample_data/README.md), and
  * io/gdal_msgs.c (the one GDAL message capture): failures and warnings are
  * recorded per capture, and captures nest. */
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "io/gdal_msgs.h"
-#include "io/inspect.h"
+#include "io/input/inspect.h"
 
 static const char *sample(void)
 {

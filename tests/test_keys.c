@@ -23,7 +23,7 @@
 #include <cmocka.h>
 
 #include "core/keys.h"
-#include "pipeline/parts.h"
+#include "pipeline/store/parts.h"
 #include "tests/testutil.h"
 #include "config/workflow.h"
 

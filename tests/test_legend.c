@@ -1,4 +1,4 @@
-/* test_legend.c - where a class map's legend lives (io/legend.c), on files
+/* test_legend.c - where a class map's legend lives (io/output/legend.c), on files
  * made here with GDAL: the four cases tw_legend_note tells apart (names in
  * the .aux.xml sidecar, names inside the file, the sidecar lost with the
  * names left in TILEWISE_RUN, colours only), what is not a class map, and
@@ -15,7 +15,7 @@
 
 #include <gdal.h>
 
-#include "io/legend.h"
+#include "io/output/legend.h"
 #include "tests/testutil.h"
 
 /* A 4 x 4 Byte raster at path (driver GTiff): bands, and for one band a

@@ -1,4 +1,4 @@
-/* test_merge.c - `tilewise merge` (pipeline/merge.c) in process: two shards
+/* test_merge.c - `tilewise merge` (pipeline/run/merge.c) in process: two shards
  * of the sample raster merge to one run's bytes (class, prob, confidence);
  * a merge before the last shard has run refuses, naming the rows still
  * missing, and writes no product; a second merge of a merged folder is a
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "config/workflow.h"
-#include "pipeline/run.h"
+#include "pipeline/run/run.h"
 #include "testutil.h"
 
 static const char *const k_products[] = {"class", "prob", "conf"};

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "core/alloc.h"
 #include "testutil.h"
 

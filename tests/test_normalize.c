@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/normalize.h"
+#include "pipeline/engine/normalize.h"
 
 static uint64_t g_rng;
 static uint64_t next_u64(void)

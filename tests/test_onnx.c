@@ -1,4 +1,4 @@
-/* test_onnx.c - the ONNX reader's mapping (io/onnx.c) against the same
+/* test_onnx.c - the ONNX reader's mapping (io/modelfile/onnx.c) against the same
  * weights in safetensors.
  *
  * Fixtures from tests/fixtures/fx_onnx.py: the ResNet-18 and ResNet-50 of
@@ -12,7 +12,7 @@
  * What is compared: every folded convolution (weights and bias), fc.weight
  * and fc.bias of the tw_resnet built from the ONNX file against the one
  * built from the safetensors file. Where the graph keeps its
- * BatchNormalization nodes, io/onnx.c folds them as model/resnet.c does:
+ * BatchNormalization nodes, io/modelfile/onnx.c folds them as model/resnet.c does:
  * the nets must be equal bit for bit. Where the exporter folded them (in
  * float32), within 1e-5 of the largest weight of each convolution.
  */
@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "core/alloc.h"
 #include "model/resnet.h"
 #include "testutil.h"

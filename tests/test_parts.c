@@ -1,4 +1,4 @@
-/* test_parts.c - crash-safe output (pipeline/parts.c, assemble.c): committed chunks are
+/* test_parts.c - crash-safe output (pipeline/store/parts.c, assemble.c): committed chunks are
  * found again by a later open (resume), across shards; a chunk whose bytes
  * changed (checksum), whose journal line was cut short by a crash, or that
  * was aborted is not counted; assembly refuses an unfinished grid naming the
@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pipeline/assemble.h"
-#include "pipeline/parts.h"
+#include "pipeline/store/assemble.h"
+#include "pipeline/store/parts.h"
 #include "testutil.h"
 
 #define GW 5

@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "pipeline/budget.h"
-#include "pipeline/plan.h"
-#include "pipeline/queue.h"
-#include "pipeline/stitch.h"
+#include "pipeline/engine/budget.h"
+#include "pipeline/engine/plan.h"
+#include "pipeline/engine/queue.h"
+#include "pipeline/engine/stitch.h"
 
 static void plan_ok(int w, int h, int t, int s, tw_edge_mode e, tw_plan *p)
 {

@@ -1,4 +1,4 @@
-/* test_polygons.c - io/polygons.c on small class maps drawn here, read back
+/* test_polygons.c - io/output/polygons.c on small class maps drawn here, read back
  * with OGR: regions counted by hand (4-connected: a diagonal touch is two
  * regions; an island makes a hole), nodata making no polygon, cells and
  * mean confidence per region, the sieve, the memory check naming
@@ -18,7 +18,7 @@
 #include <gdal.h>
 #include <ogr_api.h>
 
-#include "io/polygons.h"
+#include "io/output/polygons.h"
 #include "tests/testutil.h"
 
 static const char k_names[3][TW_NAME_MAX] = {"water", "forest", "town"};

@@ -1,6 +1,6 @@
-/* test_preflight.c - checks before the first tile (pipeline/preflight.c),
- * the parts' fingerprint comparison and lock (pipeline/parts.c), and the
- * memory breakdown that adds up (pipeline/budget.c). */
+/* test_preflight.c - checks before the first tile (pipeline/run/preflight.c),
+ * the parts' fingerprint comparison and lock (pipeline/store/parts.c), and the
+ * memory breakdown that adds up (pipeline/engine/budget.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,9 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "pipeline/budget.h"
-#include "pipeline/parts.h"
-#include "pipeline/preflight.h"
+#include "pipeline/engine/budget.h"
+#include "pipeline/store/parts.h"
+#include "pipeline/run/preflight.h"
 #include "testutil.h"
 
 static tw_status check_opts(tw_format f, const char *a, const char *b, tw_error *err)

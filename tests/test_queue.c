@@ -1,4 +1,4 @@
-/* test_queue.c - the bounded queues between stage workers (pipeline/queue.h):
+/* test_queue.c - the bounded queues between stage workers (pipeline/engine/queue.h):
  * FIFO order, blocking when full, close; the ordered queue hands items out
  * by sequence number whatever order producers push them in. */
 #include <pthread.h>
@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "pipeline/queue.h"
+#include "pipeline/engine/queue.h"
 
 static void test_fifo(void **state)
 {

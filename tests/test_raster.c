@@ -18,8 +18,8 @@
 
 #include <gdal.h>
 
-#include "io/raster.h"
-#include "io/tiff_direct.h"
+#include "io/input/raster.h"
+#include "io/input/tiff_direct.h"
 #include "tests/testutil.h"
 
 #define FW 100 /* fixture width, height, bands */
@@ -196,7 +196,7 @@ static void test_fixture_windows(void **state)
                                           : tw_raster_open(path, sel, 2, &r, &err);
                     if (st != TW_OK) fail_msg("%s: %s", name, err.msg);
                     const tw_raster_info *in = tw_raster_get_info(r);
-                    /* tiled files are read through libtiff (io/tiff_direct.c) */
+                    /* tiled files are read through libtiff (io/input/tiff_direct.c) */
                     assert_string_equal(tw_raster_reader(r, NULL), li ? "libtiff" : "gdal");
                     assert_int_equal(in->dtype, k_dtypes[di].t);
                     assert_int_equal(in->width, FW);

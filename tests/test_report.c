@@ -1,5 +1,5 @@
-/* test_report.c - run.json and the config JSON (pipeline/report.c) and the
- * one JSON emitter under them (pipeline/json.c): the output is JSON that a
+/* test_report.c - run.json and the config JSON (pipeline/report/report.c) and the
+ * one JSON emitter under them (pipeline/report/json.c): the output is JSON that a
  * real parser (jansson) reads back to the values given, hostile strings
  * included; NaN becomes null; a buffer too small is cut, never overrun. */
 #include <setjmp.h>
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/json.h"
-#include "pipeline/run.h"
+#include "pipeline/report/json.h"
+#include "pipeline/run/run.h"
 #include "testutil.h"
 
 static const char *nasty = "a \"quoted\" back\\slash\nnew\tline \x01 caf\xc3\xa9";

@@ -1,4 +1,4 @@
-/* test_resample.c - output.resolution: input (io/resample.c): the cell
+/* test_resample.c - output.resolution: input (io/output/resample.c): the cell
  * grid's probabilities resampled bilinearly onto the input's pixel grid,
  * against an independent double-precision reference.
  *
@@ -28,8 +28,8 @@
 
 #include <gdal.h>
 
-#include "io/resample.h"
-#include "io/writer.h"
+#include "io/output/resample.h"
+#include "io/output/writer.h"
 #include "tests/testutil.h"
 
 #define TOL 1e-6

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"

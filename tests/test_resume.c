@@ -14,7 +14,7 @@
 
 #include "config/workflow.h"
 #include "core/keys.h"
-#include "pipeline/resume.h"
+#include "pipeline/store/manifest.h"
 #include "testutil.h"
 
 static tw_manifest *sample(void)

@@ -1,4 +1,4 @@
-/* test_stac_out.c - STAC items and collections written by io/stac_out.c, on
+/* test_stac_out.c - STAC items and collections written by io/output/stac_out.c, on
  * files made here with GDAL:
  *   - RFC 3339 date-times: accepted and refused forms, calendar checks;
  *   - a raster's acquisition time from TIFFTAG_DATETIME, and from GDAL's
@@ -37,7 +37,7 @@
 #include <jansson.h>
 #include <ogr_srs_api.h>
 
-#include "io/stac_out.h"
+#include "io/output/stac_out.h"
 #include "core/datetime.h"
 #include "tests/testutil.h"
 

@@ -1,4 +1,4 @@
-/* test_stages.c - the stage workers (pipeline/stages.c) through tw_run.
+/* test_stages.c - the stage workers (pipeline/engine/stages.c) through tw_run.
  *
  * A backend with infer_begin/infer_end (as the CUDA backend has) makes the
  * infer stage keep two batches in flight, in alternating lanes, and pass
@@ -30,7 +30,7 @@
 #include <cmocka.h>
 
 #include "model/backend.h"
-#include "pipeline/run.h"
+#include "pipeline/run/run.h"
 #include "tests/testutil.h"
 
 enum { LANES = 2 };

@@ -1,4 +1,4 @@
-/* test_stitch.c - the stitcher (pipeline/stitch.c): overlap averaging,
+/* test_stitch.c - the stitcher (pipeline/engine/stitch.c): overlap averaging,
  * edges, nodata, chunk flushes and restarts, against an independent
  * double-precision reference.
  *
@@ -28,8 +28,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "pipeline/plan.h"
-#include "pipeline/stitch.h"
+#include "pipeline/engine/plan.h"
+#include "pipeline/engine/stitch.h"
 
 #define TOL 2e-6
 enum { C = 5, MAXP = 64, MAXCELLS = 64 };

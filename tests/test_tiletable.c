@@ -1,4 +1,4 @@
-/* test_tiletable.c - the HDF5 tile table: written by io/tiletable.c, read
+/* test_tiletable.c - the HDF5 tile table: written by io/output/tiletable.c, read
  * back with the HDF5 C API. */
 #include <dirent.h>
 #include <setjmp.h>
@@ -16,7 +16,7 @@
 #include <cmocka.h>
 #include <hdf5.h>
 
-#include "io/tiletable.h"
+#include "io/output/tiletable.h"
 #include "tests/testutil.h"
 
 static const char k_names[3][TW_NAME_MAX] = {"water", "forest", "urban"};

@@ -1,4 +1,4 @@
-/* test_writer.c - output rasters: written by io/writer.c, read back with the
+/* test_writer.c - output rasters: written by io/output/writer.c, read back with the
  * GDAL C API and compared with values computed here from the inputs. */
 #include <dirent.h>
 #include <math.h>
@@ -21,7 +21,7 @@
 #include <gdal.h>
 #include <ogr_srs_api.h>
 
-#include "io/writer.h"
+#include "io/output/writer.h"
 #include "core/alloc.h"
 #include "tests/testutil.h"
 

@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 
 const char *tw_test_fixtures(void)
 {

@@ -30,7 +30,7 @@ const char *tw_test_fixture(const char *name);
         print_message("fixture %s missing ($TW_FIXTURES)\n", name);                                \
         skip();                                                                                    \
     }
-/* The model file at path, loaded (io/model_file.h); NULL, the message on
+/* The model file at path, loaded (io/modelfile/model_file.h); NULL, the message on
  * stderr, when it cannot be. Free it with tw_model_file_destroy. */
 struct tw_model_file *tw_test_load_model(const char *path);
 

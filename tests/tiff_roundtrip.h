@@ -5,7 +5,7 @@
  * sample type, chunky or planar, codec, predictor, missing (sparse) tiles,
  * a nodata value, the window size and step to read it with, the decoded-tile
  * cache size, and its pixels (the rest of the bytes, repeated). libtiff
- * writes that file; io/tiff_direct.c must accept it and give back, window by
+ * writes that file; io/input/tiff_direct.c must accept it and give back, window by
  * window, exactly the samples written (a missing tile: the nodata value, or
  * 0), leave the rest of the caller's buffer alone, and give back every byte
  * it allocated. With the corrupt flag some bytes of the tile data are
@@ -24,7 +24,7 @@
 #include <string.h>
 #include <tiffio.h>
 
-#include "io/tiff_direct.h"
+#include "io/input/tiff_direct.h"
 #include "core/alloc.h"
 
 typedef struct rt_type {

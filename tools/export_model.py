@@ -11,7 +11,7 @@ nn.Module with --trust-pickle), a .safetensors file, or a
 tilewise bundle (.h5): its tensors are copied (as float32, values unchanged), its metadata
 kept unless an option overrides it - the way to add the checksum to a bundle
 written before there was one. The
-bundle layout is the one documented in io/model_file.h: every tensor under
+bundle layout is the one documented in io/modelfile/model_file.h: every tensor under
 /tensors/<name> as float32 (BN running statistics kept, num_batches_tracked
 dropped), the metadata as root attributes, so that a run needs no retyping,
 and tensors_sha256, the checksum tilewise verifies at load (tensors_checksum).
@@ -72,7 +72,7 @@ def _dtype_name(dt):
 
 
 def tensors_checksum(tensors):
-    """The bundle's tensors_sha256 (io/model_file.h): tensors is name -> array
+    """The bundle's tensors_sha256 (io/modelfile/model_file.h): tensors is name -> array
     as stored under /tensors (float datasets only). One line per tensor,
     "NAME<TAB>DTYPE<TAB>D0,D1,..<TAB>SHA-256 of its data as little-endian
     bytes<LF>", lines in ascending byte order of the UTF-8 names; the

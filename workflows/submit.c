@@ -70,7 +70,7 @@ static tilewise_status write_script(const char *path, const char *text, tilewise
  * libraries, GDAL's and oneDNN's own allocations, a CUDA context. */
 #define MEM_MARGIN_MIB 1024
 /* SIGUSR1 this long before the time limit: a stop takes at most 10 s
- * (pipeline/stages.h), the rest is for the task's scontrol requeue. SLURM
+ * (pipeline/engine/stages.h), the rest is for the task's scontrol requeue. SLURM
  * may send it up to 60 s earlier than asked, never later. */
 #define SIGNAL_LEAD_S 30
 

@@ -18,7 +18,7 @@
  *
  * Time limits: the array asks for SIGUSR1 30 s before its limit on the batch
  * shell (--signal=B:USR1@30). The script forwards it to tilewise, which
- * keeps every tile classified and exits 75 within 10 s (pipeline/stages.h);
+ * keeps every tile classified and exits 75 within 10 s (pipeline/engine/stages.h);
  * the task then requeues itself
  * (scontrol requeue) and resumes from the committed rows. SIGTERM (scancel)
  * is forwarded too but never requeues.

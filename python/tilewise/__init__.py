@@ -758,7 +758,7 @@ class Model:
             v = np.ascontiguousarray(np.asarray(valid) != 0, dtype=np.uint8)
             if v.shape != (h, w):
                 raise _usage(f"valid mask must have shape {(h, w)}, got {v.shape}")
-        # The run's tiling plan and stitcher (pipeline/plan.c, stitch.c) in
+        # The run's tiling plan and stitcher (pipeline/engine/plan.c, stitch.c) in
         # the library: the same tiles and the same averaged bytes as prob.tif.
         probs = np.empty((inf["n_classes"], -(-h // s), -(-w // s)), np.float32)
         desc = _Image(a.ctypes.data, _DTYPES[a.dtype], bands, w, h,

@@ -1,0 +1,414 @@
+/* model_file.c - the model-file front (see model_file.h): detects the
+ * format, hashes the file, and checks what both readers produce.
+ *
+ * Model files come from users and the internet, so every byte is
+ * distrusted. The readers are io/modelfile/safetensors.c (header parsed by jansson,
+ * then every tensor's dtype, shape and byte range checked before anything
+ * is read) and io/modelfile/h5bundle.c (libhdf5's own checks, each failure turned into
+ * one message naming the file and the dataset or attribute; the bundle's
+ * tensors checksum). Both end in the metadata checks below, in check_finite
+ * (every value of every tensor) and in check_resnet.
+ */
+#include "io/modelfile/model_file.h"
+
+#include <errno.h>
+#include <math.h>
+#include <nettle/sha2.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "core/alloc.h"
+#include "io/modelfile/model_file_impl.h"
+
+#define SHA_CHUNK (1u << 20)
+
+static const unsigned char HDF5_SIGNATURE[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+
+/* Record a TW_ERR_MODEL message prefixed with the file name. */
+tw_status tw_model_error(tw_error *err, const char *path, const char *fmt, ...)
+{
+    char buf[TW_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return tw_error_set(err, TW_ERR_MODEL, "model file %s: %s", path, buf);
+}
+
+tw_status tw_model_nomem(tw_error *err, const char *path, size_t bytes)
+{
+    return tw_error_set(err, TW_ERR_NOMEM, "model file %s: cannot allocate %zu bytes", path, bytes);
+}
+
+/* ------------------------------------------------------------------------ */
+/* SHA-256 of the whole file (nettle: SHA-NI where the CPU has it).          */
+
+static tw_status hash_file(const char *path, char hex[65], uint64_t *size, tw_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return tw_model_error(err, path, "cannot open: %s", strerror(errno));
+    unsigned char *buf = tw_alloc(TW_MEM_OTHER, SHA_CHUNK);
+    if (!buf) {
+        fclose(f);
+        return tw_model_nomem(err, path, SHA_CHUNK);
+    }
+    struct sha256_ctx c;
+    sha256_init(&c);
+    uint64_t total = 0;
+    size_t n;
+    while ((n = fread(buf, 1, SHA_CHUNK, f)) > 0) {
+        sha256_update(&c, n, buf);
+        total += n;
+    }
+    int failed = ferror(f);
+    tw_free(buf);
+    fclose(f);
+    if (failed) return tw_model_error(err, path, "read error while hashing");
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    sha256_digest(&c, SHA256_DIGEST_SIZE, digest);
+    for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+    hex[64] = '\0';
+    *size = total;
+    return TW_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Metadata shared by both formats. Values arrive as JSON (safetensors) or as
+ * HDF5 attributes (bundle); both end in these checks. */
+
+static const char *const KNOWN_ARCHS[] = {"resnet18",         "resnet34",         "resnet50",
+                                          "resnet101",        "resnet152",        "resnext50_32x4d",
+                                          "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
+                                          "wide_resnet101_2"};
+
+tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err)
+{
+    for (size_t i = 0; i < sizeof KNOWN_ARCHS / sizeof KNOWN_ARCHS[0]; i++) {
+        if (strcmp(arch, KNOWN_ARCHS[i]) == 0) {
+            snprintf(mf->arch, sizeof mf->arch, "%s", arch);
+            return TW_OK;
+        }
+    }
+    return tw_model_error(err, mf->path,
+                          "metadata 'arch' is '%.40s' (expected resnet18/34/50/101/152, "
+                          "resnext50_32x4d, resnext101_32x8d, resnext101_64x4d, "
+                          "wide_resnet50_2 or wide_resnet101_2)",
+                          arch);
+}
+
+tw_status tw_model_set_stem(tw_model_file *mf, const char *stem, tw_error *err)
+{
+    /* "auto" is what the workflow key says by default: the same as no stem */
+    for (int i = 0; i < 3; i++)
+        if (strcmp(stem, tw_stem_names[i]) == 0) {
+            mf->stem = (tw_stem)i;
+            return TW_OK;
+        }
+    return tw_model_error(err, mf->path,
+                          "metadata 'stem' is '%.40s' (expected standard, small or auto)", stem);
+}
+
+tw_status tw_model_set_bands(tw_model_file *mf, const int64_t *v, int64_t n, tw_error *err)
+{
+    if (n < 1 || n > TW_MAX_BANDS)
+        return tw_model_error(err, mf->path, "metadata 'bands' has %lld entries (1..%d allowed)",
+                              (long long)n, TW_MAX_BANDS);
+    for (int64_t i = 0; i < n; i++) {
+        if (v[i] < 1 || v[i] > 65535)
+            return tw_model_error(err, mf->path,
+                                  "metadata 'bands'[%lld] = %lld is not a 1-based band",
+                                  (long long)i, (long long)v[i]);
+        mf->bands[i] = (int)v[i];
+    }
+    mf->n_bands = (int)n;
+    return TW_OK;
+}
+
+tw_status tw_model_set_floats(tw_model_file *mf, const char *key, const double *v, int64_t n,
+                              float *dst, int *n_dst, bool positive, tw_error *err)
+{
+    if (n < 1 || n > TW_MAX_BANDS)
+        return tw_model_error(err, mf->path, "metadata '%s' has %lld entries (1..%d allowed)", key,
+                              (long long)n, TW_MAX_BANDS);
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(v[i]) || (positive && !(v[i] > 0)))
+            return tw_model_error(err, mf->path, "metadata '%s'[%lld] = %g is not %s", key,
+                                  (long long)i, v[i], positive ? "a positive number" : "finite");
+        dst[i] = (float)v[i];
+    }
+    *n_dst = (int)n;
+    return TW_OK;
+}
+
+tw_status tw_model_set_scale(tw_model_file *mf, double v, tw_error *err)
+{
+    if (!isfinite(v) || v == 0)
+        return tw_model_error(err, mf->path, "metadata 'scale' = %g must be finite and non-zero",
+                              v);
+    mf->scale = v;
+    return TW_OK;
+}
+
+tw_status tw_model_set_tile(tw_model_file *mf, int64_t v, tw_error *err)
+{
+    if (v < 1 || v > 65536)
+        return tw_model_error(err, mf->path, "metadata 'tile' = %lld is out of range 1..65536",
+                              (long long)v);
+    mf->tile = (int)v;
+    return TW_OK;
+}
+
+tw_status tw_model_set_class(tw_model_file *mf, int i, const char *name, tw_error *err)
+{
+    if (strlen(name) >= TW_NAME_MAX || name[0] == '\0')
+        return tw_model_error(err, mf->path,
+                              "metadata 'classes'[%d] is empty or longer than %d bytes", i,
+                              TW_NAME_MAX - 1);
+    snprintf(mf->classes[i], TW_NAME_MAX, "%s", name);
+    return TW_OK;
+}
+
+static tw_model_file *model_file_new(const char *path)
+{
+    tw_model_file *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+    if (!mf) return NULL;
+    snprintf(mf->path, sizeof mf->path, "%s", path);
+    mf->scale = NAN;
+    return mf;
+}
+
+bool tw_model_file_notice(const tw_model_file *mf, char *buf, size_t cap)
+{
+    if (!mf || mf->checksum != TW_CHECKSUM_ABSENT) return false;
+    snprintf(buf, cap,
+             "model file %s has no tensors checksum (written before tools/export_model.py "
+             "added one): its tensors cannot be verified; `tools/export_model.py %s -o NEW.h5` "
+             "adds it",
+             mf->path, mf->path);
+    return true;
+}
+
+const char *tw_model_checksum_name(tw_model_checksum c)
+{
+    return c == TW_CHECKSUM_VERIFIED ? "verified" : c == TW_CHECKSUM_ABSENT ? "absent" : "none";
+}
+
+void tw_model_file_destroy(tw_model_file *mf)
+{
+    if (!mf) return;
+    for (int i = 0; i < mf->n_tensors; i++) tw_free(mf->tensors[i].data);
+    tw_free(mf->tensors);
+    tw_free(mf);
+}
+
+const tw_tensor *tw_model_file_find(const tw_model_file *mf, const char *name)
+{
+    if (!mf || !name) return NULL;
+    for (int i = 0; i < mf->n_tensors; i++)
+        if (strcmp(mf->tensors[i].name, name) == 0) return &mf->tensors[i];
+    return NULL;
+}
+
+static void shape_str(const tw_tensor *t, char *buf, size_t cap)
+{
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < t->ndim && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+/* The loader promises a ResNet state_dict, so check the few tensors every
+ * consumer relies on, and that the metadata agrees with them. The rest of
+ * the graph is checked by model/resnet.c against the architecture. */
+static tw_status check_resnet(tw_model_file *mf, tw_error *err)
+{
+    const tw_tensor *conv1 = tw_model_file_find(mf, "conv1.weight");
+    const tw_tensor *fcw = tw_model_file_find(mf, "fc.weight");
+    const tw_tensor *fcb = tw_model_file_find(mf, "fc.bias");
+    /* No fc at all: a headless backbone (embedding products only); one of
+     * the two alone is a damaged head. */
+    const char *missing = !conv1        ? "conv1.weight"
+                          : !fcw && fcb ? "fc.weight"
+                          : fcw && !fcb ? "fc.bias"
+                                        : NULL;
+    if (missing) {
+        /* A checkpoint's tensors under a prefix (backbone., model.,
+         * module.backbone., ...): P + "conv1.weight" with a
+         * P + "layer1.0.conv1.weight" beside it (which tells it from a
+         * block's own conv1). export_model.py strips the prefix. */
+        const char *prefixed = NULL;
+        size_t ml = strlen(missing);
+        for (int i = 0; !prefixed && !conv1 && i < mf->n_tensors; i++) {
+            const char *name = mf->tensors[i].name;
+            size_t nl = strlen(name);
+            char block[320];
+            if (nl > ml && name[nl - ml - 1] == '.' && strcmp(name + nl - ml, missing) == 0 &&
+                snprintf(block, sizeof block, "%.*slayer1.0.conv1.weight", (int)(nl - ml), name) <
+                    (int)sizeof block &&
+                tw_model_file_find(mf, block))
+                prefixed = name;
+        }
+        if (prefixed)
+            return tw_model_error(err, mf->path,
+                                  "no tensor '%s' but '%s': the tensors carry a prefix ('%.*s'); "
+                                  "tools/export_model.py %s -o model.h5 strips it",
+                                  missing, prefixed, (int)(strlen(prefixed) - ml), prefixed,
+                                  mf->path);
+        return tw_model_error(err, mf->path,
+                              "no tensor '%s': not a torchvision-layout ResNet state_dict "
+                              "(tools/export_model.py converts a timm, TorchGeo or Lightning one)",
+                              missing);
+    }
+    char s1[64], s2[64];
+    if (conv1->ndim != 4) {
+        shape_str(conv1, s1, sizeof s1);
+        return tw_model_error(err, mf->path, "tensor 'conv1.weight' has shape %s (expected 4-D)",
+                              s1);
+    }
+    if (fcw && (fcw->ndim != 2 || fcb->ndim != 1 || fcb->shape[0] != fcw->shape[0])) {
+        shape_str(fcw, s1, sizeof s1);
+        shape_str(fcb, s2, sizeof s2);
+        return tw_model_error(
+            err, mf->path,
+            "tensor 'fc.weight' %s and 'fc.bias' %s do not fit (expected [K,C] and [K])", s1, s2);
+    }
+    int64_t in_bands = conv1->shape[1], k = fcw ? fcw->shape[0] : 0;
+    if (mf->n_bands && mf->n_bands != in_bands)
+        return tw_model_error(err, mf->path,
+                              "metadata 'bands' lists %d bands but conv1.weight takes %lld",
+                              mf->n_bands, (long long)in_bands);
+    if (mf->n_mean && mf->n_mean != in_bands)
+        return tw_model_error(err, mf->path,
+                              "metadata 'mean' has %d values but conv1.weight takes %lld bands",
+                              mf->n_mean, (long long)in_bands);
+    if (mf->n_std && mf->n_std != in_bands)
+        return tw_model_error(err, mf->path,
+                              "metadata 'std' has %d values but conv1.weight takes %lld bands",
+                              mf->n_std, (long long)in_bands);
+    if (mf->n_classes && !fcw)
+        return tw_model_error(err, mf->path,
+                              "metadata 'classes' names %d classes but there is no fc.weight "
+                              "(a headless backbone)",
+                              mf->n_classes);
+    if (mf->n_classes && mf->n_classes != k)
+        return tw_model_error(err, mf->path,
+                              "metadata 'classes' names %d classes but fc.weight has %lld",
+                              mf->n_classes, (long long)k);
+    return TW_OK;
+}
+
+/* Every value of every tensor, whichever reader produced it, must be
+ * finite: a NaN in fc.weight turns every probability into NaN (a map of
+ * class 0 with exit 0), one in a convolution flattens every answer. Checked
+ * here, once, on the float32 values the readers converted (an F16/BF16 NaN
+ * or Inf stays one). The scan ORs the exponent bits' "all ones" test over a
+ * block, which the compiler vectorizes; only a block that holds a
+ * non-finite value is walked again to find the first one. */
+static bool block_all_finite(const float *v, size_t n)
+{
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], sizeof u);
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+}
+
+static tw_status check_finite(const tw_model_file *mf, tw_error *err)
+{
+    enum { BLOCK = 4096 };
+    for (int k = 0; k < mf->n_tensors; k++) {
+        const tw_tensor *t = &mf->tensors[k];
+        for (int64_t b = 0; b < t->numel; b += BLOCK) {
+            size_t n = (size_t)(t->numel - b < BLOCK ? t->numel - b : BLOCK);
+            if (block_all_finite(t->data + b, n)) continue;
+            int64_t i = b;
+            while (isfinite(t->data[i])) i++;
+            /* the flat index as a row-major multi-dimensional one */
+            int64_t idx[4] = {0}, rest = i;
+            for (int d = t->ndim - 1; d >= 0; d--) {
+                int64_t dim = t->shape[d] > 0 ? t->shape[d] : 1;
+                idx[d] = rest % dim;
+                rest /= dim;
+            }
+            char where[96];
+            size_t o = 0;
+            for (int d = 0; d < t->ndim && o < sizeof where; d++)
+                o += (size_t)snprintf(where + o, sizeof where - o, d ? ", %lld" : "%lld",
+                                      (long long)idx[d]);
+            float v = t->data[i];
+            return tw_model_error(err, mf->path,
+                                  "tensor %s[%s] is %s: non-finite weights are refused (a "
+                                  "corrupt file, or a training run that diverged)",
+                                  t->name, where,
+                                  isnan(v) ? "NaN"
+                                  : v > 0  ? "+Inf"
+                                           : "-Inf");
+        }
+    }
+    return TW_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* ONNX: the name says so, or the bytes do where safetensors' would not (a
+ * safetensors header length is followed by '{'; a ModelProto written by
+ * onnx or torch starts with field 1, ir_version, as a varint: byte 0x08). */
+static bool looks_like_onnx(const char *path, const unsigned char *head, size_t got)
+{
+    size_t n = strlen(path);
+    if (n >= 5 && strcasecmp(path + n - 5, ".onnx") == 0) return true;
+    if (got >= 9 && head[8] == '{') return false;
+    return got >= 1 && head[0] == 0x08;
+}
+
+tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *err)
+{
+    *out = NULL;
+    if (!path || !*path) return tw_error_set(err, TW_ERR_MODEL, "model file: no path given");
+    if (strlen(path) >= TW_PATH_MAX)
+        return tw_error_set(err, TW_ERR_MODEL, "model file path is longer than %d bytes",
+                            TW_PATH_MAX - 1);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return tw_model_error(err, path, "cannot open: %s", strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return tw_model_error(err, path, "not a regular file");
+
+    tw_model_file *mf = model_file_new(path);
+    if (!mf) return tw_model_nomem(err, path, sizeof *mf);
+    uint64_t size = 0;
+    tw_status st = hash_file(path, mf->sha256, &size, err);
+    if (st == TW_OK) {
+        unsigned char sig[9] = {0};
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            st = tw_model_error(err, path, "cannot open: %s", strerror(errno));
+        } else {
+            size_t got = fread(sig, 1, sizeof sig, f);
+            fclose(f);
+            if (got >= sizeof HDF5_SIGNATURE &&
+                memcmp(sig, HDF5_SIGNATURE, sizeof HDF5_SIGNATURE) == 0) {
+                mf->format = TW_MODEL_FORMAT_HDF5;
+                st = tw_h5bundle_load(mf, err);
+            } else if (looks_like_onnx(path, sig, got)) {
+                mf->format = TW_MODEL_FORMAT_ONNX;
+                st = tw_onnx_load(mf, size, err);
+            } else {
+                st = tw_safetensors_load(mf, size, err);
+            }
+        }
+    }
+    if (st == TW_OK) st = check_finite(mf, err);
+    if (st == TW_OK) st = check_resnet(mf, err);
+    if (st != TW_OK) {
+        tw_model_file_destroy(mf);
+        return st;
+    }
+    *out = mf;
+    return TW_OK;
+}

@@ -1,0 +1,47 @@
+/* model_file_impl.h - what the model-file readers share: io/modelfile/model_file.c
+ * (the front: format detection, hash, metadata checks, the ResNet check),
+ * io/modelfile/safetensors.c and io/modelfile/h5bundle.c. Not for use outside io/. */
+#ifndef TW_MODEL_FILE_IMPL_H
+#define TW_MODEL_FILE_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/modelfile/model_file.h"
+
+/* Record a TW_ERR_MODEL message prefixed with "model file <path>: ". */
+tw_status tw_model_error(tw_error *err, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* TW_ERR_NOMEM naming the file and the bytes. */
+tw_status tw_model_nomem(tw_error *err, const char *path, size_t bytes);
+
+/* Metadata shared by both formats, checked the same way whichever format
+ * carried it: each sets the field of mf or returns TW_ERR_MODEL naming the
+ * key (v and n as read from the file). */
+tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err);
+tw_status tw_model_set_stem(tw_model_file *mf, const char *stem, tw_error *err);
+tw_status tw_model_set_bands(tw_model_file *mf, const int64_t *v, int64_t n, tw_error *err);
+tw_status tw_model_set_floats(tw_model_file *mf, const char *key, const double *v, int64_t n,
+                              float *dst, int *n_dst, bool positive, tw_error *err);
+tw_status tw_model_set_scale(tw_model_file *mf, double v, tw_error *err);
+tw_status tw_model_set_tile(tw_model_file *mf, int64_t v, tw_error *err);
+tw_status tw_model_set_class(tw_model_file *mf, int i, const char *name, tw_error *err);
+
+/* Read the tensors and metadata of a safetensors file of file_size bytes at
+ * mf->path into mf (io/modelfile/safetensors.c). */
+tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *err);
+
+/* Read an ONNX model of file_size bytes at mf->path (io/modelfile/onnx.c): recognise
+ * the ResNet in its graph and fill mf's tensors (torchvision names) and the
+ * metadata Deepness's keys carry. mf->sha256 holds the file's digest on
+ * entry; it is extended when tensors live in external data files. */
+tw_status tw_onnx_load(tw_model_file *mf, uint64_t file_size, tw_error *err);
+
+/* IEEE half to float (io/modelfile/safetensors.c), exact. */
+float tw_half_to_float(uint16_t h);
+
+/* Read the tensors and metadata of an HDF5 bundle at mf->path into mf
+ * (io/modelfile/h5bundle.c). */
+tw_status tw_h5bundle_load(tw_model_file *mf, tw_error *err);
+
+#endif

@@ -1,0 +1,52 @@
+/* advice.h - what a person should look at before the first tile, as data.
+ *
+ * Advice is not an error: a run with advice is a valid run. But a wrong
+ * input.scale, a raster without a CRS or tiles that are mostly padding give
+ * a class map that looks fine and is wrong, so `tilewise validate` and every
+ * run (CLI, C API, Python, QGIS) compute the same advice here, before the
+ * first tile: run logs each warning, puts them in run.json and the returned
+ * report, and under --strict (tw_run_params.strict) refuses to start.
+ *
+ * For raster inputs (not STAC items): georeferencing (no geotransform or
+ * CRS, rotated, stretched or odd pixels, geographic tiles of many km), tiles
+ * that are more padding than raster, and each band's mean and range after
+ * input.scale and the model's mean/std (a mean outside +-3, very wide or flat
+ * ranges are the classic wrong-input.scale symptoms; the scale hint is
+ * computed from the band means, one per raster unless no one scale suits
+ * every band (KEYS.md, input.scale); not for remote inputs). Notes are facts for validate's listing
+ * (the CRS and pixel size, how many bands fit, which reader decodes), never warnings.
+ */
+#ifndef TW_ADVICE_H
+#define TW_ADVICE_H
+
+#include <stdbool.h>
+
+#include "core/error.h"
+#include "core/params.h"
+
+#define TW_ADVICE_MAX 64
+#define TW_ADVICE_TEXT 640
+
+typedef struct tw_advice_item {
+    bool warning;              /* else a note */
+    char code[24];             /* warnings: stable codes ("no_crs", "values", "padding", ...);
+                                  notes: validate's column ("crs", "values", "reader") */
+    int input;                 /* index into input.path */
+    char text[TW_ADVICE_TEXT]; /* one line, the input named */
+} tw_advice_item;
+
+/* In the order validate lists them. */
+typedef struct tw_advice {
+    int n, n_warnings;
+    tw_advice_item items[TW_ADVICE_MAX];
+} tw_advice;
+
+/* The advice for p's inputs with the resolved model m into *a (cleared
+ * first; beyond TW_ADVICE_MAX items the rest are dropped). An input that
+ * cannot be inspected gets no advice (the run's own checks report it).
+ * Reads each raster's header and approximate band statistics (GDAL's
+ * stored ones, else a bounded sample: io/input/inspect.h); writes nothing. Cannot fail. */
+struct tw_resolved;
+void tw_advice_collect(const tw_run_params *p, const struct tw_resolved *m, tw_advice *a);
+
+#endif

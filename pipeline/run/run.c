@@ -1,0 +1,1234 @@
+/* run.c - the run driver (run.h): the model resolved against the config and
+ * every input checked before any work (the prepare steps of run_internal.h,
+ * which validate.c shares), the backend reserved, then for each input: the
+ * shard's segments left to compute, its parts and manifest (resume.h), the
+ * stage workers (stages.c) and, once the whole grid is committed, the final
+ * products (tw_merge_assemble, merge.c). */
+#include "pipeline/run/run.h"
+
+#include <errno.h>
+#include <gdal.h>
+#include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/output/polygons.h"
+#include "io/modelfile/model_file.h"
+#include "io/input/raster.h"
+#include "io/input/stac.h"
+#include "io/input/url.h"
+#include "core/alloc.h"
+#include "core/keys.h"
+#include "core/clock.h"
+#include "core/fileio.h"
+#include "pipeline/store/parts.h"
+#include "pipeline/engine/plan.h"
+#include "pipeline/store/manifest.h"
+#include "pipeline/run/preflight.h"
+#include "pipeline/run/run_internal.h"
+#include "pipeline/engine/stages.h"
+#include "pipeline/engine/stitch.h"
+
+/* ------------------------------------------------------------------------ */
+/* Model and inputs: resolve config against the bundle, check before work.  */
+
+static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
+                               const tw_resnet *net, tw_resolved *m, tw_error *err)
+{
+    memset(m, 0, sizeof *m);
+    const char *wpath = p->model.weights;
+    tw_resnet_arch_name(net, m->arch, sizeof m->arch);
+    m->stem = net->stem_kind;
+    tw_status st0 = tw_resnet_check_stem(net, p->model.stem, wpath, "model.stem", err);
+    if (st0 != TW_OK) return st0;
+    m->in_bands = net->in_bands;
+    m->feat_dim = net->feat_dim;
+    m->headless = net->headless;
+    memcpy(m->model_sha256, mf->sha256, sizeof m->model_sha256);
+
+    if (p->input.n_bands > 0) {
+        m->n_bands = p->input.n_bands;
+        memcpy(m->bands, p->input.bands, sizeof(int) * (size_t)m->n_bands);
+    } else if (mf->n_bands > 0) {
+        m->n_bands = mf->n_bands;
+        memcpy(m->bands, mf->bands, sizeof(int) * (size_t)m->n_bands);
+    }
+    if (m->n_bands > 0 && m->n_bands != net->in_bands)
+        return tw_error_set(
+            err, TW_ERR_MODEL, "%s expects %d input bands (conv1.weight) but %s selects %d", wpath,
+            net->in_bands, p->input.n_bands > 0 ? "input.bands" : "the bundle's band list",
+            m->n_bands);
+
+    m->scale = !isnan(p->input.scale) ? p->input.scale
+                                      : (!isnan(mf->scale) && mf->scale > 0 ? mf->scale : 1.0);
+
+    m->n_norm = net->in_bands;
+    int n_mean = p->model.n_mean > 0 ? p->model.n_mean : mf->n_mean;
+    int n_std = p->model.n_std > 0 ? p->model.n_std : mf->n_std;
+    const float *mean = p->model.n_mean > 0 ? p->model.mean : mf->mean;
+    const float *std = p->model.n_std > 0 ? p->model.std : mf->std;
+    if (n_mean > 0 && n_mean != net->in_bands)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.mean has %d values but %s expects %d input bands", n_mean, wpath,
+                            net->in_bands);
+    if (n_std > 0 && n_std != net->in_bands)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.std has %d values but %s expects %d input bands", n_std, wpath,
+                            net->in_bands);
+    for (int c = 0; c < net->in_bands; c++) {
+        m->mean[c] = n_mean > 0 ? mean[c] : 0.0f;
+        m->std[c] = n_std > 0 ? std[c] : 1.0f;
+        if (!(m->std[c] > 0.0f) || !isfinite(m->std[c]) || !isfinite(m->mean[c]))
+            return tw_error_set(err, TW_ERR_CONFIG, "model.std[%d] must be a positive number", c);
+    }
+
+    m->n_classes = net->n_classes;
+    if (net->headless && (p->model.n_classes > 0 || p->model.n_colors > 0))
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.%s: %s is a headless backbone (no fc.weight): it has no classes",
+                            p->model.n_classes > 0 ? "classes" : "colors", wpath);
+    if (net->n_classes > TW_MAX_CLASSES)
+        return tw_error_set(err, TW_ERR_MODEL, "%s has %d classes; tilewise supports at most %d",
+                            wpath, net->n_classes, TW_MAX_CLASSES);
+    if (p->model.n_classes > 0 && p->model.n_classes != net->n_classes)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.classes names %d classes but %s has %d (fc.weight)",
+                            p->model.n_classes, wpath, net->n_classes);
+    for (int c = 0; c < net->n_classes; c++) {
+        if (p->model.n_classes > 0)
+            snprintf(m->classes[c], TW_NAME_MAX, "%s", p->model.classes[c]);
+        else if (mf->n_classes == net->n_classes)
+            snprintf(m->classes[c], TW_NAME_MAX, "%s", mf->classes[c]);
+        else
+            snprintf(m->classes[c], TW_NAME_MAX, "class_%d", c);
+        /* Names reach terminals, band descriptions and legends: a control
+         * character (ESC, CR, a newline) there rewrites what a user sees. The
+         * parser refuses them in model.classes; a bundle's are refused here. */
+        for (const unsigned char *ch = (const unsigned char *)m->classes[c]; *ch; ch++)
+            if (*ch < 0x20 || *ch == 0x7f)
+                return tw_error_set(err, TW_ERR_MODEL,
+                                    "%s: class name %d holds a control character (byte 0x%02x); "
+                                    "give model.classes in the workflow",
+                                    wpath, c + 1, *ch);
+    }
+
+    if (p->model.n_colors > 0 && p->model.n_colors != net->n_classes)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "model.colors has %d colours but %s has %d classes (fc.weight)",
+                            p->model.n_colors, wpath, net->n_classes);
+
+    m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
+    m->stride = p->tiling.stride > 0 ? p->tiling.stride : m->tile;
+    if (m->stride > m->tile || m->tile % m->stride != 0) {
+        /* The tile came from the bundle (the parser checks a given one):
+         * say so, and suggest as the parser does. */
+        int sug = m->tile / 2 >= 1 ? m->tile / 2 : 1;
+        while (sug > 1 && sug > m->stride) sug /= 2;
+        while (sug > 1 && m->tile % sug != 0) sug--;
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "tiling.stride: %d does not divide tile %d (%s) (expected a divisor "
+                            "such as %d)",
+                            m->stride, m->tile,
+                            p->tiling.tile > 0 ? "tiling.tile" : "the model bundle's tile size",
+                            sug);
+    }
+    if (m->tile < 32)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "tiling.tile %d is too small for a ResNet (32 pixels at least)",
+                            m->tile);
+    return TW_OK;
+}
+
+void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run_params *out)
+{
+    *out = *p;
+    out->input.n_bands = m->n_bands;
+    memcpy(out->input.bands, m->bands, sizeof out->input.bands);
+    out->input.scale = m->scale;
+    snprintf(out->model.arch, sizeof out->model.arch, "%s", m->arch);
+    out->model.stem = m->stem;
+    out->model.n_mean = out->model.n_std = m->n_norm;
+    memcpy(out->model.mean, m->mean, sizeof out->model.mean);
+    memcpy(out->model.std, m->std, sizeof out->model.std);
+    out->model.n_classes = m->n_classes;
+    memcpy(out->model.classes, m->classes, sizeof out->model.classes);
+    out->tiling.tile = m->tile;
+    out->tiling.stride = m->stride;
+}
+
+/* The name of the folder holding path: a URL's segment before the file,
+ * or (a bare file name) the current directory's. */
+static void parent_name(const char *path, char *out, size_t size)
+{
+    char buf[TW_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    if (tw_url_is_remote(buf)) buf[strcspn(buf, "?#")] = '\0';
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash) {
+        *slash = '\0';
+        n = strlen(buf);
+        while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    }
+    char cwd[TW_PATH_MAX];
+    const char *dir = slash && buf[0] ? buf : getcwd(cwd, sizeof cwd);
+    const char *base = dir ? strrchr(dir, '/') : NULL;
+    base = base ? base + 1 : (dir ? dir : "");
+    snprintf(out, size, "%s", *base ? base : "root");
+}
+
+tw_status tw_run_output_name(const tw_run_params *p, int i, char *out, size_t size, tw_error *err)
+{
+    char stem[256], parent[256], why[300];
+    tw_url_stem(p->input.paths[i], stem, sizeof stem);
+    parent_name(p->input.paths[i], parent, sizeof parent);
+    if (tw_output_name_expand(p->output.name, stem, parent, i + 1, out, size, why, sizeof why) !=
+        0) {
+        char shown[TW_URL_SHOWN_MAX];
+        tw_url_redact(p->input.paths[i], shown, sizeof shown);
+        return tw_error_set(err, TW_ERR_CONFIG, "output.name: %s for input %s", why, shown);
+    }
+    return TW_OK;
+}
+
+/* input.aoi for one raster, on the tile grid of its full plan (tile
+ * indices are the plan's, whatever the shard). NULL in *out without an
+ * AOI. */
+static tw_status aoi_for(const tw_run_params *p, const tw_resolved *m, const tw_raster_info *info,
+                         tw_aoi **out, tw_error *err)
+{
+    *out = NULL;
+    if (!p->input.aoi[0]) return TW_OK;
+    tw_plan full;
+    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
+                                &full, err);
+    if (st != TW_OK) return st;
+    int *xs = tw_calloc(TW_MEM_OTHER, (size_t)full.x.n_pos + (size_t)full.y.n_pos, sizeof(int));
+    if (!xs) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    int *ys = xs + full.x.n_pos;
+    for (int i = 0; i < full.x.n_pos; i++) xs[i] = tw_axis_pos(&full.x, m->tile, m->stride, i);
+    for (int i = 0; i < full.y.n_pos; i++) ys[i] = tw_axis_pos(&full.y, m->tile, m->stride, i);
+    tw_aoi_geometry g = {.tile = m->tile,
+                         .stride = m->stride,
+                         .n_x = full.x.n_pos,
+                         .n_y = full.y.n_pos,
+                         .x0 = xs,
+                         .y0 = ys};
+    st = tw_aoi_create(p->input.aoi, info, &g, out, err);
+    tw_free(xs);
+    return st;
+}
+
+/* A band selection the raster cannot give: name both sides. */
+static tw_status band_mismatch(const tw_run_params *p, const tw_resolved *m, const char *src,
+                               const char *shown, tw_error *err)
+{
+    tw_raster *r = NULL;
+    tw_error e;
+    tw_error_init(&e);
+    if (m->n_bands == 0 || tw_raster_open(src, NULL, 0, &r, &e) != TW_OK)
+        return TW_OK; /* not about the bands */
+    int have = tw_raster_get_info(r)->band_count;
+    tw_raster_close(r);
+    int worst = 0;
+    for (int b = 0; b < m->n_bands; b++)
+        if (m->bands[b] > worst) worst = m->bands[b];
+    if (worst <= have) return TW_OK;
+    if (have < m->in_bands)
+        return tw_error_set(err, TW_ERR_INPUT,
+                            "%s has %d band%s, but %s asks for band %d: the model %s needs %d "
+                            "bands, more than this raster has (use a model made for %d band%s)",
+                            shown, have, have == 1 ? "" : "s",
+                            p->input.n_bands > 0 ? "input.bands" : "the model bundle's band list",
+                            worst, p->model.weights, m->in_bands, have, have == 1 ? "" : "s");
+    return tw_error_set(err, TW_ERR_INPUT,
+                        "%s has %d band%s, but %s asks for band %d: the model %s needs %d "
+                        "bands (set input.bands to %d of this raster's bands 1..%d)",
+                        shown, have, have == 1 ? "" : "s",
+                        p->input.n_bands > 0 ? "input.bands" : "the model bundle's band list",
+                        worst, p->model.weights, m->in_bands, m->in_bands, have);
+}
+
+/* Was the run asked to stop (tw_run_hooks.stop)? */
+static bool stopped(const run_ctx *c)
+{
+    return c->hooks && c->hooks->stop && __atomic_load_n(c->hooks->stop, __ATOMIC_RELAXED) != 0;
+}
+
+static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
+                              const char *const *sources, input_info *infos,
+                              const volatile sig_atomic_t *stop, tw_error *err)
+{
+    int n_ok = 0;
+    for (int i = 0; i < p->input.n_paths; i++) {
+        tw_raster *r = NULL;
+        char shown[TW_URL_SHOWN_MAX], shown_j[TW_URL_SHOWN_MAX];
+        tw_url_redact(p->input.paths[i], shown, sizeof shown);
+        tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct, .stop = stop};
+        tw_error oerr;
+        tw_error_init(&oerr);
+        tw_status st = tw_raster_open_ex(sources[i], m->bands, m->n_bands, &op, &r, &oerr);
+        if (st == TW_CANCELLED) return tw_error_set(err, st, "%s", oerr.msg);
+        if (st != TW_OK && band_mismatch(p, m, sources[i], shown, err) != TW_OK) return err->status;
+        if (st != TW_OK && p->input.on_error == TW_ON_ERROR_SKIP && p->input.n_paths > 1) {
+            /* One bad input of a batch: reported and skipped, the others run. */
+            infos[i].skipped = true;
+            snprintf(infos[i].skip_reason, sizeof infos[i].skip_reason, "%.500s", oerr.msg);
+            continue;
+        }
+        if (st != TW_OK) return tw_error_set(err, oerr.status, "%s", oerr.msg);
+        n_ok++;
+        infos[i].info = *tw_raster_get_info(r);
+        infos[i].bands = tw_raster_selected_bands(r);
+        infos[i].mask = tw_raster_has_mask(r);
+        tw_raster_close(r);
+        if (infos[i].bands != m->in_bands)
+            return tw_error_set(err, TW_ERR_INPUT,
+                                "%s: %d bands selected but the model %s expects %d (set "
+                                "input.bands)",
+                                shown, infos[i].bands, p->model.weights, m->in_bands);
+        /* The plan's own message (e.g. smaller than a tile with edge: skip)
+         * cannot name the raster: check each input here, where the path is known. */
+        tw_plan plan;
+        tw_error perr;
+        tw_error_init(&perr);
+        if (tw_plan_make(infos[i].info.width, infos[i].info.height, m->tile, m->stride,
+                         p->tiling.edge, 0, 1, &plan, &perr) != TW_OK)
+            return tw_error_set(err, perr.status, "%s: %s", shown, perr.msg);
+        /* input.aoi: read and placed on every raster before any tile. */
+        infos[i].all_tiles = plan.n_tiles;
+        infos[i].aoi_tiles = -1;
+        if (p->input.aoi[0]) {
+            tw_aoi *aoi = NULL;
+            tw_status ast = aoi_for(p, m, &infos[i].info, &aoi, err);
+            if (ast != TW_OK) return ast;
+            infos[i].aoi_tiles = tw_aoi_count(aoi);
+            tw_aoi_destroy(aoi);
+        }
+        char si[256], sj[256];
+        tw_status nst = tw_run_output_name(p, i, si, sizeof si, err);
+        for (int j = 0; nst == TW_OK && j < i; j++) {
+            nst = tw_run_output_name(p, j, sj, sizeof sj, err);
+            if (nst == TW_OK && strcmp(si, sj) == 0) {
+                tw_url_redact(p->input.paths[j], shown_j, sizeof shown_j);
+                return tw_error_set(
+                    err, TW_ERR_CONFIG,
+                    "input.path: %s and %s would write the same outputs (%s.*): name them "
+                    "apart with output.name, e.g. \"{parent}_{stem}\" or \"{stem}_{index}\"",
+                    shown_j, shown, si);
+            }
+        }
+        if (nst != TW_OK) return nst;
+    }
+    if (n_ok == 0 && p->input.n_paths > 0) {
+        for (int i = 0; i < p->input.n_paths; i++)
+            if (infos[i].skipped)
+                return tw_error_set(err, TW_ERR_INPUT,
+                                    "no input can be opened (input.on_error: skip skips some, "
+                                    "not all); the first: %s",
+                                    infos[i].skip_reason);
+    }
+    return TW_OK;
+}
+
+static tw_status make_dirs(const char *dir, tw_error *err)
+{
+    tw_error e;
+    tw_error_init(&e);
+    if (tw_mkdir_p(dir, &e) != TW_OK) return tw_error_set(err, e.status, "output.dir: %s", e.msg);
+    if (access(dir, W_OK) != 0)
+        return tw_error_set(err, TW_ERR_OUTPUT, "output.dir: %s is not writable: %s", dir,
+                            strerror(errno));
+    return TW_OK;
+}
+
+/* Where the run's notices and warnings go: the hooks' log, or nowhere. */
+static const tw_log *run_log(const run_ctx *c)
+{
+    return c->hooks ? &c->hooks->log : NULL;
+}
+
+/* What the outputs of an input depend on: if any of it changes between an
+ * interrupted run and its rerun, or between the shards of one output, the
+ * committed chunks are not reused (the run refuses, tw_parts_open, exit 6).
+ * One "key value" line per key of the table that an output byte depends on
+ * (TW_KEY_BYTES, core/keys.h), with the value the run resolved, so that a
+ * refusal names the keys that differ and no key can be left out; then the
+ * lines no key holds: the raster's size and type, the cell grid, the AOI
+ * file's identity, and the input's (url.h). The input is this one only,
+ * as the reports show it; the model is its file's SHA-256, not its path.
+ * TW_ERR_INTERNAL when it does not fit size (it cannot with the limits of
+ * params.h and TW_FINGERPRINT_MAX). */
+static tw_status fingerprint(const run_ctx *c, const tw_raster_info *info, const char *path,
+                             const tw_plan *plan, const char *identity, char *buf, size_t size,
+                             tw_error *err)
+{
+    tw_run_params *r = tw_alloc(TW_MEM_OTHER, sizeof *r);
+    if (!r) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    tw_run_params_resolved(c->p, &c->m, r);
+    snprintf(r->input.paths[0], sizeof r->input.paths[0], "%s", path);
+    r->input.n_paths = 1;
+    snprintf(r->model.weights, sizeof r->model.weights, "sha256:%s", c->m.model_sha256);
+    size_t n = (size_t)snprintf(buf, size, "tilewise-parts %d\ninput.raster %dx%d %s\ngrid %dx%d\n",
+                                TW_PARTS_FINGERPRINT_VERSION, info->width, info->height,
+                                tw_dtype_name(info->dtype), plan->grid_w, plan->grid_h);
+    n += tw_key_format_lines(r, TW_KEY_BYTES, buf + (n < size ? n : size), n < size ? size - n : 0);
+    tw_free(r);
+    if (c->p->input.aoi[0]) {
+        /* The file's identity: a changed AOI changes which tiles exist. */
+        struct stat sb;
+        bool ok = stat(c->p->input.aoi, &sb) == 0;
+        n +=
+            (size_t)snprintf(buf + (n < size ? n : size), n < size ? size - n : 0,
+                             "input.aoi_file size=%lld mtime=%lld\n",
+                             ok ? (long long)sb.st_size : -1LL, ok ? (long long)sb.st_mtime : -1LL);
+    }
+    /* A remote object's version (url.h): chunks of another version refused. */
+    n += (size_t)snprintf(buf + (n < size ? n : size), n < size ? size - n : 0, "%s", identity);
+    if (n >= size)
+        return tw_error_set(err, TW_ERR_INTERNAL,
+                            "%s: the parts fingerprint needs %zu bytes, more than %zu", path, n,
+                            size);
+    return TW_OK;
+}
+
+/* Rows per committed chunk: about 1024 tiles, at least one tile row's cells.
+ * A stop does not wait for the chunk under way, and one that takes longer
+ * than TW_CHECKPOINT_S (a row of a very wide raster) is checkpointed
+ * meanwhile (stages.h, "Stopping"). */
+static int chunk_rows_for(const tw_plan *plan)
+{
+    int per_row = plan->x.n_pos > 0 ? plan->x.n_pos : 1;
+    int rows = 1024 / per_row * plan->k;
+    if (rows < plan->k) rows = plan->k;
+    return rows;
+}
+
+/* The pipeline of input idx over plan: what its stages read (the source,
+ * its normalization, the backend's wishes), where they report. */
+static void pipe_init(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res, tw_pipe *pp,
+                      tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    memset(pp, 0, sizeof *pp);
+    pp->scope = tw_mem_scope_current(); /* tw_run's */
+    pp->p = p;
+    pp->m = &c->m;
+    pp->bud = &c->bud;
+    pp->be = &c->be;
+    pp->hooks = c->hooks;
+    /* What the readers open (stages.c opens pp.path): the user's path (raster.c
+     * maps https:// and s3:// and redacts its own messages) or a STAC item's
+     * VRT. Messages of this file name res->path, redacted. */
+    pp->path = c->sources[idx];
+    pp->display = res->path;
+    pp->dtype = c->infos[idx].info.dtype;
+    pp->info = &c->infos[idx].info;
+    pp->norm.bands = c->m.in_bands;
+    pp->norm.scale = c->m.scale;
+    memcpy(pp->norm.mean, c->m.mean, sizeof pp->norm.mean);
+    memcpy(pp->norm.std, c->m.std, sizeof pp->norm.std);
+    pp->wants_raw = c->be.i->wants_raw(c->be.ctx);
+    pp->norm_threads = tw_run_normalize_threads(p, &c->be);
+    pp->want_emb = (p->output.products & (TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER)) != 0;
+    pp->err = err;
+    pp->res = res;
+    pp->log = run_log(c);
+    pp->chunk_rows = p->chunk_rows > 0 ? p->chunk_rows : chunk_rows_for(plan);
+}
+
+/* The parts of an input of stem over plan, with fingerprint fp. */
+static tw_parts_params parts_params(run_ctx *c, const tw_plan *plan, const char *stem,
+                                    const char *fp)
+{
+    const tw_run_params *p = c->p;
+    return (tw_parts_params){
+        .out_dir = p->output.dir,
+        .stem = stem,
+        .fingerprint = fp,
+        .grid_w = plan->grid_w,
+        .grid_h = plan->grid_h,
+        .n_classes = c->m.n_classes,
+        .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? c->m.feat_dim : 0,
+        .cell_emb = tw_run_cell_emb(p->output.products, c->m.feat_dim),
+        .tiles = tw_run_keeps_tiles(p->output.products),
+        .shard_index = p->shard_index,
+        .shard_count = p->shard_count,
+        .restart = p->restart,
+        .log = run_log(c),
+    };
+}
+
+static tw_status input_identity(const run_ctx *c, int idx, char *buf, size_t size, tw_error *err);
+
+tw_status tw_run_probe_parts(run_ctx *c, int idx, const tw_plan *plan, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    char shown[TW_PATH_MAX], stem[256];
+    tw_url_redact(p->input.paths[idx], shown, sizeof shown);
+    tw_status st = tw_run_output_name(p, idx, stem, sizeof stem, err);
+    char *ident = tw_alloc(TW_MEM_OTHER, 4096);
+    char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
+    if (st == TW_OK && (!ident || !fp)) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK) st = input_identity(c, idx, ident, 4096, err);
+    if (st == TW_OK)
+        st = fingerprint(c, &c->infos[idx].info, shown, plan, ident, fp, TW_FINGERPRINT_MAX, err);
+    tw_parts_params pp = parts_params(c, plan, stem, fp);
+    if (st == TW_OK) st = tw_parts_probe(&pp, err);
+    tw_free(ident);
+    tw_free(fp);
+    return st;
+}
+
+/* The parts of input idx (pp->parts): its fingerprint (with the input's
+ * identity) checked against what earlier runs committed, and the manifest a
+ * merge reads written beside them. */
+static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res,
+                            const char *ident, tw_pipe *pp, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    const tw_raster_info *info = &c->infos[idx].info;
+    tw_status st = TW_OK;
+    char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
+    if (!fp) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK) st = fingerprint(c, info, res->path, plan, ident, fp, TW_FINGERPRINT_MAX, err);
+    tw_parts_params parts_p = parts_params(c, plan, res->stem, fp);
+    if (st == TW_OK) st = tw_parts_open(&parts_p, p->quiet, &pp->parts, err);
+    if (st == TW_OK) {
+        tw_manifest *mf = tw_calloc(TW_MEM_OTHER, 1, sizeof *mf);
+        char mpath[TW_PATH_MAX + 400];
+        if (!mf) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        } else {
+            mf->p = *p;
+            for (int k = 0; k < p->input.n_paths; k++) /* no credentials on disk */
+                tw_url_redact(p->input.paths[k], mf->p.input.paths[k], TW_PATH_MAX);
+            mf->m = c->m;
+            mf->info = *info;
+            mf->stac = c->infos[idx].stac;
+            snprintf(mf->config_json, sizeof mf->config_json, "%s", c->config_json);
+            snprintf(mf->fingerprint, sizeof mf->fingerprint, "%s", fp);
+            st = tw_manifest_path(p->output.dir, res->stem, mpath, sizeof mpath, err);
+            if (st == TW_OK) st = tw_manifest_write(mf, mpath, err);
+            tw_free(mf);
+        }
+    }
+    tw_free(fp); /* the parts have checked and stored it */
+    return st;
+}
+
+/* The identity of input idx for resume (url.h; a STAC item's, stac.h). */
+static tw_status input_identity(const run_ctx *c, int idx, char *buf, size_t size, tw_error *err)
+{
+    return c->stacs[idx] ? tw_stac_identity(c->stacs[idx], buf, size, err)
+                         : tw_url_identity(c->p->input.paths[idx], buf, size, err);
+}
+
+/* What input idx is, as "key value" lines that name it (shown): the
+ * geometry the plan and the readers' buffers are cut to, then its identity
+ * (io/input/identity.h). */
+static void input_state(const tw_raster_info *info, int bands, const char *shown, const char *ident,
+                        char *buf, size_t size)
+{
+    uint64_t crs = 1469598103934665603ULL; /* FNV-1a of the WKT */
+    for (const char *q = info->crs_wkt; *q; q++) crs = (crs ^ (uint8_t)*q) * 1099511628211ULL;
+    const double *g = info->geotransform;
+    snprintf(buf, size,
+             "raster[%s] %dx%d %s x%d\ngeotransform[%s] %.17g,%.17g,%.17g,%.17g,%.17g,%.17g\n"
+             "crs[%s] %s%016llx\nnodata[%s] %s%.17g\n%s",
+             shown, info->width, info->height, tw_dtype_name(info->dtype), bands, shown, g[0], g[1],
+             g[2], g[3], g[4], g[5], shown, info->crs_wkt[0] ? "fnv64:" : "none ",
+             (unsigned long long)crs, shown, info->has_nodata ? "" : "none ",
+             info->has_nodata ? info->nodata : 0.0, ident);
+}
+
+/* Record every input's state before the first tile (input_unchanged
+ * checks it at the input's turn). */
+static tw_status record_inputs(run_ctx *c, tw_error *err)
+{
+    char ident[4096], shown[TW_URL_SHOWN_MAX];
+    for (int i = 0; i < c->p->input.n_paths; i++) {
+        if (c->infos[i].skipped) continue;
+        tw_status st = input_identity(c, i, ident, sizeof ident, err);
+        if (st != TW_OK) return st;
+        tw_url_redact(c->p->input.paths[i], shown, sizeof shown);
+        input_state(&c->infos[i].info, c->infos[i].bands, shown, ident, c->infos[i].state,
+                    sizeof c->infos[i].state);
+    }
+    return TW_OK;
+}
+
+/* Input idx at its turn against what the run recorded before its first
+ * tile: a raster replaced meanwhile (while the inputs before it ran) would
+ * be cut with the old geometry, or classified unchecked. Refused as a
+ * resume of a replaced raster is (parts.c: exit 6, what changed, now and
+ * then); ident gets its identity now (the parts fingerprint's). */
+static tw_status input_unchanged(run_ctx *c, int idx, const char *shown, char *ident,
+                                 size_t ident_size, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    tw_raster *r = NULL;
+    tw_raster_open_params op = {.tiff_direct = p->input.tiff_direct};
+    tw_status st = tw_raster_open_ex(c->sources[idx], c->m.bands, c->m.n_bands, &op, &r, err);
+    if (st != TW_OK) return st;
+    tw_raster_info now = *tw_raster_get_info(r);
+    int bands = tw_raster_selected_bands(r);
+    tw_raster_close(r);
+    st = input_identity(c, idx, ident, ident_size, err);
+    if (st != TW_OK || !c->infos[idx].state[0]) return st;
+    char *state = tw_alloc(TW_MEM_OTHER, 2 * (size_t)TW_INPUT_STATE_MAX);
+    if (!state) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    char *was = state + TW_INPUT_STATE_MAX;
+    /* another geometry: that alone is said (the file's identity changed too) */
+    input_state(&now, bands, shown, "", state, TW_INPUT_STATE_MAX);
+    input_state(&c->infos[idx].info, c->infos[idx].bands, shown, "", was, TW_INPUT_STATE_MAX);
+    char diff[700];
+    int n = tw_fingerprint_diff_as(state, was, "when the run began", diff, sizeof diff);
+    if (n == 0) {
+        input_state(&now, bands, shown, ident, state, TW_INPUT_STATE_MAX);
+        n = tw_fingerprint_diff_as(state, c->infos[idx].state, "when the run began", diff,
+                                   sizeof diff);
+    }
+    if (n > 0)
+        st = tw_error_set(err, TW_ERR_PARTS,
+                          "%s: the input changed after the run began (%s); nothing of it was "
+                          "classified: run the same command again to classify it as it is now",
+                          shown, diff);
+    tw_free(state);
+    return st;
+}
+
+/* Segments: the shard's rows that no earlier run has committed, one per
+ * run of them (counted first: one per row took 96 bytes a row, 3.2 GB for
+ * a 64 x 2^31-1 raster). */
+static tw_status plan_segments(const tw_plan *plan, tw_pipe *pp, tw_input_result *res,
+                               tw_error *err)
+{
+    int n_runs = 0;
+    for (int r = plan->row_begin; r < plan->row_end; r++)
+        n_runs += !tw_parts_row_done(pp->parts, r) &&
+                  (r == plan->row_begin || tw_parts_row_done(pp->parts, r - 1));
+    pp->segs = tw_calloc(TW_MEM_OTHER, (size_t)n_runs + 1, sizeof(tw_segment));
+    if (!pp->segs) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    for (int r = plan->row_begin; r < plan->row_end;) {
+        if (tw_parts_row_done(pp->parts, r)) {
+            r++;
+            continue;
+        }
+        int r1 = r;
+        while (r1 < plan->row_end && !tw_parts_row_done(pp->parts, r1)) r1++;
+        tw_segment *sg = &pp->segs[pp->n_segs++];
+        sg->plan = *plan;
+        tw_plan_restrict(&sg->plan, r, r1);
+        sg->first = pp->n_tiles;
+        pp->n_tiles += sg->plan.n_tiles;
+        r = r1;
+    }
+    res->tiles_total = pp->n_tiles;
+    res->rows_resumed = (plan->row_end - plan->row_begin);
+    for (int i = 0; i < pp->n_segs; i++)
+        res->rows_resumed -= pp->segs[i].plan.row_end - pp->segs[i].plan.row_begin;
+    return TW_OK;
+}
+
+/* The segments' tiles through the stages (stages.h), committed as chunks. */
+static tw_status compute(run_ctx *c, int idx, const tw_plan *plan, tw_input_result *res,
+                         tw_pipe *pp, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    /* Progress 0 first, as GDAL does: the CLI starts its clock (tiles/s,
+     * time left) here rather than after the first batch. */
+    if (c->hooks && c->hooks->progress) {
+        if (c->hooks->tiles) c->hooks->tiles(0, pp->n_tiles, res->path, c->hooks->progress_user);
+        (void)c->hooks->progress(0.0, res->path, c->hooks->progress_user);
+    }
+    tw_status st = tw_pipe_slots_alloc(pp, plan->tile, err);
+    tw_backend_stats bs;
+    tw_backend_get_stats(&c->be, &bs);
+    if (st == TW_OK && bs.pinned_fallback && !c->told_pinned) {
+        c->told_pinned = true;
+        tw_log_printf(run_log(c), TW_LOG_NOTICE,
+                      "%s backend: no pinned host memory left; batch slots use ordinary "
+                      "memory, host-to-device copies will be slower",
+                      c->be.i->name);
+    }
+    if (st == TW_OK) st = tw_pipe_calibrate(pp, &c->infos[idx].info, err);
+    if (st == TW_OK)
+        st = tw_stitch_create_ex(&pp->segs[0].plan, c->m.n_classes,
+                                 tw_run_cell_emb(p->output.products, c->m.feat_dim),
+                                 tw_pipe_parts_sink, pp, &pp->stitch, err);
+    bool interrupted = false;
+    if (st == TW_OK) st = tw_pipe_run(pp, &interrupted);
+    if (st == TW_OK && interrupted)
+        st = tw_error_set(err, TW_CANCELLED,
+                          "%s: interrupted after committing %d of %d output rows; "
+                          "run the same command again to finish",
+                          res->path, tw_parts_rows_done(pp->parts), plan->grid_h);
+    if (st == TW_OK && pp->steady)
+        res->steady_state_allocs = tw_pipe_alloc_count(pp) - pp->allocs_mark;
+    if (pp->stitch) {
+        int64_t nod = 0;
+        const int64_t *h = tw_stitch_histogram(pp->stitch, &nod);
+        memcpy(res->hist, h, sizeof(int64_t) * (size_t)c->m.n_classes);
+        res->nodata_cells = nod;
+    }
+    return st;
+}
+
+/* Whole grid committed (one run, or the last of the shards): assemble,
+ * then (output.stac) the item of the finished files. */
+static tw_status finish(run_ctx *c, int idx, tw_input_result *res, tw_parts *parts, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    const tw_raster_info *info = &c->infos[idx].info;
+    bool stac = p->output.stac && p->shard_count == 1;
+    tw_status st = TW_OK;
+    if (stac) st = tw_stac_run_forget(p, res->stem, c->collection_id[0] != '\0', err);
+    if (st == TW_OK && p->shard_count == 1)
+        st =
+            tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json,
+                              tw_budget_assembly_room(&c->bud, p->runtime.memory), parts, res, err);
+    if (st == TW_OK && stac)
+        st = tw_stac_run_item(p, &c->m, info, &c->infos[idx].stac,
+                              c->collection_id[0] ? c->collection_id : NULL, res, err);
+    return st;
+}
+
+/* Input idx: its plan, parts and segments, the tiles it has left, then its
+ * products. */
+static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    const tw_raster_info *info = &c->infos[idx].info;
+    double t0 = tw_clock_now();
+    tw_url_redact(p->input.paths[idx], res->path, sizeof res->path);
+    tw_status st = tw_run_output_name(p, idx, res->stem, sizeof res->stem, err);
+    if (st != TW_OK) return st;
+    res->width = info->width;
+    res->height = info->height;
+
+    tw_plan plan;
+    st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
+                      p->shard_index, p->shard_count, &plan, err);
+    if (st != TW_OK) return st;
+    res->grid_w = plan.grid_w;
+    res->grid_h = plan.grid_h;
+
+    tw_pipe pp;
+    pipe_init(c, idx, &plan, res, &pp, err);
+    tw_aoi *aoi = NULL;
+    st = aoi_for(p, &c->m, info, &aoi, err);
+    if (st != TW_OK) return st;
+    pp.aoi = aoi;
+
+    char *ident = tw_alloc(TW_MEM_OTHER, 4096);
+    st = ident ? input_unchanged(c, idx, res->path, ident, 4096, err)
+               : tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    if (st == TW_OK) st = open_parts(c, idx, &plan, res, ident, &pp, err);
+    tw_free(ident);
+    if (st == TW_OK) st = plan_segments(&plan, &pp, res, err);
+    if (st == TW_OK && pp.n_segs > 0) st = compute(c, idx, &plan, res, &pp, err);
+    tw_stitch_destroy(pp.stitch);
+    tw_pipe_slots_free(&pp);
+    tw_free(pp.segs);
+    if (st == TW_OK) st = finish(c, idx, res, pp.parts, err);
+    tw_parts_close(pp.parts);
+    if (st == TW_OK && p->shard_count == 1 && tw_run_stale_products(p, res) > 0) {
+        char names[1200] = "";
+        size_t used = 0;
+        for (int k = 0; k < res->n_stale; k++) {
+            const char *base = strrchr(res->stale[k], '/');
+            int w = snprintf(names + used, sizeof names - used, "%s%s", k ? ", " : "",
+                             base ? base + 1 : res->stale[k]);
+            if (w > 0 && (size_t)w < sizeof names - used) used += (size_t)w;
+        }
+        tw_log_printf(run_log(c), TW_LOG_WARNING,
+                      "%s: %s in %s %s not written by this run (left by an earlier run with "
+                      "other output.products, or not tilewise's): kept, listed as stale in "
+                      "run.json; remove %s if %s not wanted",
+                      res->stem, names, p->output.dir, res->n_stale == 1 ? "was" : "were",
+                      res->n_stale == 1 ? "it" : "them", res->n_stale == 1 ? "it is" : "they are");
+    }
+    tw_aoi_destroy(aoi);
+    res->seconds = tw_clock_now() - t0;
+    return st;
+}
+
+int tw_run_readers(const tw_run_params *p, const tw_backend *be)
+{
+    if (p->runtime.readers > 0) return p->runtime.readers;
+    /* The CPU backend's inference owns every core: one reader keeps it fed
+     * (bench/RESULTS.md, "Reader workers"). A backend that normalizes on
+     * its device leaves the host's cores to the readers, less the infer
+     * and write threads. */
+    if (!be->i->wants_raw(be->ctx)) return 1;
+    long cores = omp_get_num_procs(); /* the CPUs this process may use (a job's, under SLURM) */
+    long n = cores - 2;
+    return n < 1 ? 1 : (n > 8 ? 8 : (int)n);
+}
+
+int tw_run_normalize_threads(const tw_run_params *p, const tw_backend *be)
+{
+    /* A backend that computes on the host's cores (runtime.threads of
+     * them, 0: all) leaves the normalize stage the cores it does not use,
+     * one at least: one runs without an OpenMP team of its own, so that
+     * the inference's team is the only one and keeps libgomp's full
+     * spin-wait (normalize.c). A backend with a device of its own leaves
+     * OpenMP its default, all the cores. */
+    if (be->i->wants_raw(be->ctx)) return 0;
+    long cores = omp_get_num_procs();
+    long used = p->runtime.threads > 0 && p->runtime.threads < cores ? p->runtime.threads : cores;
+    return cores - used > 1 ? (int)(cores - used) : 1;
+}
+
+void tw_run_ctx_release(run_ctx *c)
+{
+    for (int i = 0; c->stacs && i < c->p->input.n_paths; i++) tw_stac_destroy(c->stacs[i]);
+    tw_free(c->stacs);
+    tw_free(c->sources);
+    tw_url_settings_restore(c->net_saved);
+    c->net_saved = NULL;
+    if (c->have_be) tw_backend_destroy(&c->be);
+    tw_resnet_destroy(c->net);
+    tw_free(c->infos);
+}
+
+/* The products against the model: a headless backbone has no class
+ * probabilities to give (TW_ERR_MODEL naming the product and the file), and
+ * the embedding raster is a cell-grid product. */
+static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw_error *err)
+{
+    unsigned need = p->output.products & TW_PRODUCTS_NEED_HEAD;
+    /* 'embeddings' brings the tile table: a headless one holds no probabilities */
+    if (p->output.products & TW_PRODUCT_EMB) need &= ~(unsigned)TW_PRODUCT_TILES;
+    if (m->headless && need) {
+        const char *name = "?";
+        for (int i = 0; i < TW_PRODUCT_COUNT; i++)
+            if (need & tw_product_names[i].bit) {
+                name = tw_product_names[i].name;
+                break;
+            }
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "output.products: '%s' needs a classification head, but %s is a "
+                            "headless backbone (no fc.weight): ask for embedding_raster or "
+                            "embeddings only",
+                            name, p->model.weights);
+    }
+    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.resolution == TW_RESOLUTION_INPUT)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "output.resolution: input is not available for embedding_raster (a "
+                            "raster of output cells); use resolution: cells");
+    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.emb_type == TW_EMB_FLOAT16 &&
+        p->output.format == TW_FORMAT_COG)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "output.embedding_type: float16 cannot be written as a COG with "
+                            "GDAL %s (its COG driver fills half-float overviews with garbage); "
+                            "use float32 or int8, or output.format: GTiff",
+                            GDALVersionInfo("RELEASE_NAME"));
+    return TW_OK;
+}
+
+/* pipeline/run/preflight.h: everything about the outputs that can fail after
+ * the first tile, checked before it. Warnings land in c->warn. */
+static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
+{
+    int n = p->input.n_paths;
+    int *wh = tw_calloc(TW_MEM_OTHER, 2 * (size_t)n, sizeof(int));
+    char(*stems)[256] = tw_calloc(TW_MEM_OTHER, (size_t)n, 256);
+    tw_status st = TW_OK;
+    if (!wh || !stems) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == TW_OK && i < n; i++) {
+        wh[i] = c->infos[i].skipped ? 0 : c->infos[i].info.width;
+        wh[n + i] = c->infos[i].info.height;
+        st = tw_run_output_name(p, i, stems[i], sizeof stems[i], err);
+    }
+    tw_preflight_params pf = {
+        .run = p,
+        .n_classes = c->m.n_classes,
+        .feat_dim = c->m.feat_dim,
+        .tile = c->m.tile,
+        .stride = c->m.stride,
+        .n_inputs = n,
+        .width = wh,
+        .height = wh + n,
+        .stems = (const char(*)[256])stems,
+        .sources = c->sources,
+    };
+    if (st == TW_OK) st = tw_preflight_output(&pf, &c->warn, err);
+    for (int i = 0; st == TW_OK && i < n; i++)
+        if (!c->infos[i].skipped && c->infos[i].aoi_tiles == 0 &&
+            c->warn.n < TW_PREFLIGHT_MAX_WARNINGS) {
+            char shown[TW_URL_SHOWN_MAX];
+            tw_url_redact(p->input.paths[i], shown, sizeof shown);
+            snprintf(c->warn.msg[c->warn.n++], sizeof c->warn.msg[0],
+                     "input.aoi: %.200s touches no tile of %.200s: its outputs will be all nodata",
+                     p->input.aoi, shown);
+        }
+    tw_free(wh);
+    tw_free(stems);
+    return st;
+}
+
+void tw_run_checks_advice(const run_ctx *c, tw_advice *a)
+{
+    for (int i = 0; i < c->warn.n && a->n < TW_ADVICE_MAX; i++) {
+        tw_advice_item *it = &a->items[a->n++];
+        memset(it, 0, sizeof *it);
+        it->warning = true;
+        a->n_warnings++;
+        snprintf(it->code, sizeof it->code, "output");
+        snprintf(it->text, sizeof it->text, "%s", c->warn.msg[i]);
+    }
+    for (int i = 0; i < c->polygons.n && a->n < TW_ADVICE_MAX; i++) {
+        tw_advice_item *it = &a->items[a->n++];
+        memset(it, 0, sizeof *it);
+        it->warning = true;
+        a->n_warnings++;
+        snprintf(it->code, sizeof it->code, "polygons_memory");
+        snprintf(it->text, sizeof it->text, "%s", c->polygons.msg[i]);
+    }
+}
+
+int64_t tw_run_polygons_fit(const run_ctx *c, int i, int *grid_w, int *grid_h)
+{
+    const tw_raster_info *info = &c->infos[i].info;
+    int gw = info->width, gh = info->height;
+    tw_plan plan;
+    tw_error e;
+    tw_error_init(&e);
+    if (c->p->output.resolution != TW_RESOLUTION_INPUT &&
+        tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, c->p->tiling.edge, 0, 1,
+                     &plan, &e) == TW_OK) {
+        gw = plan.grid_w;
+        gh = plan.grid_h;
+    }
+    *grid_w = gw;
+    *grid_h = gh;
+    /* the run's check (merge.c, io/output/polygons.c): tw_polygons_memory of the
+     * regions within the room */
+    size_t room = tw_budget_assembly_room(&c->bud, c->p->runtime.memory);
+    size_t fixed = tw_polygons_memory(gw, gh, 0);
+    return room > fixed ? (int64_t)((room - fixed) / TW_POLYGONS_REGION_BYTES) : 0;
+}
+
+/* products: [polygons]: a warning per input whose class map, a region per
+ * cell at worst, may not fit what the budget leaves at assembly. */
+static void polygons_check(run_ctx *c)
+{
+    c->polygons.n = 0;
+    for (int i = 0; i < c->p->input.n_paths && c->polygons.n < TW_PREFLIGHT_MAX_WARNINGS; i++) {
+        if (c->infos[i].skipped) continue;
+        int gw, gh;
+        int64_t fit = tw_run_polygons_fit(c, i, &gw, &gh);
+        int64_t cells = (int64_t)gw * gh;
+        if (cells <= fit) continue;
+        char shown[TW_URL_SHOWN_MAX], more[32];
+        tw_url_redact(c->p->input.paths[i], shown, sizeof shown);
+        size_t worst = tw_polygons_memory(gw, gh, cells);
+        size_t room = tw_budget_assembly_room(&c->bud, c->p->runtime.memory);
+        snprintf(c->polygons.msg[c->polygons.n++], sizeof c->polygons.msg[0],
+                 "%.160s: polygons: its class map of %d x %d cells may have up to %lld regions "
+                 "and runtime.memory leaves room for %lld at assembly: a class map with more "
+                 "stops the run (exit 4) after the inference; give runtime.memory about %s more "
+                 "for the worst case, " TW_POLYGONS_HELP,
+                 shown, gw, gh, (long long)cells, (long long)fit,
+                 tw_format_bytes(worst - room, more, sizeof more));
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Preparing a run (run_internal.h): shared with validate.c.                */
+
+tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *err)
+{
+    if (p->input.n_paths <= 0)
+        return tw_error_set(err, TW_ERR_CONFIG, "input.path: no input raster given");
+    tw_model_file *mf = NULL;
+    tw_status st = tw_preflight_weights(p->model.weights, err);
+    if (st == TW_OK) st = tw_model_file_load(p->model.weights, &mf, err);
+    if (st != TW_OK) return st;
+    char note[TW_ERROR_MSG_MAX]; /* a bundle without a tensors checksum (an older export) */
+    if (tw_model_file_notice(mf, note, sizeof note))
+        tw_log_printf(run_log(c), TW_LOG_NOTICE, "%s", note);
+    st = tw_resnet_create(mf, p->model.arch, &c->net, err);
+    if (st == TW_OK) st = resolve_model(p, mf, c->net, &c->m, err);
+    tw_model_file_destroy(mf);
+    if (st == TW_OK) st = check_products(p, &c->m, err);
+    if (st != TW_OK) return st;
+
+    c->infos = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(input_info));
+    c->stacs = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(tw_stac *));
+    c->sources = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(const char *));
+    if (!c->infos || !c->stacs || !c->sources)
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    /* GDAL's HTTP retries and read-ahead for this run (url.h); restored by
+     * tw_run_ctx_release. */
+    tw_url_settings net = tw_url_default_settings(p->input.retries, p->input.retry_delay);
+    net.timeout = p->input.timeout;
+    tw_url_settings_apply(&net, &c->net_saved);
+    for (int i = 0; i < p->input.n_paths; i++) {
+        c->sources[i] = p->input.paths[i];
+        if (p->input.n_assets > 0) {
+            st = tw_stac_open(p->input.paths[i], (const char(*)[TW_NAME_MAX])p->input.assets,
+                              p->input.n_assets, &c->stacs[i], err);
+            /* a remote item's fetch ends within input.timeout; a stop then
+             * is a stop, not a bad item */
+            if (st != TW_OK && stopped(c)) {
+                tw_error_init(err);
+                return tw_error_set(err, TW_CANCELLED, "stopped while reading the STAC item");
+            }
+            if (st != TW_OK) return st;
+            c->sources[i] = tw_stac_path(c->stacs[i]);
+        }
+    }
+    st = check_inputs(p, &c->m, c->sources, c->infos, c->hooks ? c->hooks->stop : NULL, err);
+    /* output.stac: every input's datetime is known before the first tile */
+    for (int i = 0; st == TW_OK && p->output.stac && i < p->input.n_paths; i++) {
+        if (c->infos[i].skipped) continue;
+        char gpath[TW_PATH_MAX + 16];
+        const char *src = c->sources[i];
+        if (!c->stacs[i] && tw_url_to_gdal(src, gpath, sizeof gpath, NULL) == TW_OK) src = gpath;
+        st = tw_stac_run_input(p, i, src, c->stacs[i], &c->infos[i].stac, err);
+    }
+    return st;
+}
+
+tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_error *err)
+{
+    tw_status st = tw_run_prepare_inputs(c, p, err);
+    if (st == TW_OK) st = preflight(c, p, err);
+    if (st != TW_OK) return st;
+
+    tw_backend_params bp = tw_backend_default_params();
+    bp.threads = p->runtime.threads;
+    bp.cpu_winograd = p->runtime.cpu_winograd;
+    bp.cpu_gemm = p->runtime.cpu_gemm;
+    bp.cpu_nhwc = p->runtime.cpu_nhwc;
+    bp.cuda_fail_above = p->runtime.cuda_fail_above;
+    bp.log = quiet ? NULL : run_log(c);
+    st = tw_backend_create_ex(p->runtime.device, &bp, &c->be, err);
+    if (st != TW_OK) return st;
+    c->have_be = true;
+
+    /* Budget over the widest input: one plan for all of them. */
+    int widest = 0;
+    while (c->infos[widest].skipped) widest++; /* check_inputs: not all are */
+    for (int i = 1; i < p->input.n_paths; i++)
+        if (!c->infos[i].skipped && c->infos[i].info.width > c->infos[widest].info.width)
+            widest = i;
+    const tw_raster_info *wi = &c->infos[widest].info;
+    tw_plan plan;
+    st = tw_plan_make(wi->width, wi->height, c->m.tile, c->m.stride, p->tiling.edge, 0, 1, &plan,
+                      err);
+    if (st != TW_OK) return st;
+    /* values per cell: the probabilities and (embedding_raster) the features */
+    int cell_values = c->m.n_classes + tw_run_cell_emb(p->output.products, c->m.feat_dim);
+    size_t strip = tw_stitch_bytes(&plan, cell_values) +
+                   (size_t)plan.k * (size_t)plan.grid_w * ((size_t)cell_values * 4 + 8);
+    /* embedding_raster's assembly: 16 rows of D floats per cell read back from
+     * the chunks and as many in the writer's band-interleaved strip */
+    strip += (size_t)16 * (size_t)plan.grid_w *
+             (size_t)tw_run_cell_emb(p->output.products, c->m.feat_dim) * (4 + 4);
+    tw_dtype widest_dtype = wi->dtype;
+    size_t dsize = tw_dtype_size(widest_dtype);
+    for (int i = 0; i < p->input.n_paths; i++)
+        if (!c->infos[i].skipped && tw_dtype_size(c->infos[i].info.dtype) > dsize) {
+            dsize = tw_dtype_size(c->infos[i].info.dtype);
+            widest_dtype = c->infos[i].info.dtype;
+        }
+    tw_budget_in bin = {
+        .total = p->runtime.memory,
+        .base = TW_BUDGET_BASE, /* the run's own, not the host process's (budget.h) */
+        .weights = c->net->weight_bytes,
+        .weights_consumed = c->be.i->consumes_weights(c->be.ctx, p->runtime.precision),
+        .backend = &c->be,
+        .net = c->net,
+        .precision = p->runtime.precision,
+        .tile = c->m.tile,
+        .stride = c->m.stride,
+        .bands = c->m.in_bands,
+        .dtype = widest_dtype,
+        .n_classes = c->m.n_classes,
+        .feat_dim = c->m.feat_dim,
+        .want_emb = (p->output.products & (TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER)) != 0,
+        .fixed_batch = p->tiling.batch,
+        .max_auto_batch = c->be.i->auto_batch(c->be.ctx, c->net, c->m.tile),
+        .raster_w = wi->width,
+        .block_w = wi->block_w,
+        .block_h = wi->block_h,
+        .strip = strip,
+        .vrt = strcmp(wi->driver, "VRT") == 0,
+        .readers = tw_run_readers(p, &c->be),
+    };
+    for (int i = 0; i < p->input.n_paths; i++) bin.mask = bin.mask || c->infos[i].mask;
+    if (p->output.products & TW_PRODUCT_POLYGONS)
+        bin.polygons = p->output.resolution == TW_RESOLUTION_INPUT
+                           ? tw_polygons_memory(wi->width, wi->height, 0)
+                           : tw_polygons_memory(plan.grid_w, plan.row_end - plan.row_begin, 0);
+    st = tw_budget_plan(&bin, &c->bud, err);
+    if (st == TW_OK && (p->output.products & TW_PRODUCT_POLYGONS)) polygons_check(c);
+    return st;
+}
+
+/* The run proper: tw_run inside the run's allocator scope. */
+static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
+                            tw_run_result **result, tw_error *err);
+
+tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_result **result,
+                 tw_error *err)
+{
+    /* The run's own allocator counters (core/alloc.h): its report's peaks
+     * and steady-state count are its own, whatever else the process runs. */
+    tw_mem_scope *scope = tw_mem_scope_open();
+    tw_mem_scope *outer = tw_mem_scope_enter(scope);
+    tw_run_result *r = NULL;
+    tw_status st = run_scoped(p, hooks, &r, err);
+    if (r)
+        for (int t = 0; t <= TW_MEM_TAG_COUNT; t++)
+            r->mem_peak[t] =
+                scope ? tw_mem_scope_peak(scope, (tw_mem_tag)t) : tw_mem_peak((tw_mem_tag)t);
+    tw_mem_scope_enter(outer);
+    tw_mem_scope_close(scope);
+    if (result)
+        *result = r;
+    else
+        tw_run_result_destroy(r);
+    return st;
+}
+
+static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
+                            tw_run_result **result, tw_error *err)
+{
+    double t0 = tw_clock_now();
+    run_ctx *c = tw_calloc(TW_MEM_OTHER, 1, sizeof *c);
+    tw_run_result *r = tw_calloc(TW_MEM_OTHER, 1, sizeof *r);
+    *result = r;
+    if (!c || !r) {
+        tw_free(c);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    c->p = p;
+    c->hooks = hooks;
+    tw_status st = tw_run_prepare(c, p, p->quiet, err);
+    if (st == TW_OK) /* skipped inputs are said before the work starts */
+        for (int i = 0; i < p->input.n_paths; i++)
+            if (c->infos[i].skipped) {
+                char shown[TW_URL_SHOWN_MAX];
+                tw_url_redact(p->input.paths[i], shown, sizeof shown);
+                tw_log_printf(run_log(c), TW_LOG_WARNING,
+                              "skipping input %s (input.on_error: skip): %s", shown,
+                              c->infos[i].skip_reason);
+            }
+    /* Warnings before the first tile: the output checks', then the advice
+     * validate gives (advice.h), logged, kept for run.json and the report,
+     * and under --strict a refusal. */
+    if (st == TW_OK) tw_run_checks_advice(c, &r->advice);
+    if (st == TW_OK) {
+        tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
+        if (!a) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        if (a) tw_advice_collect(p, &c->m, a);
+        for (int i = 0; a && i < a->n && r->advice.n < TW_ADVICE_MAX; i++)
+            if (a->items[i].warning) {
+                r->advice.items[r->advice.n++] = a->items[i];
+                r->advice.n_warnings++;
+            }
+        tw_free(a);
+    }
+    for (int i = 0; st == TW_OK && i < r->advice.n; i++)
+        tw_log_printf(run_log(c), TW_LOG_WARNING, "%s", r->advice.items[i].text);
+    if (st == TW_OK && p->strict && r->advice.n_warnings > 0)
+        st = tw_error_set(
+            err, TW_ERR_CONFIG, "--strict: %d warning%s before the first tile, the first: %s",
+            r->advice.n_warnings, r->advice.n_warnings == 1 ? "" : "s", r->advice.items[0].text);
+    if (st == TW_OK) {
+        r->model = c->m;
+        snprintf(r->backend, sizeof r->backend, "%s", c->be.i->name);
+        if (tw_report_config_json(p, &c->m, c->config_json, sizeof c->config_json) >=
+            sizeof c->config_json)
+            st = tw_error_set(err, TW_ERR_INTERNAL,
+                              "the run's configuration needs more than %zu bytes of JSON",
+                              sizeof c->config_json);
+    }
+    if (st == TW_OK) {
+        /* An allocation that fails although the budget said it fits (the
+         * machine has less free memory than runtime.memory): the backend
+         * halves the batch itself, down to 1, and says so (backend.h). */
+        int batch = c->bud.batch;
+        st = tw_backend_reserve(&c->be, c->net, c->m.tile, &batch, p->runtime.precision, true,
+                                run_log(c), err);
+        tw_backend_stats bs;
+        tw_backend_get_stats(&c->be, &bs);
+        if (st == TW_OK && bs.unfused_convs > 0)
+            tw_log_printf(run_log(c), TW_LOG_NOTICE,
+                          "%s backend: no fused kernel for %d convolutions; they run unfused",
+                          c->be.i->name, bs.unfused_convs);
+        if (st == TW_OK && batch < c->bud.batch) {
+            c->bud.batch = batch; /* the backend halved it: fewer tiles per slot */
+            c->bud.ref_capacity = tw_budget_ref_capacity(batch);
+        }
+        GDALSetCacheMax64((GIntBig)c->bud.gdal_cache);
+        r->budget = c->bud;
+    }
+    if (st == TW_OK) st = make_dirs(p->output.dir, err);
+    if (st == TW_OK) st = record_inputs(c, err);
+    int n_items = 0; /* output.stac: inputs that get an item; several make a collection */
+    for (int i = 0; st == TW_OK && p->output.stac && p->shard_count == 1 && i < p->input.n_paths;
+         i++)
+        n_items += !c->infos[i].skipped;
+    if (st == TW_OK && n_items > 1)
+        tw_stac_run_collection_id(p->output.dir, c->collection_id, sizeof c->collection_id);
+    if (st == TW_OK) {
+        r->inputs = tw_calloc(TW_MEM_OTHER, (size_t)p->input.n_paths, sizeof(tw_input_result));
+        if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; st == TW_OK && i < p->input.n_paths; i++) {
+        r->n_inputs = i + 1;
+        if (c->infos[i].skipped) {
+            tw_input_result *in = &r->inputs[i];
+            tw_url_redact(p->input.paths[i], in->path, sizeof in->path);
+            tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
+            snprintf(in->skipped, sizeof in->skipped, "%.500s", c->infos[i].skip_reason);
+            r->inputs_skipped++;
+            continue;
+        }
+        st = run_one(c, i, &r->inputs[i], err);
+        r->tiles_classified += r->inputs[i].tiles_classified;
+    }
+    if (st == TW_OK && n_items > 1) st = tw_stac_run_collection(p->output.dir, &c->m, r, err);
+    if (c->have_be) tw_backend_get_stats(&c->be, &r->backend_stats);
+    tw_run_ctx_release(c);
+    tw_free(c);
+    r->seconds = tw_clock_now() - t0;
+    r->peak_rss = tw_rss_peak();
+    return st;
+}
+
+void tw_run_result_destroy(tw_run_result *r)
+{
+    if (!r) return;
+    tw_free(r->inputs);
+    tw_free(r);
+}
+
+tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err)
+{
+    tw_model_file *mf = NULL;
+    tw_resnet *net = NULL;
+    tw_status st = tw_model_file_load(p->model.weights, &mf, err);
+    if (st == TW_OK) st = tw_resnet_create(mf, p->model.arch, &net, err);
+    if (st == TW_OK) st = resolve_model(p, mf, net, m, err);
+    tw_resnet_destroy(net);
+    tw_model_file_destroy(mf);
+    return st;
+}
+
+tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, const tw_resnet *net,
+                            tw_resolved *m, tw_error *err)
+{
+    return resolve_model(p, mf, net, m, err);
+}
