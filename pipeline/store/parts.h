@@ -54,8 +54,12 @@
 typedef struct tw_parts tw_parts;
 
 /* The fingerprint's format (its first line, "tilewise-parts N") and its
- * largest size: 255 class names and colours fit with room to spare. */
-#define TW_PARTS_FINGERPRINT_VERSION 3
+ * largest size: 255 class names and colours fit with room to spare. N is
+ * also raised when a tile's bits may change for the same keys (4: oneDNN's
+ * Winograd convs run in groups of 4 tiles, which changes the last bits on
+ * CPUs whose kernel summed otherwise for other batches): parts committed
+ * before are refused, never merged with the new bits. */
+#define TW_PARTS_FINGERPRINT_VERSION 4
 #define TW_FINGERPRINT_MAX ((size_t)64 << 10)
 
 typedef struct tw_parts_params {
