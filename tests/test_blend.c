@@ -785,8 +785,128 @@ static void origins_follow_plan(void **state)
             }
 }
 
+/* ---- dumps for tests/e2e_blend_ref.py ------------------------------------------ */
+
+/* TW_BLEND_DUMP=dir: instead of the tests, blend a few rasters of float
+ * logits (softmax taken here in double, as a network's head would) and
+ * write per configuration dir/blend_N.bin, little endian: int32 w, h, T, S,
+ * edge, mode, margin, C, nx, ny; float32 logits [ny][nx][C][T][T]; uint8
+ * classified [ny][nx]; uint8 nodata [h][w]; float32 out [h][w][C]; uint8
+ * has [h][w]. e2e_blend_ref.py recomputes the output from the logits with
+ * PyTorch's softmax and KEYS.md's formulas in numpy. */
+static int dump_one(const char *dir, int n, cfg c)
+{
+    tw_error err;
+    tw_error_init(&err);
+    static out_img g;
+    memset(&g, 0, sizeof g);
+    g.w = c.w;
+    tw_blend *b = NULL;
+    if (tw_blend_create(params_of(&c), sink, &g, &b, &err) != TW_OK) return 1;
+    int nx, ty0, ty1;
+    tw_blend_tiles(b, &nx, &ty0, &ty1);
+    const size_t TT = (size_t)c.T * (size_t)c.T, per = TT * C;
+    float *logits = malloc(sizeof(float) * per * (size_t)nx * (size_t)ty1);
+    float *probs = malloc(sizeof(float) * per);
+    uint8_t *valid = malloc(TT), *cls = malloc((size_t)nx * (size_t)ty1);
+    uint8_t nod[MAXH][MAXW];
+    for (int y = 0; y < c.h; y++)
+        for (int x = 0; x < c.w; x++) nod[y][x] = nodata_px(x, y, c.nodata);
+    for (int ty = 0; ty < ty1; ty++)
+        for (int tx = 0; tx < nx; tx++) {
+            float *l = logits + ((size_t)ty * nx + tx) * per;
+            for (size_t q = 0; q < per; q++)
+                l[q] =
+                    (float)(-4.0 +
+                            8.0 * (double)(hash((uint32_t)tx, (uint32_t)ty, (uint32_t)q, 7u) >> 8) /
+                                (double)(1u << 24));
+            cls[ty * nx + tx] = !left_out(tx, ty, c.sprinkle);
+            if (!cls[ty * nx + tx]) continue;
+            for (size_t px = 0; px < TT; px++) {
+                double mx = -1e30, e[C], sum = 0;
+                for (int k = 0; k < C; k++) mx = fmax(mx, l[k * TT + px]);
+                for (int k = 0; k < C; k++) sum += e[k] = exp((double)l[k * TT + px] - mx);
+                for (int k = 0; k < C; k++) probs[k * TT + px] = (float)(e[k] / sum);
+            }
+            int x0, y0;
+            tw_blend_tile_origin(b, tx, ty, &x0, &y0);
+            for (int i = 0; i < c.T; i++)
+                for (int j = 0; j < c.T; j++)
+                    valid[i * c.T + j] = !nodata_px(x0 + j, y0 + i, c.nodata);
+            if (tw_blend_add(b, tx, ty, probs, valid, &err) != TW_OK) return 1;
+        }
+    if (tw_blend_finish(b, &err) != TW_OK) return 1;
+    tw_blend_destroy(b);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/blend_%d.bin", dir, n);
+    FILE *f = fopen(path, "wb");
+    if (!f) return 1;
+    int32_t hdr[10] = {c.w, c.h, c.T, c.S, (int32_t)c.edge, (int32_t)c.mode, c.margin, C, nx, ty1};
+    bool ok = fwrite(hdr, sizeof hdr, 1, f) == 1 &&
+              fwrite(logits, sizeof(float) * per, (size_t)nx * ty1, f) == (size_t)nx * ty1 &&
+              fwrite(cls, 1, (size_t)nx * ty1, f) == (size_t)nx * ty1;
+    for (int y = 0; ok && y < c.h; y++) ok = fwrite(nod[y], 1, (size_t)c.w, f) == (size_t)c.w;
+    for (int y = 0; ok && y < c.h; y++)
+        ok = fwrite(g.probs[y], sizeof(float) * C, (size_t)c.w, f) == (size_t)c.w;
+    for (int y = 0; ok && y < c.h; y++) ok = fwrite(g.has[y], 1, (size_t)c.w, f) == (size_t)c.w;
+    ok = fclose(f) == 0 && ok;
+    free(logits);
+    free(probs);
+    free(valid);
+    free(cls);
+    return ok ? 0 : 1;
+}
+
+static int dump_all(const char *dir)
+{
+    const cfg cs[] = {
+        {.w = 53,
+         .h = 41,
+         .T = 16,
+         .S = 5,
+         .edge = TW_EDGE_SHIFT,
+         .mode = TW_BLEND_COSINE,
+         .margin = 2,
+         .sprinkle = 11,
+         .nodata = true},
+        {.w = 50, .h = 37, .T = 16, .S = 8, .edge = TW_EDGE_PAD, .mode = TW_BLEND_LINEAR},
+        {.w = 45,
+         .h = 40,
+         .T = 16,
+         .S = 6,
+         .edge = TW_EDGE_SKIP,
+         .mode = TW_BLEND_MEAN,
+         .margin = 3,
+         .nodata = true},
+        {.w = 47,
+         .h = 33,
+         .T = 16,
+         .S = 11,
+         .edge = TW_EDGE_PAD,
+         .mode = TW_BLEND_MEAN,
+         .sprinkle = 11},
+        {.w = 60,
+         .h = 35,
+         .T = 16,
+         .S = 3,
+         .edge = TW_EDGE_SHIFT,
+         .mode = TW_BLEND_LINEAR,
+         .margin = 6,
+         .sprinkle = 11,
+         .nodata = true},
+    };
+    for (int i = 0; i < (int)(sizeof cs / sizeof *cs); i++)
+        if (dump_one(dir, i, cs[i]) != 0) {
+            fprintf(stderr, "test_blend: cannot dump configuration %d into %s\n", i, dir);
+            return 1;
+        }
+    return 0;
+}
+
 int main(void)
 {
+    const char *dump = getenv("TW_BLEND_DUMP");
+    if (dump) return dump_all(dump);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(weights_formulas),      cmocka_unit_test(overlaps_of_axes),
         cmocka_unit_test(margin_refused),        cmocka_unit_test(order_refused),
