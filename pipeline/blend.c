@@ -137,6 +137,22 @@ size_t tw_blend_bytes(int width, int tile, int n_classes)
            sizeof(tw_blend) + 6 * 64;
 }
 
+/* The tile rows touching the band [row_begin, row_end). */
+static void set_band(tw_blend *b)
+{
+    const tw_blend_params *p = &b->p;
+    b->ty_begin = b->ay.n_pos;
+    b->ty_end = 0;
+    for (int a = 0; a < b->ay.n_pos; a++) {
+        int y0 = tw_axis_pos(&b->ay, p->tile, p->stride, a);
+        if (y0 < p->row_end && y0 + p->tile > p->row_begin) {
+            if (a < b->ty_begin) b->ty_begin = a;
+            b->ty_end = a + 1;
+        }
+    }
+    if (b->ty_end < b->ty_begin) b->ty_end = b->ty_begin;
+}
+
 tw_status tw_blend_create(tw_blend_params p, tw_rows_fn sink, void *sink_user, tw_blend **out,
                           tw_error *err)
 {
@@ -165,22 +181,51 @@ tw_status tw_blend_create(tw_blend_params p, tw_rows_fn sink, void *sink_user, t
     tw_axis_make(p.height, p.tile, p.stride, p.edge, &b->ay);
     b->sink = sink;
     b->sink_user = sink_user;
+    b->cur_ty = -1;
+    b->last_tx = -1;
+    b->next_row = p.row_begin;
+    set_band(b);
+    *out = b;
+    return TW_OK;
+}
+
+tw_status tw_blend_reset(tw_blend *b, int row_begin, int row_end, tw_error *err)
+{
+    tw_blend_params p = b->p;
+    p.row_begin = row_begin;
+    p.row_end = row_end;
+    tw_status st = tw_blend_check(&p, err);
+    if (st != TW_OK) return st;
+    if (p.row_begin == 0 && p.row_end == 0) p.row_end = p.height;
+    b->p = p;
+    size_t px = (size_t)p.tile * (size_t)p.width;
+    memset(b->sum, 0, px * (size_t)p.n_classes * sizeof(float));
+    memset(b->wsum, 0, px * sizeof(float));
     b->next_row = p.row_begin;
     b->cur_ty = -1;
     b->last_tx = -1;
-    /* the tile rows touching [row_begin, row_end) */
-    b->ty_begin = b->ay.n_pos;
-    b->ty_end = 0;
-    for (int a = 0; a < b->ay.n_pos; a++) {
-        int y0 = tw_axis_pos(&b->ay, p.tile, p.stride, a);
-        if (y0 < p.row_end && y0 + p.tile > p.row_begin) {
-            if (a < b->ty_begin) b->ty_begin = a;
-            b->ty_end = a + 1;
-        }
-    }
-    if (b->ty_end < b->ty_begin) b->ty_end = b->ty_begin;
-    *out = b;
+    set_band(b);
     return TW_OK;
+}
+
+int tw_blend_held(const tw_blend *b, const float **sum, const float **wsum, int *rows)
+{
+    *sum = b->sum;
+    *wsum = b->wsum;
+    *rows = b->p.tile;
+    return b->next_row;
+}
+
+void tw_blend_restore(tw_blend *b, int next_row, int tx, int ty, float **sum, float **wsum)
+{
+    TW_ASSERT(next_row >= b->p.row_begin && next_row <= b->p.row_end);
+    TW_ASSERT(ty >= b->ty_begin && ty < b->ty_end && tx >= 0 && tx < b->ax.n_pos);
+    b->next_row = next_row;
+    /* tx 0: the row begins with the next add (and flushes above it) */
+    b->cur_ty = tx > 0 ? ty : -1;
+    b->last_tx = tx - 1;
+    *sum = b->sum;
+    *wsum = b->wsum;
 }
 
 void tw_blend_destroy(tw_blend *b)

@@ -149,6 +149,28 @@ tw_status tw_blend_add(tw_blend *b, int tx, int ty, const float *probs, const ui
 /* Finish every remaining row. Errors: the sink's. */
 tw_status tw_blend_finish(tw_blend *b, tw_error *err);
 
+/* Start over on another band of rows [row_begin, row_end) of the same
+ * raster and tiling (a resumed run's next segment; both 0: every row): the
+ * held rows are cleared, the histogram keeps counting. Allocates nothing.
+ * Errors: TW_ERR_INTERNAL for rows outside the raster (nothing changed). */
+tw_status tw_blend_reset(tw_blend *b, int row_begin, int row_end, tw_error *err);
+
+/* The held rows, for a checkpoint: returns the first row still held
+ * (absolute); *sum [tile][width][n_classes] (sum w p) and *wsum
+ * [tile][width] (sum w) are borrowed, valid until the next call that
+ * changes the blender; *rows the rows held (tile, also past the raster's
+ * end, where they are 0). */
+int tw_blend_held(const tw_blend *b, const float **sum, const float **wsum, int *rows);
+/* Put held rows back (after create or reset on the same band): next_row
+ * becomes the first row held, tile (tx, ty) the next to add (tiles before
+ * it in its row were added when the rows were saved; tx 0: the row has not
+ * begun), and *sum, *wsum receive the buffers to fill with what
+ * tw_blend_held gave (borrowed, as above). The tiles that follow then add
+ * to each pixel's sums in the same order as in an uninterrupted run: the
+ * same bytes. next_row must lie in [row_begin, row_end] and ty among the
+ * tile rows. Cannot fail. */
+void tw_blend_restore(tw_blend *b, int next_row, int tx, int ty, float **sum, float **wsum);
+
 /* Rows finished so far (relative to row_begin). */
 int tw_blend_rows_done(const tw_blend *b);
 /* The most rows held at once so far: the rows between the first unfinished

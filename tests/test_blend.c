@@ -754,6 +754,122 @@ static void bands_and_reruns_identical(void **state)
     }
 }
 
+/* Feed tiles [k0, k1) (raster order, over every tile row) of c to b. */
+static void feed(tw_blend *b, const cfg *c, int k0, int k1)
+{
+    tw_error err;
+    tw_error_init(&err);
+    int nx, ty0, ty1;
+    tw_blend_tiles(b, &nx, &ty0, &ty1);
+    float *probs = malloc(sizeof(float) * C * (size_t)c->T * (size_t)c->T);
+    uint8_t *valid = malloc((size_t)c->T * (size_t)c->T);
+    for (int k = k0; k < k1; k++) {
+        int tx = k % nx, ty = ty0 + k / nx;
+        if (left_out(tx, ty, c->sprinkle)) continue;
+        int x0, y0;
+        tw_blend_tile_origin(b, tx, ty, &x0, &y0);
+        tile_probs(tx, ty, c->T, probs);
+        for (int i = 0; i < c->T; i++)
+            for (int j = 0; j < c->T; j++)
+                valid[i * c->T + j] = !nodata_px(x0 + j, y0 + i, c->nodata);
+        assert_int_equal(tw_blend_add(b, tx, ty, probs, valid, &err), TW_OK);
+    }
+    free(probs);
+    free(valid);
+}
+
+/* A checkpoint after any tile (tw_blend_held, a new blender,
+ * tw_blend_restore, the tiles after it) and a reset to the next band give
+ * an uninterrupted run's bytes. */
+static void checkpoint_and_reset_identical(void **state)
+{
+    (void)state;
+    cfg c = {.w = 37,
+             .h = 29,
+             .T = 8,
+             .S = 3,
+             .edge = TW_EDGE_SHIFT,
+             .mode = TW_BLEND_COSINE,
+             .margin = 2,
+             .sprinkle = 11,
+             .nodata = true};
+    memset(&g_out, 0, sizeof g_out);
+    run_blend(&c, &g_out);
+    tw_error err;
+    tw_error_init(&err);
+    const size_t px = (size_t)c.T * (size_t)c.w;
+    float *sum = malloc(sizeof(float) * px * C), *wsum = malloc(sizeof(float) * px);
+    int nx, ty0, ty1;
+    {
+        tw_blend *b = NULL;
+        assert_int_equal(tw_blend_create(params_of(&c), NULL, NULL, &b, &err), TW_OK);
+        tw_blend_tiles(b, &nx, &ty0, &ty1);
+        tw_blend_destroy(b);
+    }
+    const int n = nx * (ty1 - ty0);
+    const int ks[6] = {1, nx - 1, nx, nx + 2, 3 * nx + 4, n - 1};
+    for (int q = 0; q < 6; q++) {
+        int k = ks[q];
+        memset(&g_out2, 0, sizeof g_out2);
+        g_out2.w = c.w;
+        tw_blend *b = NULL;
+        assert_int_equal(tw_blend_create(params_of(&c), sink, &g_out2, &b, &err), TW_OK);
+        feed(b, &c, 0, k);
+        const float *hs, *hw;
+        int rows;
+        int next_row = tw_blend_held(b, &hs, &hw, &rows);
+        assert_int_equal(rows, c.T);
+        assert_int_equal(next_row, g_out2.rows_seen);
+        memcpy(sum, hs, sizeof(float) * px * C);
+        memcpy(wsum, hw, sizeof(float) * px);
+        tw_blend_destroy(b); /* the process ends */
+
+        assert_int_equal(tw_blend_create(params_of(&c), sink, &g_out2, &b, &err), TW_OK);
+        float *ps, *pw;
+        tw_blend_restore(b, next_row, k % nx, ty0 + k / nx, &ps, &pw);
+        memcpy(ps, sum, sizeof(float) * px * C);
+        memcpy(pw, wsum, sizeof(float) * px);
+        feed(b, &c, k, n);
+        assert_int_equal(tw_blend_finish(b, &err), TW_OK);
+        tw_blend_destroy(b);
+        assert_int_equal(g_out2.rows_seen, c.h);
+        assert_memory_equal(g_out.probs, g_out2.probs, sizeof g_out.probs);
+        assert_memory_equal(g_out.has, g_out2.has, sizeof g_out.has);
+    }
+
+    /* one blender, two bands: [0, 11) then reset to [11, h) */
+    memset(&g_out2, 0, sizeof g_out2);
+    g_out2.w = c.w;
+    cfg band = c;
+    band.row_end = 11;
+    tw_blend *b = NULL;
+    assert_int_equal(tw_blend_create(params_of(&band), sink, &g_out2, &b, &err), TW_OK);
+    tw_blend_tiles(b, &nx, &ty0, &ty1);
+    feed(b, &band, 0, nx * (ty1 - ty0));
+    assert_int_equal(tw_blend_finish(b, &err), TW_OK);
+    assert_int_equal(tw_blend_reset(b, 11, 30, &err), TW_ERR_INTERNAL); /* past the raster */
+    tw_error_init(&err);
+    assert_int_equal(tw_blend_reset(b, 11, c.h, &err), TW_OK);
+    g_out2.rows_seen = 0;
+    g_out2.row_offset = 11;
+    band.row_begin = 11;
+    band.row_end = c.h;
+    tw_blend_tiles(b, &nx, &ty0, &ty1);
+    assert_true(ty0 > 0);
+    feed(b, &band, 0, nx * (ty1 - ty0));
+    assert_int_equal(tw_blend_finish(b, &err), TW_OK);
+    int64_t nodata = -1;
+    const int64_t *hist = tw_blend_histogram(b, &nodata);
+    int64_t total = nodata;
+    for (int q = 0; q < C; q++) total += hist[q];
+    assert_int_equal(total, (int64_t)c.w * c.h); /* the histogram counts both bands */
+    tw_blend_destroy(b);
+    assert_memory_equal(g_out.probs, g_out2.probs, sizeof g_out.probs);
+    assert_memory_equal(g_out.has, g_out2.has, sizeof g_out.has);
+    free(sum);
+    free(wsum);
+}
+
 /* plan.c's placement of the last tiles, as blend uses it: the test's own
  * positions from the edge modes' words. */
 static void origins_follow_plan(void **state)
@@ -908,11 +1024,17 @@ int main(void)
     const char *dump = getenv("TW_BLEND_DUMP");
     if (dump) return dump_all(dump);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(weights_formulas),      cmocka_unit_test(overlaps_of_axes),
-        cmocka_unit_test(margin_refused),        cmocka_unit_test(order_refused),
-        cmocka_unit_test(mean_is_plain_average), cmocka_unit_test(modes_against_reference),
-        cmocka_unit_test(edges_full_weight),     cmocka_unit_test(margin_from_neighbour),
-        cmocka_unit_test(bounded_rows),          cmocka_unit_test(bands_and_reruns_identical),
+        cmocka_unit_test(weights_formulas),
+        cmocka_unit_test(overlaps_of_axes),
+        cmocka_unit_test(margin_refused),
+        cmocka_unit_test(order_refused),
+        cmocka_unit_test(mean_is_plain_average),
+        cmocka_unit_test(modes_against_reference),
+        cmocka_unit_test(edges_full_weight),
+        cmocka_unit_test(margin_from_neighbour),
+        cmocka_unit_test(bounded_rows),
+        cmocka_unit_test(bands_and_reruns_identical),
+        cmocka_unit_test(checkpoint_and_reset_identical),
         cmocka_unit_test(origins_follow_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
