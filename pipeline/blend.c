@@ -134,7 +134,7 @@ size_t tw_blend_bytes(int width, int tile, int n_classes)
     size_t px = (size_t)tile * (size_t)width;
     return px * ((size_t)n_classes * sizeof(float) + sizeof(float) + 1) +
            2 * (size_t)tile * sizeof(float) + (size_t)n_classes * sizeof(int64_t) +
-           sizeof(tw_blend) + 6 * 64;
+           sizeof(tw_blend) + 7 * 128; /* 7 blocks: core/alloc.c's header, 64-byte rounding */
 }
 
 /* The tile rows touching the band [row_begin, row_end). */

@@ -645,6 +645,7 @@ static void bounded_rows(void **state)
 {
     (void)state;
     int peak[2];
+    size_t strip[2];
     const int heights[2] = {40, 400};
     for (int k = 0; k < 2; k++) {
         cfg c = {.w = 30,
@@ -661,7 +662,12 @@ static void bounded_rows(void **state)
         g_out.rows_seen = 0;
         g_out.calls = 0;
         g_out.row_offset = 0;
+        size_t before = tw_mem_current(TW_MEM_STRIP);
         assert_int_equal(tw_blend_create(params_of(&c), sink, &g_out, &b, &err), TW_OK);
+        strip[k] = tw_mem_current(TW_MEM_STRIP) - before; /* what it holds */
+        if (strip[k] > tw_blend_bytes(c.w, c.T, C))
+            fail_msg("holds %zu bytes, tw_blend_bytes says %zu", strip[k],
+                     tw_blend_bytes(c.w, c.T, C));
         int nx, ty0, ty1;
         tw_blend_tiles(b, &nx, &ty0, &ty1);
         float probs[C * 64];
@@ -681,6 +687,7 @@ static void bounded_rows(void **state)
         tw_blend_destroy(b);
     }
     assert_int_equal(peak[0], peak[1]);
+    assert_true(strip[0] == strip[1]);
     assert_true(tw_blend_bytes(30, 8, C) < 30 * 8 * (C + 2) * 4 + 4096);
     assert_true(tw_blend_bytes(30, 8, C) >= (size_t)30 * 8 * (C * 4 + 5));
     /* and the big raster's output equals the reference */
