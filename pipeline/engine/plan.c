@@ -8,7 +8,7 @@ static int ceil_div(int64_t a, int64_t b)
     return (int)((a + b - 1) / b);
 }
 
-static void axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax)
+void tw_axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax)
 {
     ax->size = size;
     ax->cells = ceil_div(size, S);
@@ -68,8 +68,8 @@ tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode
     p->stride = stride;
     p->k = tile / stride;
     p->edge = edge;
-    axis_make(width, tile, stride, edge, &p->x);
-    axis_make(height, tile, stride, edge, &p->y);
+    tw_axis_make(width, tile, stride, edge, &p->x);
+    tw_axis_make(height, tile, stride, edge, &p->y);
     p->grid_w = p->x.cells;
     p->grid_h = p->y.cells;
 

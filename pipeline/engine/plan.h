@@ -52,6 +52,11 @@ tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode
  * tile rows to run become those touching them. Cannot fail. */
 void tw_plan_restrict(tw_plan *p, int row_begin, int row_end);
 
+/* The tile positions along one axis of `size` pixels for tile T, stride S
+ * and an edge mode (the rules above; cells = ceil(size / S)). Any S in
+ * 1..T works here (blend.h's per-pixel tiling); tw_plan_make alone asks
+ * that S divide T. Cannot fail. */
+void tw_axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax);
 /* Pixel position of tile index a along an axis. */
 int tw_axis_pos(const tw_axis *ax, int tile, int stride, int a);
 /* Cells [*c0, *c1) fed by tile index a along an axis (clipped to the grid). */
