@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Segmentation blending (pipeline/blend.c) against PyTorch and numpy.
+"""Segmentation blending (pipeline/engine/blend.c) against PyTorch and numpy.
 
 test_blend, run with TW_BLEND_DUMP=dir, blends a few rasters of random
 logits (every edge mode and blend mode, margins, strides that divide the

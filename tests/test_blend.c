@@ -1,4 +1,4 @@
-/* test_blend.c - per-pixel blending of segmentation tiles (pipeline/blend.c)
+/* test_blend.c - per-pixel blending of segmentation tiles (pipeline/engine/blend.c)
  * against an independent double-precision reference over the whole raster.
  *
  * The reference knows nothing of plan.c or blend.c: tile positions are laid
@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "pipeline/blend.h"
+#include "pipeline/engine/blend.h"
 
 #define TOL 1e-6
 enum { C = 3, MAXP = 256, MAXW = 64, MAXH = 420 };

@@ -1,5 +1,5 @@
 /* blend.c - see blend.h */
-#include "pipeline/blend.h"
+#include "pipeline/engine/blend.h"
 
 #include <math.h>
 #include <string.h>

@@ -67,8 +67,8 @@
 
 #include "core/error.h"
 #include "core/params.h"
-#include "pipeline/plan.h"
-#include "pipeline/stitch.h"
+#include "pipeline/engine/plan.h"
+#include "pipeline/engine/stitch.h"
 
 typedef enum tw_blend_mode { TW_BLEND_MEAN = 0, TW_BLEND_LINEAR, TW_BLEND_COSINE } tw_blend_mode;
 
