@@ -17,7 +17,8 @@ build without a sanitizer report.
   75 is merged again to the end (exit 0).
 
 Release: 12 run tries and 5 merge tries. Under the sanitizers
-(TW_SANITIZED) 8 and 3. TW_STOP_STRESS_TRIES sets the run tries (a long
+(TW_SANITIZED) 8 and 3; `make test-tsan` runs it (8 and 3) under
+ThreadSanitizer too, where any report fails the try. TW_STOP_STRESS_TRIES sets the run tries (a long
 hunt by hand: 500).
 """
 import os
