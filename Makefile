@@ -5,9 +5,10 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build demo test test-release test-asan fuzz clean format-check layer-check
+.PHONY: all setup build demo test test-release test-asan test-tsan fuzz clean format-check layer-check
 
 all: build
 
@@ -42,6 +43,23 @@ test-asan: setup $(ASAN_BUILD)/CMakeCache.txt
 	cd $(ASAN_BUILD) && TW_SANITIZED=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE slow
 
+# ThreadSanitizer (not part of `make test`: CI's time): the stage threads,
+# their queues and the stops at spread-out moments (issue 39). Only the
+# tilewise binary and those tests are built. tests/tsan.supp: reports inside
+# libraries TSan cannot see into (libgomp's barriers, GDAL's lock order).
+TSAN_FLAGS = -fsanitize=thread
+$(TSAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEWISE_WERROR=ON \
+	  -DTILEWISE_CUDA=OFF -DCMAKE_C_FLAGS="$(TSAN_FLAGS)" \
+	  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
+	  $(CMAKE_FLAGS)
+
+test-tsan: setup $(TSAN_BUILD)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target tilewise test_stages test_queue
+	cd $(TSAN_BUILD) && TW_SANITIZED=1 \
+	  TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66" \
+	  ctest --output-on-failure -R '^(fixtures_setup|test_stages|test_queue|e2e_stop_stress)$$'
+
 # libFuzzer harnesses built with clang into build-fuzz/, each run FUZZ_SECONDS
 # (fuzz/README.md); `make test` runs them for 45 s each, three at a time
 # (six harnesses in two rounds: CI's 20 minutes; a clean clone's make test
@@ -65,4 +83,4 @@ layer-check:
 	@bash scripts/check_layers.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) out

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TW_CLONES

@@ -764,6 +764,10 @@ static int cmd_run(int argc, char **argv)
     if (o.progress == PROGRESS_JSON) progress_json_done(rep, &sum, &err, mono_s() - t0);
     tilewise_report_free(rep);
     if (st == TILEWISE_OK) return sum.exit_code; /* 0, or 5: inputs were skipped */
+    /* Stopped or failed mid-input: the progress line ends before the
+     * message, which starts a line of its own ("tilewise: interrupted: ..."). */
+    if (ps.mode == PROGRESS_TEXT && ps.current[0] && ps.last_step >= 0 && ps.last_step <= 40)
+        fputc('\n', stderr);
     /* JSON mode: the done event carries the message; stderr stays JSON. */
     return o.progress == PROGRESS_JSON ? tilewise_exit_code(st) : fail(&err);
 }
