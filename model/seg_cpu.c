@@ -206,6 +206,7 @@ struct tw_seg_cpu {
     char *arena;
     void *scratch;
     size_t scratch_bytes, weight_bytes;
+    size_t pad_bytes; /* zero-padded copies of dilated convs' sources (build_conv_wpad) */
     xop *ops;
     int n_ops;
     dnnl_memory_t *mems;
@@ -253,8 +254,8 @@ static void *act_ptr(const tw_seg_cpu *c, int v)
 /* A new op running pd with src (value s) and dst (value d) and a user
  * scratchpad; more args may follow. */
 static tw_status add_prim(tw_seg_cpu *c, dnnl_primitive_desc_t pd, int s,
-                          const dnnl_memory_desc_t *smd, int d, const dnnl_memory_desc_t *dmd,
-                          xop **out, tw_error *err)
+                          const dnnl_memory_desc_t *smd, void *src_at, int d,
+                          const dnnl_memory_desc_t *dmd, xop **out, tw_error *err)
 {
     xop *o = &c->ops[c->n_ops];
     memset(o, 0, sizeof *o);
@@ -265,10 +266,10 @@ static tw_status add_prim(tw_seg_cpu *c, dnnl_primitive_desc_t pd, int s,
     c->n_ops++;
     dnnl_memory_t sm, dm;
     tw_status st;
-    if ((st = keep_mem(c, smd, act_ptr(c, s), &sm, err)) != TW_OK ||
+    if ((st = keep_mem(c, smd, src_at ? src_at : act_ptr(c, s), &sm, err)) != TW_OK ||
         (st = keep_mem(c, dmd, act_ptr(c, d), &dm, err)) != TW_OK)
         return st;
-    if (s == TW_SEG_VAL_IN) o->in_arg = 0;
+    if (s == TW_SEG_VAL_IN && !src_at) o->in_arg = 0;
     o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, sm};
     o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, dm};
     *out = o;
@@ -313,35 +314,31 @@ static tw_status add_copy(tw_seg_cpu *c, int s, const dnnl_memory_desc_t *smd, v
     return TW_OK;
 }
 
-static tw_status build_conv(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_error *err)
+/* The primitive of op's conv as k x k, padding pad_l, dilation dl, from
+ * weights w_user ([cout][cin][k][k]), reading smd (side ih; wpad > 0: a copy
+ * at src_at, wpad zero columns either side, padded in H only), writing dmd
+ * (side oh). jit_only: *refused (and nothing built) when oneDNN offers only
+ * its reference kernel. */
+static tw_status build_conv_k(tw_seg_cpu *c, const tw_seg_op *op, const dnnl_memory_desc_t *smd,
+                              void *src_at, int wpad, const dnnl_memory_desc_t *dmd,
+                              const float *w_user, int k, int pad_l, int dl, int ih, int oh,
+                              bool jit_only, bool *refused, tw_error *err)
 {
     const tw_conv *cv = &op->conv;
-    dnnl_memory_desc_t smd, dmd, wmd, bmd, wuser;
+    dnnl_memory_desc_t wmd, bmd, wuser;
     tw_status st;
-    if ((st = act_md(c, op->src[0], &smd, err)) != TW_OK ||
-        (st = act_md(c, op->dst, &dmd, err)) != TW_OK)
-        return st;
-    if (op->add >= 0 && c->m.res_copy[idx]) {
-        dnnl_memory_desc_t amd;
-        if ((st = act_md(c, op->add, &amd, err)) != TW_OK ||
-            (st = add_copy(c, op->add, &amd, act_ptr(c, op->dst), &dmd, err)) != TW_OK)
-            return st;
-    }
-    dnnl_dims_t wd = {cv->cout, cv->cin, cv->k, cv->k}, bd = {cv->cout};
+    dnnl_dims_t wd = {cv->cout, cv->cin, k, k}, bd = {cv->cout};
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&wmd, 4, wd, dnnl_f32, dnnl_format_tag_any), "w md");
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&wuser, 4, wd, dnnl_f32, dnnl_oihw), "w md");
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_x), "b md");
-    dnnl_dims_t strides = {cv->stride, cv->stride}, dil = {op->dil - 1, op->dil - 1},
-                pad = {cv->pad, cv->pad};
     /* the right padding that makes oneDNN's output side the graph's */
-    int oh = c->m.h[op->dst], ih = c->m.h[op->src[0]];
-    dnnl_dim_t pr =
-        (dnnl_dim_t)(oh - 1) * cv->stride + (dnnl_dim_t)op->dil * (cv->k - 1) + 1 - ih - cv->pad;
-    dnnl_dims_t padr = {pr, pr};
+    dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * cv->stride + (dnnl_dim_t)dl * (k - 1) + 1 - ih - pad_l;
+    dnnl_dims_t strides = {cv->stride, cv->stride}, dil = {dl - 1, dl - 1},
+                pad = {pad_l, wpad ? 0 : pad_l}, padr = {pr, wpad ? 0 : pr};
     dnnl_convolution_desc_t cd;
     DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                        dnnl_convolution_direct, &smd, &wmd, &bmd,
-                                                        &dmd, strides, dil, pad, padr),
+                                                        dnnl_convolution_direct, smd, &wmd, &bmd,
+                                                        dmd, strides, dil, pad, padr),
              "conv desc");
     attr_spec as = {
         .sum = op->add >= 0, .relu = op->relu, .sum_scale = 1.0f, .sum_dt = dnnl_data_type_undef};
@@ -351,8 +348,16 @@ static tw_status build_conv(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_erro
     dnnl_status_t s_ = dnnl_primitive_desc_create(&pd, &cd, attr, c->eng, NULL);
     dnnl_primitive_attr_destroy(attr);
     if (s_ != dnnl_success) return dnnl_fail(err, s_, op->name);
+    const char *impl = NULL;
+    if (jit_only &&
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+        !strncmp(impl, "ref", 3)) {
+        dnnl_primitive_desc_destroy(pd);
+        *refused = true;
+        return TW_OK;
+    }
     xop *o;
-    if ((st = add_prim(c, pd, op->src[0], &smd, op->dst, &dmd, &o, err)) != TW_OK) return st;
+    if ((st = add_prim(c, pd, op->src[0], smd, src_at, op->dst, dmd, &o, err)) != TW_OK) return st;
     /* the weights once, in the layout the primitive chose */
     const dnnl_memory_desc_t *pwmd;
     if ((st = query_md(pd, dnnl_query_weights_md, 0, &pwmd, err)) != TW_OK) return st;
@@ -365,7 +370,7 @@ static tw_status build_conv(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_erro
     dnnl_memory_t um, wm, bm;
     if ((st = keep_mem(c, pwmd, w, &wm, err)) != TW_OK ||
         (st = keep_mem(c, &bmd, b, &bm, err)) != TW_OK ||
-        (st = keep_mem(c, &wuser, (void *)cv->w, &um, err)) != TW_OK)
+        (st = keep_mem(c, &wuser, (void *)w_user, &um, err)) != TW_OK)
         return st;
     dnnl_primitive_desc_t rpd;
     DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &wuser, c->eng, pwmd, c->eng, NULL),
@@ -382,6 +387,69 @@ static tw_status build_conv(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_erro
     o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, wm};
     o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
     return TW_OK;
+}
+
+/* A dilated conv oneDNN's JIT kernel refuses for its width padding (its
+ * register block along a row is narrower than the padding: ASPP rates
+ * 12/24 on a 32 px map) reads a copy of its source with the padding
+ * columns written out as zeros, padded in H only. The copy's buffer is
+ * zeroed once; each tile writes its interior only. */
+static tw_status build_conv_wpad(tw_seg_cpu *c, const tw_seg_op *op, const dnnl_memory_desc_t *smd,
+                                 const dnnl_memory_desc_t *dmd, int ih, int oh, tw_error *err)
+{
+    const tw_conv *cv = &op->conv;
+    int wpad = cv->pad;
+    dnnl_memory_desc_t padded, sub;
+    dnnl_dims_t d = {1, cv->cin, ih, ih + 2 * wpad}, in = {1, cv->cin, ih, ih},
+                offs = {0, 0, 0, wpad};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&padded, 4, d, dnnl_f32, dnnl_nChw16c), "padded md");
+    DNNL_TRY(dnnl_memory_desc_init_submemory(&sub, &padded, in, offs), "padded submemory");
+    size_t bytes = dnnl_memory_desc_get_size(&padded);
+    void *buf = keep_alloc(c, bytes);
+    if (!buf) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for %s", op->name);
+    memset(buf, 0, bytes);
+    c->pad_bytes += bytes;
+    tw_status st = add_copy(c, op->src[0], smd, buf, &sub, err);
+    if (st != TW_OK) return st;
+    return build_conv_k(c, op, &padded, buf, wpad, dmd, cv->w, cv->k, cv->pad, op->dil, ih, oh,
+                        false, NULL, err);
+}
+
+static tw_status build_conv(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_error *err)
+{
+    const tw_conv *cv = &op->conv;
+    dnnl_memory_desc_t smd, dmd;
+    tw_status st;
+    if ((st = act_md(c, op->src[0], &smd, err)) != TW_OK ||
+        (st = act_md(c, op->dst, &dmd, err)) != TW_OK)
+        return st;
+    if (op->add >= 0 && c->m.res_copy[idx]) {
+        dnnl_memory_desc_t amd;
+        if ((st = act_md(c, op->add, &amd, err)) != TW_OK ||
+            (st = add_copy(c, op->add, &amd, act_ptr(c, op->dst), &dmd, err)) != TW_OK)
+            return st;
+    }
+    /* A dilated conv whose off-centre taps all land in the padding (DeepLab's
+     * ASPP rates 24 and 36 on a map of fewer pixels) is its centre tap: a 1x1
+     * conv, which oneDNN's JIT kernels take (they refuse such a dilation, and
+     * the reference kernel they leave it to is a hundred times slower). The
+     * products are the same; only the zeros are skipped. */
+    int ih = c->m.h[op->src[0]], oh = c->m.h[op->dst];
+    if (cv->k > 1 && cv->stride == 1 && op->dil >= ih && cv->pad == op->dil * (cv->k / 2)) {
+        size_t kk = (size_t)cv->k * (size_t)cv->k, n = (size_t)cv->cout * (size_t)cv->cin;
+        float *centre = tw_alloc(TW_MEM_WORKSPACE, n * sizeof(float));
+        if (!centre) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for %s", op->name);
+        for (size_t i = 0; i < n; i++) centre[i] = cv->w[i * kk + kk / 2];
+        st = build_conv_k(c, op, &smd, NULL, 0, &dmd, centre, 1, 0, 1, ih, oh, false, NULL, err);
+        tw_free(centre);
+        return st;
+    }
+    bool refused = false;
+    bool dilated = op->dil > 1 && op->src[0] != TW_SEG_VAL_IN;
+    st = build_conv_k(c, op, &smd, NULL, 0, &dmd, cv->w, cv->k, cv->pad, op->dil, ih, oh, dilated,
+                      &refused, err);
+    if (st != TW_OK || !refused) return st;
+    return build_conv_wpad(c, op, &smd, &dmd, ih, oh, err);
 }
 
 static tw_status build_op(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_error *err)
@@ -446,7 +514,7 @@ static tw_status build_op(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_error 
     dnnl_primitive_attr_destroy(a);
     if (s_ != dnnl_success) return dnnl_fail(err, s_, op->name);
     xop *o;
-    return add_prim(c, pd, op->src[0], &smd, op->dst, &dmd, &o, err);
+    return add_prim(c, pd, op->src[0], &smd, NULL, op->dst, &dmd, &o, err);
 }
 
 void tw_seg_cpu_destroy(tw_seg_cpu *c)
@@ -478,12 +546,12 @@ tw_status tw_seg_cpu_create(const tw_segnet *net, int tile, tw_seg_cpu **out, tw
     c->tile = tile;
     tw_status st = plan_memory(net, tile, &c->m, err);
     if (st != TW_OK) goto fail;
-    int cap_ops = 2 * net->n_ops + 8;
+    int cap_ops = 3 * net->n_ops + 8;
     c->ops = tw_calloc(TW_MEM_OTHER, (size_t)cap_ops, sizeof *c->ops);
     c->pds = tw_calloc(TW_MEM_OTHER, (size_t)cap_ops, sizeof *c->pds);
     c->cap_mems = 8 * cap_ops;
     c->mems = tw_calloc(TW_MEM_OTHER, (size_t)c->cap_mems, sizeof *c->mems);
-    c->cap_allocs = 2 * net->n_ops + 2;
+    c->cap_allocs = 3 * net->n_ops + 2;
     c->allocs = tw_calloc(TW_MEM_OTHER, (size_t)c->cap_allocs, sizeof *c->allocs);
     c->arena = tw_alloc(TW_MEM_WORKSPACE, c->m.arena ? c->m.arena : 64);
     if (!c->ops || !c->pds || !c->mems || !c->allocs || !c->arena) {
@@ -531,7 +599,7 @@ fail:
 
 size_t tw_seg_cpu_bytes(const tw_seg_cpu *c)
 {
-    return c->m.arena + c->scratch_bytes + c->weight_bytes;
+    return c->m.arena + c->scratch_bytes + c->weight_bytes + c->pad_bytes;
 }
 
 /* Softmax over channels of a blocked [classes/16][h][h][16] map into

@@ -11,7 +11,9 @@ safetensors without metadata (the tensor names say what each is):
 * torchvision fcn_resnet50 (aux_loss=True: aux_classifier.* must be read and
   ignored), a 100 px tile (no multiple of 8: the bilinear resize to the tile
   from a 13 px map);
-* torchvision deeplabv3_resnet50, a 100 px tile, then a batch of 3 tiles of
+* torchvision deeplabv3_resnet50, a 100 px tile, a 256 px one (the ASPP's
+  wide rates on a 32 px map: model/seg_cpu.c's centre-tap and zero-padded
+  copies), then a batch of 3 tiles of
   64 px whose every tile must equal its batch-1 run bit for bit (seg_forward
   runs each alone after the batch and compares);
 * a U-Net with a ResNet-34 encoder written here in segmentation_models_pytorch's
@@ -228,6 +230,13 @@ def main():
                 want_b = torch_probs(m, xb)
                 d = float(np.abs(batch - want_b).max())
                 check(d <= TOL, f"deeplabv3: 64 px batch of 3, max diff {d:.3g} <= {TOL}", True)
+                # 256 px: a 32 px map, where rate 36 is its centre tap (a 1x1 conv) and
+                # rates 12 and 24 read a zero-padded copy (oneDNN's JIT refuses their padding)
+                xl = read_tiles(path, 256, 1)
+                rl, big = seg_forward(tmp, model, xl)
+                check(big is not None, f"deeplabv3 at 256 px: {rl.stderr.strip()}")
+                d = float(np.abs(big - torch_probs(m, xl)).max())
+                check(d <= TOL, f"deeplabv3: 256 px, max diff {d:.3g} <= {TOL}", True)
                 r, _ = seg_forward(tmp, model, x, "fcn_resnet50")
                 check(r.returncode == 1 and "deeplabv3_resnet50" in r.stderr
                       and "fcn_resnet50" in r.stderr,
