@@ -105,11 +105,28 @@ static tw_status plan_memory(const tw_segnet *net, int tile, mplan *m, tw_error 
     for (int i = 0; i < no; i++) {
         const tw_seg_op *op = &net->ops[i];
         if (op->kind != TW_SEG_OP_CONV || op->add < 0) continue;
-        int a = op->add, d = op->dst;
-        if (a != TW_SEG_VAL_IN && last[a] == i && m->root[a] == a && !held[a] && m->root[d] == d &&
-            !held[d] && m->bytes[a] == m->bytes[d]) {
-            m->root[d] = a;
-            held[a] = true;
+        int a = op->add, d = op->dst, r = m->root[a];
+        /* the storage group of the shortcut (a block chain: each block's
+         * output summed into its shortcut's storage) is free after this op */
+        bool dies = a != TW_SEG_VAL_IN && last[a] == i && m->bytes[a] == m->bytes[d];
+        for (int v = 1; dies && v < nv; v++)
+            if (m->root[v] == r && (last[v] > i || m->bytes[v] != m->bytes[d] || v == net->out))
+                dies = false;
+        if (dies && m->root[d] == d && !held[d]) {
+            m->root[d] = r; /* the sum post-op reads the shortcut where it lies */
+            m->off[d] = m->off[a];
+            held[r] = true;
+        } else if (dies && m->root[d] != d && r != d) {
+            /* d is a view (a stage's output a decoder concatenates): the
+             * group moves into the view, so the shortcut is summed there */
+            int to = m->root[d];
+            size_t off = m->off[d];
+            for (int v = 1; v < nv; v++)
+                if (m->root[v] == r) {
+                    m->root[v] = to;
+                    m->off[v] = off;
+                }
+            held[to] = true;
         } else {
             m->res_copy[i] = true;
         }
@@ -184,7 +201,10 @@ tw_status tw_seg_cpu_batch_bytes(const tw_segnet *net, int tile, int n, size_t *
 
 /* ---- the built forward ---- */
 
-typedef enum { X_PRIM, X_SOFTMAX } xkind;
+/* X_COPY_CH: a concatenation's input copied to its channels (blocked to
+ * blocked at any channel offset; oneDNN's submemories need offsets that are
+ * multiples of the block) */
+typedef enum { X_PRIM, X_SOFTMAX, X_COPY_CH } xkind;
 
 typedef struct xop {
     xkind kind;
@@ -195,6 +215,11 @@ typedef struct xop {
     /* X_SOFTMAX: blocked logits -> the caller's [classes][h][h] */
     const float *src;
     int classes, h;
+    /* X_COPY_CH: src's `classes` channels to dst's from channel `at` on, of
+     * dst_c in all (pad: zero dst's padding channels after them) */
+    float *dst;
+    int at, dst_c;
+    bool pad;
 } xop;
 
 struct tw_seg_cpu {
@@ -470,16 +495,21 @@ static tw_status build_op(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_error 
     if (op->kind == TW_SEG_OP_CONCAT) {
         /* the views were written in place; copy the rest to their channels */
         if ((st = act_md(c, op->dst, &dmd, err)) != TW_OK) return st;
-        dnnl_dim_t ch = 0;
+        int ch = 0;
         for (int j = 0; j < op->n_src; j++) {
             int v = op->src[j];
             if (c->m.copy[v]) {
-                dnnl_memory_desc_t sub;
-                dnnl_dims_t d = {1, c->m.c[v], c->m.h[v], c->m.h[v]}, offs = {0, ch, 0, 0};
-                DNNL_TRY(dnnl_memory_desc_init_submemory(&sub, &dmd, d, offs), "submemory");
-                if ((st = act_md(c, v, &smd, err)) != TW_OK ||
-                    (st = add_copy(c, v, &smd, act_ptr(c, op->dst), &sub, err)) != TW_OK)
-                    return st;
+                xop *o = &c->ops[c->n_ops++];
+                memset(o, 0, sizeof *o);
+                o->kind = X_COPY_CH;
+                o->in_arg = -1;
+                o->src = act_ptr(c, v);
+                o->dst = act_ptr(c, op->dst);
+                o->classes = c->m.c[v];
+                o->h = c->m.h[v];
+                o->at = (int)ch;
+                o->dst_c = c->m.c[op->dst];
+                o->pad = j == op->n_src - 1;
             }
             ch += c->m.c[v];
         }
@@ -624,6 +654,23 @@ static void softmax_blocked(const float *src, int classes, int h, float *dst)
     }
 }
 
+/* o's input into its channels of the concatenation, both nChw16c. */
+static void copy_channels(const xop *o)
+{
+    size_t px = (size_t)o->h * (size_t)o->h;
+    for (int k = 0; k < o->classes; k++) {
+        const float *s = o->src + (size_t)(k / BLK) * px * BLK + (size_t)(k % BLK);
+        int t = o->at + k;
+        float *d = o->dst + (size_t)(t / BLK) * px * BLK + (size_t)(t % BLK);
+        for (size_t p = 0; p < px; p++) d[p * BLK] = s[p * BLK];
+    }
+    /* the block's padding channels are read by the next conv: zeros */
+    for (int t = o->dst_c; o->pad && t % BLK != 0; t++) {
+        float *d = o->dst + (size_t)(t / BLK) * px * BLK + (size_t)(t % BLK);
+        for (size_t p = 0; p < px; p++) d[p * BLK] = 0.0f;
+    }
+}
+
 tw_status tw_seg_cpu_run(tw_seg_cpu *c, const float *in, int n, float *probs, tw_error *err)
 {
     size_t px = (size_t)c->tile * (size_t)c->tile;
@@ -632,6 +679,11 @@ tw_status tw_seg_cpu_run(tw_seg_cpu *c, const float *in, int n, float *probs, tw
         float *tout = probs + (size_t)t * px * (size_t)c->net->n_classes;
         for (int i = 0; i < c->n_ops; i++) {
             xop *o = &c->ops[i];
+            if (o->kind == X_COPY_CH) {
+                DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
+                copy_channels(o);
+                continue;
+            }
             if (o->kind == X_SOFTMAX) {
                 DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
                 softmax_blocked(o->src, o->classes, o->h, tout);
@@ -645,4 +697,11 @@ tw_status tw_seg_cpu_run(tw_seg_cpu *c, const float *in, int n, float *probs, tw
         DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
     }
     return TW_OK;
+}
+
+void tw_seg_cpu_copies(const tw_seg_cpu *c, int *concat, int *residual)
+{
+    *concat = *residual = 0;
+    for (int v = 0; v < c->net->n_values; v++) *concat += c->m.copy[v];
+    for (int i = 0; i < c->net->n_ops; i++) *residual += c->m.res_copy[i];
 }

@@ -39,6 +39,11 @@ tw_status tw_seg_cpu_run(tw_seg_cpu *c, const float *in, int n, float *probs, tw
 /* Bytes c holds: activation arena, scratchpad and reordered weights. */
 size_t tw_seg_cpu_bytes(const tw_seg_cpu *c);
 
+/* The copies c makes per tile: inputs of a concatenation that could not
+ * be written in place (*concat) and shortcuts copied before a residual
+ * conv's sum (*residual). Cannot fail. */
+void tw_seg_cpu_copies(const tw_seg_cpu *c, int *concat, int *residual);
+
 /* Release; accepts NULL. */
 void tw_seg_cpu_destroy(tw_seg_cpu *c);
 

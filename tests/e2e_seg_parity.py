@@ -19,7 +19,10 @@ safetensors without metadata (the tensor names say what each is):
 * a U-Net with a ResNet-34 encoder written here in segmentation_models_pytorch's
   layout (encoder.* = torchvision resnet34 without fc; decoder.blocks.N.conv1/
   conv2 = Conv2dReLU: conv3x3 without bias, BN, ReLU; nearest x2, [upsampled,
-  skip] concatenated; segmentation_head.0 conv3x3 with bias), a 128 px tile.
+  skip] concatenated; segmentation_head.0 conv3x3 with bias), a 128 px tile;
+  and one on a ResNet-18 with decoder widths 24, 20, 12, 8, 8 (64 px): maps of
+  channels no multiple of 16 are copied into their concatenation, not written
+  in place (model/seg_cpu.c).
 
 Tolerance (the issue's): |p - p_torch| <= 1e-4 on every probability (fp32 CPU
 in PyTorch, softmax over classes). Also: a foreign key is refused naming it
@@ -107,11 +110,11 @@ class UnetResNet34(__import__("torch").nn.Module):
     """segmentation_models_pytorch's Unet(encoder_name="resnet34") state_dict
     layout and forward, written out (SMP is not installed here)."""
 
-    def __init__(self, bands, classes, decoder=(256, 128, 64, 32, 16)):
+    def __init__(self, bands, classes, decoder=(256, 128, 64, 32, 16), depth=34):
         import torch.nn as nn
         import torchvision
         super().__init__()
-        enc = torchvision.models.resnet34()
+        enc = getattr(torchvision.models, f"resnet{depth}")()
         enc.conv1 = nn.Conv2d(bands, 64, 7, 2, 3, bias=False)
         del enc.fc
         del enc.avgpool
@@ -147,6 +150,9 @@ def make(name, seed, x):
     torch.manual_seed(seed)
     if name == "unet":
         m = UnetResNet34(4, CLASSES)
+        last = m.segmentation_head[0]
+    elif name == "unet18_narrow":
+        m = UnetResNet34(4, CLASSES, decoder=(24, 20, 12, 8, 8), depth=18)
         last = m.segmentation_head[0]
     else:
         ctor = seg.fcn_resnet50 if name == "fcn" else seg.deeplabv3_resnet50
@@ -205,7 +211,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name, tile, seed, arch in (("unet", 128, 1, "unet_resnet34"),
                                        ("deeplabv3", 100, 2, "deeplabv3_resnet50"),
-                                       ("fcn", 100, 3, "fcn_resnet50")):
+                                       ("fcn", 100, 3, "fcn_resnet50"),
+                                       ("unet18_narrow", 64, 4, "unet_resnet18")):
             x = read_tiles(path, tile, 1)
             m = make(name, seed, x)
             model = os.path.join(tmp, name + ".safetensors")

@@ -37,12 +37,13 @@ static void prefix_all(synth *s, const char *prefix)
     }
 }
 
-/* A U-Net (SMP layout) on a ResNet-18 of width w: decoder widths dec[5]. */
-static void make_unet(synth *s, int bands, int w, int classes)
+static const int k_dec[5] = {32, 16, 16, 8, 8};
+
+/* A U-Net (SMP layout) on a ResNet-18 of width w, decoder widths dec. */
+static void make_unet_dec(synth *s, int bands, int w, int classes, const int dec[5])
 {
     assert_int_equal(synth_resnet(s, k_r18, 0, bands, w, 1, 7), 0);
     prefix_all(s, "encoder.");
-    static const int dec[5] = {32, 16, 16, 8, 8};
     int skips[5] = {4 * w, 2 * w, w, w, 0}, in = 8 * w;
     char p[96], q[96];
     for (int i = 0; i < 5; i++) {
@@ -54,8 +55,13 @@ static void make_unet(synth *s, int bands, int w, int classes)
         synth_conv_bn(s, p, q, dec[i], dec[i], 3);
         in = dec[i];
     }
-    synth_add(s, "segmentation_head.0.weight", 4, (int64_t[]){classes, 8, 3, 3}, -0.3f, 0.3f);
+    synth_add(s, "segmentation_head.0.weight", 4, (int64_t[]){classes, dec[4], 3, 3}, -0.3f, 0.3f);
     synth_add(s, "segmentation_head.0.bias", 1, (int64_t[]){classes}, -0.1f, 0.1f);
+}
+
+static void make_unet(synth *s, int bands, int w, int classes)
+{
+    make_unet_dec(s, bands, w, classes, k_dec);
 }
 
 /* torchvision FCN / DeepLabV3 on a ResNet-50 of width w (layer4: 32 w). */
@@ -258,7 +264,7 @@ static void test_refusals(void **state)
 
 /* Probabilities sum to 1, a tile's bits do not depend on its batch, and the
  * arena does not grow with the batch. */
-static void run_net(synth *s, int tile)
+static void run_net(synth *s, int tile, int want_concat_copies, int want_res_copies)
 {
     tw_segnet *net = build_ok(s, "");
     tw_error err;
@@ -272,6 +278,10 @@ static void run_net(synth *s, int tile)
     assert_true(a1 > 0 && a1 == a3);
     assert_int_equal(b3 - b1, 2 * px * (size_t)(net->in_bands + net->n_classes) * sizeof(float));
     assert_true(tw_seg_cpu_bytes(cpu) >= a1);
+    int cc, rc;
+    tw_seg_cpu_copies(cpu, &cc, &rc);
+    assert_int_equal(cc, want_concat_copies);
+    assert_int_equal(rc, want_res_copies);
     int n = 3;
     size_t nin = px * (size_t)net->in_bands, nout = px * (size_t)net->n_classes;
     float *in = malloc((size_t)n * nin * sizeof *in);
@@ -310,7 +320,12 @@ static void test_cpu_unet(void **state)
     (void)state;
     synth s;
     make_unet(&s, 4, 8, 3);
-    run_net(&s, 64);
+    /* every skip written where its concat needs it, every shortcut summed in place */
+    run_net(&s, 64, 0, 0);
+    synth_free(&s);
+    /* decoder widths no multiple of 16: blocks 1-3 copy both their inputs in */
+    make_unet_dec(&s, 3, 8, 2, (const int[5]){24, 20, 12, 8, 8});
+    run_net(&s, 32, 6, 0);
     synth_free(&s);
 }
 
@@ -319,10 +334,10 @@ static void test_cpu_deeplab(void **state)
     (void)state;
     synth s;
     make_tv(&s, true, true, 4, 5);
-    run_net(&s, 40);
+    run_net(&s, 40, 0, 0);
     synth_free(&s);
     make_tv(&s, false, false, 2, 3);
-    run_net(&s, 33);
+    run_net(&s, 33, 0, 0);
     synth_free(&s);
 }
 
