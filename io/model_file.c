@@ -231,8 +231,15 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
      * classifier., or a U-Net's encoder. + decoder.blocks.) holds its
      * ResNet under a prefix and no fc; model/segnet.c checks its graph. */
     const tw_tensor *seg = tw_model_file_find(mf, "backbone.conv1.weight");
-    if (!seg) seg = tw_model_file_find(mf, "encoder.conv1.weight");
-    if (seg && !tw_model_file_find(mf, "conv1.weight")) {
+    const char *head = "classifier.";
+    if (!seg) {
+        seg = tw_model_file_find(mf, "encoder.conv1.weight");
+        head = "decoder.blocks.";
+    }
+    bool has_head = false;
+    for (int i = 0; seg && !has_head && i < mf->n_tensors; i++)
+        has_head = strncmp(mf->tensors[i].name, head, strlen(head)) == 0;
+    if (has_head && !tw_model_file_find(mf, "conv1.weight")) {
         if (seg->ndim != 4)
             return tw_model_error(err, mf->path, "tensor '%s' is not 4-D", seg->name);
         int64_t b = seg->shape[1];
