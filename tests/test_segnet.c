@@ -23,7 +23,8 @@
 #include "tests/synth_resnet.h"
 #include "tests/testutil.h"
 
-static const int k_r18[4] = {2, 2, 2, 2}, k_r50[4] = {3, 4, 6, 3};
+static const int k_r18[4] = {2, 2, 2, 2}, k_r34[4] = {3, 4, 6, 3}, k_r50[4] = {3, 4, 6, 3},
+                 k_r101[4] = {3, 4, 23, 3};
 
 /* Every tensor of s renamed to prefix + name; fc dropped. */
 static void prefix_all(synth *s, const char *prefix)
@@ -39,12 +40,15 @@ static void prefix_all(synth *s, const char *prefix)
 
 static const int k_dec[5] = {32, 16, 16, 8, 8};
 
-/* A U-Net (SMP layout) on a ResNet-18 of width w, decoder widths dec. */
-static void make_unet_dec(synth *s, int bands, int w, int classes, const int dec[5])
+/* A U-Net (SMP layout) on a ResNet of `blocks` (bottleneck or basic) of
+ * width w, decoder widths dec. */
+static void make_unet_enc(synth *s, const int blocks[4], int bottleneck, int bands, int w,
+                          int classes, const int dec[5])
 {
-    assert_int_equal(synth_resnet(s, k_r18, 0, bands, w, 1, 7), 0);
+    assert_int_equal(synth_resnet(s, blocks, bottleneck, bands, w, 1, 7), 0);
     prefix_all(s, "encoder.");
-    int skips[5] = {4 * w, 2 * w, w, w, 0}, in = 8 * w;
+    int e = bottleneck ? 4 : 1; /* a stage's output: e x its planes */
+    int skips[5] = {4 * e * w, 2 * e * w, e * w, w, 0}, in = 8 * e * w;
     char p[96], q[96];
     for (int i = 0; i < 5; i++) {
         snprintf(p, sizeof p, "decoder.blocks.%d.conv1.0", i);
@@ -59,16 +63,23 @@ static void make_unet_dec(synth *s, int bands, int w, int classes, const int dec
     synth_add(s, "segmentation_head.0.bias", 1, (int64_t[]){classes}, -0.1f, 0.1f);
 }
 
+static void make_unet_dec(synth *s, int bands, int w, int classes, const int dec[5])
+{
+    make_unet_enc(s, k_r18, 0, bands, w, classes, dec);
+}
+
 static void make_unet(synth *s, int bands, int w, int classes)
 {
     make_unet_dec(s, bands, w, classes, k_dec);
 }
 
-/* torchvision FCN / DeepLabV3 on a ResNet-50 of width w (layer4: 32 w). */
-static void make_tv(synth *s, bool deeplab, bool aux, int bands, int classes)
+/* torchvision FCN / DeepLabV3 on a bottleneck ResNet of `blocks`, width 4
+ * (layer4: 128 channels). */
+static void make_tv_depth(synth *s, const int blocks[4], bool deeplab, bool aux, int bands,
+                          int classes)
 {
     int w = 4, c4 = 32 * w, head = 16;
-    assert_int_equal(synth_resnet(s, k_r50, 1, bands, w, 1, 11), 0);
+    assert_int_equal(synth_resnet(s, blocks, 1, bands, w, 1, 11), 0);
     prefix_all(s, "backbone.");
     if (deeplab) {
         synth_conv_bn(s, "classifier.0.convs.0.0", "classifier.0.convs.0.1", head, c4, 1);
@@ -91,6 +102,11 @@ static void make_tv(synth *s, bool deeplab, bool aux, int bands, int classes)
         synth_add(s, "aux_classifier.4.weight", 4, (int64_t[]){classes, 8, 1, 1}, -0.3f, 0.3f);
         synth_add(s, "aux_classifier.4.bias", 1, (int64_t[]){classes}, -0.1f, 0.1f);
     }
+}
+
+static void make_tv(synth *s, bool deeplab, bool aux, int bands, int classes)
+{
+    make_tv_depth(s, k_r50, deeplab, aux, bands, classes);
 }
 
 static tw_segnet *build_ok(synth *s, const char *arch)
@@ -215,6 +231,39 @@ static void test_deeplab_graph(void **state)
     net = build_ok(&s, "fcn_resnet50");
     assert_int_equal(net->kind, TW_SEG_FCN);
     assert_int_equal(net->in_bands, 3);
+    tw_segnet_destroy(net);
+    synth_free(&s);
+}
+
+/* Every depth each layout names: the arch read off the blocks per stage. */
+static void test_depths(void **state)
+{
+    (void)state;
+    synth s;
+    const struct {
+        const int *blocks;
+        int bottleneck;
+        const char *arch;
+    } unets[] = {{k_r18, 0, "unet_resnet18"},
+                 {k_r34, 0, "unet_resnet34"},
+                 {k_r50, 1, "unet_resnet50"},
+                 {k_r101, 1, "unet_resnet101"}};
+    for (size_t i = 0; i < sizeof unets / sizeof unets[0]; i++) {
+        make_unet_enc(&s, unets[i].blocks, unets[i].bottleneck, 3, 2, 2, k_dec);
+        tw_segnet *net = build_ok(&s, unets[i].arch);
+        assert_string_equal(net->arch, unets[i].arch);
+        tw_segnet_destroy(net);
+        synth_free(&s);
+    }
+    make_tv_depth(&s, k_r101, true, false, 3, 2);
+    tw_segnet *net = build_ok(&s, "deeplabv3_resnet101");
+    /* layer3's 23 blocks: all but the first dilated by 2 */
+    assert_int_equal(op_named(net, "backbone.layer3.22.conv2")->dil, 2);
+    tw_segnet_destroy(net);
+    synth_free(&s);
+    make_tv_depth(&s, k_r101, false, true, 3, 2);
+    net = build_ok(&s, "");
+    assert_string_equal(net->arch, "fcn_resnet101");
     tw_segnet_destroy(net);
     synth_free(&s);
 }
@@ -344,9 +393,9 @@ static void test_cpu_deeplab(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_unet_graph),  cmocka_unit_test(test_deeplab_graph),
-        cmocka_unit_test(test_refusals),    cmocka_unit_test(test_cpu_unet),
-        cmocka_unit_test(test_cpu_deeplab),
+        cmocka_unit_test(test_unet_graph), cmocka_unit_test(test_deeplab_graph),
+        cmocka_unit_test(test_depths),     cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_cpu_unet),   cmocka_unit_test(test_cpu_deeplab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
