@@ -204,7 +204,7 @@ tw_status tw_seg_cpu_batch_bytes(const tw_segnet *net, int tile, int n, size_t *
 /* X_COPY_CH: a concatenation's input copied to its channels (blocked to
  * blocked at any channel offset; oneDNN's submemories need offsets that are
  * multiples of the block) */
-typedef enum { X_PRIM, X_SOFTMAX, X_COPY_CH } xkind;
+typedef enum { X_PRIM, X_SOFTMAX, X_COPY_CH, X_ZERO } xkind;
 
 typedef struct xop {
     xkind kind;
@@ -220,6 +220,7 @@ typedef struct xop {
     float *dst;
     int at, dst_c;
     bool pad;
+    size_t zero_bytes; /* X_ZERO: dst's first zero_bytes bytes */
 } xop;
 
 struct tw_seg_cpu {
@@ -231,7 +232,10 @@ struct tw_seg_cpu {
     char *arena;
     void *scratch;
     size_t scratch_bytes, weight_bytes;
-    size_t pad_bytes; /* zero-padded copies of dilated convs' sources (build_conv_wpad) */
+    /* the zero-padded copy of a dilated conv's source (build_conv_wpad):
+     * pad_cap bytes would do for any; pad_bytes, those allocated (0 or pad_cap) */
+    void *padbuf;
+    size_t pad_cap, pad_bytes;
     xop *ops;
     int n_ops;
     dnnl_memory_t *mems;
@@ -414,11 +418,19 @@ static tw_status build_conv_k(tw_seg_cpu *c, const tw_seg_op *op, const dnnl_mem
     return TW_OK;
 }
 
+/* The bytes of op's source with its width padding written out (nChw16c). */
+static size_t wpad_bytes(const tw_seg_cpu *c, const tw_seg_op *op)
+{
+    int ih = c->m.h[op->src[0]];
+    return pad16(op->conv.cin) * (size_t)ih * (size_t)(ih + 2 * op->conv.pad) * sizeof(float);
+}
+
 /* A dilated conv oneDNN's JIT kernel refuses for its width padding (its
  * register block along a row is narrower than the padding: ASPP rates
  * 12/24 on a 32 px map) reads a copy of its source with the padding
- * columns written out as zeros, padded in H only. The copy's buffer is
- * zeroed once; each tile writes its interior only. */
+ * columns written out as zeros, padded in H only. Such convs share one
+ * buffer (sized for the largest that might need it, c->pad_cap), zeroed
+ * before each copy. */
 static tw_status build_conv_wpad(tw_seg_cpu *c, const tw_seg_op *op, const dnnl_memory_desc_t *smd,
                                  const dnnl_memory_desc_t *dmd, int ih, int oh, tw_error *err)
 {
@@ -430,14 +442,24 @@ static tw_status build_conv_wpad(tw_seg_cpu *c, const tw_seg_op *op, const dnnl_
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&padded, 4, d, dnnl_f32, dnnl_nChw16c), "padded md");
     DNNL_TRY(dnnl_memory_desc_init_submemory(&sub, &padded, in, offs), "padded submemory");
     size_t bytes = dnnl_memory_desc_get_size(&padded);
-    void *buf = keep_alloc(c, bytes);
-    if (!buf) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for %s", op->name);
-    memset(buf, 0, bytes);
-    c->pad_bytes += bytes;
-    tw_status st = add_copy(c, op->src[0], smd, buf, &sub, err);
+    if (!c->padbuf) {
+        c->padbuf = keep_alloc(c, c->pad_cap);
+        if (!c->padbuf) return tw_error_set(err, TW_ERR_NOMEM, "out of memory for %s", op->name);
+        c->pad_bytes = c->pad_cap;
+    }
+    if (bytes > c->pad_cap)
+        return tw_error_set(err, TW_ERR_INTERNAL, "seg CPU: %s: padded source of %zu bytes",
+                            op->name, bytes);
+    xop *z = &c->ops[c->n_ops++];
+    memset(z, 0, sizeof *z);
+    z->kind = X_ZERO;
+    z->in_arg = -1;
+    z->dst = c->padbuf;
+    z->zero_bytes = bytes;
+    tw_status st = add_copy(c, op->src[0], smd, c->padbuf, &sub, err);
     if (st != TW_OK) return st;
-    return build_conv_k(c, op, &padded, buf, wpad, dmd, cv->w, cv->k, cv->pad, op->dil, ih, oh,
-                        false, NULL, err);
+    return build_conv_k(c, op, &padded, c->padbuf, wpad, dmd, cv->w, cv->k, cv->pad, op->dil, ih,
+                        oh, false, NULL, err);
 }
 
 static tw_status build_conv(tw_seg_cpu *c, const tw_seg_op *op, int idx, tw_error *err)
@@ -576,7 +598,7 @@ tw_status tw_seg_cpu_create(const tw_segnet *net, int tile, tw_seg_cpu **out, tw
     c->tile = tile;
     tw_status st = plan_memory(net, tile, &c->m, err);
     if (st != TW_OK) goto fail;
-    int cap_ops = 3 * net->n_ops + 8;
+    int cap_ops = 4 * net->n_ops + 8;
     c->ops = tw_calloc(TW_MEM_OTHER, (size_t)cap_ops, sizeof *c->ops);
     c->pds = tw_calloc(TW_MEM_OTHER, (size_t)cap_ops, sizeof *c->pds);
     c->cap_mems = 8 * cap_ops;
@@ -592,6 +614,12 @@ tw_status tw_seg_cpu_create(const tw_segnet *net, int tile, tw_seg_cpu **out, tw
         dnnl_stream_create(&c->stream, c->eng, dnnl_stream_default_flags) != dnnl_success) {
         st = tw_error_set(err, TW_ERR_INTERNAL, "oneDNN: CPU engine create failed");
         goto fail;
+    }
+    for (int i = 0; i < net->n_ops; i++) {
+        const tw_seg_op *op = &net->ops[i];
+        if (op->kind == TW_SEG_OP_CONV && op->dil > 1 && op->dil < c->m.h[op->src[0]] &&
+            wpad_bytes(c, op) > c->pad_cap)
+            c->pad_cap = wpad_bytes(c, op);
     }
     for (int i = 0; i < net->n_ops; i++)
         if ((st = build_op(c, &net->ops[i], i, err)) != TW_OK) goto fail;
@@ -679,6 +707,11 @@ tw_status tw_seg_cpu_run(tw_seg_cpu *c, const float *in, int n, float *probs, tw
         float *tout = probs + (size_t)t * px * (size_t)c->net->n_classes;
         for (int i = 0; i < c->n_ops; i++) {
             xop *o = &c->ops[i];
+            if (o->kind == X_ZERO) {
+                DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
+                memset(o->dst, 0, o->zero_bytes);
+                continue;
+            }
             if (o->kind == X_COPY_CH) {
                 DNNL_TRY(dnnl_stream_wait(c->stream), "stream wait");
                 copy_channels(o);
