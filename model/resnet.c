@@ -44,8 +44,8 @@ static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
 /* Look up name and check its shape against want[0..ndim). A negative entry
  * in want accepts any size (a free width); in the message it shows the found
  * size, so "expected" reads as the one shape that would have been accepted. */
-static tw_status get_tensor(const tw_model_file *mf, const char *name, int ndim,
-                            const int64_t *want, const tw_tensor **out, tw_error *err)
+tw_status tw_resnet_get_tensor(const tw_model_file *mf, const char *name, int ndim,
+                               const int64_t *want, const tw_tensor **out, tw_error *err)
 {
     const tw_tensor *t = tw_model_file_find(mf, name);
     if (!t)
@@ -81,14 +81,15 @@ static bool has_tensor(const tw_model_file *mf, const char *name)
 
 /* Read conv `prefix`.weight ([*][cin / groups][k][k]) and its batch norm
  * `bn_prefix`.*, fold them into c (allocating c->w and c->b). */
-static tw_status load_conv_bn(const tw_model_file *mf, const char *prefix, const char *bn_prefix,
-                              int cin, int groups, int k, int stride, int pad, tw_conv *c,
-                              size_t *bytes, tw_error *err)
+tw_status tw_resnet_load_conv_bn(const tw_model_file *mf, const char *prefix, const char *bn_prefix,
+                                 int cin, int groups, int k, int stride, int pad, tw_conv *c,
+                                 size_t *bytes, tw_error *err)
 {
     char name[160];
     const tw_tensor *w = NULL;
     snprintf(name, sizeof name, "%s.weight", prefix);
-    tw_status st = get_tensor(mf, name, 4, (const int64_t[]){-1, cin / groups, k, k}, &w, err);
+    tw_status st =
+        tw_resnet_get_tensor(mf, name, 4, (const int64_t[]){-1, cin / groups, k, k}, &w, err);
     if (st != TW_OK) return st;
     if (w->shape[0] > (1 << 20))
         return tw_error_set(err, TW_ERR_MODEL, "model file %s: tensor '%s' has %lld outputs",
@@ -104,7 +105,7 @@ static tw_status load_conv_bn(const tw_model_file *mf, const char *prefix, const
     const tw_tensor *bn[4] = {NULL, NULL, NULL, NULL};
     for (int i = 0; i < 4; i++) {
         snprintf(name, sizeof name, "%s.%s", bn_prefix, bn_names[i]);
-        st = get_tensor(mf, name, 1, (const int64_t[]){cout}, &bn[i], err);
+        st = tw_resnet_get_tensor(mf, name, 1, (const int64_t[]){cout}, &bn[i], err);
         if (st != TW_OK) return st;
     }
     for (int o = 0; o < cout; o++) {
@@ -177,7 +178,7 @@ void tw_resnet_destroy(tw_resnet *net)
 }
 
 /* Depth from the counted layout; 0 when it matches no torchvision ResNet. */
-static int layout_depth(const int blocks[4], bool bottleneck)
+int tw_resnet_layout_depth(const int blocks[4], bool bottleneck)
 {
     for (size_t i = 0; i < sizeof k_layouts / sizeof k_layouts[0]; i++)
         if (k_layouts[i].bottleneck == bottleneck &&
@@ -211,9 +212,9 @@ static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bo
     snprintf(bn, sizeof bn, "layer%d.%d.bn1", stage + 1, idx);
     /* torchvision v1.5: a bottleneck strides in its 3x3 conv2, a basic block in conv1 */
     if (bottleneck)
-        st = load_conv_bn(mf, p, bn, cin, 1, 1, 1, 0, &blk->c1, bytes, err);
+        st = tw_resnet_load_conv_bn(mf, p, bn, cin, 1, 1, 1, 0, &blk->c1, bytes, err);
     else
-        st = load_conv_bn(mf, p, bn, cin, 1, 3, stride, 1, &blk->c1, bytes, err);
+        st = tw_resnet_load_conv_bn(mf, p, bn, cin, 1, 3, stride, 1, &blk->c1, bytes, err);
     if (st != TW_OK) return st;
 
     snprintf(p, sizeof p, "layer%d.%d.conv2", stage + 1, idx);
@@ -227,15 +228,15 @@ static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bo
                             "model file %s: tensor '%s.weight' implies %d groups but "
                             "layer1.0.conv2 has %d",
                             mf->path, p, g, *groups);
-    st = load_conv_bn(mf, p, bn, blk->c1.cout, g, 3, bottleneck ? stride : 1, 1, &blk->c2, bytes,
-                      err);
+    st = tw_resnet_load_conv_bn(mf, p, bn, blk->c1.cout, g, 3, bottleneck ? stride : 1, 1, &blk->c2,
+                                bytes, err);
     if (st != TW_OK) return st;
     int cout = blk->c2.cout;
 
     if (bottleneck) {
         snprintf(p, sizeof p, "layer%d.%d.conv3", stage + 1, idx);
         snprintf(bn, sizeof bn, "layer%d.%d.bn3", stage + 1, idx);
-        st = load_conv_bn(mf, p, bn, blk->c2.cout, 1, 1, 1, 0, &blk->c3, bytes, err);
+        st = tw_resnet_load_conv_bn(mf, p, bn, blk->c2.cout, 1, 1, 1, 0, &blk->c3, bytes, err);
         if (st != TW_OK) return st;
         cout = blk->c3.cout;
     }
@@ -246,7 +247,7 @@ static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bo
     snprintf(wname, sizeof wname, "%s.weight", p);
     blk->has_down = has_tensor(mf, wname);
     if (blk->has_down) {
-        st = load_conv_bn(mf, p, bn, cin, 1, 1, stride, 0, &blk->down, bytes, err);
+        st = tw_resnet_load_conv_bn(mf, p, bn, cin, 1, 1, stride, 0, &blk->down, bytes, err);
         if (st != TW_OK) return st;
         if (blk->down.cout != cout)
             return tw_error_set(err, TW_ERR_MODEL,
@@ -294,7 +295,7 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
                                 arch);
     }
     bool bottleneck = has_tensor(mf, "layer1.0.conv3.weight");
-    int depth = layout_depth(blocks, bottleneck);
+    int depth = tw_resnet_layout_depth(blocks, bottleneck);
     if (depth == 0)
         return tw_error_set(err, TW_ERR_MODEL,
                             "model file %s: %s blocks per stage [%d,%d,%d,%d] match no ResNet "
@@ -318,7 +319,8 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
     if (!c1 || c1->ndim != 4 || (c1->shape[2] != 3 && c1->shape[2] != 7)) {
         /* let get_tensor phrase the message (missing, or shape [*,*,7,7]) */
         const tw_tensor *dummy;
-        st = get_tensor(mf, "conv1.weight", 4, (const int64_t[]){-1, -1, 7, 7}, &dummy, err);
+        st = tw_resnet_get_tensor(mf, "conv1.weight", 4, (const int64_t[]){-1, -1, 7, 7}, &dummy,
+                                  err);
         if (st == TW_OK) st = TW_ERR_INTERNAL;
         goto fail;
     }
@@ -333,8 +335,8 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
     /* the stem from conv1's kernel: 7x7 s2 p3 + max pool, or 3x3 s1 p1 */
     net->stem_kind = c1->shape[2] == 3 ? TW_STEM_SMALL : TW_STEM_STANDARD;
     bool small = net->stem_kind == TW_STEM_SMALL;
-    st = load_conv_bn(mf, "conv1", "bn1", net->in_bands, 1, small ? 3 : 7, small ? 1 : 2,
-                      small ? 1 : 3, &net->stem, &net->weight_bytes, err);
+    st = tw_resnet_load_conv_bn(mf, "conv1", "bn1", net->in_bands, 1, small ? 3 : 7, small ? 1 : 2,
+                                small ? 1 : 3, &net->stem, &net->weight_bytes, err);
     if (st != TW_OK) goto fail;
     st = tw_resnet_check_stem(net, mf->stem, mf->path, "its metadata 'stem'", err);
     if (st != TW_OK) goto fail;
@@ -382,7 +384,7 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
         *out = net;
         return TW_OK;
     }
-    st = get_tensor(mf, "fc.weight", 2, (const int64_t[]){-1, ch}, &fw, err);
+    st = tw_resnet_get_tensor(mf, "fc.weight", 2, (const int64_t[]){-1, ch}, &fw, err);
     if (st != TW_OK) goto fail;
     if (fw->shape[0] > TW_MAX_CLASSES) {
         st = tw_error_set(err, TW_ERR_MODEL,
@@ -392,7 +394,7 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
         goto fail;
     }
     net->n_classes = (int)fw->shape[0];
-    st = get_tensor(mf, "fc.bias", 1, (const int64_t[]){net->n_classes}, &fb, err);
+    st = tw_resnet_get_tensor(mf, "fc.bias", 1, (const int64_t[]){net->n_classes}, &fb, err);
     if (st != TW_OK) goto fail;
     size_t fc_n = (size_t)net->n_classes * (size_t)ch;
     net->fc_w = tw_alloc(TW_MEM_WEIGHTS, fc_n * sizeof(float));

@@ -117,6 +117,27 @@ void tw_resnet_head(const float *fc_w, const float *fc_b, int n_classes, int fea
  * pixels (used for workspace estimates). */
 int tw_resnet_out_size(int in, int k, int stride, int pad);
 
+/* ---- Tensor readers shared with model/segnet.c ---- */
+
+/* The tensor called name in mf, checked against shape want[0..ndim) (a
+ * negative entry accepts any positive size): TW_ERR_MODEL naming the tensor
+ * when missing, of another shape or without data. *out is borrowed from mf. */
+tw_status tw_resnet_get_tensor(const tw_model_file *mf, const char *name, int ndim,
+                               const int64_t *want, const tw_tensor **out, tw_error *err);
+
+/* Read conv `prefix`.weight ([*][cin / groups][k][k]) and its batch norm
+ * `bn_prefix`.{weight,bias,running_mean,running_var}, fold them into c
+ * (allocating c->w and c->b, TW_MEM_WEIGHTS; *bytes grows by their size).
+ * Errors name the tensor (TW_ERR_MODEL) or are TW_ERR_NOMEM; c may then
+ * hold allocations the caller frees. */
+tw_status tw_resnet_load_conv_bn(const tw_model_file *mf, const char *prefix, const char *bn_prefix,
+                                 int cin, int groups, int k, int stride, int pad, tw_conv *c,
+                                 size_t *bytes, tw_error *err);
+
+/* The depth (18/34/50/101/152) of a torchvision layout of blocks[s] blocks
+ * per stage, basic or bottleneck; 0 when it matches none. */
+int tw_resnet_layout_depth(const int blocks[4], bool bottleneck);
+
 /* ---- The forward graph, walked once for every backend ---- */
 
 /* What one step of the forward pass computes. */
