@@ -32,7 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "model/resnet.h"
 #include "core/error.h"
 

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "model/seg_cpu.h"
 #include "model/segnet.h"
 #include "core/error.h"

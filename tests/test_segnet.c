@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "io/model_file.h"
+#include "io/modelfile/model_file.h"
 #include "model/seg_cpu.h"
 #include "model/segnet.h"
 #include "core/alloc.h"
