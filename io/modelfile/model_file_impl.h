@@ -37,9 +37,6 @@ tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *e
  * entry; it is extended when tensors live in external data files. */
 tw_status tw_onnx_load(tw_model_file *mf, uint64_t file_size, tw_error *err);
 
-/* IEEE half to float (io/modelfile/safetensors.c), exact. */
-float tw_half_to_float(uint16_t h);
-
 /* Read the tensors and metadata of an HDF5 bundle at mf->path into mf
  * (io/modelfile/h5bundle.c). */
 tw_status tw_h5bundle_load(tw_model_file *mf, tw_error *err);

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/half.h"
 #include "io/modelfile/model_file_impl.h"
 
 /* Protobuf needs 2 GiB at most; a ResNet-152 is 240 MB. */
