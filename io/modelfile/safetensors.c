@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "io/modelfile/model_file_impl.h"
+#include "io/modelfile/readers.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "core/half.h"
