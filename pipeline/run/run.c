@@ -18,6 +18,7 @@
 
 #include "io/output/polygons.h"
 #include "io/modelfile/model_file.h"
+#include "io/input/identity.h"
 #include "io/input/raster.h"
 #include "io/input/stac.h"
 #include "io/input/url.h"
@@ -360,7 +361,7 @@ static const tw_log *run_log(const run_ctx *c)
  * (TW_KEY_BYTES, core/keys.h), with the value the run resolved, so that a
  * refusal names the keys that differ and no key can be left out; then the
  * lines no key holds: the raster's size and type, the cell grid, the AOI
- * file's identity, and the input's (url.h). The input is this one only,
+ * file's identity, and the input's (identity.h). The input is this one only,
  * as the reports show it; the model is its file's SHA-256, not its path.
  * TW_ERR_INTERNAL when it does not fit size (it cannot with the limits of
  * params.h and TW_FINGERPRINT_MAX). */
@@ -522,11 +523,11 @@ static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_r
     return st;
 }
 
-/* The identity of input idx for resume (url.h; a STAC item's, stac.h). */
+/* The identity of input idx for resume (identity.h; a STAC item's, stac.h). */
 static tw_status input_identity(const run_ctx *c, int idx, char *buf, size_t size, tw_error *err)
 {
     return c->stacs[idx] ? tw_stac_identity(c->stacs[idx], buf, size, err)
-                         : tw_url_identity(c->p->input.paths[idx], buf, size, err);
+                         : tw_identity(c->p->input.paths[idx], buf, size, err);
 }
 
 /* What input idx is, as "key value" lines that name it (shown): the
