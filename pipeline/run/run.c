@@ -144,23 +144,6 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
     return TW_OK;
 }
 
-void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run_params *out)
-{
-    *out = *p;
-    out->input.n_bands = m->n_bands;
-    memcpy(out->input.bands, m->bands, sizeof out->input.bands);
-    out->input.scale = m->scale;
-    snprintf(out->model.arch, sizeof out->model.arch, "%s", m->arch);
-    out->model.stem = m->stem;
-    out->model.n_mean = out->model.n_std = m->n_norm;
-    memcpy(out->model.mean, m->mean, sizeof out->model.mean);
-    memcpy(out->model.std, m->std, sizeof out->model.std);
-    out->model.n_classes = m->n_classes;
-    memcpy(out->model.classes, m->classes, sizeof out->model.classes);
-    out->tiling.tile = m->tile;
-    out->tiling.stride = m->stride;
-}
-
 /* The name of the folder holding path: a URL's segment before the file,
  * or (a bare file name) the current directory's. */
 static void parent_name(const char *path, char *out, size_t size)

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "pipeline/run/advice.h"
 #include "core/params.h"
+#include "pipeline/resolved.h"
 
 /* GDAL-style progress: complete in [0, 1]; return 0 to cancel the run. */
 typedef int (*tw_progress_fn)(double complete, const char *message, void *user);
@@ -54,24 +55,6 @@ typedef struct tw_stage_stats {
     double cpu_s;  /* CPU time of the stage's threads (not of the threads
                       its library calls start, such as OpenMP's) */
 } tw_stage_stats;
-
-/* What the model and the bundle resolve to, after config overrides. */
-typedef struct tw_resolved {
-    char arch[32];
-    tw_stem stem; /* the net's: standard or small */
-    int bands[TW_MAX_BANDS];
-    int n_bands; /* 0: all bands of the raster */
-    double scale;
-    float mean[TW_MAX_BANDS];
-    float std[TW_MAX_BANDS];
-    int n_norm; /* = input bands of the model */
-    char classes[TW_MAX_CLASSES][TW_NAME_MAX];
-    int n_classes;
-    int tile, stride;
-    int in_bands, feat_dim;
-    bool headless; /* no fc: embedding products only (n_classes 1, a stand-in head) */
-    char model_sha256[65];
-} tw_resolved;
 
 typedef struct tw_input_result {
     char path[TW_PATH_MAX];
@@ -238,12 +221,6 @@ int tw_run_readers(const tw_run_params *p, const tw_backend *be);
  * its own); else 0 (OpenMP's default). */
 int tw_run_normalize_threads(const tw_run_params *p, const tw_backend *be);
 
-/* p with what m resolved written in: input.bands, input.scale, model.arch,
- * model.mean, model.std, model.classes, tiling.tile and tiling.stride (the
- * keys core/keys.h marks TW_KEY_RESOLVED), as the parts fingerprint and
- * run.json show them. Cannot fail; *out may be large (a tw_run_params). */
-void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run_params *out);
-
 /* run.json for params p and result r, as text: *json (NUL-terminated,
  * from tw_alloc: free it with tw_free) and its length. TW_ERR_NOMEM, or
  * TW_ERR_INTERNAL when it would be cut short; *json NULL then. */
@@ -265,9 +242,8 @@ tw_status tw_report_log_attempt(const char *out_dir, const tw_run_params *p, con
  * an output byte depends on, core/keys.h TW_KEY_BYTES, and the versions;
  * run.json's "config" has every key). Returns
  * the length it needed: size or more means it was cut (the run refuses to
- * go on with a cut one). TW_CONFIG_JSON_MAX holds any configuration that
- * params.h's limits allow. */
-#define TW_CONFIG_JSON_MAX ((size_t)256 << 10)
+ * go on with a cut one). TW_CONFIG_JSON_MAX (pipeline/resolved.h) holds any
+ * configuration that params.h's limits allow. */
 size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char *buf, size_t size);
 
 #endif
