@@ -19,6 +19,7 @@
 #include "core/fileio.h"
 #include "pipeline/run/advice.h"
 #include "pipeline/engine/plan.h"
+#include "pipeline/store/names.h"
 #include "pipeline/run/preflight.h"
 #include "pipeline/run/run_internal.h"
 
@@ -166,7 +167,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
             if (in->remote) remote_cost(c, i, &plan, in);
             in->aoi_tiles = c->infos[i].aoi_tiles;
             in->all_tiles = c->infos[i].all_tiles;
-            tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
+            tw_output_name(p, i, in->stem, sizeof in->stem, NULL);
             if (p->output.stac) {
                 const tw_stac_input *si = &c->infos[i].stac;
                 snprintf(in->stac_datetime, sizeof in->stac_datetime, "%s", si->datetime);
