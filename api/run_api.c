@@ -26,6 +26,7 @@
 #include "pipeline/engine/normalize.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/run/preflight.h"
+#include "pipeline/run/merge.h"
 #include "pipeline/run/run.h"
 #include "pipeline/engine/stitch.h"
 #include "api/api_internal.h"

@@ -27,7 +27,6 @@
 #include "pipeline/engine/normalize.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/run/preflight.h"
-#include "pipeline/run/run.h"
 #include "pipeline/engine/stitch.h"
 #include "api/api_internal.h"
 #include "api/info.h"

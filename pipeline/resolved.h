@@ -2,8 +2,8 @@
  * of pipeline/ passes along: the model's values after config overrides
  * (tw_resolved: the stages use it, the manifest stores it, the reports show
  * it), the params with them written in, and the bound of the resolved
- * configuration's JSON. The lowest floor of pipeline/: it includes core/
- * only and calls nothing of pipeline/.
+ * configuration's JSON, the input's STAC facts. The lowest floor of
+ * pipeline/: it includes core/ and io/ only and calls nothing of pipeline/.
  */
 #ifndef TW_RESOLVED_H
 #define TW_RESOLVED_H
@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "core/params.h"
+#include "io/output/stac_out.h"
 
 /* What the model and the bundle resolve to, after config overrides. */
 typedef struct tw_resolved {
@@ -30,6 +31,16 @@ typedef struct tw_resolved {
     bool headless; /* no fc: embedding products only (n_classes 1, a stand-in head) */
     char model_sha256[65];
 } tw_resolved;
+
+/* output.stac: what input i's STAC item says besides its files, resolved
+ * before the first tile (pipeline/report/stac_run.h, tw_stac_run_input) and
+ * carried by the manifest to `tilewise merge`. */
+typedef struct tw_stac_input {
+    char datetime[TW_STAC_DATETIME_MAX]; /* RFC 3339 */
+    char source[48];                     /* where it came from: "STAC item", "TIFFTAG_DATETIME",
+                                            "input.datetime" */
+    char derived_from[TW_PATH_MAX * 2];  /* the input's STAC item (redacted), or "" */
+} tw_stac_input;
 
 /* The resolved configuration as JSON (report.c, tw_report_config_json) fits
  * in this many bytes: any configuration that params.h's limits allow. */

@@ -13,7 +13,7 @@
 #include "io/input/url.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/run/preflight.h"
-#include "pipeline/run/run.h"
+#include "pipeline/resolved.h"
 
 __attribute__((format(printf, 5, 6))) static void add(tw_advice *a, bool warning, const char *code,
                                                       int input, const char *fmt, ...)

@@ -1,7 +1,7 @@
 /* merge.c - `tilewise merge` (tw_merge, run.h) after sharded runs: each
  * input's manifest read, its parts opened and assembled into its final
  * products (products.h, as the last step of a whole-grid run does). */
-#include "pipeline/run/run.h"
+#include "pipeline/run/merge.h"
 
 #include <dirent.h>
 #include <stdio.h>

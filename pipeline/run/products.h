@@ -14,7 +14,7 @@
 #include "core/params.h"
 #include "io/input/raster.h"
 #include "pipeline/resolved.h"
-#include "pipeline/run/run.h"
+#include "pipeline/result.h"
 #include "pipeline/store/parts.h"
 
 /* Embedding values per output cell the stitcher and the parts carry after

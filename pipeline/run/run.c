@@ -1158,13 +1158,6 @@ static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
     return st;
 }
 
-void tw_run_result_destroy(tw_run_result *r)
-{
-    if (!r) return;
-    tw_free(r->inputs);
-    tw_free(r);
-}
-
 tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err)
 {
     tw_model_file *mf = NULL;

@@ -3,7 +3,7 @@
  * model) and `submit`'s machine-independent check (tw_check_inputs). Both
  * prepare a run as tw_run does (run_internal.h), so they refuse exactly
  * what a run would refuse, with the same messages. */
-#include "pipeline/run/run.h"
+#include "pipeline/run/validate.h"
 
 #include <math.h>
 #include <stdio.h>
