@@ -18,7 +18,7 @@
 #include <cpl_conv.h>
 
 #include "io/modelfile/model_file.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"

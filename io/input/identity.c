@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
-#include "io/input/url.h"
+#include "io/url.h"
 
 enum {
     HEAD_BYTES = 64 << 10,     /* first and last bytes of a file: headers, IFDs, trailers */

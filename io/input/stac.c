@@ -15,7 +15,7 @@
 #include <strings.h>
 
 #include "io/input/identity.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
 

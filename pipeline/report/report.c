@@ -16,7 +16,7 @@
 #include "core/fileio.h"
 #include "core/keys.h"
 #include "pipeline/report/json.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "pipeline/report/report.h"
 
 /* One key's value in run.json's "config" (and the products' TILEWISE_RUN),

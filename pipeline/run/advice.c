@@ -10,7 +10,7 @@
 #include "core/alloc.h"
 #include "io/input/inspect.h"
 #include "io/input/raster.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/run/preflight.h"
 #include "pipeline/resolved.h"

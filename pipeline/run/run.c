@@ -21,7 +21,7 @@
 #include "io/input/identity.h"
 #include "io/input/raster.h"
 #include "io/input/stac.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/alloc.h"
 #include "core/keys.h"
 #include "core/clock.h"

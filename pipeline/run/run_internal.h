@@ -16,7 +16,7 @@
 
 #include "io/input/raster.h"
 #include "io/input/stac.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/error.h"

@@ -14,7 +14,7 @@
 #include "io/output/polygons.h"
 #include "io/input/raster.h"
 #include "io/input/stac.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "pipeline/run/advice.h"

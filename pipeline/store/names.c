@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "core/keys.h"
-#include "io/input/url.h"
+#include "io/url.h"
 
 /* The name of the folder holding path: a URL's segment before the file,
  * or (a bare file name) the current directory's. */

@@ -1,5 +1,5 @@
-/* url.c - remote inputs: see url.h */
-#include "io/input/url.h"
+/* url.c - remote paths, redaction, network settings: see url.h */
+#include "io/url.h"
 
 #include <cpl_conv.h>
 #include <cpl_string.h>

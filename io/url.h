@@ -1,4 +1,5 @@
-/* url.h - remote inputs: what a user writes as input.path, what GDAL opens,
+/* url.h - io/'s path glue, shared by input/, output/ and gdal_msgs: remote
+ * inputs: what a user writes as input.path, what GDAL opens,
  * what may be shown of it, and GDAL's network settings for a run.
  *
  * * Paths: https://... and http://... open through /vsicurl/, s3://bucket/key
