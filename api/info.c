@@ -18,7 +18,7 @@
 #include "io/modelfile/model_file.h"
 #include "io/output/polygons.h"
 #include "io/input/raster.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "model/resnet.h"
 #include "pipeline/report/json.h"
 
@@ -422,7 +422,7 @@ static tw_status info_raster(const char *user_path, bool read_cost, bool tiff_di
                              json_t **facts, tw_error *err)
 {
     /* https:// and s3:// as the run opens them; shown with credentials
-     * redacted (io/input/url.h). */
+     * redacted (io/url.h). */
     char path[TW_URL_SHOWN_MAX], gpath[TW_PATH_MAX + 16];
     tw_url_redact(user_path, path, sizeof path);
     tw_status st = tw_url_to_gdal(user_path, gpath, sizeof gpath, err);

@@ -19,7 +19,7 @@
 #include <jansson.h>
 
 #include "io/modelfile/model_file.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"

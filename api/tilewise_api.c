@@ -18,7 +18,7 @@
 #include <cpl_conv.h>
 
 #include "io/modelfile/model_file.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/alloc.h"
@@ -27,7 +27,6 @@
 #include "pipeline/engine/normalize.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/run/preflight.h"
-#include "pipeline/run/run.h"
 #include "pipeline/engine/stitch.h"
 #include "api/api_internal.h"
 #include "api/info.h"

@@ -1,5 +1,5 @@
 /* validate.h - `tilewise validate`'s listing, one rendering of the plan and
- * the advice (pipeline/run/run.h: tw_validation).
+ * the advice (pipeline/run/validate.h: tw_validation).
  *
  * The plan is tw_validate's (config, inputs and model checked against each
  * other; tiles, grid, batch, memory estimate), the advice every run also
@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
-#include "pipeline/run/run.h"
+#include "pipeline/run/validate.h"
 
 /* tw_validate, with GDAL's process-wide block cache limit as the caller had
  * it afterwards (tw_validate sets the run's for the advice's reads). */

@@ -12,7 +12,7 @@ from other processes spreads over all of them. Prints, per configuration,
 the median wall time, the read stage's busy time (run.json), the requests
 and the bytes the server sent. Configuration values are passed as
 environment variables: GDAL reads them, and tilewise leaves a read-ahead
-option the user set alone (io/input/url.h).
+option the user set alone (io/url.h).
 """
 import argparse
 import json

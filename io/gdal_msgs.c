@@ -4,7 +4,7 @@
 #include <cpl_error.h>
 #include <stdio.h>
 
-#include "io/input/url.h"
+#include "io/url.h"
 
 static void CPL_STDCALL capture_handler(CPLErr cls, CPLErrorNum num, const char *msg)
 {

@@ -5,7 +5,7 @@
  * handler that records into the caller's tw_gdal_msgs; capture_end pops it.
  * The caller then turns what was recorded into one tw_error message, naming
  * its own file and window (STYLE.md rule 11). Nothing is printed, and
- * credentials in the URLs GDAL names are redacted (io/input/url.h) before they
+ * credentials in the URLs GDAL names are redacted (io/url.h) before they
  * are kept. Captures nest (the handler stack is GDAL's) and are per thread.
  */
 #ifndef TW_GDAL_MSGS_H

@@ -2,7 +2,9 @@
 # The layering of DESIGN.md (scripts/check_layers.sh) holds on this tree,
 # and the check fails - naming the file, the line and the rule - when a
 # lower layer includes a higher one: io/ including pipeline/, core/
-# including io/, model/ including workflows/; when the CLI (workflows/)
+# including io/, model/ including workflows/; when a lower floor of io/ or
+# pipeline/ includes a higher one or a sibling (pipeline/store/ including
+# pipeline/run/, io/input/ including io/output/); when the CLI (workflows/)
 # includes anything of the library but tilewise.h; or when a file outside
 # pipeline/ includes its private header (pipeline/run/run_internal.h; the
 # same for model/cpu_internal.h outside model/).
@@ -29,6 +31,13 @@ cases=(
   'tests/test_bad.c|#include "pipeline/run/run_internal.h"|tests/test_bad.c:2: pipeline/run/run_internal.h is private to pipeline/run/'
   'pipeline/engine/bad.c|#include "pipeline/store/parts_internal.h"|pipeline/engine/bad.c:2: pipeline/store/parts_internal.h is private to pipeline/store/'
   'pipeline/bad.c|#include "model/cpu_internal.h"|pipeline/bad.c:2: model/cpu_internal.h is private to model/'
+  'pipeline/store/bad.c|#include "pipeline/run/run.h"|pipeline/store/bad.c:2: pipeline/store/ may not include pipeline/run/'
+  'pipeline/engine/bad.h|#include "pipeline/report/report.h"|pipeline/engine/bad.h:2: pipeline/engine/ may not include pipeline/report/'
+  'pipeline/bad.h|#include "pipeline/store/parts.h"|pipeline/bad.h:2: pipeline/ may not include pipeline/store/'
+  'pipeline/extra/bad.c|#include "pipeline/store/parts.h"|pipeline/extra/bad.c:2: pipeline/extra/ is no floor of pipeline/'
+  'io/input/bad.c|#include "io/output/writer.h"|io/input/bad.c:2: io/input/ may not include io/output/'
+  'io/modelfile/bad.c|#include "io/input/raster.h"|io/modelfile/bad.c:2: io/modelfile/ may not include io/input/'
+  'io/bad.c|#include "io/input/raster.h"|io/bad.c:2: io/ may not include io/input/'
 )
 for c in "${cases[@]}"; do
   IFS='|' read -r file line want <<<"$c"
@@ -46,9 +55,11 @@ for c in "${cases[@]}"; do
   fi
 done
 # a legal include stays legal
-mkdir -p "$tmp/ok/io" "$tmp/ok/pipeline/run"
-printf '#include "core/error.h"\n#include "io/input/raster.h"\n' >"$tmp/ok/io/fine.c"
-printf '#include "pipeline/run/run_internal.h"\n' >"$tmp/ok/pipeline/run/merge.c"
+mkdir -p "$tmp/ok/io/input" "$tmp/ok/io/output" "$tmp/ok/pipeline/run" "$tmp/ok/pipeline/store"
+printf '#include "core/error.h"\n#include "io/gdal_msgs.h"\n' >"$tmp/ok/io/input/fine.c"
+printf '#include "io/input/raster.h"\n#include "io/url.h"\n' >"$tmp/ok/io/output/fine.c"
+printf '#include "pipeline/run/run_internal.h"\n#include "pipeline/report/report.h"\n' >"$tmp/ok/pipeline/run/merge.c"
+printf '#include "pipeline/resolved.h"\n#include "io/output/writer.h"\n' >"$tmp/ok/pipeline/store/fine.c"
 mkdir -p "$tmp/ok/model"
 printf '#include "model/cpu_internal.h"\n' >"$tmp/ok/model/cpu_plan.c"
 bash "$check" "$tmp/ok" >/dev/null || { echo "FAIL: a legal include was refused"; fail=1; }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "config/workflow.h"
+#include "pipeline/run/merge.h"
 #include "pipeline/run/run.h"
 #include "testutil.h"
 

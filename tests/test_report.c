@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "pipeline/report/json.h"
-#include "pipeline/run/run.h"
+#include "pipeline/report/report.h"
 #include "testutil.h"
 
 static const char *nasty = "a \"quoted\" back\\slash\nnew\tline \x01 caf\xc3\xa9";

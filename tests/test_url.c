@@ -1,4 +1,4 @@
-/* test_url.c - io/input/url.c: user paths to GDAL paths, credential redaction,
+/* test_url.c - io/url.c: user paths to GDAL paths, credential redaction,
  * output stems, outage classification, settings apply/restore. The network
  * parts (identity, retries) are tested end to end by e2e_remote.py. */
 #include <setjmp.h>
@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "io/input/identity.h"
-#include "io/input/url.h"
+#include "io/url.h"
 
 static void to_gdal(const char *in, const char *want)
 {

@@ -314,7 +314,7 @@ static int fail(const tilewise_error *err)
                   NULL);
         return tilewise_exit_code(err->status);
     }
-    /* Messages name inputs redacted where they are made (io/input/url.h); this
+    /* Messages name inputs redacted where they are made (io/url.h); this
      * catches one that quotes a URL from elsewhere. */
     char msg[MSG_MAX];
     tilewise_redact(err->message, msg, sizeof msg);

@@ -1,8 +1,12 @@
-/* identity.h - what a local raster is, for the resume fingerprint: every
- * file of the dataset (GDAL's file list: the raster, a VRT's sources,
+/* identity.h - what an input is, for the resume fingerprint: one place for
+ * both kinds (identity.c; it calls down into url.h for paths, never the
+ * other way).
+ *
+ * A remote object: its size, ETag and Last-Modified (a HEAD request through
+ * GDAL). A local raster: every file of the dataset (GDAL's file list: the raster, a VRT's sources,
  * sidecars such as .aux.xml, .ovr, .msk, .hdr) by size, modification time
  * and a SHA-256 of what can be read cheaply and still tells a replaced file
- * from the original (url.h's tw_url_identity uses it for local paths).
+ * from the original.
  *
  * The content hash of a file covers its size, its first and last 64 KiB,
  * blocks spread evenly in between, and, for a TIFF, every IFD's strip or
@@ -53,5 +57,15 @@ typedef struct tw_identity_stats {
  * none". */
 tw_status tw_identity_local(const char *gdal_path, char *out, size_t size, tw_identity_stats *stats,
                             tw_error *err);
+
+/* The lines identifying an input's version for the resume fingerprint,
+ * "key value" each, the key naming the object or file:
+ * * remote: "object[URL] etag=E size=N modified=M" (URL the redacted GDAL
+ *   path; fields GDAL cannot tell are "-"), from a fresh HEAD request
+ *   (GDAL's cache of the object is dropped first); TW_ERR_REMOTE when the
+ *   object cannot be reached;
+ * * local: every file of the dataset by size, mtime and sampled content
+ *   (tw_identity_local below). */
+tw_status tw_identity(const char *path, char *out, size_t size, tw_error *err);
 
 #endif

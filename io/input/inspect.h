@@ -40,7 +40,7 @@ typedef struct tw_inspect {
     tw_inspect_band *bands;    /* [band_count], owned */
 } tw_inspect;
 
-/* Open path (as GDAL names it: /vsicurl/... for a URL, io/input/url.h) read-only
+/* Open path (as GDAL names it: /vsicurl/... for a URL, io/url.h) read-only
  * and describe it. TW_ERR_INPUT "SHOWN: not a raster GDAL can open[: GDAL's
  * reason, redacted]" when it cannot; shown is what messages call the input
  * (its redacted form). On success *out is released with tw_inspect_destroy.

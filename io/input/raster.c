@@ -24,7 +24,7 @@
 #include "io/gdal_msgs.h"
 #include "io/input/tiff_direct.h"
 #include "core/alloc.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/clock.h"
 #include "core/fileio.h"
 

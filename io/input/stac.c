@@ -14,7 +14,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "io/input/url.h"
+#include "io/input/identity.h"
+#include "io/url.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
 
@@ -288,7 +289,7 @@ tw_status tw_stac_identity(const tw_stac *s, char *out, size_t size, tw_error *e
     out[0] = '\0';
     char line[TW_URL_SHOWN_MAX + 512];
     for (int i = -1; i < s->n; i++) {
-        tw_status st = tw_url_identity(i < 0 ? s->item : s->hrefs[i], line, sizeof line, err);
+        tw_status st = tw_identity(i < 0 ? s->item : s->hrefs[i], line, sizeof line, err);
         if (st != TW_OK) return st;
         int m = snprintf(out + len, size - len, "%s", line);
         if (m < 0 || (size_t)m >= size - len) break;

@@ -46,7 +46,7 @@ const char *tw_stac_datetime_key(const tw_stac *s);
  * valid until destroy. */
 const char *tw_stac_asset(const tw_stac *s, int k);
 
-/* The identity lines (url.h) of the remote item and of each remote asset,
+/* The identity lines (identity.h) of the remote item and of each remote asset,
  * for the resume fingerprint; "" when all are local. */
 tw_status tw_stac_identity(const tw_stac *s, char *out, size_t size, tw_error *err);
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "io/modelfile/model_file_impl.h"
+#include "io/modelfile/readers.h"
 #include "core/alloc.h"
 
 /* ------------------------------------------------------------------------ */

@@ -1,20 +1,20 @@
 /* model_file.c - the model-file front (see model_file.h): detects the
- * format, hashes the file, and checks what both readers produce.
+ * format, hashes the file, and checks what every reader produces.
  *
  * Model files come from users and the internet, so every byte is
  * distrusted. The readers are io/modelfile/safetensors.c (header parsed by jansson,
  * then every tensor's dtype, shape and byte range checked before anything
  * is read) and io/modelfile/h5bundle.c (libhdf5's own checks, each failure turned into
  * one message naming the file and the dataset or attribute; the bundle's
- * tensors checksum). Both end in the metadata checks below, in check_finite
- * (every value of every tensor) and in check_resnet.
+ * tensors checksum) and io/modelfile/onnx.c (readers.h). Each ends in the
+ * metadata checks of model_file_impl.c, which they share; this front then
+ * runs check_finite (every value of every tensor) and check_resnet.
  */
 #include "io/modelfile/model_file.h"
 
 #include <errno.h>
 #include <math.h>
 #include <nettle/sha2.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,26 +24,11 @@
 
 #include "core/alloc.h"
 #include "io/modelfile/model_file_impl.h"
+#include "io/modelfile/readers.h"
 
 #define SHA_CHUNK (1u << 20)
 
 static const unsigned char HDF5_SIGNATURE[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-
-/* Record a TW_ERR_MODEL message prefixed with the file name. */
-tw_status tw_model_error(tw_error *err, const char *path, const char *fmt, ...)
-{
-    char buf[TW_ERROR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return tw_error_set(err, TW_ERR_MODEL, "model file %s: %s", path, buf);
-}
-
-tw_status tw_model_nomem(tw_error *err, const char *path, size_t bytes)
-{
-    return tw_error_set(err, TW_ERR_NOMEM, "model file %s: cannot allocate %zu bytes", path, bytes);
-}
 
 /* ------------------------------------------------------------------------ */
 /* SHA-256 of the whole file (nettle: SHA-NI where the CPU has it).          */
@@ -74,102 +59,6 @@ static tw_status hash_file(const char *path, char hex[65], uint64_t *size, tw_er
     for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", digest[i]);
     hex[64] = '\0';
     *size = total;
-    return TW_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Metadata shared by both formats. Values arrive as JSON (safetensors) or as
- * HDF5 attributes (bundle); both end in these checks. */
-
-static const char *const KNOWN_ARCHS[] = {"resnet18",         "resnet34",         "resnet50",
-                                          "resnet101",        "resnet152",        "resnext50_32x4d",
-                                          "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
-                                          "wide_resnet101_2"};
-
-tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err)
-{
-    for (size_t i = 0; i < sizeof KNOWN_ARCHS / sizeof KNOWN_ARCHS[0]; i++) {
-        if (strcmp(arch, KNOWN_ARCHS[i]) == 0) {
-            snprintf(mf->arch, sizeof mf->arch, "%s", arch);
-            return TW_OK;
-        }
-    }
-    return tw_model_error(err, mf->path,
-                          "metadata 'arch' is '%.40s' (expected resnet18/34/50/101/152, "
-                          "resnext50_32x4d, resnext101_32x8d, resnext101_64x4d, "
-                          "wide_resnet50_2 or wide_resnet101_2)",
-                          arch);
-}
-
-tw_status tw_model_set_stem(tw_model_file *mf, const char *stem, tw_error *err)
-{
-    /* "auto" is what the workflow key says by default: the same as no stem */
-    for (int i = 0; i < 3; i++)
-        if (strcmp(stem, tw_stem_names[i]) == 0) {
-            mf->stem = (tw_stem)i;
-            return TW_OK;
-        }
-    return tw_model_error(err, mf->path,
-                          "metadata 'stem' is '%.40s' (expected standard, small or auto)", stem);
-}
-
-tw_status tw_model_set_bands(tw_model_file *mf, const int64_t *v, int64_t n, tw_error *err)
-{
-    if (n < 1 || n > TW_MAX_BANDS)
-        return tw_model_error(err, mf->path, "metadata 'bands' has %lld entries (1..%d allowed)",
-                              (long long)n, TW_MAX_BANDS);
-    for (int64_t i = 0; i < n; i++) {
-        if (v[i] < 1 || v[i] > 65535)
-            return tw_model_error(err, mf->path,
-                                  "metadata 'bands'[%lld] = %lld is not a 1-based band",
-                                  (long long)i, (long long)v[i]);
-        mf->bands[i] = (int)v[i];
-    }
-    mf->n_bands = (int)n;
-    return TW_OK;
-}
-
-tw_status tw_model_set_floats(tw_model_file *mf, const char *key, const double *v, int64_t n,
-                              float *dst, int *n_dst, bool positive, tw_error *err)
-{
-    if (n < 1 || n > TW_MAX_BANDS)
-        return tw_model_error(err, mf->path, "metadata '%s' has %lld entries (1..%d allowed)", key,
-                              (long long)n, TW_MAX_BANDS);
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(v[i]) || (positive && !(v[i] > 0)))
-            return tw_model_error(err, mf->path, "metadata '%s'[%lld] = %g is not %s", key,
-                                  (long long)i, v[i], positive ? "a positive number" : "finite");
-        dst[i] = (float)v[i];
-    }
-    *n_dst = (int)n;
-    return TW_OK;
-}
-
-tw_status tw_model_set_scale(tw_model_file *mf, double v, tw_error *err)
-{
-    if (!isfinite(v) || v == 0)
-        return tw_model_error(err, mf->path, "metadata 'scale' = %g must be finite and non-zero",
-                              v);
-    mf->scale = v;
-    return TW_OK;
-}
-
-tw_status tw_model_set_tile(tw_model_file *mf, int64_t v, tw_error *err)
-{
-    if (v < 1 || v > 65536)
-        return tw_model_error(err, mf->path, "metadata 'tile' = %lld is out of range 1..65536",
-                              (long long)v);
-    mf->tile = (int)v;
-    return TW_OK;
-}
-
-tw_status tw_model_set_class(tw_model_file *mf, int i, const char *name, tw_error *err)
-{
-    if (strlen(name) >= TW_NAME_MAX || name[0] == '\0')
-        return tw_model_error(err, mf->path,
-                              "metadata 'classes'[%d] is empty or longer than %d bytes", i,
-                              TW_NAME_MAX - 1);
-    snprintf(mf->classes[i], TW_NAME_MAX, "%s", name);
     return TW_OK;
 }
 
@@ -204,14 +93,6 @@ void tw_model_file_destroy(tw_model_file *mf)
     for (int i = 0; i < mf->n_tensors; i++) tw_free(mf->tensors[i].data);
     tw_free(mf->tensors);
     tw_free(mf);
-}
-
-const tw_tensor *tw_model_file_find(const tw_model_file *mf, const char *name)
-{
-    if (!mf || !name) return NULL;
-    for (int i = 0; i < mf->n_tensors; i++)
-        if (strcmp(mf->tensors[i].name, name) == 0) return &mf->tensors[i];
-    return NULL;
 }
 
 static void shape_str(const tw_tensor *t, char *buf, size_t cap)

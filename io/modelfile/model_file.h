@@ -139,7 +139,8 @@ const char *tw_model_checksum_name(tw_model_checksum c);
 /* Release; accepts NULL. */
 void tw_model_file_destroy(tw_model_file *mf);
 
-/* The tensor called name, or NULL. Borrowed: valid until destroy. */
+/* The tensor called name, or NULL. Borrowed: valid until destroy.
+ * (io/modelfile/model_file_impl.c: the readers look tensors up too.) */
 const tw_tensor *tw_model_file_find(const tw_model_file *mf, const char *name);
 
 #endif

@@ -1,6 +1,10 @@
-/* model_file_impl.h - what the model-file readers share: io/modelfile/model_file.c
- * (the front: format detection, hash, metadata checks, the ResNet check),
- * io/modelfile/safetensors.c and io/modelfile/h5bundle.c. Not for use outside io/. */
+/* model_file_impl.h - what the model-file readers share, below them all
+ * (io/modelfile/model_file_impl.c): the messages naming the file and the
+ * metadata checks every format ends in. The readers (safetensors.c,
+ * h5bundle.c, onnx.c) and the front (model_file.c: format detection, hash,
+ * the ResNet and finiteness checks) include it; it calls none of them.
+ * tw_model_file_find (model_file.h) lives in model_file_impl.c too.
+ * Not for use outside io/modelfile/. */
 #ifndef TW_MODEL_FILE_IMPL_H
 #define TW_MODEL_FILE_IMPL_H
 
@@ -26,22 +30,5 @@ tw_status tw_model_set_floats(tw_model_file *mf, const char *key, const double *
 tw_status tw_model_set_scale(tw_model_file *mf, double v, tw_error *err);
 tw_status tw_model_set_tile(tw_model_file *mf, int64_t v, tw_error *err);
 tw_status tw_model_set_class(tw_model_file *mf, int i, const char *name, tw_error *err);
-
-/* Read the tensors and metadata of a safetensors file of file_size bytes at
- * mf->path into mf (io/modelfile/safetensors.c). */
-tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *err);
-
-/* Read an ONNX model of file_size bytes at mf->path (io/modelfile/onnx.c): recognise
- * the ResNet in its graph and fill mf's tensors (torchvision names) and the
- * metadata Deepness's keys carry. mf->sha256 holds the file's digest on
- * entry; it is extended when tensors live in external data files. */
-tw_status tw_onnx_load(tw_model_file *mf, uint64_t file_size, tw_error *err);
-
-/* IEEE half to float (io/modelfile/safetensors.c), exact. */
-float tw_half_to_float(uint16_t h);
-
-/* Read the tensors and metadata of an HDF5 bundle at mf->path into mf
- * (io/modelfile/h5bundle.c). */
-tw_status tw_h5bundle_load(tw_model_file *mf, tw_error *err);
 
 #endif

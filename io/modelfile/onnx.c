@@ -46,7 +46,9 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/half.h"
 #include "io/modelfile/model_file_impl.h"
+#include "io/modelfile/readers.h"
 
 /* Protobuf needs 2 GiB at most; a ResNet-152 is 240 MB. */
 #define ONNX_MAX_FILE (2048ull << 20)

@@ -17,8 +17,10 @@
 #include <string.h>
 
 #include "io/modelfile/model_file_impl.h"
+#include "io/modelfile/readers.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "core/half.h"
 
 /* A safetensors header larger than this is not a model we could use anyway
  * (a ResNet-152 header is ~100 KiB); refusing early avoids huge allocations. */
@@ -26,27 +28,6 @@
 
 /* ------------------------------------------------------------------------ */
 /* Tensor conversion                                                         */
-
-float tw_half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else {
-        /* subnormal half: exact in float as man * 2^-24 */
-        float f = (float)man * 5.9604644775390625e-08f;
-        return sign ? -f : f;
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 typedef enum st_dtype { ST_F32, ST_F16, ST_BF16, ST_SKIP } st_dtype;
 

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/datetime.h"
 #include "core/alloc.h"
 #include "core/fileio.h"

@@ -57,6 +57,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/alloc.h"
 #include "io/input/aoi.h"
 #include "io/input/raster.h"
 #include "model/backend.h"
@@ -64,7 +65,8 @@
 #include "pipeline/store/parts.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/engine/queue.h"
-#include "pipeline/run/run.h"
+#include "pipeline/resolved.h"
+#include "pipeline/result.h"
 #include "pipeline/engine/stitch.h"
 
 typedef struct tw_tile_ref {

@@ -1,4 +1,5 @@
-/* report.c - run.json and the resolved-config JSON (see run.h) */
+/* report.c - the run's result, run.json and the resolved-config JSON (see
+ * report.h) */
 #include <errno.h>
 #include <gdal.h>
 #include <math.h>
@@ -15,8 +16,8 @@
 #include "core/fileio.h"
 #include "core/keys.h"
 #include "pipeline/report/json.h"
-#include "io/input/url.h"
-#include "pipeline/run/run.h"
+#include "io/url.h"
+#include "pipeline/report/report.h"
 
 /* One key's value in run.json's "config" (and the products' TILEWISE_RUN),
  * from the resolved params r: JSON types where core/keys.h's text is a
@@ -428,4 +429,11 @@ tw_status tw_report_log_attempt(const char *out_dir, const tw_run_params *p, con
         return tw_error_set(err, TW_ERR_OUTPUT, "%s: %s", path,
                             w < 0 ? strerror(e) : "short write");
     return TW_OK;
+}
+
+void tw_run_result_destroy(tw_run_result *r)
+{
+    if (!r) return;
+    tw_free(r->inputs);
+    tw_free(r);
 }

@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "core/datetime.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/alloc.h"
 
 tw_status tw_stac_run_input(const tw_run_params *p, int i, const char *gdal_source,

@@ -19,14 +19,9 @@
 #include "io/output/stac_out.h"
 #include "core/error.h"
 #include "core/params.h"
-#include "pipeline/run/run.h"
-
-typedef struct tw_stac_input {
-    char datetime[TW_STAC_DATETIME_MAX]; /* RFC 3339 */
-    char source[48];                     /* where it came from: "STAC item", "TIFFTAG_DATETIME",
-                                            "input.datetime" */
-    char derived_from[TW_PATH_MAX * 2];  /* the input's STAC item (redacted), or "" */
-} tw_stac_input;
+#include "pipeline/report/report.h"
+#include "pipeline/resolved.h"
+#include "pipeline/result.h"
 
 /* Resolve input i's STAC facts into *out. gdal_source: what the run opens
  * (a GDAL path; NULL: do not look at the raster's metadata); stac: its

@@ -10,10 +10,10 @@
 #include "core/alloc.h"
 #include "io/input/inspect.h"
 #include "io/input/raster.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/run/preflight.h"
-#include "pipeline/run/run.h"
+#include "pipeline/resolved.h"
 
 __attribute__((format(printf, 5, 6))) static void add(tw_advice *a, bool warning, const char *code,
                                                       int input, const char *fmt, ...)

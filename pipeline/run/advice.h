@@ -15,6 +15,7 @@
  * computed from the band means, one per raster unless no one scale suits
  * every band (KEYS.md, input.scale); not for remote inputs). Notes are facts for validate's listing
  * (the CRS and pixel size, how many bands fit, which reader decodes), never warnings.
+ * The list's types (tw_advice) are pipeline/result.h's: a run's result carries it.
  */
 #ifndef TW_ADVICE_H
 #define TW_ADVICE_H
@@ -23,23 +24,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
-
-#define TW_ADVICE_MAX 64
-#define TW_ADVICE_TEXT 640
-
-typedef struct tw_advice_item {
-    bool warning;              /* else a note */
-    char code[24];             /* warnings: stable codes ("no_crs", "values", "padding", ...);
-                                  notes: validate's column ("crs", "values", "reader") */
-    int input;                 /* index into input.path */
-    char text[TW_ADVICE_TEXT]; /* one line, the input named */
-} tw_advice_item;
-
-/* In the order validate lists them. */
-typedef struct tw_advice {
-    int n, n_warnings;
-    tw_advice_item items[TW_ADVICE_MAX];
-} tw_advice;
+#include "pipeline/result.h"
 
 /* The advice for p's inputs with the resolved model m into *a (cleared
  * first; beyond TW_ADVICE_MAX items the rest are dropped). An input that

@@ -1,7 +1,7 @@
-/* merge.c - the final products of an input from its committed chunks:
- * tw_merge_assemble (run_internal.h; the last step of a run that covers the
- * whole grid) and `tilewise merge` (tw_merge, run.h) after sharded runs. */
-#include "pipeline/run/run.h"
+/* merge.c - `tilewise merge` (tw_merge, run.h) after sharded runs: each
+ * input's manifest read, its parts opened and assembled into its final
+ * products (products.h, as the last step of a whole-grid run does). */
+#include "pipeline/run/merge.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -11,237 +11,15 @@
 
 #include <gdal.h>
 
-#include "io/output/polygons.h"
-#include "io/output/resample.h"
-#include "io/output/tiletable.h"
-#include "io/output/writer.h"
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "pipeline/store/assemble.h"
 #include "pipeline/engine/budget.h"
 #include "pipeline/store/parts.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/store/manifest.h"
-#include "pipeline/run/run_internal.h"
+#include "pipeline/store/names.h"
+#include "pipeline/run/products.h"
 #include "pipeline/report/stac_run.h"
-
-static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, double gt[6])
-{
-    const double *g = info->geotransform;
-    double S = pl->stride;
-    gt[0] = g[0];
-    gt[1] = g[1] * S;
-    gt[2] = g[2] * S;
-    gt[3] = g[3];
-    gt[4] = g[4] * S;
-    gt[5] = g[5] * S;
-}
-
-/* The writer's params for the final products of an input: its outputs in
- * p->output.dir, named stem.*, on the plan's cell grid. Borrows every
- * pointer (m's class names, config_json). */
-static void writer_params_for(const tw_run_params *p, const tw_resolved *m, const char *config_json,
-                              const tw_raster_info *info, const tw_plan *plan, const char *stem,
-                              tw_writer_params *wp)
-{
-    memset(wp, 0, sizeof *wp);
-    wp->dir = p->output.dir;
-    wp->stem = stem;
-    wp->grid_w = plan->grid_w;
-    wp->grid_h = plan->grid_h;
-    wp->crs_wkt = info->crs_wkt;
-    wp->n_classes = m->n_classes;
-    wp->class_names = (const char(*)[TW_NAME_MAX])m->classes;
-    wp->products = p->output.products;
-    wp->prob_type = p->output.prob_type;
-    wp->emb_dim = tw_run_cell_emb(p->output.products, m->feat_dim);
-    wp->emb_type = p->output.emb_type;
-    wp->format = p->output.format;
-    wp->creation_options = (const char(*)[128])p->output.creation_options;
-    wp->n_creation_options = p->output.n_creation_options;
-    wp->metadata_json = config_json;
-    if (p->model.n_colors > 0) {
-        wp->colors = (const unsigned char(*)[3])p->model.colors;
-        wp->n_colors = p->model.n_colors;
-    }
-    output_geotransform(info, plan, wp->geotransform);
-}
-
-tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
-                            const tw_raster_info *info, const char *source, const char *config_json,
-                            size_t room, tw_parts *parts, tw_input_result *res, tw_error *err)
-{
-    tw_plan plan;
-    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
-                                &plan, err);
-    if (st != TW_OK) return st;
-    tw_writer_params wp;
-    writer_params_for(p, m, config_json, info, &plan, res->stem, &wp);
-    bool rasters = (p->output.products & (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF |
-                                          TW_PRODUCT_EMB_RASTER)) != 0;
-    bool table = (p->output.products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB)) != 0;
-    char tpath[TW_PATH_MAX + 300];
-    snprintf(tpath, sizeof tpath, "%s/%s.tiles.h5", p->output.dir, res->stem);
-    tw_tiletable_params tp = {
-        .path = tpath,
-        .n_classes = m->headless ? 0 : m->n_classes, /* a stand-in head's: not written */
-        .class_names = (const char(*)[TW_NAME_MAX])m->classes,
-        .feat_dim = (p->output.products & TW_PRODUCT_EMB) ? m->feat_dim : 0,
-        .tile = m->tile,
-        .stride = m->stride,
-        .crs_wkt = info->crs_wkt,
-    };
-    memcpy(tp.geotransform, info->geotransform, sizeof tp.geotransform);
-    bool gpkg = (p->output.products & TW_PRODUCT_TILES_GPKG) != 0;
-    char gpath[TW_PATH_MAX + 300];
-    snprintf(gpath, sizeof gpath, "%s/%s.tiles.gpkg", p->output.dir, res->stem);
-    /* The GeoPackage holds the table's tiles as polygons: its grid is the table's. */
-    tw_gpkg_params gp = {.path = gpath, .tile = tp.tile, .crs_wkt = tp.crs_wkt};
-    gp.n_classes = m->n_classes;
-    gp.class_names = tp.class_names;
-    memcpy(gp.geotransform, tp.geotransform, sizeof gp.geotransform);
-    memset(res->hist, 0, sizeof res->hist);
-    res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
-    /* polygons come from the class map and the confidence on the products'
-     * grid: the final files when both are asked for, else the same two
-     * written into the parts directory for the purpose (removed with it) */
-    const unsigned need = TW_PRODUCT_CLASS | TW_PRODUCT_CONF;
-    bool polys = (p->output.products & TW_PRODUCT_POLYGONS) != 0;
-    bool poly_tmp = polys && (p->output.products & need) != need;
-    char pdir[TW_PATH_MAX + 300];
-    snprintf(pdir, sizeof pdir, "%s/.tilewise/%s", p->output.dir, res->stem);
-    tw_writer_params pw = wp;
-    pw.dir = pdir;
-    pw.stem = "polygons";
-    pw.products = need;
-    pw.format = TW_FORMAT_GTIFF;
-    pw.creation_options = NULL;
-    pw.n_creation_options = 0;
-    int64_t scratch_hist[TW_MAX_CLASSES + 1], scratch_nodata = 0;
-    if ((rasters || polys) && p->output.resolution == TW_RESOLUTION_INPUT) {
-        /* The cell grid's probabilities first (float32, in the parts
-         * directory), then resampled onto the input's grid. */
-        char cdir[TW_PATH_MAX + 300], cells[TW_PATH_MAX + 400];
-        snprintf(cdir, sizeof cdir, "%s/.tilewise/%s", p->output.dir, res->stem);
-        tw_writer_params cw = wp;
-        cw.dir = cdir;
-        cw.stem = "cells";
-        cw.products = TW_PRODUCT_PROB;
-        cw.prob_type = TW_PROB_FLOAT32;
-        cw.format = TW_FORMAT_GTIFF;
-        cw.creation_options = NULL;
-        cw.n_creation_options = 0;
-        st = tw_parts_assemble(parts, &cw, table ? &tp : NULL, gpkg ? &gp : NULL, res->hist,
-                               &res->nodata_cells, err);
-        tw_writer_product_path(cdir, "cells", "prob", cells, sizeof cells);
-        tw_writer_params iw = wp;
-        iw.grid_w = info->width;
-        iw.grid_h = info->height;
-        memcpy(iw.geotransform, info->geotransform, sizeof iw.geotransform);
-        /* the input's own nodata stays nodata in every product */
-        tw_resample_input rin = {.path = source,
-                                 .bands = m->bands,
-                                 .n_bands = m->n_bands,
-                                 .nodata_auto = p->input.nodata_auto,
-                                 .nodata = p->input.nodata};
-        res->valid_unclassified = 0;
-        if (st == TW_OK && rasters)
-            st = tw_resample_to_input(cells, &iw, source ? &rin : NULL, NULL, NULL,
-                                      &res->valid_unclassified, err);
-        if (st == TW_OK && poly_tmp) {
-            tw_writer_params ipw = pw;
-            ipw.grid_w = iw.grid_w;
-            ipw.grid_h = iw.grid_h;
-            memcpy(ipw.geotransform, iw.geotransform, sizeof ipw.geotransform);
-            int64_t unclassified = 0;
-            st = tw_resample_to_input(cells, &ipw, source ? &rin : NULL, NULL, NULL, &unclassified,
-                                      err);
-        }
-    } else {
-        /* one pass when the polygons' rasters are the only ones, else a
-         * second over the chunks for them */
-        st = tw_parts_assemble(parts,
-                               rasters    ? &wp
-                               : poly_tmp ? &pw
-                                          : NULL,
-                               table ? &tp : NULL, gpkg ? &gp : NULL, res->hist, &res->nodata_cells,
-                               err);
-        if (st == TW_OK && poly_tmp && rasters)
-            st = tw_parts_assemble(parts, &pw, NULL, NULL, scratch_hist, &scratch_nodata, err);
-    }
-    char ppath[TW_PATH_MAX + 300];
-    tw_polygons_path(p->output.dir, res->stem, p->output.vector_format, ppath, sizeof ppath);
-    if (st == TW_OK && polys) {
-        const char *dir = poly_tmp ? pdir : p->output.dir;
-        const char *stem = poly_tmp ? "polygons" : res->stem;
-        char cpath[TW_PATH_MAX + 400], fpath[TW_PATH_MAX + 400];
-        tw_writer_product_path(dir, stem, "class", cpath, sizeof cpath);
-        tw_writer_product_path(dir, stem, "conf", fpath, sizeof fpath);
-        tw_polygons_params pp = {
-            .class_path = cpath,
-            .conf_path = fpath,
-            .path = ppath,
-            .scratch_dir = pdir,
-            .format = p->output.vector_format,
-            .n_classes = m->n_classes,
-            .class_names = (const char(*)[TW_NAME_MAX])m->classes,
-            .colors = wp.colors,
-            .n_colors = wp.n_colors,
-            .min_area = p->output.min_area,
-            .simplify = p->output.simplify,
-            .metadata_json = config_json,
-        };
-        /* the regions may take what the run's budget leaves at assembly
-         * (checked before the sieve): the number validate shows, not the
-         * host process's RSS */
-        pp.max_bytes = room > ((size_t)1 << 20) ? room : ((size_t)1 << 20);
-        st = tw_polygons_write(&pp, NULL, err);
-    }
-    if (st == TW_OK) st = tw_parts_remove(parts, err);
-    if (st != TW_OK) return st;
-    /* embedding_raster alone (a headless backbone's stand-in head
-     * included): no class was asked, none is counted */
-    if ((p->output.products & ~(unsigned)TW_PRODUCT_EMB_RASTER) == 0)
-        memset(res->hist, 0, sizeof res->hist);
-    res->n_outputs = 0;
-    static const struct {
-        unsigned bit;
-        const char *name;
-    } prods[] = {{TW_PRODUCT_CLASS, "class"},
-                 {TW_PRODUCT_PROB, "prob"},
-                 {TW_PRODUCT_CONF, "conf"},
-                 {TW_PRODUCT_EMB_RASTER, "emb"}};
-    for (int i = 0; i < 4; i++)
-        if (p->output.products & prods[i].bit)
-            tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
-                                   res->outputs[res->n_outputs++], sizeof res->outputs[0]);
-    if (table) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
-    if (gpkg) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", gpath);
-    if (polys) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", ppath);
-    return TW_OK;
-}
-
-int tw_run_stale_products(const tw_run_params *p, tw_input_result *res)
-{
-    static const char *const suffixes[] = {".class.tif",  ".prob.tif",  ".conf.tif",
-                                           ".emb.tif",    ".tiles.h5",  ".tiles.gpkg",
-                                           ".class.gpkg", ".class.fgb", ".stac.json"};
-    const int cap = (int)(sizeof res->stale / sizeof res->stale[0]);
-    res->n_stale = 0;
-    for (size_t k = 0; k < sizeof suffixes / sizeof suffixes[0] && res->n_stale < cap; k++) {
-        char path[sizeof res->stale[0]];
-        struct stat sb;
-        if (snprintf(path, sizeof path, "%s/%s%s", p->output.dir, res->stem, suffixes[k]) >=
-                (int)sizeof path ||
-            stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
-            continue;
-        bool written = false;
-        for (int o = 0; o < res->n_outputs && !written; o++)
-            written = strcmp(res->outputs[o], path) == 0;
-        if (!written) memcpy(res->stale[res->n_stale++], path, sizeof path);
-    }
-    return res->n_stale;
-}
 
 /* Whether out_dir holds a final product (a merge, or a whole-grid run,
  * wrote it: products are renamed to their final names only when complete). */
@@ -323,7 +101,7 @@ tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic
         snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[0]);
         for (int k = 0; k < mf->p.input.n_paths; k++) {
             char stem[256];
-            if (tw_run_output_name(&mf->p, k, stem, sizeof stem, NULL) == TW_OK &&
+            if (tw_output_name(&mf->p, k, stem, sizeof stem, NULL) == TW_OK &&
                 strcmp(stem, stems[i]) == 0)
                 snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[k]);
         }
@@ -365,15 +143,15 @@ tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic
             tw_budget mb = {.base = TW_BUDGET_BASE,
                             .margin = TW_BUDGET_MARGIN,
                             .gdal_cache = (size_t)GDALGetCacheMax64()};
-            st = tw_merge_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json,
-                                   tw_budget_assembly_room(&mb, mf->p.runtime.memory), parts, res,
-                                   err);
+            st = tw_products_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json,
+                                      tw_budget_assembly_room(&mb, mf->p.runtime.memory), parts,
+                                      res, err);
         }
         if (st == TW_OK && stac)
             st = tw_stac_run_item(&mf->p, &mf->m, &mf->info, &mf->stac,
                                   collection_id[0] ? collection_id : NULL, res, err);
         n_items += st == TW_OK && stac;
-        if (st == TW_OK) tw_run_stale_products(&mf->p, res);
+        if (st == TW_OK) tw_products_stale(&mf->p, res);
         tw_parts_close(parts);
     }
     if (st == TW_OK && n_items > 1) st = tw_stac_run_collection(out_dir, &r->model, r, err);

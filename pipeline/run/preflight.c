@@ -23,7 +23,7 @@
 #include "core/fileio.h"
 #include "io/gdal_msgs.h"
 #include "io/output/polygons.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "io/output/writer.h"
 #include "pipeline/engine/budget.h"
 #include "pipeline/engine/plan.h"

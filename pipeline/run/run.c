@@ -3,7 +3,7 @@
  * which validate.c shares), the backend reserved, then for each input: the
  * shard's segments left to compute, its parts and manifest (resume.h), the
  * stage workers (stages.c) and, once the whole grid is committed, the final
- * products (tw_merge_assemble, merge.c). */
+ * products (tw_products_assemble, products.c). */
 #include "pipeline/run/run.h"
 
 #include <errno.h>
@@ -18,9 +18,10 @@
 
 #include "io/output/polygons.h"
 #include "io/modelfile/model_file.h"
+#include "io/input/identity.h"
 #include "io/input/raster.h"
 #include "io/input/stac.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/alloc.h"
 #include "core/keys.h"
 #include "core/clock.h"
@@ -28,6 +29,8 @@
 #include "pipeline/store/parts.h"
 #include "pipeline/engine/plan.h"
 #include "pipeline/store/manifest.h"
+#include "pipeline/store/names.h"
+#include "pipeline/run/products.h"
 #include "pipeline/run/preflight.h"
 #include "pipeline/run/run_internal.h"
 #include "pipeline/engine/stages.h"
@@ -140,59 +143,6 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
         return tw_error_set(err, TW_ERR_CONFIG,
                             "tiling.tile %d is too small for a ResNet (32 pixels at least)",
                             m->tile);
-    return TW_OK;
-}
-
-void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run_params *out)
-{
-    *out = *p;
-    out->input.n_bands = m->n_bands;
-    memcpy(out->input.bands, m->bands, sizeof out->input.bands);
-    out->input.scale = m->scale;
-    snprintf(out->model.arch, sizeof out->model.arch, "%s", m->arch);
-    out->model.stem = m->stem;
-    out->model.n_mean = out->model.n_std = m->n_norm;
-    memcpy(out->model.mean, m->mean, sizeof out->model.mean);
-    memcpy(out->model.std, m->std, sizeof out->model.std);
-    out->model.n_classes = m->n_classes;
-    memcpy(out->model.classes, m->classes, sizeof out->model.classes);
-    out->tiling.tile = m->tile;
-    out->tiling.stride = m->stride;
-}
-
-/* The name of the folder holding path: a URL's segment before the file,
- * or (a bare file name) the current directory's. */
-static void parent_name(const char *path, char *out, size_t size)
-{
-    char buf[TW_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    if (tw_url_is_remote(buf)) buf[strcspn(buf, "?#")] = '\0';
-    size_t n = strlen(buf);
-    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
-    char *slash = strrchr(buf, '/');
-    if (slash) {
-        *slash = '\0';
-        n = strlen(buf);
-        while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
-    }
-    char cwd[TW_PATH_MAX];
-    const char *dir = slash && buf[0] ? buf : getcwd(cwd, sizeof cwd);
-    const char *base = dir ? strrchr(dir, '/') : NULL;
-    base = base ? base + 1 : (dir ? dir : "");
-    snprintf(out, size, "%s", *base ? base : "root");
-}
-
-tw_status tw_run_output_name(const tw_run_params *p, int i, char *out, size_t size, tw_error *err)
-{
-    char stem[256], parent[256], why[300];
-    tw_url_stem(p->input.paths[i], stem, sizeof stem);
-    parent_name(p->input.paths[i], parent, sizeof parent);
-    if (tw_output_name_expand(p->output.name, stem, parent, i + 1, out, size, why, sizeof why) !=
-        0) {
-        char shown[TW_URL_SHOWN_MAX];
-        tw_url_redact(p->input.paths[i], shown, sizeof shown);
-        return tw_error_set(err, TW_ERR_CONFIG, "output.name: %s for input %s", why, shown);
-    }
     return TW_OK;
 }
 
@@ -311,9 +261,9 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
             tw_aoi_destroy(aoi);
         }
         char si[256], sj[256];
-        tw_status nst = tw_run_output_name(p, i, si, sizeof si, err);
+        tw_status nst = tw_output_name(p, i, si, sizeof si, err);
         for (int j = 0; nst == TW_OK && j < i; j++) {
-            nst = tw_run_output_name(p, j, sj, sizeof sj, err);
+            nst = tw_output_name(p, j, sj, sizeof sj, err);
             if (nst == TW_OK && strcmp(si, sj) == 0) {
                 tw_url_redact(p->input.paths[j], shown_j, sizeof shown_j);
                 return tw_error_set(
@@ -360,7 +310,7 @@ static const tw_log *run_log(const run_ctx *c)
  * (TW_KEY_BYTES, core/keys.h), with the value the run resolved, so that a
  * refusal names the keys that differ and no key can be left out; then the
  * lines no key holds: the raster's size and type, the cell grid, the AOI
- * file's identity, and the input's (url.h). The input is this one only,
+ * file's identity, and the input's (identity.h). The input is this one only,
  * as the reports show it; the model is its file's SHA-256, not its path.
  * TW_ERR_INTERNAL when it does not fit size (it cannot with the limits of
  * params.h and TW_FINGERPRINT_MAX). */
@@ -471,7 +421,7 @@ tw_status tw_run_probe_parts(run_ctx *c, int idx, const tw_plan *plan, tw_error 
     const tw_run_params *p = c->p;
     char shown[TW_PATH_MAX], stem[256];
     tw_url_redact(p->input.paths[idx], shown, sizeof shown);
-    tw_status st = tw_run_output_name(p, idx, stem, sizeof stem, err);
+    tw_status st = tw_output_name(p, idx, stem, sizeof stem, err);
     char *ident = tw_alloc(TW_MEM_OTHER, 4096);
     char *fp = tw_alloc(TW_MEM_OTHER, TW_FINGERPRINT_MAX);
     if (st == TW_OK && (!ident || !fp)) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -522,11 +472,11 @@ static tw_status open_parts(run_ctx *c, int idx, const tw_plan *plan, tw_input_r
     return st;
 }
 
-/* The identity of input idx for resume (url.h; a STAC item's, stac.h). */
+/* The identity of input idx for resume (identity.h; a STAC item's, stac.h). */
 static tw_status input_identity(const run_ctx *c, int idx, char *buf, size_t size, tw_error *err)
 {
     return c->stacs[idx] ? tw_stac_identity(c->stacs[idx], buf, size, err)
-                         : tw_url_identity(c->p->input.paths[idx], buf, size, err);
+                         : tw_identity(c->p->input.paths[idx], buf, size, err);
 }
 
 /* What input idx is, as "key value" lines that name it (shown): the
@@ -690,9 +640,9 @@ static tw_status finish(run_ctx *c, int idx, tw_input_result *res, tw_parts *par
     tw_status st = TW_OK;
     if (stac) st = tw_stac_run_forget(p, res->stem, c->collection_id[0] != '\0', err);
     if (st == TW_OK && p->shard_count == 1)
-        st =
-            tw_merge_assemble(c->p, &c->m, info, c->sources[idx], c->config_json,
-                              tw_budget_assembly_room(&c->bud, p->runtime.memory), parts, res, err);
+        st = tw_products_assemble(c->p, &c->m, info, c->sources[idx], c->config_json,
+                                  tw_budget_assembly_room(&c->bud, p->runtime.memory), parts, res,
+                                  err);
     if (st == TW_OK && stac)
         st = tw_stac_run_item(p, &c->m, info, &c->infos[idx].stac,
                               c->collection_id[0] ? c->collection_id : NULL, res, err);
@@ -707,7 +657,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     const tw_raster_info *info = &c->infos[idx].info;
     double t0 = tw_clock_now();
     tw_url_redact(p->input.paths[idx], res->path, sizeof res->path);
-    tw_status st = tw_run_output_name(p, idx, res->stem, sizeof res->stem, err);
+    tw_status st = tw_output_name(p, idx, res->stem, sizeof res->stem, err);
     if (st != TW_OK) return st;
     res->width = info->width;
     res->height = info->height;
@@ -738,7 +688,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     tw_free(pp.segs);
     if (st == TW_OK) st = finish(c, idx, res, pp.parts, err);
     tw_parts_close(pp.parts);
-    if (st == TW_OK && p->shard_count == 1 && tw_run_stale_products(p, res) > 0) {
+    if (st == TW_OK && p->shard_count == 1 && tw_products_stale(p, res) > 0) {
         char names[1200] = "";
         size_t used = 0;
         for (int k = 0; k < res->n_stale; k++) {
@@ -845,7 +795,7 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
     for (int i = 0; st == TW_OK && i < n; i++) {
         wh[i] = c->infos[i].skipped ? 0 : c->infos[i].info.width;
         wh[n + i] = c->infos[i].info.height;
-        st = tw_run_output_name(p, i, stems[i], sizeof stems[i], err);
+        st = tw_output_name(p, i, stems[i], sizeof stems[i], err);
     }
     tw_preflight_params pf = {
         .run = p,
@@ -1191,7 +1141,7 @@ static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
         if (c->infos[i].skipped) {
             tw_input_result *in = &r->inputs[i];
             tw_url_redact(p->input.paths[i], in->path, sizeof in->path);
-            tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
+            tw_output_name(p, i, in->stem, sizeof in->stem, NULL);
             snprintf(in->skipped, sizeof in->skipped, "%.500s", c->infos[i].skip_reason);
             r->inputs_skipped++;
             continue;
@@ -1206,13 +1156,6 @@ static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
     r->seconds = tw_clock_now() - t0;
     r->peak_rss = tw_rss_peak();
     return st;
-}
-
-void tw_run_result_destroy(tw_run_result *r)
-{
-    if (!r) return;
-    tw_free(r->inputs);
-    tw_free(r);
 }
 
 tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err)

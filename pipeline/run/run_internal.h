@@ -1,6 +1,7 @@
-/* run_internal.h - what the run driver (run.c), `validate` (validate.c) and
- * `merge` (merge.c) share: the prepared run, the steps that prepare it, and
- * the assembly of an input's committed chunks into its final products.
+/* run_internal.h - what the run driver (run.c) and `validate` (validate.c)
+ * share: the prepared run and the steps that prepare it. (The assembly of
+ * an input's chunks into its products, which merge.c shares too, is
+ * products.h.)
  *
  * Private to pipeline/: it is not installed and nothing outside pipeline/
  * includes it (scripts/check_layers.sh refuses it). The public entry
@@ -15,7 +16,7 @@
 
 #include "io/input/raster.h"
 #include "io/input/stac.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
 #include "core/error.h"
@@ -106,49 +107,5 @@ void tw_run_checks_advice(const run_ctx *c, tw_advice *a);
  * output.min_area's sieve. Prepare warns when the worst case, a region per
  * cell, does not fit. */
 int64_t tw_run_polygons_fit(const run_ctx *c, int i, int *grid_w, int *grid_h);
-
-/* The output name of input i of p (its files are OUT/name.*, its parts
- * OUT/.tilewise/name/): output.name's template (core/keys.h,
- * tw_output_name_expand) over the input's stem (its file name without the
- * extension, nor a URL's query: url.h), the name of the folder holding it
- * and its 1-based index. TW_ERR_CONFIG naming output.name when the name
- * cannot be made (too long, a '/'). */
-tw_status tw_run_output_name(const tw_run_params *p, int i, char *out, size_t size, tw_error *err);
-
-/* Whether chunks keep per-tile records: the tile table and the GeoPackage
- * are both made from them. */
-/* Embedding values per output cell the stitcher and the parts carry after
- * the probabilities: the features when embedding_raster is asked, else 0. */
-static inline int tw_run_cell_emb(unsigned products, int feat_dim)
-{
-    return (products & TW_PRODUCT_EMB_RASTER) ? feat_dim : 0;
-}
-
-static inline bool tw_run_keeps_tiles(unsigned products)
-{
-    return (products & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG)) != 0;
-}
-
-/* (merge.c) Every row of parts is committed: write the input's final
- * products as p asks (rasters on the cell grid or resampled onto the
- * input's, the tile table, the GeoPackage) into p->output.dir as
- * res->stem.*, with config_json as their metadata, then remove the parts.
- * source: the raster as the run opened it (its own nodata stays nodata at
- * output.resolution: input; NULL: not read again).
- * room: what the polygons' regions may take (tw_budget_assembly_room, the
- * number validate shows). Fills res->hist, res->nodata_cells and
- * res->outputs. p, m, info and config_json are borrowed; parts stays the
- * caller's to close. */
-tw_status tw_merge_assemble(const tw_run_params *p, const tw_resolved *m,
-                            const tw_raster_info *info, const char *source, const char *config_json,
-                            size_t room, tw_parts *parts, tw_input_result *res, tw_error *err);
-
-/* (merge.c) After res's products are final: the files of res->stem in
- * p->output.dir that a run of some configuration writes (the rasters, the
- * tile table, the GeoPackages, the polygons, the STAC item) but this one did
- * not (not in res->outputs) into res->stale, and their count. They are left
- * where they are: a file of that name may be the user's, and removing it is
- * worse than naming it (the run logs them; run.json lists them). */
-int tw_run_stale_products(const tw_run_params *p, tw_input_result *res);
 
 #endif

@@ -3,7 +3,7 @@
  * model) and `submit`'s machine-independent check (tw_check_inputs). Both
  * prepare a run as tw_run does (run_internal.h), so they refuse exactly
  * what a run would refuse, with the same messages. */
-#include "pipeline/run/run.h"
+#include "pipeline/run/validate.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -14,11 +14,12 @@
 #include "io/output/polygons.h"
 #include "io/input/raster.h"
 #include "io/input/stac.h"
-#include "io/input/url.h"
+#include "io/url.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "pipeline/run/advice.h"
 #include "pipeline/engine/plan.h"
+#include "pipeline/store/names.h"
 #include "pipeline/run/preflight.h"
 #include "pipeline/run/run_internal.h"
 
@@ -166,7 +167,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
             if (in->remote) remote_cost(c, i, &plan, in);
             in->aoi_tiles = c->infos[i].aoi_tiles;
             in->all_tiles = c->infos[i].all_tiles;
-            tw_run_output_name(p, i, in->stem, sizeof in->stem, NULL);
+            tw_output_name(p, i, in->stem, sizeof in->stem, NULL);
             if (p->output.stac) {
                 const tw_stac_input *si = &c->infos[i].stac;
                 snprintf(in->stac_datetime, sizeof in->stac_datetime, "%s", si->datetime);

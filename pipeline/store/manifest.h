@@ -23,8 +23,8 @@
 #include "core/error.h"
 #include "core/params.h"
 #include "pipeline/store/parts.h"
-#include "pipeline/run/run.h"
-#include "pipeline/report/stac_run.h"
+#include "io/input/raster.h"
+#include "pipeline/resolved.h"
 
 #define TW_MANIFEST_VERSION 2
 #define TW_MANIFEST_MAX_BYTES ((size_t)4 << 20) /* larger files are refused as damaged */

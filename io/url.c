@@ -1,5 +1,5 @@
-/* url.c - remote inputs: see url.h */
-#include "io/input/url.h"
+/* url.c - remote paths, redaction, network settings: see url.h */
+#include "io/url.h"
 
 #include <cpl_conv.h>
 #include <cpl_string.h>
@@ -14,7 +14,6 @@
 #include <strings.h>
 
 #include "core/alloc.h"
-#include "io/input/identity.h"
 
 static bool starts_with_ci(const char *s, const char *prefix)
 {
@@ -340,62 +339,6 @@ void tw_url_stem(const char *path, char *out, size_t size)
     if (snprintf(out, size, "%s", base) >= (int)size) out[size - 1] = '\0';
     char *dot = strrchr(out, '.');
     if (dot && dot != out) *dot = '\0';
-}
-
-/* ---- identity ------------------------------------------------------------------ */
-
-/* A header value fit for one line of the fingerprint: no blanks or quotes. */
-static void header_field(const char *v, char *out, size_t size)
-{
-    size_t j = 0;
-    for (const char *s = v ? v : ""; *s && j + 1 < size; s++)
-        if (!isspace((unsigned char)*s) && *s != '"') out[j++] = *s;
-    if (j == 0 && size > 1) out[j++] = '-';
-    out[j] = '\0';
-}
-
-tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *err)
-{
-    if (size) out[0] = '\0';
-    char gpath[4096], shown[TW_URL_SHOWN_MAX];
-    tw_status st = tw_url_to_gdal(path, gpath, sizeof gpath, err);
-    if (st != TW_OK) return st;
-    if (!tw_url_is_remote(path)) return tw_identity_local(gpath, out, size, NULL, err);
-    tw_url_redact(gpath, shown, sizeof shown);
-    VSIStatBufL sb;
-    /* A fresh HEAD: GDAL caches what it learnt of the object for the life of
-     * the process, and a library caller may run twice in one. */
-    VSICurlPartialClearCache(gpath);
-    CPLPushErrorHandler(CPLQuietErrorHandler);
-    int rc = VSIStatExL(gpath, &sb, VSI_STAT_EXISTS_FLAG | VSI_STAT_SIZE_FLAG);
-    char **headers = rc == 0 ? VSIGetFileMetadata(gpath, "HEADERS", NULL) : NULL;
-    CPLPopErrorHandler();
-    if (rc != 0)
-        return tw_error_set(err, TW_ERR_REMOTE, "%s: cannot reach the object to identify it",
-                            shown);
-    char etag[160], modified[96];
-    header_field(CSLFetchNameValue(headers, "ETag"), etag, sizeof etag);
-    const char *lm = CSLFetchNameValue(headers, "Last-Modified");
-    snprintf(modified, sizeof modified, "%s", lm ? lm : "-");
-    for (char *c = modified; *c; c++)
-        if (*c == ' ') *c = '_';
-    CSLDestroy(headers);
-    /* One line, its key naming the object (a refusal says which), the
-     * fields most likely to change first (a refusal shows 80 characters of
-     * a value); one line, not three, so a STAC item's many assets fit. */
-    char key[TW_URL_SHOWN_MAX];
-    size_t j = 0;
-    for (const char *s = shown; *s && j + 4 < sizeof key; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch <= ' ' || ch == ']' || ch == 0x7f)
-            j += (size_t)snprintf(key + j, sizeof key - j, "%%%02X", ch);
-        else
-            key[j++] = (char)ch;
-    }
-    key[j] = '\0';
-    snprintf(out, size, "object[%s] etag=%s size=%lld modified=%s\n", key, etag,
-             (long long)sb.st_size, modified);
-    return TW_OK;
 }
 
 /* The status in GDAL's /vsicurl/ open failure, "HTTP response code on

@@ -1,5 +1,6 @@
-/* url.h - remote inputs: what a user writes as input.path, what GDAL opens,
- * what may be shown of it, and how its object is identified for resume.
+/* url.h - io/'s path glue, shared by input/, output/ and gdal_msgs: remote
+ * inputs: what a user writes as input.path, what GDAL opens,
+ * what may be shown of it, and GDAL's network settings for a run.
  *
  * * Paths: https://... and http://... open through /vsicurl/, s3://bucket/key
  *   through /vsis3/; a /vsi.../ path is GDAL's own and is passed unchanged.
@@ -11,9 +12,8 @@
  *   sig, token, signature, key, ...) and user:password@ parts are replaced.
  *   Every log line, error message, run.json and the TILEWISE_RUN metadata
  *   goes through it.
- * * Identity: for a remote object, its size, ETag and Last-Modified (a HEAD
- *   request through GDAL); for a local dataset, its files' sizes, mtimes and
- *   sampled content (identity.h): resume refuses chunks of another version.
+ * * Identity (what resume compares) is identity.h's: it builds on these
+ *   paths; nothing here calls it.
  * * Network settings: input.retries and the read-ahead defaults become GDAL
  *   configuration options for the run (set from params, never from the
  *   environment by tilewise itself) and are restored afterwards.
@@ -56,16 +56,6 @@ bool tw_url_has_secret(const char *text);
 /* The output stem of an input: its last path component without a query
  * string or fragment (remote paths) and without the extension. */
 void tw_url_stem(const char *path, char *out, size_t size);
-
-/* The lines identifying an input's version for the resume fingerprint,
- * "key value" each, the key naming the object or file:
- * * remote: "object[URL] etag=E size=N modified=M" (URL the redacted GDAL
- *   path; fields GDAL cannot tell are "-"), from a fresh HEAD request
- *   (GDAL's cache of the object is dropped first); TW_ERR_REMOTE when the
- *   object cannot be reached;
- * * local: every file of the dataset by size, mtime and sampled content
- *   (identity.h's tw_identity_local). */
-tw_status tw_url_identity(const char *path, char *out, size_t size, tw_error *err);
 
 /* Is a GDAL failure message one of a network outage or a dropped
  * connection (5xx, 429, a refused, reset or timed-out connection, libtiff's
