@@ -17,7 +17,7 @@ SRC = os.environ.get("TW_SOURCE_DIR") or os.path.dirname(os.path.dirname(os.path
 # The library's folders, top floor first: the order the map lists them in.
 FLOORS = [
     "include", "workflows", "api", "config", "pipeline/run", "pipeline/report",
-    "pipeline/engine", "pipeline/store", "cuda", "model", "io/output", "io/modelfile",
+    "pipeline/engine", "pipeline/store", "pipeline", "cuda", "model", "io/output", "io/modelfile",
     "io/input", "io", "core",
 ]
 LIBRARY = ["include", "workflows", "api", "config", "pipeline", "cuda", "model", "io", "core"]
