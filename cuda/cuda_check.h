@@ -7,7 +7,7 @@
  * must return tw_status and have a `tw_error *err` in scope.
  *
  * Allocation failures that reserve() answers by halving the batch do NOT go
- * through these macros (see cuda_backend.c): recording them would leave a
+ * through these macros (see cuda_reserve.c): recording them would leave a
  * stale message behind after a successful retry.
  */
 #ifndef TW_CUDA_CHECK_H

@@ -5,7 +5,7 @@
  * no fused kernel for a layer, global average pooling, and fc + softmax.
  * Each launcher enqueues on the given stream, does not synchronize, and
  * returns the launch status (cudaGetLastError); the caller checks it with
- * TW_CUDA_CHECK. Callable from C (cuda_backend.c) and defined in kernels.cu.
+ * TW_CUDA_CHECK. Callable from C (cuda_infer.c) and defined in kernels.cu.
  */
 #ifndef TW_CUDA_KERNELS_H
 #define TW_CUDA_KERNELS_H
@@ -27,7 +27,7 @@ typedef enum tw_cuda_dtype {
     TW_CUDA_BF16,
 } tw_cuda_dtype;
 
-/* Raw pixel types, numbered as io/input/raster.h's tw_dtype (checked in cuda_backend.c). */
+/* Raw pixel types, numbered as io/input/raster.h's tw_dtype (checked in cuda_infer.c). */
 enum {
     TW_CUDA_RAW_U8 = 0,
     TW_CUDA_RAW_U16,

@@ -156,251 +156,377 @@ static bool is_ref_impl(const_dnnl_primitive_desc_t pd)
            impl && strncmp(impl, "ref", 3) == 0;
 }
 
-/* Add conv c reading `in`; dst: when `into` is given, write into it with a
- * sum post-op (residual), else into storage dst_buf with a layout oneDNN
- * picks. *out describes the result. `in_any`: let oneDNN choose the source
- * layout too (the stem; the caller reads the choice back from the pd). */
-static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const act *in, bool in_any,
-                           const act *into, int dst_buf, bool relu, act *out, tw_error *err)
+/* One conv being planned (plan_conv): the call, then what each step
+ * decides for the next. */
+typedef struct conv_job {
+    /* the call */
+    plan *p;
+    dnnl_engine_t eng;
+    const tw_conv *c;
+    const act *in, *into;
+    bool in_any, relu;
+    int dst_buf;
+    /* conv_descs: types, sizes and memory descriptors */
+    int n, ci, oh, g;
+    num_mode mode;
+    dnnl_data_type_t ddt;
+    dnnl_dims_t sd, dd;
+    dnnl_memory_desc_t src_md, w_md, b_md, dst_md;
+    /* conv_lowering: the lowering and the layout it writes */
+    dnnl_memory_desc_t out4;
+    lowering lw;
+    /* conv_desc: the convolution, and oneDNN's Winograd groups */
+    dnnl_dims_t strides, pl, prr;
+    bool wino;
+    int groups;
+    dnnl_convolution_desc_t cd;
+    /* conv_attr: int8's scales (w_scale: the plan's once pushed) */
+    float src_scale, dst_scale, *w_scale;
+    dnnl_primitive_attr_t attr;
+    /* conv_rows_source and conv_pd: the primitive and what it reads */
+    dnnl_primitive_desc_t pd;
+    size_t rows;
+    act picked, grp_src;
+    dnnl_memory_desc_t every, plan_dst;
+    const act *src;
+    bool grp_in, grp_out;
+    const dnnl_memory_desc_t *gq, *dq;
+    int dst; /* conv_push: the storage it writes */
+} conv_job;
+
+/* The conv's types (int8 plans keep the stem in fp32), output size and
+ * memory descriptors: the source's, the weights', the bias's and the
+ * destination's (the shortcut's for a residual conv). */
+static tw_status conv_descs(conv_job *j, tw_error *err)
 {
-    int n = p->batch;
-    int ci = ++p->n_conv; /* this conv's output range in p->amax */
+    plan *p = j->p;
+    const tw_conv *c = j->c;
+    const act *in = j->in;
+    int n = j->n = p->batch;
+    j->ci = ++p->n_conv; /* this conv's output range in p->amax */
     /* int8 plans keep the stem (in_any) in fp32: its input is the normalized
      * raster, which 127 steps quantize coarsely (alone, that changed the class
      * of 3 of e2e_precision's 361 ResNet-50 tiles, half of int8's error); the
      * pooled map is quantized after the max pooling (plan_op) */
-    num_mode mode = in_any && p->mode == NUM_INT8 ? NUM_F32 : p->mode;
+    num_mode mode = j->mode = j->in_any && p->mode == NUM_INT8 ? NUM_F32 : p->mode;
     dnnl_data_type_t wdt = mode == NUM_INT8 ? dnnl_s8 : act_dt(mode, false);
     /* a residual conv always ends in a ReLU: its int8 output is u8 */
-    dnnl_data_type_t ddt = act_dt(mode, relu);
-    int oh = tw_resnet_out_size(in->h, c->k, c->stride, c->pad);
+    dnnl_data_type_t ddt = j->ddt = act_dt(mode, j->relu);
+    int oh = j->oh = tw_resnet_out_size(in->h, c->k, c->stride, c->pad);
     if (oh < 1)
         return tw_error_set(err, TW_ERR_INPUT,
                             "tile %d is too small: a %dx%d convolution gets a %dx%d input", p->tile,
                             c->k, c->k, in->h, in->h);
-    dnnl_memory_desc_t src_md, w_md, b_md, dst_md;
     /* grouped (ResNeXt's conv2): weights [groups][cout/g][cin/g][k][k] */
-    int g = c->groups;
+    int g = j->g = c->groups;
     dnnl_dims_t sd = {n, c->cin, in->h, in->h}, wd = {c->cout, c->cin, c->k, c->k};
     dnnl_dims_t gwd = {g, c->cout / g, c->cin / g, c->k, c->k};
     dnnl_dims_t bd = {c->cout}, dd = {n, c->cout, oh, oh};
-    if (in_any)
-        DNNL_TRY(
-            dnnl_memory_desc_init_by_tag(&src_md, 4, sd, act_dt(mode, false), dnnl_format_tag_any),
-            "src md");
+    memcpy(j->sd, sd, sizeof sd);
+    memcpy(j->dd, dd, sizeof dd);
+    if (j->in_any)
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&j->src_md, 4, sd, act_dt(mode, false),
+                                              dnnl_format_tag_any),
+                 "src md");
     else
-        src_md = in->md;
+        j->src_md = in->md;
     if (g > 1)
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&w_md, 5, gwd, wdt, dnnl_format_tag_any), "w md");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&j->w_md, 5, gwd, wdt, dnnl_format_tag_any), "w md");
     else
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&w_md, 4, wd, wdt, dnnl_format_tag_any), "w md");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_x), "bias md");
-    if (into) {
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&j->w_md, 4, wd, wdt, dnnl_format_tag_any), "w md");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&j->b_md, 1, bd, dnnl_f32, dnnl_x), "bias md");
+    if (j->into) {
         /* the shortcut's storage and layout, read as the output's type: the
          * sum post-op reads the old values as the shortcut's type (s8 and u8
          * have one size, so the reinterpretation is exact) */
-        dst_md = into->md;
-        dst_md.data_type = ddt;
+        j->dst_md = j->into->md;
+        j->dst_md.data_type = ddt;
     } else if (g > 1) {
         /* a grouped conv writes its input's layout (same channels); see below
          * for when its kernel wants others */
-        DNNL_TRY(like_layout(&in->md, dd, ddt, &dst_md), "dst md");
+        DNNL_TRY(like_layout(&in->md, dd, ddt, &j->dst_md), "dst md");
     } else {
         /* Winograd reads and writes only nChw16c: keep every activation there */
         dnnl_format_tag_t tag = p->wino && c->cout % 16 == 0 ? dnnl_aBcd16b
-                                : p->nhwc && !in_any         ? dnnl_nhwc
+                                : p->nhwc && !j->in_any      ? dnnl_nhwc
                                                              : dnnl_format_tag_any;
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_md, 4, dd, ddt, tag), "dst md");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&j->dst_md, 4, dd, ddt, tag), "dst md");
     }
+    return TW_OK;
+}
+
+/* Whether the conv is lowered to a GEMM (fp32 only; model/cpu_lower.c),
+ * and the layout a lowering writes. */
+static tw_status conv_lowering(conv_job *j, tw_error *err)
+{
+    plan *p = j->p;
+    const tw_conv *c = j->c;
+    const act *in = j->in;
     /* a lowering writes a layout fixed here: the shortcut's, else nhwc, or
      * nChw16c / nChw8c like its input where the channels fill the blocks */
-    dnnl_memory_desc_t out4 = dst_md;
-    lowering lw = LOWER_NONE;
-    if (!in_any && p->mode == NUM_F32 && (p->gemm != 0 || p->wino_own)) {
-        if (!into && dst_md.format_kind == dnnl_format_kind_any) {
+    j->out4 = j->dst_md;
+    j->lw = LOWER_NONE;
+    if (!j->in_any && p->mode == NUM_F32 && (p->gemm != 0 || p->wino_own)) {
+        if (!j->into && j->dst_md.format_kind == dnnl_format_kind_any) {
             const dnnl_blocking_desc_t *ib = &in->md.format_desc.blocking;
             int blk = ib->inner_nblks == 1 && ib->inner_idxs[0] == 1 ? (int)ib->inner_blks[0] : 0;
             dnnl_format_tag_t t = blk == 16 && c->cout % 16 == 0 ? dnnl_aBcd16b
                                   : blk == 8 && c->cout % 8 == 0 ? dnnl_aBcd8b
                                                                  : dnnl_nhwc;
-            DNNL_TRY(dnnl_memory_desc_init_by_tag(&out4, 4, dd, ddt, t), "dst md");
+            DNNL_TRY(dnnl_memory_desc_init_by_tag(&j->out4, 4, j->dd, j->ddt, t), "dst md");
         }
-        lw = cpu_choose_lowering(p, c, in, &out4, oh);
+        j->lw = cpu_choose_lowering(p, c, in, &j->out4, j->oh);
     }
+    return TW_OK;
+}
+
+/* The convolution's descriptor: padding, Winograd or direct, and the
+ * groups of tiles oneDNN's Winograd runs it in. */
+static tw_status conv_desc(conv_job *j, tw_error *err)
+{
+    plan *p = j->p;
+    const tw_conv *c = j->c;
+    const act *in = j->in;
+    int n = j->n, oh = j->oh;
     /* right padding so that oneDNN's output size is PyTorch's floor formula */
     dnnl_dim_t pr = (dnnl_dim_t)(oh - 1) * c->stride + c->k - in->h - c->pad;
     dnnl_dims_t strides = {c->stride, c->stride}, pl = {c->pad, c->pad}, prr = {pr, pr};
+    memcpy(j->strides, strides, sizeof strides);
+    memcpy(j->pl, pl, sizeof pl);
+    memcpy(j->prr, prr, sizeof prr);
     /* Winograd F(4,3) computes 4x4 output tiles: on maps under 4x4 most of
      * each tile is padding and direct is faster (bench/RESULTS.md) */
-    bool wino = p->wino && c->k == 3 && c->stride == 1 && oh >= 4 && g == 1;
+    bool wino = j->wino = p->wino && c->k == 3 && c->stride == 1 && oh >= 4 && j->g == 1;
     /* oneDNN's Winograd: planned for CPU_WINO_GROUP tiles (cpu_internal.h),
      * run group after group over the batch */
-    int groups =
-        wino && lw == LOWER_NONE && !in_any && n > CPU_WINO_GROUP && n % CPU_WINO_GROUP == 0
+    int groups = j->groups =
+        wino && j->lw == LOWER_NONE && !j->in_any && n > CPU_WINO_GROUP && n % CPU_WINO_GROUP == 0
             ? n / CPU_WINO_GROUP
             : 1;
     if (groups > 1) {
-        first_tiles(&src_md, CPU_WINO_GROUP);
-        first_tiles(&dst_md, CPU_WINO_GROUP);
+        first_tiles(&j->src_md, CPU_WINO_GROUP);
+        first_tiles(&j->dst_md, CPU_WINO_GROUP);
     }
-    dnnl_convolution_desc_t cd;
-    DNNL_TRY(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                wino ? dnnl_convolution_winograd
-                                                     : dnnl_convolution_direct,
-                                                &src_md, &w_md, &b_md, &dst_md, strides, pl, prr),
+    DNNL_TRY(dnnl_convolution_forward_desc_init(
+                 &j->cd, dnnl_forward_inference,
+                 wino ? dnnl_convolution_winograd : dnnl_convolution_direct, &j->src_md, &j->w_md,
+                 &j->b_md, &j->dst_md, strides, pl, prr),
              "convolution desc");
-    tw_status st;
-    float src_scale = in->scale, dst_scale = 1.0f, *oscale = NULL, *w_scale = NULL;
+    return TW_OK;
+}
+
+/* The primitive's attributes: the sum and ReLU post-ops and, in int8, the
+ * output scales (j->w_scale: the weights' scales, freed by the caller on
+ * an error). */
+static tw_status conv_attr(conv_job *j, tw_error *err)
+{
+    plan *p = j->p;
+    const tw_conv *c = j->c;
+    const act *into = j->into;
+    j->src_scale = j->in->scale;
+    j->dst_scale = 1.0f;
+    float *oscale = NULL;
     attr_spec as = {
-        .sum = into != NULL, .relu = relu, .sum_scale = 1.0f, .sum_dt = dnnl_data_type_undef};
-    if (mode == NUM_INT8) {
-        dst_scale = cpu_q_scale(p, ci, relu);
-        w_scale = cpu_weight_scales(c, p->w_levels);
+        .sum = into != NULL, .relu = j->relu, .sum_scale = 1.0f, .sum_dt = dnnl_data_type_undef};
+    if (j->mode == NUM_INT8) {
+        j->dst_scale = cpu_q_scale(p, j->ci, j->relu);
+        j->w_scale = cpu_weight_scales(c, p->w_levels);
         oscale = tw_alloc(TW_MEM_OTHER, (size_t)c->cout * sizeof *oscale);
-        if (!w_scale || !oscale) {
+        if (!j->w_scale || !oscale) {
             tw_free(oscale);
-            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory planning the CPU backend");
-            goto fail;
+            return tw_error_set(err, TW_ERR_NOMEM, "out of memory planning the CPU backend");
         }
         /* oneDNN 2.x: dst = oscale * (acc + bias), acc in src*w units */
-        for (int o = 0; o < c->cout; o++) oscale[o] = dst_scale / (src_scale * w_scale[o]);
+        for (int o = 0; o < c->cout; o++) oscale[o] = j->dst_scale / (j->src_scale * j->w_scale[o]);
         as.n_oscale = c->cout;
         as.oscale_mask = 1 << 1;
         as.oscale = oscale;
         if (into) {
-            as.sum_scale = dst_scale / into->scale;
+            as.sum_scale = j->dst_scale / into->scale;
             as.sum_dt = into->md.data_type;
         }
     }
-    dnnl_primitive_attr_t attr;
-    st = cpu_make_attr(&as, &attr, err);
+    tw_status st = cpu_make_attr(&as, &j->attr, err);
     tw_free(oscale); /* the attributes hold a copy */
-    if (st != TW_OK) goto fail;
-    dnnl_primitive_desc_t pd;
-    dnnl_status_t s = dnnl_unimplemented;
-    size_t rows = 0;
-    /* a strided 1x1 conv as rows reads the pixels it keeps, copied out by a
-     * reorder (pushed below, once the lowering is kept) into BUF_SUB */
-    act picked;
-    dnnl_memory_desc_t every;
-    if (lw == LOWER_ROWS && c->stride != 1) {
-        dnnl_dims_t pdims = {n, c->cin, oh, oh};
+    return st;
+}
+
+/* A strided 1x1 conv as rows reads the pixels it keeps, copied out by a
+ * reorder (pushed by conv_push, once the lowering is kept) into BUF_SUB:
+ * j->every, the view of them in the source, and j->picked, their copy. */
+static void conv_rows_source(conv_job *j)
+{
+    const tw_conv *c = j->c;
+    const act *in = j->in;
+    if (j->lw == LOWER_ROWS && c->stride != 1) {
+        dnnl_dims_t pdims = {j->n, c->cin, j->oh, j->oh};
         dnnl_dims_t pstr = {(dnnl_dim_t)in->h * in->h * c->cin, 1,
                             (dnnl_dim_t)c->stride * in->h * c->cin, (dnnl_dim_t)c->stride * c->cin};
-        if (dnnl_memory_desc_init_by_strides(&every, 4, pdims, dnnl_f32, pstr) != dnnl_success ||
-            dnnl_memory_desc_init_by_tag(&picked.md, 4, pdims, dnnl_f32, dnnl_nhwc) != dnnl_success)
-            lw = LOWER_NONE; /* a view oneDNN declines: the convolution */
-        picked.buf = BUF_SUB;
-        picked.c = c->cin;
-        picked.h = oh;
-        picked.scale = in->scale;
+        if (dnnl_memory_desc_init_by_strides(&j->every, 4, pdims, dnnl_f32, pstr) != dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&j->picked.md, 4, pdims, dnnl_f32, dnnl_nhwc) !=
+                dnnl_success)
+            j->lw = LOWER_NONE; /* a view oneDNN declines: the convolution */
+        j->picked.buf = BUF_SUB;
+        j->picked.c = c->cin;
+        j->picked.h = j->oh;
+        j->picked.scale = in->scale;
     }
-    const act *src = lw == LOWER_ROWS && c->stride != 1 ? &picked : in;
-    if (lw != LOWER_NONE) {
-        /* the GEMM's rows: the first count from the lowering's own up to
-         * twice it (more would cost what the lowering saves) whose rows all
-         * compute alike (cpu_gemm_kept) */
-        size_t need = cpu_lowering_rows(p, lw, oh);
-        size_t first = need < GEMM_MIN_ROWS ? GEMM_MIN_ROWS : need;
-        bool refused = false;
-        for (size_t r = first; r <= 2 * first; r = cpu_next_rows(r)) {
-            s = cpu_lowered_pd(eng, c, lw, src, &out4, attr, (dnnl_dim_t)r, &pd);
-            if (s != dnnl_success) break;
-            if (cpu_gemm_kept(p->memo, eng, pd, lw, into != NULL)) {
-                rows = r;
-                break;
-            }
-            dnnl_primitive_desc_destroy(pd);
-            s = dnnl_unimplemented;
-            refused = true;
-        }
-        if (s != dnnl_success) {
-            p->n_refused += refused;
-            lw = LOWER_NONE; /* none here: the convolution */
-        }
-    }
-    if (lw == LOWER_NONE) s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
-    if (s == dnnl_unimplemented && wino && lw == LOWER_NONE) {
-        /* a shape the Winograd kernel declines: the same conv, direct */
-        cd.alg_kind = dnnl_convolution_direct;
-        s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
-    }
-    /* Grouped: oneDNN 2.6's AVX-512 kernels take nChw16c only when each
-     * group has a multiple of 16 channels; for ResNeXt's 4 or 8 it runs its
-     * reference loops there (1000x slower, measured). Then the conv is
-     * planned in the layouts oneDNN picks (format any), between reorders
-     * from and back to the plan's layout (BUF_GRP_IN / _OUT). */
-    bool grp_in = false, grp_out = false;
-    const dnnl_memory_desc_t *gq = NULL;
-    dnnl_memory_desc_t plan_dst = dst_md;
-    if (s == dnnl_success && g > 1 && !into && is_ref_impl(pd)) {
-        dnnl_primitive_desc_destroy(pd);
-        dnnl_memory_desc_t any_src, any_dst;
-        s = dnnl_memory_desc_init_by_tag(&any_src, 4, sd, in->md.data_type, dnnl_format_tag_any);
-        if (s == dnnl_success)
-            s = dnnl_memory_desc_init_by_tag(&any_dst, 4, dd, ddt, dnnl_format_tag_any);
-        if (s == dnnl_success)
-            s = dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                   dnnl_convolution_direct, &any_src, &w_md, &b_md,
-                                                   &any_dst, strides, pl, prr);
-        if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
-        if (s == dnnl_success && (gq = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0)))
-            grp_in = !dnnl_memory_desc_equal(gq, &in->md);
-        const dnnl_memory_desc_t *dq0 =
-            s == dnnl_success ? dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0) : NULL;
-        grp_out = dq0 && !dnnl_memory_desc_equal(dq0, &plan_dst);
-    }
-    dnnl_primitive_attr_destroy(attr);
-    if (s != dnnl_success) {
-        st = dnnl_fail(err, s, "convolution primitive desc");
-        goto fail;
-    }
+    j->src = j->lw == LOWER_ROWS && c->stride != 1 ? &j->picked : in;
+}
 
-    int dst = into ? into->buf : grp_out ? BUF_GRP_OUT : dst_buf;
-    if (lw != LOWER_ROWS) src = in; /* the lowering was refused: the convolution reads in */
-    act grp_src;
-    if (grp_in) {
-        grp_src = *in;
-        grp_src.md = *gq;
-        grp_src.buf = BUF_GRP_IN;
-        st = plan_reorder(p, eng, &in->md, in->buf, gq, BUF_GRP_IN, 1.0f, err);
-        if (st != TW_OK) {
-            dnnl_primitive_desc_destroy(pd);
-            goto fail;
+/* The lowering's GEMM: the first row count from the lowering's own up to
+ * twice it (more would cost what the lowering saves) whose rows all compute
+ * alike (cpu_gemm_kept); none: the lowering is dropped (LOWER_NONE). */
+static dnnl_status_t conv_lowered_pd(conv_job *j)
+{
+    plan *p = j->p;
+    dnnl_status_t s = dnnl_unimplemented;
+    size_t need = cpu_lowering_rows(p, j->lw, j->oh);
+    size_t first = need < GEMM_MIN_ROWS ? GEMM_MIN_ROWS : need;
+    bool refused = false;
+    for (size_t r = first; r <= 2 * first; r = cpu_next_rows(r)) {
+        s = cpu_lowered_pd(j->eng, j->c, j->lw, j->src, &j->out4, j->attr, (dnnl_dim_t)r, &j->pd);
+        if (s != dnnl_success) break;
+        if (cpu_gemm_kept(p->memo, j->eng, j->pd, j->lw, j->into != NULL)) {
+            j->rows = r;
+            break;
         }
-        src = &grp_src;
+        dnnl_primitive_desc_destroy(j->pd);
+        s = dnnl_unimplemented;
+        refused = true;
     }
-    if (src == &picked) {
-        st = plan_reorder(p, eng, &every, in->buf, &picked.md, BUF_SUB, 1.0f, err);
+    if (s != dnnl_success) {
+        p->n_refused += refused;
+        j->lw = LOWER_NONE; /* none here: the convolution */
+    }
+    return s;
+}
+
+/* Grouped: oneDNN 2.6's AVX-512 kernels take nChw16c only when each group
+ * has a multiple of 16 channels; for ResNeXt's 4 or 8 it runs its reference
+ * loops there (1000x slower, measured). Then the conv is planned in the
+ * layouts oneDNN picks (format any), between reorders from and back to the
+ * plan's layout (BUF_GRP_IN / _OUT). */
+static dnnl_status_t conv_grouped_pd(conv_job *j)
+{
+    const act *in = j->in;
+    dnnl_primitive_desc_destroy(j->pd);
+    dnnl_memory_desc_t any_src, any_dst;
+    dnnl_status_t s =
+        dnnl_memory_desc_init_by_tag(&any_src, 4, j->sd, in->md.data_type, dnnl_format_tag_any);
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_tag(&any_dst, 4, j->dd, j->ddt, dnnl_format_tag_any);
+    if (s == dnnl_success)
+        s = dnnl_convolution_forward_desc_init(&j->cd, dnnl_forward_inference,
+                                               dnnl_convolution_direct, &any_src, &j->w_md,
+                                               &j->b_md, &any_dst, j->strides, j->pl, j->prr);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&j->pd, &j->cd, j->attr, j->eng, NULL);
+    if (s == dnnl_success && (j->gq = dnnl_primitive_desc_query_md(j->pd, dnnl_query_src_md, 0)))
+        j->grp_in = !dnnl_memory_desc_equal(j->gq, &in->md);
+    const dnnl_memory_desc_t *dq0 =
+        s == dnnl_success ? dnnl_primitive_desc_query_md(j->pd, dnnl_query_dst_md, 0) : NULL;
+    j->grp_out = dq0 && !dnnl_memory_desc_equal(dq0, &j->plan_dst);
+    return s;
+}
+
+/* The primitive: the lowering's GEMM, else the convolution (Winograd, or
+ * direct where Winograd declines the shape; a grouped conv that would run
+ * oneDNN's reference code in the plan's layouts, in its own). The
+ * attributes are destroyed. */
+static tw_status conv_pd(conv_job *j, tw_error *err)
+{
+    dnnl_status_t s = dnnl_unimplemented;
+    j->rows = 0;
+    if (j->lw != LOWER_NONE) s = conv_lowered_pd(j);
+    if (j->lw == LOWER_NONE) s = dnnl_primitive_desc_create(&j->pd, &j->cd, j->attr, j->eng, NULL);
+    if (s == dnnl_unimplemented && j->wino && j->lw == LOWER_NONE) {
+        /* a shape the Winograd kernel declines: the same conv, direct */
+        j->cd.alg_kind = dnnl_convolution_direct;
+        s = dnnl_primitive_desc_create(&j->pd, &j->cd, j->attr, j->eng, NULL);
+    }
+    j->grp_in = j->grp_out = false;
+    j->gq = NULL;
+    j->plan_dst = j->dst_md;
+    if (s == dnnl_success && j->g > 1 && !j->into && is_ref_impl(j->pd)) s = conv_grouped_pd(j);
+    dnnl_primitive_attr_destroy(j->attr);
+    if (s != dnnl_success) return dnnl_fail(err, s, "convolution primitive desc");
+    return TW_OK;
+}
+
+/* The reorders the conv reads from (a grouped conv's source in its layout,
+ * a strided rows conv's kept pixels), then the conv itself. On an error
+ * the pd is gone and the weights' scales are still the caller's. */
+static tw_status conv_push(conv_job *j, tw_error *err)
+{
+    plan *p = j->p;
+    const act *in = j->in;
+    tw_status st;
+    j->dst = j->into ? j->into->buf : j->grp_out ? BUF_GRP_OUT : j->dst_buf;
+    if (j->lw != LOWER_ROWS) j->src = in; /* the lowering was refused: the convolution reads in */
+    if (j->grp_in) {
+        j->grp_src = *in;
+        j->grp_src.md = *j->gq;
+        j->grp_src.buf = BUF_GRP_IN;
+        st = plan_reorder(p, j->eng, &in->md, in->buf, j->gq, BUF_GRP_IN, 1.0f, err);
         if (st != TW_OK) {
-            dnnl_primitive_desc_destroy(pd);
-            goto fail;
+            dnnl_primitive_desc_destroy(j->pd);
+            return st;
+        }
+        j->src = &j->grp_src;
+    }
+    if (j->src == &j->picked) {
+        st = plan_reorder(p, j->eng, &j->every, in->buf, &j->picked.md, BUF_SUB, 1.0f, err);
+        if (st != TW_OK) {
+            dnnl_primitive_desc_destroy(j->pd);
+            return st;
         }
     }
-    st = plan_push(p, L_CONV, pd, src->buf, dst, c, err);
-    if (st != TW_OK) goto fail;
-    p->layers[p->n_layers - 1].src_scale = src_scale;
-    p->layers[p->n_layers - 1].relu = relu;
-    p->layers[p->n_layers - 1].sum = into != NULL;
-    p->layers[p->n_layers - 1].w_scale = w_scale;
-    p->layers[p->n_layers - 1].lower = lw;
-    p->layers[p->n_layers - 1].rows = rows;
-    p->layers[p->n_layers - 1].in4 = src->md;
-    p->layers[p->n_layers - 1].out4 = out4;
-    p->layers[p->n_layers - 1].groups = groups;
-    if (groups > 1) { /* the group's layouts as the primitive took them */
-        const dnnl_memory_desc_t *gs = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
-        const dnnl_memory_desc_t *gd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    return plan_push(p, L_CONV, j->pd, j->src->buf, j->dst, j->c, err);
+}
+
+/* The conv's layer, just pushed: how it runs (the plan owns w_scale from
+ * here on). */
+static tw_status conv_record(conv_job *j, tw_error *err)
+{
+    plan *p = j->p;
+    layer *l = &p->layers[p->n_layers - 1];
+    l->src_scale = j->src_scale;
+    l->relu = j->relu;
+    l->sum = j->into != NULL;
+    l->w_scale = j->w_scale;
+    l->lower = j->lw;
+    l->rows = j->rows;
+    l->in4 = j->src->md;
+    l->out4 = j->out4;
+    l->groups = j->groups;
+    if (j->groups > 1) { /* the group's layouts as the primitive took them */
+        const dnnl_memory_desc_t *gs = dnnl_primitive_desc_query_md(j->pd, dnnl_query_src_md, 0);
+        const dnnl_memory_desc_t *gd = dnnl_primitive_desc_query_md(j->pd, dnnl_query_dst_md, 0);
         if (!gs || !gd) return tw_error_set(err, TW_ERR_INTERNAL, "oneDNN: no group layout");
-        p->layers[p->n_layers - 1].src_step = dnnl_memory_desc_get_size(gs);
-        p->layers[p->n_layers - 1].dst_step = dnnl_memory_desc_get_size(gd);
+        l->src_step = dnnl_memory_desc_get_size(gs);
+        l->dst_step = dnnl_memory_desc_get_size(gd);
     }
-    const dnnl_memory_desc_t *wq, *bq, *dq = NULL;
+    return TW_OK;
+}
+
+/* What the conv adds to the plan's bytes: its reordered weights (LOWER_WINO:
+ * U and the bias), the Winograd domain's buffers, a lowering's padding rows
+ * and dense matrix. */
+static tw_status conv_account(conv_job *j, tw_error *err)
+{
+    plan *p = j->p;
+    const tw_conv *c = j->c;
+    const act *in = j->in;
+    const size_t rows = j->rows;
+    const lowering lw = j->lw;
+    const dnnl_memory_desc_t *wq, *bq;
+    tw_status st;
+    j->dq = NULL;
     if (lw == LOWER_WINO) {
         /* U, the bias (kept by the output transform), the two Winograd
          * domain buffers; U is made in activation buffer 0 (unused until
          * the first batch), then reordered, as the dense matrix below */
-        if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK) return st;
+        if ((st = query_md(j->pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK) return st;
         size_t ub = dnnl_memory_desc_get_size(wq);
         p->weight_bytes += alloc_size(ub) + alloc_size((size_t)c->cout * sizeof(float));
         size_t vb = TW_WINO_POINTS * rows * (size_t)c->cin * sizeof(float);
@@ -410,52 +536,87 @@ static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const a
         if (mb > p->buf_bytes[BUF_WINO_M]) p->buf_bytes[BUF_WINO_M] = mb;
         if (plain > p->buf_bytes[0]) p->buf_bytes[0] = plain;
         p->n_wino++;
-    } else {
-        if ((st = query_md(pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
-            (st = query_md(pd, dnnl_query_weights_md, 1, &bq, err)) != TW_OK ||
-            (st = query_md(pd, dnnl_query_dst_md, 0, &dq, err)) != TW_OK)
-            return st;
-        p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(wq));
-        p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(bq));
-        if (lw != LOWER_NONE) {
-            /* the padding rows live past the batch in the source's and the
-             * destination's storage */
-            size_t ks = lw == LOWER_ROWS ? (size_t)c->cin : (size_t)cpu_tile_elems(&in->md);
-            size_t kd = lw == LOWER_ROWS ? (size_t)c->cout : (size_t)cpu_tile_elems(&out4);
-            size_t sb = rows * ks * sizeof(float), db = rows * kd * sizeof(float);
-            if (sb > p->buf_bytes[src->buf]) p->buf_bytes[src->buf] = sb;
-            if (db > p->buf_bytes[dst]) p->buf_bytes[dst] = db;
-        }
-        if (lw == LOWER_DENSE) {
-            /* reserve builds the Toeplitz matrix in plain [kd][ks] order in
-             * activation buffer 0 (unused until the first batch), then
-             * reorders it into the layout the matmul chose */
-            size_t mb =
-                (size_t)cpu_tile_elems(&in->md) * (size_t)cpu_tile_elems(&out4) * sizeof(float);
-            if (mb > p->buf_bytes[0]) p->buf_bytes[0] = mb;
-        }
-        if (lw != LOWER_NONE) p->n_gemm++;
+        return TW_OK;
     }
-    out->md = lw == LOWER_NONE ? *dq : out4;
-    if (groups > 1) { /* the whole batch's, as the next layers read it */
-        out->md.dims[0] = n;
-        out->md.padded_dims[0] = n;
+    if ((st = query_md(j->pd, dnnl_query_weights_md, 0, &wq, err)) != TW_OK ||
+        (st = query_md(j->pd, dnnl_query_weights_md, 1, &bq, err)) != TW_OK ||
+        (st = query_md(j->pd, dnnl_query_dst_md, 0, &j->dq, err)) != TW_OK)
+        return st;
+    p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(wq));
+    p->weight_bytes += alloc_size(dnnl_memory_desc_get_size(bq));
+    if (lw != LOWER_NONE) {
+        /* the padding rows live past the batch in the source's and the
+         * destination's storage */
+        size_t ks = lw == LOWER_ROWS ? (size_t)c->cin : (size_t)cpu_tile_elems(&in->md);
+        size_t kd = lw == LOWER_ROWS ? (size_t)c->cout : (size_t)cpu_tile_elems(&j->out4);
+        size_t sb = rows * ks * sizeof(float), db = rows * kd * sizeof(float);
+        if (sb > p->buf_bytes[j->src->buf]) p->buf_bytes[j->src->buf] = sb;
+        if (db > p->buf_bytes[j->dst]) p->buf_bytes[j->dst] = db;
     }
-    out->buf = dst;
-    out->c = c->cout;
-    out->h = oh;
-    out->scale = dst_scale;
-    note_size(p, dst, &out->md);
-    if (grp_out) {
+    if (lw == LOWER_DENSE) {
+        /* reserve builds the Toeplitz matrix in plain [kd][ks] order in
+         * activation buffer 0 (unused until the first batch), then
+         * reorders it into the layout the matmul chose */
+        size_t mb =
+            (size_t)cpu_tile_elems(&in->md) * (size_t)cpu_tile_elems(&j->out4) * sizeof(float);
+        if (mb > p->buf_bytes[0]) p->buf_bytes[0] = mb;
+    }
+    if (lw != LOWER_NONE) p->n_gemm++;
+    return TW_OK;
+}
+
+/* *out: the conv's result as the next layers read it (a grouped conv's
+ * reordered back into the plan's layout). */
+static tw_status conv_output(conv_job *j, act *out, tw_error *err)
+{
+    plan *p = j->p;
+    out->md = j->lw == LOWER_NONE ? *j->dq : j->out4;
+    if (j->groups > 1) { /* the whole batch's, as the next layers read it */
+        out->md.dims[0] = j->n;
+        out->md.padded_dims[0] = j->n;
+    }
+    out->buf = j->dst;
+    out->c = j->c->cout;
+    out->h = j->oh;
+    out->scale = j->dst_scale;
+    note_size(p, j->dst, &out->md);
+    if (j->grp_out) {
         /* back into the plan's layout, where the next conv reads it */
-        st = plan_reorder(p, eng, &out->md, BUF_GRP_OUT, &plan_dst, dst_buf, 1.0f, err);
+        tw_status st =
+            plan_reorder(p, j->eng, &out->md, BUF_GRP_OUT, &j->plan_dst, j->dst_buf, 1.0f, err);
         if (st != TW_OK) return st;
-        out->md = plan_dst;
-        out->buf = dst_buf;
+        out->md = j->plan_dst;
+        out->buf = j->dst_buf;
     }
     return TW_OK;
+}
+
+/* Add conv c reading `in`; dst: when `into` is given, write into it with a
+ * sum post-op (residual), else into storage dst_buf with a layout oneDNN
+ * picks. *out describes the result. `in_any`: let oneDNN choose the source
+ * layout too (the stem; the caller reads the choice back from the pd). */
+static tw_status plan_conv(plan *p, dnnl_engine_t eng, const tw_conv *c, const act *in, bool in_any,
+                           const act *into, int dst_buf, bool relu, act *out, tw_error *err)
+{
+    conv_job j = {.p = p,
+                  .eng = eng,
+                  .c = c,
+                  .in = in,
+                  .into = into,
+                  .in_any = in_any,
+                  .relu = relu,
+                  .dst_buf = dst_buf};
+    tw_status st;
+    if ((st = conv_descs(&j, err)) != TW_OK || (st = conv_lowering(&j, err)) != TW_OK ||
+        (st = conv_desc(&j, err)) != TW_OK)
+        return st;
+    if ((st = conv_attr(&j, err)) != TW_OK) goto fail;
+    conv_rows_source(&j);
+    if ((st = conv_pd(&j, err)) != TW_OK || (st = conv_push(&j, err)) != TW_OK) goto fail;
+    if ((st = conv_record(&j, err)) != TW_OK || (st = conv_account(&j, err)) != TW_OK) return st;
+    return conv_output(&j, out, err);
 fail:
-    tw_free(w_scale); /* not yet the plan's */
+    tw_free(j.w_scale); /* not yet the plan's */
     return st;
 }
 

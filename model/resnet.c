@@ -266,11 +266,9 @@ static tw_status load_block(const tw_model_file *mf, int stage, int idx, bool bo
     return TW_OK;
 }
 
-tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet **out,
-                           tw_error *err)
+/* Blocks per stage: the layerS.B.conv1 weights present (at most 1000). */
+static void count_blocks(const tw_model_file *mf, int blocks[4])
 {
-    *out = NULL;
-    int blocks[4] = {0, 0, 0, 0};
     char name[96];
     for (int s = 0; s < 4; s++) {
         for (;;) {
@@ -279,6 +277,11 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
             blocks[s]++;
         }
     }
+}
+
+/* model.arch, when given, names an architecture this tree knows. */
+static tw_status check_arch_known(const char *arch, tw_error *err)
+{
     if (arch && *arch) {
         static const char *const known[] = {
             "resnet18",        "resnet34",        "resnet50",         "resnet101",
@@ -294,27 +297,14 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
                                 "resnext101_64x4d, wide_resnet50_2, wide_resnet101_2",
                                 arch);
     }
-    bool bottleneck = has_tensor(mf, "layer1.0.conv3.weight");
-    int depth = tw_resnet_layout_depth(blocks, bottleneck);
-    if (depth == 0)
-        return tw_error_set(err, TW_ERR_MODEL,
-                            "model file %s: %s blocks per stage [%d,%d,%d,%d] match no ResNet "
-                            "(18/34/50/101/152)",
-                            mf->path, bottleneck ? "bottleneck" : "basic", blocks[0], blocks[1],
-                            blocks[2], blocks[3]);
-    tw_resnet *net = tw_calloc(TW_MEM_OTHER, 1, sizeof *net);
-    if (!net) return tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
-    net->depth = depth;
-    net->bottleneck = bottleneck;
-    memcpy(net->stage_blocks, blocks, sizeof blocks);
-    net->n_blocks = blocks[0] + blocks[1] + blocks[2] + blocks[3];
-    net->blocks = tw_calloc(TW_MEM_OTHER, (size_t)net->n_blocks, sizeof *net->blocks);
-    tw_status st = TW_OK;
-    if (!net->blocks) {
-        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
-        goto fail;
-    }
+    return TW_OK;
+}
 
+/* The stem (conv1, bn1): the input bands and the stem's kind from conv1's
+ * shape. */
+static tw_status load_stem(const tw_model_file *mf, tw_resnet *net, tw_error *err)
+{
+    tw_status st;
     const tw_tensor *c1 = tw_model_file_find(mf, "conv1.weight");
     if (!c1 || c1->ndim != 4 || (c1->shape[2] != 3 && c1->shape[2] != 7)) {
         /* let get_tensor phrase the message (missing, or shape [*,*,7,7]) */
@@ -322,14 +312,14 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
         st = tw_resnet_get_tensor(mf, "conv1.weight", 4, (const int64_t[]){-1, -1, 7, 7}, &dummy,
                                   err);
         if (st == TW_OK) st = TW_ERR_INTERNAL;
-        goto fail;
+        return st;
     }
     if (c1->shape[1] <= 0 || c1->shape[1] > TW_MAX_BANDS) {
         st = tw_error_set(err, TW_ERR_MODEL,
                           "model file %s: tensor 'conv1.weight' has %lld input bands (1..%d "
                           "supported)",
                           mf->path, (long long)c1->shape[1], TW_MAX_BANDS);
-        goto fail;
+        return st;
     }
     net->in_bands = (int)c1->shape[1];
     /* the stem from conv1's kernel: 7x7 s2 p3 + max pool, or 3x3 s1 p1 */
@@ -337,17 +327,25 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
     bool small = net->stem_kind == TW_STEM_SMALL;
     st = tw_resnet_load_conv_bn(mf, "conv1", "bn1", net->in_bands, 1, small ? 3 : 7, small ? 1 : 2,
                                 small ? 1 : 3, &net->stem, &net->weight_bytes, err);
-    if (st != TW_OK) goto fail;
-    st = tw_resnet_check_stem(net, mf->stem, mf->path, "its metadata 'stem'", err);
-    if (st != TW_OK) goto fail;
+    if (st != TW_OK) return st;
+    return tw_resnet_check_stem(net, mf->stem, mf->path, "its metadata 'stem'", err);
+}
 
+/* The four stages' blocks, then the family and width they make (checked
+ * against model.arch when given). */
+static tw_status load_blocks(const tw_model_file *mf, const char *arch, tw_resnet *net,
+                             tw_error *err)
+{
+    const int *blocks = net->stage_blocks;
+    const bool bottleneck = net->bottleneck;
+    tw_status st;
     int ch = net->stem.cout, groups = 0;
     int bi = 0;
     for (int s = 0; s < 4; s++)
         for (int i = 0; i < blocks[s]; i++) {
             st = load_block(mf, s, i, bottleneck, &ch, &groups, &net->blocks[bi++],
                             &net->weight_bytes, err);
-            if (st != TW_OK) goto fail;
+            if (st != TW_OK) return st;
         }
     net->feat_dim = ch;
     net->groups = groups > 0 ? groups : 1;
@@ -363,10 +361,18 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
             st = tw_error_set(err, TW_ERR_MODEL,
                               "model file %s: weights are %s but model.arch says %s", mf->path,
                               found, arch);
-            goto fail;
+            return st;
         }
     }
+    return TW_OK;
+}
 
+/* The head (fc): its classes; a headless backbone gets a one-class head of
+ * zeros. */
+static tw_status load_head(const tw_model_file *mf, tw_resnet *net, tw_error *err)
+{
+    const int ch = net->feat_dim;
+    tw_status st;
     const tw_tensor *fw = NULL, *fb = NULL;
     if (!tw_model_file_find(mf, "fc.weight") && !tw_model_file_find(mf, "fc.bias")) {
         /* A headless backbone: a one-class head of zeros stands in (its
@@ -378,34 +384,67 @@ tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet 
         net->fc_b = tw_calloc(TW_MEM_WEIGHTS, 1, sizeof(float));
         if (!net->fc_w || !net->fc_b) {
             st = tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
-            goto fail;
+            return st;
         }
         net->weight_bytes += ((size_t)ch + 1) * sizeof(float);
-        *out = net;
         return TW_OK;
     }
     st = tw_resnet_get_tensor(mf, "fc.weight", 2, (const int64_t[]){-1, ch}, &fw, err);
-    if (st != TW_OK) goto fail;
+    if (st != TW_OK) return st;
     if (fw->shape[0] > TW_MAX_CLASSES) {
         st = tw_error_set(err, TW_ERR_MODEL,
                           "model file %s: tensor 'fc.weight' has %lld classes (at most %d "
                           "supported)",
                           mf->path, (long long)fw->shape[0], TW_MAX_CLASSES);
-        goto fail;
+        return st;
     }
     net->n_classes = (int)fw->shape[0];
     st = tw_resnet_get_tensor(mf, "fc.bias", 1, (const int64_t[]){net->n_classes}, &fb, err);
-    if (st != TW_OK) goto fail;
+    if (st != TW_OK) return st;
     size_t fc_n = (size_t)net->n_classes * (size_t)ch;
     net->fc_w = tw_alloc(TW_MEM_WEIGHTS, fc_n * sizeof(float));
     net->fc_b = tw_alloc(TW_MEM_WEIGHTS, (size_t)net->n_classes * sizeof(float));
     if (!net->fc_w || !net->fc_b) {
         st = tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
-        goto fail;
+        return st;
     }
     memcpy(net->fc_w, fw->data, fc_n * sizeof(float));
     memcpy(net->fc_b, fb->data, (size_t)net->n_classes * sizeof(float));
     net->weight_bytes += (fc_n + (size_t)net->n_classes) * sizeof(float);
+    return TW_OK;
+}
+
+tw_status tw_resnet_create(const tw_model_file *mf, const char *arch, tw_resnet **out,
+                           tw_error *err)
+{
+    *out = NULL;
+    int blocks[4] = {0, 0, 0, 0};
+    count_blocks(mf, blocks);
+    tw_status st = check_arch_known(arch, err);
+    if (st != TW_OK) return st;
+    bool bottleneck = has_tensor(mf, "layer1.0.conv3.weight");
+    int depth = tw_resnet_layout_depth(blocks, bottleneck);
+    if (depth == 0)
+        return tw_error_set(err, TW_ERR_MODEL,
+                            "model file %s: %s blocks per stage [%d,%d,%d,%d] match no ResNet "
+                            "(18/34/50/101/152)",
+                            mf->path, bottleneck ? "bottleneck" : "basic", blocks[0], blocks[1],
+                            blocks[2], blocks[3]);
+    tw_resnet *net = tw_calloc(TW_MEM_OTHER, 1, sizeof *net);
+    if (!net) return tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
+    net->depth = depth;
+    net->bottleneck = bottleneck;
+    memcpy(net->stage_blocks, blocks, sizeof blocks);
+    net->n_blocks = blocks[0] + blocks[1] + blocks[2] + blocks[3];
+    net->blocks = tw_calloc(TW_MEM_OTHER, (size_t)net->n_blocks, sizeof *net->blocks);
+    if (!net->blocks) {
+        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory loading %s", mf->path);
+        goto fail;
+    }
+
+    if ((st = load_stem(mf, net, err)) != TW_OK ||
+        (st = load_blocks(mf, arch, net, err)) != TW_OK || (st = load_head(mf, net, err)) != TW_OK)
+        goto fail;
     *out = net;
     return TW_OK;
 

@@ -22,7 +22,8 @@
 #              (chunks, manifest, names)  <  engine/ (plan, budget, stages)
 #              <  report/ (result, run.json, STAC)  <  run/ (the drivers)
 # A private header,
-# FOLDER/*_internal.h (pipeline/run/run_internal.h, pipeline/store/
+# FOLDER/*_internal.h (pipeline/run/run_internal.h, pipeline/engine/
+# stages_internal.h, cuda/cuda_internal.h, pipeline/store/
 # parts_internal.h, model/cpu_internal.h, api/api_internal.h), is included
 # from its own folder (subfolders included) only, wherever the includer
 # lives (tests/ and the bindings too). Prints one line per

@@ -135,7 +135,7 @@ typedef struct tw_pipe {
     tw_error *err;
     const tw_log *log; /* warnings (unreadable tiles) and notices; may be NULL */
 
-    /* Private to stages.c. */
+    /* Private to the stage files (stages.c, stage_*.c: stages_internal.h). */
     tw_slot *slots;
     int n_slots;
     tw_queue *q_free, *q_norm, *q_infer, *q_write;

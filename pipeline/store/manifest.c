@@ -1,4 +1,4 @@
-/* resume.c - the shard/merge manifest as versioned JSON text (see resume.h) */
+/* manifest.c - the shard/merge manifest as versioned JSON text (see manifest.h) */
 #include "pipeline/store/manifest.h"
 
 #include <errno.h>
@@ -64,31 +64,10 @@ static void append(json_t *arr, json_t *v, bool *ok)
     if (!v || json_array_append_new(arr, v) != 0) *ok = false;
 }
 
-static json_t *format_object(const tw_manifest *mf, bool *ok)
+/* output: where, what and how the products are written (merge writes them
+ * as the run would). */
+static void format_output(json_t *root, const tw_run_params *p, bool *ok)
 {
-    const tw_run_params *p = &mf->p;
-    const tw_resolved *m = &mf->m;
-    const tw_raster_info *info = &mf->info;
-    json_t *root = json_object();
-    if (!root) {
-        *ok = false;
-        return NULL;
-    }
-    set(root, "format", json_string(FORMAT_NAME), ok);
-    set(root, "version", json_integer(TW_MANIFEST_VERSION), ok);
-    set(root, "tilewise", json_string(TW_VERSION), ok);
-
-    json_t *inputs = json_array();
-    for (int i = 0; inputs && i < p->input.n_paths; i++)
-        append(inputs, put_str(p->input.paths[i]), ok);
-    set(root, "inputs", inputs, ok);
-    /* merge reads the inputs' own nodata again at output.resolution: input */
-    set(root, "nodata", p->input.nodata_auto ? json_string("auto") : put_real(p->input.nodata), ok);
-
-    json_t *tiling = json_object();
-    if (tiling) set(tiling, "edge", json_string(tw_edge_names[p->tiling.edge]), ok);
-    set(root, "tiling", tiling, ok);
-
     json_t *out = json_object();
     if (out) {
         set(out, "dir", put_str(p->output.dir), ok);
@@ -122,7 +101,12 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
         set(out, "simplify", put_real(p->output.simplify), ok);
     }
     set(root, "output", out, ok);
+}
 
+/* stac: the merged products' STAC item, when the run writes one. */
+static void format_stac(json_t *root, const tw_manifest *mf, bool *ok)
+{
+    const tw_run_params *p = &mf->p;
     if (p->output.stac) { /* merge writes the merged products' STAC item */
         json_t *stac = json_object();
         set(stac, "datetime", json_string(mf->stac.datetime), ok);
@@ -135,7 +119,11 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
         set(stac, "assets", names, ok);
         set(root, "stac", stac, ok);
     }
+}
 
+/* model: what the shards run (the resolved model). */
+static void format_model(json_t *root, const tw_resolved *m, bool *ok)
+{
     json_t *model = json_object();
     if (model) {
         set(model, "arch", put_str(m->arch), ok);
@@ -163,7 +151,11 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
         set(model, "sha256", put_str(m->model_sha256), ok);
     }
     set(root, "model", model, ok);
+}
 
+/* raster: the input's geometry, type and nodata as the shards read it. */
+static void format_raster(json_t *root, const tw_raster_info *info, bool *ok)
+{
     json_t *ras = json_object();
     if (ras) {
         set(ras, "width", json_integer(info->width), ok);
@@ -182,7 +174,35 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
         set(ras, "driver", put_str(info->driver), ok);
     }
     set(root, "raster", ras, ok);
+}
 
+static json_t *format_object(const tw_manifest *mf, bool *ok)
+{
+    const tw_run_params *p = &mf->p;
+    json_t *root = json_object();
+    if (!root) {
+        *ok = false;
+        return NULL;
+    }
+    set(root, "format", json_string(FORMAT_NAME), ok);
+    set(root, "version", json_integer(TW_MANIFEST_VERSION), ok);
+    set(root, "tilewise", json_string(TW_VERSION), ok);
+
+    json_t *inputs = json_array();
+    for (int i = 0; inputs && i < p->input.n_paths; i++)
+        append(inputs, put_str(p->input.paths[i]), ok);
+    set(root, "inputs", inputs, ok);
+    /* merge reads the inputs' own nodata again at output.resolution: input */
+    set(root, "nodata", p->input.nodata_auto ? json_string("auto") : put_real(p->input.nodata), ok);
+
+    json_t *tiling = json_object();
+    if (tiling) set(tiling, "edge", json_string(tw_edge_names[p->tiling.edge]), ok);
+    set(root, "tiling", tiling, ok);
+
+    format_output(root, p, ok);
+    format_stac(root, mf, ok);
+    format_model(root, &mf->m, ok);
+    format_raster(root, &mf->info, ok);
     set(root, "config_json", put_str(mf->config_json), ok);
     set(root, "fingerprint", put_str(mf->fingerprint), ok);
     return root;
@@ -402,16 +422,9 @@ static bool get_enum(rd *r, json_t *obj, const char *sect, const char *key,
     return fail(r, "key %s.%s is not one of the known names", sect, key);
 }
 
-static void parse_object(rd *r, json_t *root, tw_manifest *mf)
+/* inputs: the paths, and input.nodata ("auto" or a number). */
+static void parse_inputs(rd *r, json_t *root, tw_run_params *p)
 {
-    static const char *const top_keys[] = {"format",      "version",     "tilewise", "inputs",
-                                           "tiling",      "output",      "model",    "raster",
-                                           "config_json", "fingerprint", "nodata",   "stac"};
-    only_keys(r, root, "", top_keys, 12);
-    char ver[64];
-    get_str(r, root, "", "tilewise", ver, sizeof ver);
-
-    tw_run_params *p = &mf->p;
     json_t *in = need_arr(r, root, "", "inputs", TW_MAX_INPUTS);
     if (in && json_array_size(in) == 0) fail(r, "key inputs is empty");
     for (size_t i = 0; in && r->st == TW_OK && i < json_array_size(in); i++)
@@ -424,14 +437,23 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         p->input.nodata_auto = false;
         get_real(r, root, "", "nodata", false, &p->input.nodata);
     }
+}
 
+static void parse_tiling(rd *r, json_t *root, tw_run_params *p)
+{
     json_t *tiling = need_obj(r, root, "tiling");
     static const char *const tiling_keys[] = {"edge"};
     if (tiling) only_keys(r, tiling, "tiling", tiling_keys, 1);
     int e = 0;
     if (tiling && get_enum(r, tiling, "tiling", "edge", tw_edge_names, 3, &e))
         p->tiling.edge = (tw_edge_mode)e;
+}
 
+/* output: where, what and how the products are written (merge writes them
+ * as the run would). */
+static void parse_output(rd *r, json_t *root, tw_run_params *p)
+{
+    int e = 0;
     json_t *out = need_obj(r, root, "output");
     if (out) {
         static const char *const out_keys[] = {
@@ -503,8 +525,11 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         }
         if (colors && r->st == TW_OK) p->model.n_colors = (int)json_array_size(colors);
     }
+}
 
-    tw_resolved *m = &mf->m;
+/* model: what the shards ran (the resolved model). */
+static void parse_model(rd *r, json_t *root, tw_resolved *m)
+{
     json_t *model = need_obj(r, root, "model");
     if (model) {
         static const char *const model_keys[] = {
@@ -557,8 +582,11 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         if (hl && !json_is_boolean(hl)) fail(r, "key model.headless is not true or false");
         m->headless = hl && json_is_true(hl);
     }
+}
 
-    tw_raster_info *info = &mf->info;
+/* raster: the input's geometry, type and nodata as the shards read it. */
+static void parse_raster(rd *r, json_t *root, tw_raster_info *info)
+{
     json_t *ras = need_obj(r, root, "raster");
     if (ras) {
         static const char *const ras_keys[] = {
@@ -587,6 +615,12 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         get_str(r, ras, "raster", "crs_wkt", info->crs_wkt, sizeof info->crs_wkt);
         get_str(r, ras, "raster", "driver", info->driver, sizeof info->driver);
     }
+}
+
+/* stac: the merged products' STAC item, when the run wrote one. */
+static void parse_stac(rd *r, json_t *root, tw_manifest *mf)
+{
+    tw_run_params *p = &mf->p;
     /* output.stac: absent in a manifest of a run without it (or before it) */
     json_t *stac = json_object_get(root, "stac");
     if (stac) {
@@ -607,6 +641,23 @@ static void parse_object(rd *r, json_t *root, tw_manifest *mf)
         if (r->st == TW_OK && !tw_rfc3339_check(mf->stac.datetime, NULL, 0))
             fail(r, "key stac.datetime is not an RFC 3339 date-time");
     }
+}
+
+static void parse_object(rd *r, json_t *root, tw_manifest *mf)
+{
+    static const char *const top_keys[] = {"format",      "version",     "tilewise", "inputs",
+                                           "tiling",      "output",      "model",    "raster",
+                                           "config_json", "fingerprint", "nodata",   "stac"};
+    only_keys(r, root, "", top_keys, 12);
+    char ver[64];
+    get_str(r, root, "", "tilewise", ver, sizeof ver);
+
+    parse_inputs(r, root, &mf->p);
+    parse_tiling(r, root, &mf->p);
+    parse_output(r, root, &mf->p);
+    parse_model(r, root, &mf->m);
+    parse_raster(r, root, &mf->info);
+    parse_stac(r, root, mf);
     get_str(r, root, "", "config_json", mf->config_json, sizeof mf->config_json);
     get_str(r, root, "", "fingerprint", mf->fingerprint, sizeof mf->fingerprint);
 }

@@ -82,4 +82,58 @@ static inline size_t cell_values(const tw_parts_params *p)
  * the files, changes nothing. */
 bool tw_parts_chunk_verify(const tw_parts *pt, int r0, int r1);
 
+/* ---- between the store's own files ----
+ * parts.c (opening, journals, chunks, listing, removal), parts_lock.c,
+ * parts_fingerprint.c and parts_checkpoint.c; their calls into each other
+ * are named parts_*. */
+
+#define FNV_OFFSET 1469598103934665603ULL
+#define FNV_PRIME 1099511628211ULL
+
+/* FNV-1a of n bytes, continuing from h (FNV_OFFSET to start). */
+static inline uint64_t parts_fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= FNV_PRIME;
+    }
+    return h;
+}
+
+/* Append n bytes to an open chunk file, counting them into its checksum. */
+tw_status parts_write_payload(open_file *of, const void *data, size_t n, tw_error *err);
+
+/* Remove files of the parts directory: all of them but the lock files, or
+ * only the chunk temporaries whose first row lies in [r_begin, r_end). */
+tw_status parts_remove_files(const char *dir, bool only_temps, int r_begin, int r_end,
+                             tw_error *err);
+
+struct flock;
+
+/* Locks (parts_lock.c). fcntl with the OFD lock command ofd, or the classic
+ * one where the kernel has none. */
+int parts_lock_fcntl(int fd, int ofd, int classic, struct flock *fl);
+/* Who holds the lock on fd, as "process 1234 on host node7", into buf. */
+void parts_lock_holder(int fd, char *buf, size_t size);
+/* Take the lock on path: its descriptor (>= 0), -1 on an error (errno), -2
+ * when another run holds it (holder says who); wait: block until free. */
+int parts_lock_take(const char *path, bool wait, char *holder, size_t hsize);
+/* Write "pid host" into a lock we hold. */
+void parts_lock_sign(int fd);
+/* Is another shard's lock of pt's directory held? Fills who when it is. */
+bool parts_other_lock_held(const tw_parts *pt, const char *own, char *who, size_t size);
+
+/* The fingerprint at mpath against pt->p.fingerprint (parts_fingerprint.c):
+ * *same when equal; TW_OK also when replacing it loses nothing (or
+ * --restart discarded the rows); otherwise the refusal, recorded. Called
+ * under the open lock. */
+tw_status parts_fingerprint_check(tw_parts *pt, const char *mpath, bool quiet, bool *same,
+                                  tw_error *err);
+
+/* Checkpoints (parts_checkpoint.c): read and verify this shard's state into
+ * pt (has_state); remove every shard's state in dir. */
+void parts_load_state(tw_parts *pt);
+void parts_remove_states(const char *dir);
+
 #endif
