@@ -696,13 +696,14 @@ static tw_status set_output_products(wf_ctx *c, const yaml_node_t *v, tw_run_par
     int n;
     tw_status st = check_list(c, v, "products", 16, &n);
     unsigned products = 0;
+    const char *words[TW_PRODUCT_COUNT];
+    for (int k = 0; k < key->n_names; k++) words[k] = tw_key_word(c->key, k);
     for (int i = 0; !st && i < n; i++) {
         int k;
-        st = get_choice(c, list_item(c, v, i), key->names, key->n_names, &k);
+        st = get_choice(c, list_item(c, v, i), words, key->n_names, &k);
         if (st) break;
-        products |= tw_product_names[k].bit;
         /* embeddings live in the HDF5 tile table, so they imply it */
-        if (tw_product_names[k].bit == TW_PRODUCT_EMB) products |= TW_PRODUCT_TILES;
+        products |= tw_products[k].bit | tw_products[k].implies;
     }
     if (!st) p->output.products = products;
     return st;

@@ -82,7 +82,7 @@ typedef enum tw_key_type {
     TW_KT_AUTO_INT, /* auto, or an integer in lo..hi (0 in the struct: auto) */
     TW_KT_NUMBER,   /* a number in the range `range` says (lo..hi, bounds per the setter) */
     TW_KT_ENUM,     /* one of names[], case-insensitive; the struct holds its index */
-    TW_KT_ENUMS,    /* a list of names[] */
+    TW_KT_ENUMS,    /* a list of output.products words (core/products.h's table) */
     TW_KT_SIZE,     /* bytes: 512MiB, 2GiB, ... */
     TW_KT_INTS,     /* a list of integers */
     TW_KT_NUMBERS,  /* a list of numbers */
@@ -107,7 +107,7 @@ enum {
 typedef struct tw_key {
     const char *path;         /* "tiling.stride" */
     tw_key_type type;         /* what the parser accepts */
-    const char *const *names; /* TW_KT_ENUM/ENUMS: the words, in the enum's order */
+    const char *const *names; /* TW_KT_ENUM's words in enum order; read with tw_key_word */
     int n_names;
     double lo, hi;     /* TW_KT_INT/AUTO_INT/NUMBER(S)/INTS: the range */
     const char *range; /* the range or shape in words, for messages ("0..1") */
@@ -131,6 +131,10 @@ const char *tw_key_leaf(tw_key_id k);
 
 /* The key's section index in tw_key_sections. */
 int tw_key_section(tw_key_id k);
+
+/* Word i of an enum key (names[i]; output.products, whose names is NULL:
+ * tw_products[i].word), or "?" outside 0..n_names-1. Cannot fail. */
+const char *tw_key_word(tw_key_id k, int i);
 
 /* The value of key k in p as one line of text, written so that
  * `--set PATH=TEXT` gives the same value back: words as the table spells

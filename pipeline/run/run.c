@@ -803,14 +803,14 @@ void tw_run_ctx_release(run_ctx *c)
  * the embedding raster is a cell-grid product. */
 static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw_error *err)
 {
-    unsigned need = p->output.products & TW_PRODUCTS_NEED_HEAD;
+    unsigned need = p->output.products & tw_products_needing_head();
     /* 'embeddings' brings the tile table: a headless one holds no probabilities */
     if (p->output.products & TW_PRODUCT_EMB) need &= ~(unsigned)TW_PRODUCT_TILES;
     if (m->headless && need) {
         const char *name = "?";
         for (int i = 0; i < TW_PRODUCT_COUNT; i++)
-            if (need & tw_product_names[i].bit) {
-                name = tw_product_names[i].name;
+            if (need & tw_products[i].bit) {
+                name = tw_products[i].word;
                 break;
             }
         return tw_error_set(err, TW_ERR_MODEL,
