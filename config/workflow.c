@@ -1197,15 +1197,10 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
             c, 0, NULL,
             "model.weights is required (an HDF5 bundle, a safetensors file or an ONNX model)");
     const tw_tiling_params *t = &p->tiling;
-    if (t->tile > 0 && t->stride > 0) {
-        if (t->stride > t->tile)
-            return fail_key(c, TW_KEY_TILING_STRIDE, "%d is larger than tile %d (expected 1..tile)",
-                            t->stride, t->tile);
-        if (t->tile % t->stride != 0)
-            return fail_key(c, TW_KEY_TILING_STRIDE,
-                            "%d does not divide tile %d (expected a divisor such as %d)", t->stride,
-                            t->tile, t->tile / 2 >= 1 ? t->tile / 2 : 1);
-    }
+    char why[TW_ERROR_MSG_MAX / 2];
+    if (t->tile > 0 && t->stride > 0 &&
+        tw_key_check_stride(t->tile, t->stride, NULL, why, sizeof why) != 0)
+        return fail_key(c, TW_KEY_TILING_STRIDE, "%s", why);
     const tw_model_params *m = &p->model;
     if (m->n_mean > 0 && m->n_std > 0 && m->n_mean != m->n_std)
         return fail_key(c, TW_KEY_MODEL_STD,

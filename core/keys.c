@@ -248,6 +248,25 @@ static void add_products(kbuf *b, unsigned products)
     add(b, "]");
 }
 
+int tw_key_check_stride(int tile, int stride, const char *tile_from, char *msg, size_t size)
+{
+    if (stride >= 1 && stride <= tile && tile % stride == 0) return 0;
+    char from[TW_PATH_MAX + 4] = "";
+    if (tile_from) snprintf(from, sizeof from, " (%s)", tile_from);
+    if (stride > tile) {
+        snprintf(msg, size, "%d is larger than tile %d%s (expected 1..tile)", stride, tile, from);
+        return -1;
+    }
+    /* a divisor of tile at most stride: tile halved until at most stride, then
+     * down to the next divisor */
+    int sug = tile / 2 >= 1 ? tile / 2 : 1;
+    while (sug > 1 && sug > stride) sug /= 2;
+    while (sug > 1 && tile % sug != 0) sug--;
+    snprintf(msg, size, "%d does not divide tile %d%s (expected a divisor such as %d)", stride,
+             tile, from, sug);
+    return -1;
+}
+
 const char *tw_key_word(tw_key_id k, int i)
 {
     if (i < 0 || i >= tw_keys[k].n_names) return "?"; /* a damaged struct */

@@ -132,6 +132,16 @@ const char *tw_key_leaf(tw_key_id k);
 /* The key's section index in tw_key_sections. */
 int tw_key_section(tw_key_id k);
 
+/* tiling.stride against the tile it strides: 0 when stride divides tile
+ * (1 <= stride <= tile); else writes why into msg (without the key's name:
+ * "48 does not divide tile 64 (expected a divisor such as 32)"), naming
+ * tile_from after the tile when not NULL ("the model bundle's tile size"),
+ * and returns -1. The one message for the parser's check of the given keys
+ * (config/workflow.c) and the run's of the bundle's tile (pipeline/run/
+ * run.c): the run's needs the model, which config/ comes after. Cannot
+ * fail; thread-safe. */
+int tw_key_check_stride(int tile, int stride, const char *tile_from, char *msg, size_t size);
+
 /* Word i of an enum key (names[i]; output.products, whose names is NULL:
  * tw_products[i].word), or "?" outside 0..n_names-1. Cannot fail. */
 const char *tw_key_word(tw_key_id k, int i);

@@ -380,13 +380,35 @@ static void fingerprint_covers_bytes_keys(void **state)
     }
 }
 
+/* The one stride message: the parser's (given tile) and the run's (the
+ * bundle's tile) are this text. */
+static void stride_message(void **state)
+{
+    (void)state;
+    char msg[256] = "untouched";
+    assert_int_equal(tw_key_check_stride(64, 32, NULL, msg, sizeof msg), 0);
+    assert_int_equal(tw_key_check_stride(64, 64, NULL, msg, sizeof msg), 0);
+    assert_int_equal(tw_key_check_stride(64, 1, NULL, msg, sizeof msg), 0);
+    assert_string_equal(msg, "untouched");
+    assert_int_equal(tw_key_check_stride(64, 48, NULL, msg, sizeof msg), -1);
+    assert_string_equal(msg, "48 does not divide tile 64 (expected a divisor such as 32)");
+    /* the divisor offered is at most the stride asked */
+    assert_int_equal(tw_key_check_stride(64, 24, "the model bundle's tile size", msg, sizeof msg),
+                     -1);
+    assert_string_equal(msg, "24 does not divide tile 64 (the model bundle's tile size) (expected "
+                             "a divisor such as 16)");
+    assert_int_equal(tw_key_check_stride(96, 40, NULL, msg, sizeof msg), -1);
+    assert_string_equal(msg, "40 does not divide tile 96 (expected a divisor such as 24)");
+    assert_int_equal(tw_key_check_stride(64, 96, "tiling.tile", msg, sizeof msg), -1);
+    assert_string_equal(msg, "96 is larger than tile 64 (tiling.tile) (expected 1..tile)");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(table_is_whole),
-        cmocka_unit_test(format_round_trips),
-        cmocka_unit_test(keys_md_agrees),
-        cmocka_unit_test(fingerprint_covers_bytes_keys),
+        cmocka_unit_test(table_is_whole), cmocka_unit_test(format_round_trips),
+        cmocka_unit_test(keys_md_agrees), cmocka_unit_test(fingerprint_covers_bytes_keys),
+        cmocka_unit_test(stride_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

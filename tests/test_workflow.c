@@ -215,7 +215,7 @@ static void test_overrides(void **state)
     assert_int_equal(parse(k_good, bad, 1, &p, &err), TW_ERR_CONFIG);
     assert_string_equal(
         err.msg,
-        "--set tiling.stride: 48 does not divide tile 128 (expected a divisor such as 64)");
+        "--set tiling.stride: 48 does not divide tile 128 (expected a divisor such as 32)");
 
     /* a failed parse leaves *out alone */
     memset(&p, 0x5A, sizeof p);

@@ -123,19 +123,13 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
 
     m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
     m->stride = p->tiling.stride > 0 ? p->tiling.stride : m->tile;
-    if (m->stride > m->tile || m->tile % m->stride != 0) {
-        /* The tile came from the bundle (the parser checks a given one):
-         * say so, and suggest as the parser does. */
-        int sug = m->tile / 2 >= 1 ? m->tile / 2 : 1;
-        while (sug > 1 && sug > m->stride) sug /= 2;
-        while (sug > 1 && m->tile % sug != 0) sug--;
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "tiling.stride: %d does not divide tile %d (%s) (expected a divisor "
-                            "such as %d)",
-                            m->stride, m->tile,
+    /* The tile came from the bundle (the parser checks a given one): the
+     * parser's message, saying so. */
+    char why[TW_ERROR_MSG_MAX / 2];
+    if (tw_key_check_stride(m->tile, m->stride,
                             p->tiling.tile > 0 ? "tiling.tile" : "the model bundle's tile size",
-                            sug);
-    }
+                            why, sizeof why) != 0)
+        return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride: %s", why);
     if (m->tile < 32)
         return tw_error_set(err, TW_ERR_CONFIG,
                             "tiling.tile %d is too small for a ResNet (32 pixels at least)",
