@@ -29,6 +29,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <gdal.h>
 #include <yaml.h>
 
 #include "core/datetime.h"
@@ -1216,6 +1217,19 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
                             "%d values but input.bands selects %d bands (expected one per band)",
                             m->n_std, p->input.n_bands);
     }
+    /* the products against other keys (the C API's runs are parsed too) */
+    const tw_output_params *o = &p->output;
+    if ((o->products & TW_PRODUCT_EMB_RASTER) && o->resolution == TW_RESOLUTION_INPUT)
+        return fail_key(c, TW_KEY_OUTPUT_RESOLUTION,
+                        "input is not available for embedding_raster (a raster of output cells); "
+                        "use resolution: cells");
+    if ((o->products & TW_PRODUCT_EMB_RASTER) && o->emb_type == TW_EMB_FLOAT16 &&
+        o->format == TW_FORMAT_COG)
+        return fail_key(c, TW_KEY_OUTPUT_EMBEDDING_TYPE,
+                        "float16 cannot be written as a COG with GDAL %s (its COG driver fills "
+                        "half-float overviews with garbage); use float32 or int8, or "
+                        "output.format: GTiff",
+                        GDALVersionInfo("RELEASE_NAME"));
     return TW_OK;
 }
 

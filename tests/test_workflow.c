@@ -337,6 +337,13 @@ static const bad_case k_bad[] = {
     {BASE "tiling:\n  stride: 96\n  tile: 64\n",
      NULL,
      {"flow.yaml:6: tiling.stride: 96 is larger than tile 64"}},
+    /* the products against other keys (checked in the run driver before) */
+    {BASE "output:\n  products: [embedding_raster]\n  resolution: input\n",
+     NULL,
+     {"flow.yaml:7: output.resolution: input is not available for embedding_raster"}},
+    {BASE "output:\n  products: [embedding_raster]\n  format: COG\n  embedding_type: float16\n",
+     NULL,
+     {"flow.yaml:8: output.embedding_type: float16 cannot be written as a COG"}},
     /* mean/std lengths */
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 2, 3]\n  std: [1, 2]\n",
      NULL,

@@ -793,8 +793,7 @@ void tw_run_ctx_release(run_ctx *c)
 }
 
 /* The products against the model: a headless backbone has no class
- * probabilities to give (TW_ERR_MODEL naming the product and the file), and
- * the embedding raster is a cell-grid product. */
+ * probabilities to give (TW_ERR_MODEL naming the product and the file). */
 static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw_error *err)
 {
     unsigned need = p->output.products & tw_products_needing_head();
@@ -813,17 +812,7 @@ static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw
                             "embeddings only",
                             name, p->model.weights);
     }
-    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.resolution == TW_RESOLUTION_INPUT)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "output.resolution: input is not available for embedding_raster (a "
-                            "raster of output cells); use resolution: cells");
-    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.emb_type == TW_EMB_FLOAT16 &&
-        p->output.format == TW_FORMAT_COG)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "output.embedding_type: float16 cannot be written as a COG with "
-                            "GDAL %s (its COG driver fills half-float overviews with garbage); "
-                            "use float32 or int8, or output.format: GTiff",
-                            GDALVersionInfo("RELEASE_NAME"));
+    /* the products against other keys: config/workflow.c's check_all */
     return TW_OK;
 }
 
