@@ -5,7 +5,7 @@
  * and whether an output byte depends on it. Everything that walks keys walks
  * this table, so a key added here is parsed, echoed, fingerprinted and
  * documented everywhere at once:
- *   - workflows/workflow.c: the parser, `--set`, "did you mean", the ranges
+ *   - config/workflow.c: the parser, `--set`, "did you mean", the ranges
  *     and enum words in messages (one setter per key, checked complete);
  *   - pipeline/run/run.c: the parts fingerprint is one line per TW_KEY_BYTES key
  *     (tw_key_format), so resumed runs, shards and merges are refused when
@@ -18,8 +18,16 @@
  * switches over tw_key_id without a default, so -Wswitch (-Werror in CI)
  * names any place a new key was forgotten.
  *
- * The table lives in core/ because it describes core/params.h's struct,
- * which every layer reads; the YAML parser that walks it is above pipeline/.
+ * Why core/ and not config/ (DESIGN.md gives the key table to config/):
+ * pipeline/ walks it too - the parts fingerprint (pipeline/run/run.c), the
+ * merge manifest's reader and writer (pipeline/store/manifest.c) and
+ * run.json's config (pipeline/report/report.c) - and pipeline/ sits below
+ * config/ (scripts/check_layers.sh: config/ may include pipeline/, not the
+ * reverse). The table describes core/params.h's struct, which every layer
+ * reads, and holds no parsing: the YAML parser that walks it stays in
+ * config/, as do the checks of keys against each other (check_all), except
+ * those that need the model (the bundle's tile: tw_key_check_stride, used
+ * by both). The same holds for core/products.h's table.
  */
 #ifndef TW_KEYS_H
 #define TW_KEYS_H
