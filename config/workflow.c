@@ -29,6 +29,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <gdal.h>
 #include <yaml.h>
 
 #include "core/datetime.h"
@@ -696,13 +697,14 @@ static tw_status set_output_products(wf_ctx *c, const yaml_node_t *v, tw_run_par
     int n;
     tw_status st = check_list(c, v, "products", 16, &n);
     unsigned products = 0;
+    const char *words[TW_PRODUCT_COUNT];
+    for (int k = 0; k < key->n_names; k++) words[k] = tw_key_word(c->key, k);
     for (int i = 0; !st && i < n; i++) {
         int k;
-        st = get_choice(c, list_item(c, v, i), key->names, key->n_names, &k);
+        st = get_choice(c, list_item(c, v, i), words, key->n_names, &k);
         if (st) break;
-        products |= tw_product_names[k].bit;
         /* embeddings live in the HDF5 tile table, so they imply it */
-        if (tw_product_names[k].bit == TW_PRODUCT_EMB) products |= TW_PRODUCT_TILES;
+        products |= tw_products[k].bit | tw_products[k].implies;
     }
     if (!st) p->output.products = products;
     return st;
@@ -1196,15 +1198,10 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
             c, 0, NULL,
             "model.weights is required (an HDF5 bundle, a safetensors file or an ONNX model)");
     const tw_tiling_params *t = &p->tiling;
-    if (t->tile > 0 && t->stride > 0) {
-        if (t->stride > t->tile)
-            return fail_key(c, TW_KEY_TILING_STRIDE, "%d is larger than tile %d (expected 1..tile)",
-                            t->stride, t->tile);
-        if (t->tile % t->stride != 0)
-            return fail_key(c, TW_KEY_TILING_STRIDE,
-                            "%d does not divide tile %d (expected a divisor such as %d)", t->stride,
-                            t->tile, t->tile / 2 >= 1 ? t->tile / 2 : 1);
-    }
+    char why[TW_ERROR_MSG_MAX / 2];
+    if (t->tile > 0 && t->stride > 0 &&
+        tw_key_check_stride(t->tile, t->stride, NULL, why, sizeof why) != 0)
+        return fail_key(c, TW_KEY_TILING_STRIDE, "%s", why);
     const tw_model_params *m = &p->model;
     if (m->n_mean > 0 && m->n_std > 0 && m->n_mean != m->n_std)
         return fail_key(c, TW_KEY_MODEL_STD,
@@ -1220,6 +1217,19 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
                             "%d values but input.bands selects %d bands (expected one per band)",
                             m->n_std, p->input.n_bands);
     }
+    /* the products against other keys (the C API's runs are parsed too) */
+    const tw_output_params *o = &p->output;
+    if ((o->products & TW_PRODUCT_EMB_RASTER) && o->resolution == TW_RESOLUTION_INPUT)
+        return fail_key(c, TW_KEY_OUTPUT_RESOLUTION,
+                        "input is not available for embedding_raster (a raster of output cells); "
+                        "use resolution: cells");
+    if ((o->products & TW_PRODUCT_EMB_RASTER) && o->emb_type == TW_EMB_FLOAT16 &&
+        o->format == TW_FORMAT_COG)
+        return fail_key(c, TW_KEY_OUTPUT_EMBEDDING_TYPE,
+                        "float16 cannot be written as a COG with GDAL %s (its COG driver fills "
+                        "half-float overviews with garbage); use float32 or int8, or "
+                        "output.format: GTiff",
+                        GDALVersionInfo("RELEASE_NAME"));
     return TW_OK;
 }
 

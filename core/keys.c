@@ -18,11 +18,6 @@ static const char *const arch_names[] = {"resnet18",         "resnet34",        
                                          "wide_resnet101_2"};
 static const char *const precision_names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
 static const char *const resolution_names[] = {"cells", "input"};
-/* tw_product_names' words as a plain list (tests/test_keys.c checks they agree) */
-static const char *const product_words[TW_PRODUCT_COUNT] = {
-    "class", "prob",       "confidence", "embeddings",
-    "tiles", "tiles_gpkg", "polygons",   "embedding_raster"};
-
 #define NAMES(a) a, (int)(sizeof a / sizeof a[0])
 #define EXECUTION "how the run computes, not what: "
 
@@ -116,7 +111,7 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
     [TW_KEY_OUTPUT_STAC] = {"output.stac", TW_KT_BOOL, .range = "true or false", .def = "false",
                             .why = "it adds the STAC items, written from the finished products; "
                                    "no product byte depends on it"},
-    [TW_KEY_OUTPUT_PRODUCTS] = {"output.products", TW_KT_ENUMS, NAMES(product_words),
+    [TW_KEY_OUTPUT_PRODUCTS] = {"output.products", TW_KT_ENUMS, .n_names = TW_PRODUCT_COUNT,
                                 .def = "[class, prob]", .flags = TW_KEY_BYTES},
     [TW_KEY_OUTPUT_PROB_TYPE] = {"output.prob_type", TW_KT_ENUM, NAMES(tw_prob_type_names),
                                  .def = "float32", .flags = TW_KEY_BYTES},
@@ -249,14 +244,33 @@ static void add_products(kbuf *b, unsigned products)
     add(b, "[");
     int n = 0;
     for (int i = 0; i < TW_PRODUCT_COUNT; i++)
-        if (products & tw_product_names[i].bit) add(b, "%s%s", n++ ? ", " : "", product_words[i]);
+        if (products & tw_products[i].bit) add(b, "%s%s", n++ ? ", " : "", tw_products[i].word);
     add(b, "]");
 }
 
-/* An enum's word, or "?" for a value outside it (a damaged struct). */
-static const char *word(tw_key_id k, int v)
+int tw_key_check_stride(int tile, int stride, const char *tile_from, char *msg, size_t size)
 {
-    return v >= 0 && v < tw_keys[k].n_names ? tw_keys[k].names[v] : "?";
+    if (stride >= 1 && stride <= tile && tile % stride == 0) return 0;
+    char from[TW_PATH_MAX + 4] = "";
+    if (tile_from) snprintf(from, sizeof from, " (%s)", tile_from);
+    if (stride > tile) {
+        snprintf(msg, size, "%d is larger than tile %d%s (expected 1..tile)", stride, tile, from);
+        return -1;
+    }
+    /* a divisor of tile at most stride: tile halved until at most stride, then
+     * down to the next divisor */
+    int sug = tile / 2 >= 1 ? tile / 2 : 1;
+    while (sug > 1 && sug > stride) sug /= 2;
+    while (sug > 1 && tile % sug != 0) sug--;
+    snprintf(msg, size, "%d does not divide tile %d%s (expected a divisor such as %d)", stride,
+             tile, from, sug);
+    return -1;
+}
+
+const char *tw_key_word(tw_key_id k, int i)
+{
+    if (i < 0 || i >= tw_keys[k].n_names) return "?"; /* a damaged struct */
+    return tw_keys[k].type == TW_KT_ENUMS ? tw_products[i].word : tw_keys[k].names[i];
 }
 
 size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size)
@@ -294,7 +308,7 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
         else
             add_double(&b, in->nodata);
         break;
-    case TW_KEY_INPUT_ON_ERROR: add(&b, "%s", word(k, (int)in->on_error)); break;
+    case TW_KEY_INPUT_ON_ERROR: add(&b, "%s", tw_key_word(k, (int)in->on_error)); break;
     case TW_KEY_INPUT_ASSETS: add_strings(&b, in->assets, in->n_assets); break;
     case TW_KEY_INPUT_RETRIES: add(&b, "%d", in->retries); break;
     case TW_KEY_INPUT_RETRY_DELAY: add_double(&b, in->retry_delay); break;
@@ -313,14 +327,14 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
                 m->colors[i][2]);
         add(&b, "]");
         break;
-    case TW_KEY_MODEL_STEM: add(&b, "%s", word(k, (int)m->stem)); break;
+    case TW_KEY_MODEL_STEM: add(&b, "%s", tw_key_word(k, (int)m->stem)); break;
     case TW_KEY_TILING_TILE: add_auto_int(&b, p->tiling.tile); break;
     case TW_KEY_TILING_STRIDE: add_auto_int(&b, p->tiling.stride); break;
     case TW_KEY_TILING_BATCH: add_auto_int(&b, p->tiling.batch); break;
-    case TW_KEY_TILING_EDGE: add(&b, "%s", word(k, (int)p->tiling.edge)); break;
+    case TW_KEY_TILING_EDGE: add(&b, "%s", tw_key_word(k, (int)p->tiling.edge)); break;
     case TW_KEY_TILING_MAX_NODATA_FRACTION: add_double(&b, p->tiling.max_nodata_fraction); break;
     case TW_KEY_RUNTIME_DEVICE: add_str(&b, p->runtime.device); break;
-    case TW_KEY_RUNTIME_PRECISION: add(&b, "%s", word(k, (int)p->runtime.precision)); break;
+    case TW_KEY_RUNTIME_PRECISION: add(&b, "%s", tw_key_word(k, (int)p->runtime.precision)); break;
     case TW_KEY_RUNTIME_MEMORY: add(&b, "%zu", p->runtime.memory); break;
     case TW_KEY_RUNTIME_THREADS: add_auto_int(&b, p->runtime.threads); break;
     case TW_KEY_RUNTIME_READERS: add_auto_int(&b, p->runtime.readers); break;
@@ -328,10 +342,12 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
     case TW_KEY_OUTPUT_NAME: add_str(&b, p->output.name); break;
     case TW_KEY_OUTPUT_STAC: add(&b, "%s", p->output.stac ? "true" : "false"); break;
     case TW_KEY_OUTPUT_PRODUCTS: add_products(&b, p->output.products); break;
-    case TW_KEY_OUTPUT_PROB_TYPE: add(&b, "%s", word(k, (int)p->output.prob_type)); break;
-    case TW_KEY_OUTPUT_EMBEDDING_TYPE: add(&b, "%s", word(k, (int)p->output.emb_type)); break;
-    case TW_KEY_OUTPUT_RESOLUTION: add(&b, "%s", word(k, (int)p->output.resolution)); break;
-    case TW_KEY_OUTPUT_FORMAT: add(&b, "%s", word(k, (int)p->output.format)); break;
+    case TW_KEY_OUTPUT_PROB_TYPE: add(&b, "%s", tw_key_word(k, (int)p->output.prob_type)); break;
+    case TW_KEY_OUTPUT_EMBEDDING_TYPE:
+        add(&b, "%s", tw_key_word(k, (int)p->output.emb_type));
+        break;
+    case TW_KEY_OUTPUT_RESOLUTION: add(&b, "%s", tw_key_word(k, (int)p->output.resolution)); break;
+    case TW_KEY_OUTPUT_FORMAT: add(&b, "%s", tw_key_word(k, (int)p->output.format)); break;
     case TW_KEY_OUTPUT_CREATION_OPTIONS:
         add(&b, "[");
         for (int i = 0; i < p->output.n_creation_options; i++) {
@@ -340,7 +356,9 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
         }
         add(&b, "]");
         break;
-    case TW_KEY_OUTPUT_VECTOR_FORMAT: add(&b, "%s", word(k, (int)p->output.vector_format)); break;
+    case TW_KEY_OUTPUT_VECTOR_FORMAT:
+        add(&b, "%s", tw_key_word(k, (int)p->output.vector_format));
+        break;
     case TW_KEY_OUTPUT_MIN_AREA: add_double(&b, p->output.min_area); break;
     case TW_KEY_OUTPUT_SIMPLIFY: add_double(&b, p->output.simplify); break;
     case TW_KEY_COUNT: break;

@@ -5,7 +5,7 @@
  * and whether an output byte depends on it. Everything that walks keys walks
  * this table, so a key added here is parsed, echoed, fingerprinted and
  * documented everywhere at once:
- *   - workflows/workflow.c: the parser, `--set`, "did you mean", the ranges
+ *   - config/workflow.c: the parser, `--set`, "did you mean", the ranges
  *     and enum words in messages (one setter per key, checked complete);
  *   - pipeline/run/run.c: the parts fingerprint is one line per TW_KEY_BYTES key
  *     (tw_key_format), so resumed runs, shards and merges are refused when
@@ -18,8 +18,16 @@
  * switches over tw_key_id without a default, so -Wswitch (-Werror in CI)
  * names any place a new key was forgotten.
  *
- * The table lives in core/ because it describes core/params.h's struct,
- * which every layer reads; the YAML parser that walks it is above pipeline/.
+ * Why core/ and not config/ (DESIGN.md gives the key table to config/):
+ * pipeline/ walks it too - the parts fingerprint (pipeline/run/run.c), the
+ * merge manifest's reader and writer (pipeline/store/manifest.c) and
+ * run.json's config (pipeline/report/report.c) - and pipeline/ sits below
+ * config/ (scripts/check_layers.sh: config/ may include pipeline/, not the
+ * reverse). The table describes core/params.h's struct, which every layer
+ * reads, and holds no parsing: the YAML parser that walks it stays in
+ * config/, as do the checks of keys against each other (check_all), except
+ * those that need the model (the bundle's tile: tw_key_check_stride, used
+ * by both). The same holds for core/products.h's table.
  */
 #ifndef TW_KEYS_H
 #define TW_KEYS_H
@@ -82,7 +90,7 @@ typedef enum tw_key_type {
     TW_KT_AUTO_INT, /* auto, or an integer in lo..hi (0 in the struct: auto) */
     TW_KT_NUMBER,   /* a number in the range `range` says (lo..hi, bounds per the setter) */
     TW_KT_ENUM,     /* one of names[], case-insensitive; the struct holds its index */
-    TW_KT_ENUMS,    /* a list of names[] */
+    TW_KT_ENUMS,    /* a list of output.products words (core/products.h's table) */
     TW_KT_SIZE,     /* bytes: 512MiB, 2GiB, ... */
     TW_KT_INTS,     /* a list of integers */
     TW_KT_NUMBERS,  /* a list of numbers */
@@ -107,7 +115,7 @@ enum {
 typedef struct tw_key {
     const char *path;         /* "tiling.stride" */
     tw_key_type type;         /* what the parser accepts */
-    const char *const *names; /* TW_KT_ENUM/ENUMS: the words, in the enum's order */
+    const char *const *names; /* TW_KT_ENUM's words in enum order; read with tw_key_word */
     int n_names;
     double lo, hi;     /* TW_KT_INT/AUTO_INT/NUMBER(S)/INTS: the range */
     const char *range; /* the range or shape in words, for messages ("0..1") */
@@ -131,6 +139,20 @@ const char *tw_key_leaf(tw_key_id k);
 
 /* The key's section index in tw_key_sections. */
 int tw_key_section(tw_key_id k);
+
+/* tiling.stride against the tile it strides: 0 when stride divides tile
+ * (1 <= stride <= tile); else writes why into msg (without the key's name:
+ * "48 does not divide tile 64 (expected a divisor such as 32)"), naming
+ * tile_from after the tile when not NULL ("the model bundle's tile size"),
+ * and returns -1. The one message for the parser's check of the given keys
+ * (config/workflow.c) and the run's of the bundle's tile (pipeline/run/
+ * run.c): the run's needs the model, which config/ comes after. Cannot
+ * fail; thread-safe. */
+int tw_key_check_stride(int tile, int stride, const char *tile_from, char *msg, size_t size);
+
+/* Word i of an enum key (names[i]; output.products, whose names is NULL:
+ * tw_products[i].word), or "?" outside 0..n_names-1. Cannot fail. */
+const char *tw_key_word(tw_key_id k, int i);
 
 /* The value of key k in p as one line of text, written so that
  * `--set PATH=TEXT` gives the same value back: words as the table spells

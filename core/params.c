@@ -4,11 +4,6 @@
 #include <math.h>
 #include <string.h>
 
-const tw_product_name tw_product_names[TW_PRODUCT_COUNT] = {
-    {TW_PRODUCT_CLASS, "class"},       {TW_PRODUCT_PROB, "prob"},
-    {TW_PRODUCT_CONF, "confidence"},   {TW_PRODUCT_EMB, "embeddings"},
-    {TW_PRODUCT_TILES, "tiles"},       {TW_PRODUCT_TILES_GPKG, "tiles_gpkg"},
-    {TW_PRODUCT_POLYGONS, "polygons"}, {TW_PRODUCT_EMB_RASTER, "embedding_raster"}};
 const char *const tw_edge_names[3] = {"pad", "shift", "skip"};
 const char *const tw_prob_type_names[2] = {"float32", "uint8"};
 const char *const tw_format_names[2] = {"GTiff", "COG"};

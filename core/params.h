@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/products.h"
+
 #define TW_PATH_MAX 1024
 #define TW_MAX_INPUTS 64
 #define TW_MAX_BANDS 64
@@ -43,31 +45,9 @@ typedef enum {
     TW_RESOLUTION_INPUT,     /* the input's pixel grid (bilinear probabilities) */
 } tw_resolution;
 
-/* output.products, as bits */
-enum {
-    TW_PRODUCT_CLASS = 1u << 0,
-    TW_PRODUCT_PROB = 1u << 1,
-    TW_PRODUCT_CONF = 1u << 2,
-    TW_PRODUCT_EMB = 1u << 3,        /* embeddings into the HDF5 tile table */
-    TW_PRODUCT_TILES = 1u << 4,      /* the HDF5 tile table (probabilities per tile) */
-    TW_PRODUCT_TILES_GPKG = 1u << 5, /* GeoPackage of tile polygons */
-    TW_PRODUCT_POLYGONS = 1u << 6,   /* class regions as polygons (io/output/polygons.h) */
-    TW_PRODUCT_EMB_RASTER = 1u << 7, /* pooled features per output cell (scene.emb.tif) */
-};
-/* The products that need the model's head (fc): a headless backbone runs
- * the others only. */
-#define TW_PRODUCTS_NEED_HEAD                                                                      \
-    (TW_PRODUCT_CLASS | TW_PRODUCT_PROB | TW_PRODUCT_CONF | TW_PRODUCT_TILES |                     \
-     TW_PRODUCT_TILES_GPKG | TW_PRODUCT_POLYGONS)
-
-/* The names the workflow file (KEYS.md), run.json and the merge manifest
- * use: tw_product_names in output.products order, the others by enum value. */
-typedef struct tw_product_name {
-    unsigned bit;
-    const char *name;
-} tw_product_name;
-#define TW_PRODUCT_COUNT 8
-extern const tw_product_name tw_product_names[TW_PRODUCT_COUNT];
+/* output.products: the TW_PRODUCT_* bits and their table are core/products.h's.
+ * The names the workflow file (KEYS.md), run.json and the merge manifest use
+ * for the other enums, by enum value: */
 extern const char *const tw_edge_names[3];          /* pad, shift, skip */
 extern const char *const tw_prob_type_names[2];     /* float32, uint8 */
 extern const char *const tw_format_names[2];        /* GTiff, COG */

@@ -183,13 +183,9 @@ def help_and_man():
 
 def product_files():
     """Every file name a run writes beside scene.tif, from the code."""
-    merge = read("pipeline/run/merge.c")
-    m = re.search(r"suffixes\[\] = \{(.*?)\};", merge, re.S)
-    check(m is not None, "pipeline/run/merge.c: suffixes[]")
+    m = re.search(r"tw_products\[TW_PRODUCT_COUNT\] = \{(.*?)\n\};", read("core/products.c"), re.S)
+    check(m is not None, "core/products.c: tw_products[]")
     suffixes = set(re.findall(r'"(\.[a-z.0-9]+)"', m.group(1)))
-    m = re.search(r"k_assets\[\] = \{(.*?)\};", read("io/output/stac_out.c"), re.S)
-    check(m is not None, "io/output/stac_out.c: k_assets[]")
-    suffixes |= set(re.findall(r'\{"(\.[a-z.0-9]+)", "', m.group(1)))
     check(len(suffixes) >= 8, f"product suffixes {sorted(suffixes)}")
     return {"scene" + s for s in suffixes} | {"scene.stac.json", "collection.json", "run.json",
                                               "run.failed.json"}

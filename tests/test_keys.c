@@ -93,7 +93,7 @@ static void table_is_whole(void **state)
         if (!(key->flags & TW_KEY_BYTES) && !(key->why && *key->why))
             fail_msg("%s: neither TW_KEY_BYTES nor a reason why no output byte depends on it",
                      key->path);
-        if (key->type == TW_KT_ENUM || key->type == TW_KT_ENUMS) {
+        if (key->type == TW_KT_ENUM) {
             assert_non_null(key->names);
             assert_true(key->n_names > 0);
         }
@@ -101,11 +101,33 @@ static void table_is_whole(void **state)
         if (k > 0) assert_true(tw_key_section((tw_key_id)k) >= tw_key_section((tw_key_id)(k - 1)));
     }
     assert_int_equal(tw_key_find("tiling.strides"), -1);
-    /* the product words are params.h's names, in the same order */
+    /* the product words are core/products.h's table: row i is bit i, each
+     * word once, each file suffix once */
     const tw_key *prod = &tw_keys[TW_KEY_OUTPUT_PRODUCTS];
+    assert_int_equal(prod->type, TW_KT_ENUMS);
     assert_int_equal(prod->n_names, TW_PRODUCT_COUNT);
-    for (int i = 0; i < TW_PRODUCT_COUNT; i++)
-        assert_string_equal(prod->names[i], tw_product_names[i].name);
+    for (int i = 0; i < TW_PRODUCT_COUNT; i++) {
+        const tw_product *r = &tw_products[i];
+        assert_int_equal(r->bit, 1u << i);
+        assert_ptr_equal(tw_product_of(r->bit), r);
+        assert_int_equal(r->suffix == NULL, r->kind == TW_PRODUCT_IN_TABLE);
+        for (int j = 0; j < i; j++) {
+            assert_string_not_equal(r->word, tw_products[j].word);
+            if (r->suffix && tw_products[j].suffix)
+                assert_string_not_equal(r->suffix, tw_products[j].suffix);
+        }
+    }
+    /* file order: the rasters (class, prob, conf, emb), the table, the vectors */
+    const tw_product *files[TW_PRODUCT_COUNT];
+    int nf = tw_product_files(files);
+    assert_int_equal(nf, TW_PRODUCT_COUNT - 1);
+    static const char *const order[] = {".class.tif", ".prob.tif",   ".conf.tif",  ".emb.tif",
+                                        ".tiles.h5",  ".tiles.gpkg", ".class.gpkg"};
+    for (int i = 0; i < nf; i++) assert_string_equal(files[i]->suffix, order[i]);
+    assert_int_equal(tw_products_with_implied(TW_PRODUCT_EMB), TW_PRODUCT_EMB | TW_PRODUCT_TILES);
+    assert_int_equal(tw_products_needing_head(), TW_PRODUCT_CLASS | TW_PRODUCT_PROB |
+                                                     TW_PRODUCT_CONF | TW_PRODUCT_TILES |
+                                                     TW_PRODUCT_TILES_GPKG | TW_PRODUCT_POLYGONS);
     assert_string_equal(tw_keys[TW_KEY_TILING_EDGE].names[TW_EDGE_SHIFT], "shift");
     assert_string_equal(tw_keys[TW_KEY_RUNTIME_PRECISION].names[TW_PREC_INT8], "int8");
     assert_string_equal(tw_keys[TW_KEY_OUTPUT_FORMAT].names[TW_FORMAT_COG], "COG");
@@ -234,7 +256,7 @@ static void keys_md_agrees(void **state)
         snprintf(row, sizeof row, "%.*s", (int)r->len, r->line);
         for (int w = 0; w < key->n_names; w++) {
             char word[80];
-            snprintf(word, sizeof word, "`%s`", key->names[w]);
+            snprintf(word, sizeof word, "`%s`", tw_key_word((tw_key_id)k, w));
             if (!strstr(row, word))
                 fail_msg("KEYS.md's row for %s does not name %s", key->path, word);
         }
@@ -358,13 +380,35 @@ static void fingerprint_covers_bytes_keys(void **state)
     }
 }
 
+/* The one stride message: the parser's (given tile) and the run's (the
+ * bundle's tile) are this text. */
+static void stride_message(void **state)
+{
+    (void)state;
+    char msg[256] = "untouched";
+    assert_int_equal(tw_key_check_stride(64, 32, NULL, msg, sizeof msg), 0);
+    assert_int_equal(tw_key_check_stride(64, 64, NULL, msg, sizeof msg), 0);
+    assert_int_equal(tw_key_check_stride(64, 1, NULL, msg, sizeof msg), 0);
+    assert_string_equal(msg, "untouched");
+    assert_int_equal(tw_key_check_stride(64, 48, NULL, msg, sizeof msg), -1);
+    assert_string_equal(msg, "48 does not divide tile 64 (expected a divisor such as 32)");
+    /* the divisor offered is at most the stride asked */
+    assert_int_equal(tw_key_check_stride(64, 24, "the model bundle's tile size", msg, sizeof msg),
+                     -1);
+    assert_string_equal(msg, "24 does not divide tile 64 (the model bundle's tile size) (expected "
+                             "a divisor such as 16)");
+    assert_int_equal(tw_key_check_stride(96, 40, NULL, msg, sizeof msg), -1);
+    assert_string_equal(msg, "40 does not divide tile 96 (expected a divisor such as 24)");
+    assert_int_equal(tw_key_check_stride(64, 96, "tiling.tile", msg, sizeof msg), -1);
+    assert_string_equal(msg, "96 is larger than tile 64 (tiling.tile) (expected 1..tile)");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(table_is_whole),
-        cmocka_unit_test(format_round_trips),
-        cmocka_unit_test(keys_md_agrees),
-        cmocka_unit_test(fingerprint_covers_bytes_keys),
+        cmocka_unit_test(table_is_whole), cmocka_unit_test(format_round_trips),
+        cmocka_unit_test(keys_md_agrees), cmocka_unit_test(fingerprint_covers_bytes_keys),
+        cmocka_unit_test(stride_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -215,7 +215,7 @@ static void test_overrides(void **state)
     assert_int_equal(parse(k_good, bad, 1, &p, &err), TW_ERR_CONFIG);
     assert_string_equal(
         err.msg,
-        "--set tiling.stride: 48 does not divide tile 128 (expected a divisor such as 64)");
+        "--set tiling.stride: 48 does not divide tile 128 (expected a divisor such as 32)");
 
     /* a failed parse leaves *out alone */
     memset(&p, 0x5A, sizeof p);
@@ -337,6 +337,13 @@ static const bad_case k_bad[] = {
     {BASE "tiling:\n  stride: 96\n  tile: 64\n",
      NULL,
      {"flow.yaml:6: tiling.stride: 96 is larger than tile 64"}},
+    /* the products against other keys (checked in the run driver before) */
+    {BASE "output:\n  products: [embedding_raster]\n  resolution: input\n",
+     NULL,
+     {"flow.yaml:7: output.resolution: input is not available for embedding_raster"}},
+    {BASE "output:\n  products: [embedding_raster]\n  format: COG\n  embedding_type: float16\n",
+     NULL,
+     {"flow.yaml:8: output.embedding_type: float16 cannot be written as a COG"}},
     /* mean/std lengths */
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  mean: [1, 2, 3]\n  std: [1, 2]\n",
      NULL,

@@ -21,6 +21,7 @@
 #include "core/datetime.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "core/products.h"
 
 #define EXT_PROJ "https://stac-extensions.github.io/projection/v1.1.0/schema.json"
 #define EXT_RASTER "https://stac-extensions.github.io/raster/v1.1.0/schema.json"
@@ -167,7 +168,7 @@ bool tw_stac_model_href(const char *dir, const char *target, char *out, size_t s
 }
 
 /* ------------------------------------------------------------------------ */
-/* the asset table: one row per product file suffix                         */
+/* the asset of a product file: core/products.h's table                    */
 
 typedef struct asset_kind {
     const char *suffix; /* after "<id>" */
@@ -177,16 +178,20 @@ typedef struct asset_kind {
     bool classes;     /* carries classification:classes */
 } asset_kind;
 
-static const asset_kind k_assets[] = {
-    {".class.tif", "class", "Class map (argmax class)", NULL, true},
-    {".prob.tif", "prob", "Class probabilities (one band per class)", NULL, false},
-    {".conf.tif", "confidence", "Confidence (maximum probability)", NULL, false},
-    {".emb.tif", "embedding_raster", "Embeddings (pooled features per cell)", NULL, false},
-    {".tiles.h5", "tiles", "Tile table (HDF5)", "application/x-hdf5", false},
-    {".tiles.gpkg", "tiles_gpkg", "Tile footprints", "application/geopackage+sqlite3", false},
-    {".class.gpkg", "polygons", "Class polygons", "application/geopackage+sqlite3", true},
-    {".class.fgb", "polygons", "Class polygons", "application/vnd.flatgeobuf", true},
-};
+/* The kind of a product's file named by suffix (its row's, or the
+ * FlatGeobuf's); false when no product's file has that suffix. */
+static bool product_kind(const char *suffix, asset_kind *k)
+{
+    for (int i = 0; i < TW_PRODUCT_COUNT; i++) {
+        const tw_product *r = &tw_products[i];
+        bool fgb = r->suffix_fgb && strcmp(suffix, r->suffix_fgb) == 0;
+        if (!fgb && !(r->suffix && strcmp(suffix, r->suffix) == 0)) continue;
+        *k = (asset_kind){suffix, r->word, r->stac_title, fgb ? r->stac_type_fgb : r->stac_type,
+                          r->stac_classes};
+        return true;
+    }
+    return false;
+}
 
 /* The kind of a file the table does not know: its key from the suffix
  * ("x.foo.tif" -> "foo"), its type from the extension. */
@@ -718,12 +723,7 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
         asset_kind k;
         char key[64];
         const char *suffix = strncmp(base, ip->id, idlen) == 0 ? base + idlen : base;
-        size_t i = 0, nk = sizeof k_assets / sizeof k_assets[0];
-        while (i < nk && strcmp(suffix, k_assets[i].suffix) != 0) i++;
-        if (i < nk)
-            k = k_assets[i];
-        else
-            unknown_kind(suffix, &k, key, sizeof key);
+        if (!product_kind(suffix, &k)) unknown_kind(suffix, &k, key, sizeof key);
         json_t *a = json_object();
         char href[PATH_MAX + 4];
         snprintf(href, sizeof href, "./%s", base);

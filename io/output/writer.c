@@ -32,9 +32,11 @@
 #include "core/fileio.h"
 #include "io/gdal_msgs.h"
 
+/* The raster products (core/products.h's TW_PRODUCT_RASTER rows) this writer
+ * has the code for; their names, bands and pixels are the table's. */
 enum { TW_WP_CLASS = 0, TW_WP_PROB, TW_WP_CONF, TW_WP_EMB, TW_WP_COUNT };
-
-static const char *const k_product_names[TW_WP_COUNT] = {"class", "prob", "conf", "emb"};
+static const unsigned k_product_bits[TW_WP_COUNT] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB,
+                                                     TW_PRODUCT_CONF, TW_PRODUCT_EMB_RASTER};
 
 #define TW_EMB_INT8_NODATA (-128)
 
@@ -468,23 +470,25 @@ static tw_status writer_create(tw_writer *w, const tw_writer_params *p, tw_error
 
     for (int i = 0; i < TW_WP_COUNT && st == TW_OK; i++) {
         tw_writer_file *f = &w->files[i];
-        static const unsigned bits[TW_WP_COUNT] = {TW_PRODUCT_CLASS, TW_PRODUCT_PROB,
-                                                   TW_PRODUCT_CONF, TW_PRODUCT_EMB_RASTER};
-        if (!(p->products & bits[i])) continue;
-        f->n_bands = i == TW_WP_PROB ? w->n_classes : i == TW_WP_EMB ? w->emb_dim : 1;
+        const tw_product *row = tw_product_of(k_product_bits[i]);
+        if (!(p->products & row->bit)) continue;
+        f->n_bands = row->bands == TW_BANDS_CLASSES    ? w->n_classes
+                     : row->bands == TW_BANDS_FEATURES ? w->emb_dim
+                                                       : 1;
         f->type = GDT_Float32;
-        if (i == TW_WP_CLASS || (i == TW_WP_PROB && w->prob_type == TW_PROB_UINT8) ||
-            (i == TW_WP_EMB && w->emb_type == TW_EMB_INT8))
+        if (row->pixels == TW_PIXELS_BYTE ||
+            (row->pixels == TW_PIXELS_PROB_TYPE && w->prob_type == TW_PROB_UINT8) ||
+            (row->pixels == TW_PIXELS_EMBED_TYPE && w->emb_type == TW_EMB_INT8))
             f->type = GDT_Byte;
         char name[TW_PATH_MAX];
-        if (!path_printf(name, sizeof name, "%s.%s.tif", p->stem, k_product_names[i]) ||
+        if (!path_printf(name, sizeof name, "%s%s", p->stem, row->suffix) ||
             !path_printf(f->final_path, sizeof f->final_path, "%s/%s", p->dir, name) ||
             !path_printf(f->part_path, sizeof f->part_path, "%s/.%s.part", p->dir, name) ||
             !path_printf(f->cog_path, sizeof f->cog_path, "%s/.%s.cog.part", p->dir, name)) {
             /* Truncated names must never reach unlink() in destroy. */
             f->final_path[0] = f->part_path[0] = f->cog_path[0] = '\0';
-            st = tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s/%s.%s.tif", p->dir,
-                              p->stem, k_product_names[i]);
+            st = tw_error_set(err, TW_ERR_OUTPUT, "output path too long: %s/%s%s", p->dir, p->stem,
+                              row->suffix);
             break;
         }
         f->active = true;

@@ -90,8 +90,8 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
             }
         else if (k == TW_KEY_OUTPUT_PRODUCTS)
             for (int i = 0; i < TW_PRODUCT_COUNT; i++) {
-                if (r->output.products & tw_product_names[i].bit)
-                    tw_json_str(j, NULL, tw_product_names[i].name);
+                if (r->output.products & tw_products[i].bit)
+                    tw_json_str(j, NULL, tw_products[i].word);
             }
         else
             for (int i = 0; i < r->output.n_creation_options; i++)

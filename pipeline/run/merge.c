@@ -25,8 +25,8 @@
  * wrote it: products are renamed to their final names only when complete). */
 static bool has_products(const char *out_dir)
 {
-    static const char *const suffixes[] = {".class.tif",  ".prob.tif",   ".conf.tif",  ".tiles.h5",
-                                           ".tiles.gpkg", ".class.gpkg", ".class.fgb", ".emb.tif"};
+    const char *suffixes[TW_PRODUCT_SUFFIXES_MAX];
+    int n_suffixes = tw_products_suffixes(suffixes, false);
     DIR *d = opendir(out_dir);
     if (!d) return false;
     bool found = false;
@@ -34,7 +34,7 @@ static bool has_products(const char *out_dir)
     while (!found && (e = readdir(d)) != NULL) {
         size_t n = strlen(e->d_name);
         if (e->d_name[0] == '.') continue; /* temporaries: .scene.class.tif.part */
-        for (size_t k = 0; k < sizeof suffixes / sizeof suffixes[0] && !found; k++) {
+        for (int k = 0; k < n_suffixes && !found; k++) {
             size_t ls = strlen(suffixes[k]);
             found = n > ls && strcmp(e->d_name + n - ls, suffixes[k]) == 0;
         }

@@ -22,7 +22,6 @@
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "io/gdal_msgs.h"
-#include "io/output/polygons.h"
 #include "io/url.h"
 #include "io/output/writer.h"
 #include "pipeline/engine/budget.h"
@@ -427,27 +426,18 @@ static bool out_add(out_list *l, const char *name, const char *what, int input)
 static bool out_collect(const tw_preflight_params *pp, out_list *l)
 {
     const tw_run_params *p = pp->run;
-    static const struct {
-        unsigned bits;
-        const char *suffix, *what;
-    } prods[] = {{TW_PRODUCT_CLASS, "class.tif", "the class product of"},
-                 {TW_PRODUCT_PROB, "prob.tif", "the prob product of"},
-                 {TW_PRODUCT_CONF, "conf.tif", "the confidence product of"},
-                 {TW_PRODUCT_EMB_RASTER, "emb.tif", "the embedding_raster product of"},
-                 {TW_PRODUCT_TILES | TW_PRODUCT_EMB, "tiles.h5", "the tile table of"},
-                 {TW_PRODUCT_TILES_GPKG, "tiles.gpkg", "the tiles_gpkg product of"}};
+    const tw_product *files[TW_PRODUCT_COUNT];
+    int n_files = tw_product_files(files);
+    unsigned wrote = tw_products_with_implied(p->output.products);
+    bool fgb = p->output.vector_format == TW_VECTOR_FGB;
     char name[600];
     bool ok = true;
     for (int i = 0; ok && i < pp->n_inputs; i++) {
         if (pp->width[i] <= 0) continue;
-        for (size_t k = 0; ok && k < sizeof prods / sizeof prods[0]; k++) {
-            if (!(p->output.products & prods[k].bits)) continue;
-            snprintf(name, sizeof name, "%s.%s", pp->stems[i], prods[k].suffix);
-            ok = out_add(l, name, prods[k].what, i);
-        }
-        if (ok && (p->output.products & TW_PRODUCT_POLYGONS)) {
-            tw_polygons_path(".", pp->stems[i], p->output.vector_format, name, sizeof name);
-            ok = out_add(l, name + 2, "the polygons product of", i);
+        for (int k = 0; ok && k < n_files; k++) {
+            if (!(wrote & files[k]->bit)) continue;
+            snprintf(name, sizeof name, "%s%s", pp->stems[i], tw_product_suffix(files[k], fgb));
+            ok = out_add(l, name, files[k]->what, i);
         }
         if (ok && p->output.stac) {
             snprintf(name, sizeof name, "%s.stac.json", pp->stems[i]);
@@ -585,22 +575,18 @@ tw_status tw_preflight_output(const tw_preflight_params *pp, tw_preflight_warnin
     if (st == TW_OK) st = trial_write(p, pp->n_classes, err);
     if (st != TW_OK) return st;
     /* A final path taken by a directory fails at assembly: say it now. */
-    static const struct {
-        unsigned bits;
-        const char *suffix;
-    } prods[] = {{TW_PRODUCT_CLASS, "class.tif"},
-                 {TW_PRODUCT_PROB, "prob.tif"},
-                 {TW_PRODUCT_CONF, "conf.tif"},
-                 {TW_PRODUCT_EMB_RASTER, "emb.tif"},
-                 {TW_PRODUCT_TILES | TW_PRODUCT_EMB, "tiles.h5"},
-                 {TW_PRODUCT_TILES_GPKG, "tiles.gpkg"}};
+    const tw_product *files[TW_PRODUCT_COUNT];
+    int n_files = tw_product_files(files);
+    unsigned wrote = tw_products_with_implied(p->output.products);
+    bool fgb = p->output.vector_format == TW_VECTOR_FGB;
     for (int i = 0; i < pp->n_inputs; i++) {
         if (pp->width[i] <= 0) continue;
-        for (size_t k = 0; k < sizeof prods / sizeof prods[0]; k++) {
-            if (!(p->output.products & prods[k].bits)) continue;
+        for (int k = 0; k < n_files; k++) {
+            if (!(wrote & files[k]->bit)) continue;
             char path[TW_PATH_MAX + 300];
             struct stat sb;
-            snprintf(path, sizeof path, "%s/%s.%s", p->output.dir, pp->stems[i], prods[k].suffix);
+            snprintf(path, sizeof path, "%s/%s%s", p->output.dir, pp->stems[i],
+                     tw_product_suffix(files[k], fgb));
             if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
                 return tw_error_set(err, TW_ERR_OUTPUT, "output %s exists and is a directory",
                                     path);

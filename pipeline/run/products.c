@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/products.h"
 #include "io/output/gpkg.h"
 #include "io/output/polygons.h"
 #include "io/output/resample.h"
@@ -193,32 +194,38 @@ tw_status tw_products_assemble(const tw_run_params *p, const tw_resolved *m,
      * included): no class was asked, none is counted */
     if ((p->output.products & ~(unsigned)TW_PRODUCT_EMB_RASTER) == 0)
         memset(res->hist, 0, sizeof res->hist);
+    /* the files written, in core/products.h's file order */
     res->n_outputs = 0;
-    static const struct {
-        unsigned bit;
-        const char *name;
-    } prods[] = {{TW_PRODUCT_CLASS, "class"},
-                 {TW_PRODUCT_PROB, "prob"},
-                 {TW_PRODUCT_CONF, "conf"},
-                 {TW_PRODUCT_EMB_RASTER, "emb"}};
-    for (int i = 0; i < 4; i++)
-        if (p->output.products & prods[i].bit)
-            tw_writer_product_path(p->output.dir, res->stem, prods[i].name,
-                                   res->outputs[res->n_outputs++], sizeof res->outputs[0]);
-    if (table) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", tpath);
-    if (gpkg) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", gpath);
-    if (polys) snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s", ppath);
+    const tw_product *files[TW_PRODUCT_COUNT];
+    int n_files = tw_product_files(files);
+    unsigned wrote = tw_products_with_implied(p->output.products);
+    for (int i = 0; i < n_files; i++)
+        if (wrote & files[i]->bit)
+            snprintf(res->outputs[res->n_outputs++], sizeof res->outputs[0], "%s/%s%s",
+                     p->output.dir, res->stem,
+                     tw_product_suffix(files[i], p->output.vector_format == TW_VECTOR_FGB));
     return TW_OK;
+}
+
+int tw_products_suffixes(const char **suffixes, bool stac)
+{
+    const tw_product *files[TW_PRODUCT_COUNT];
+    int n_files = tw_product_files(files), n = 0;
+    for (int i = 0; i < n_files; i++) {
+        suffixes[n++] = files[i]->suffix;
+        if (files[i]->suffix_fgb) suffixes[n++] = files[i]->suffix_fgb;
+    }
+    if (stac) suffixes[n++] = ".stac.json";
+    return n;
 }
 
 int tw_products_stale(const tw_run_params *p, tw_input_result *res)
 {
-    static const char *const suffixes[] = {".class.tif",  ".prob.tif",  ".conf.tif",
-                                           ".emb.tif",    ".tiles.h5",  ".tiles.gpkg",
-                                           ".class.gpkg", ".class.fgb", ".stac.json"};
+    const char *suffixes[TW_PRODUCT_SUFFIXES_MAX];
+    int n_suffixes = tw_products_suffixes(suffixes, true);
     const int cap = (int)(sizeof res->stale / sizeof res->stale[0]);
     res->n_stale = 0;
-    for (size_t k = 0; k < sizeof suffixes / sizeof suffixes[0] && res->n_stale < cap; k++) {
+    for (int k = 0; k < n_suffixes && res->n_stale < cap; k++) {
         char path[sizeof res->stale[0]];
         struct stat sb;
         if (snprintf(path, sizeof path, "%s/%s%s", p->output.dir, res->stem, suffixes[k]) >=

@@ -4,14 +4,15 @@
  * onto the input's, the tile table, the GeoPackages, the polygons), then
  * the parts removed. run.c and merge.c both call down into it; it calls
  * neither. */
-#ifndef TW_PRODUCTS_H
-#define TW_PRODUCTS_H
+#ifndef TW_RUN_PRODUCTS_H
+#define TW_RUN_PRODUCTS_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "core/error.h"
 #include "core/params.h"
+#include "core/products.h"
 #include "io/input/raster.h"
 #include "pipeline/resolved.h"
 #include "pipeline/result.h"
@@ -53,5 +54,10 @@ tw_status tw_products_assemble(const tw_run_params *p, const tw_resolved *m,
  * where they are: a file of that name may be the user's, and removing it is
  * worse than naming it (the run logs them; run.json lists them). */
 int tw_products_stale(const tw_run_params *p, tw_input_result *res);
+
+/* Every file name a product (or, with stac, the STAC item) may have after
+ * "<stem>", in core/products.h's file order; returns their count. */
+#define TW_PRODUCT_SUFFIXES_MAX (TW_PRODUCT_COUNT * 2 + 1)
+int tw_products_suffixes(const char **suffixes, bool stac);
 
 #endif

@@ -126,19 +126,13 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
 
     m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
     m->stride = p->tiling.stride > 0 ? p->tiling.stride : m->tile;
-    if (m->stride > m->tile || m->tile % m->stride != 0) {
-        /* The tile came from the bundle (the parser checks a given one):
-         * say so, and suggest as the parser does. */
-        int sug = m->tile / 2 >= 1 ? m->tile / 2 : 1;
-        while (sug > 1 && sug > m->stride) sug /= 2;
-        while (sug > 1 && m->tile % sug != 0) sug--;
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "tiling.stride: %d does not divide tile %d (%s) (expected a divisor "
-                            "such as %d)",
-                            m->stride, m->tile,
+    /* The tile came from the bundle (the parser checks a given one): the
+     * parser's message, saying so. */
+    char why[TW_ERROR_MSG_MAX / 2];
+    if (tw_key_check_stride(m->tile, m->stride,
                             p->tiling.tile > 0 ? "tiling.tile" : "the model bundle's tile size",
-                            sug);
-    }
+                            why, sizeof why) != 0)
+        return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride: %s", why);
     if (m->tile < 32)
         return tw_error_set(err, TW_ERR_CONFIG,
                             "tiling.tile %d is too small for a ResNet (32 pixels at least)",
@@ -749,18 +743,17 @@ void tw_run_ctx_release(run_ctx *c)
 }
 
 /* The products against the model: a headless backbone has no class
- * probabilities to give (TW_ERR_MODEL naming the product and the file), and
- * the embedding raster is a cell-grid product. */
+ * probabilities to give (TW_ERR_MODEL naming the product and the file). */
 static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw_error *err)
 {
-    unsigned need = p->output.products & TW_PRODUCTS_NEED_HEAD;
+    unsigned need = p->output.products & tw_products_needing_head();
     /* 'embeddings' brings the tile table: a headless one holds no probabilities */
     if (p->output.products & TW_PRODUCT_EMB) need &= ~(unsigned)TW_PRODUCT_TILES;
     if (m->headless && need) {
         const char *name = "?";
         for (int i = 0; i < TW_PRODUCT_COUNT; i++)
-            if (need & tw_product_names[i].bit) {
-                name = tw_product_names[i].name;
+            if (need & tw_products[i].bit) {
+                name = tw_products[i].word;
                 break;
             }
         return tw_error_set(err, TW_ERR_MODEL,
@@ -769,17 +762,7 @@ static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw
                             "embeddings only",
                             name, p->model.weights);
     }
-    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.resolution == TW_RESOLUTION_INPUT)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "output.resolution: input is not available for embedding_raster (a "
-                            "raster of output cells); use resolution: cells");
-    if ((p->output.products & TW_PRODUCT_EMB_RASTER) && p->output.emb_type == TW_EMB_FLOAT16 &&
-        p->output.format == TW_FORMAT_COG)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "output.embedding_type: float16 cannot be written as a COG with "
-                            "GDAL %s (its COG driver fills half-float overviews with garbage); "
-                            "use float32 or int8, or output.format: GTiff",
-                            GDALVersionInfo("RELEASE_NAME"));
+    /* the products against other keys: config/workflow.c's check_all */
     return TW_OK;
 }
 

@@ -74,8 +74,8 @@ static void format_output(json_t *root, const tw_run_params *p, bool *ok)
         set(out, "name", put_str(p->output.name), ok);
         json_t *prods = json_array();
         for (size_t i = 0; prods && i < TW_PRODUCT_COUNT; i++)
-            if (p->output.products & tw_product_names[i].bit)
-                append(prods, json_string(tw_product_names[i].name), ok);
+            if (p->output.products & tw_products[i].bit)
+                append(prods, json_string(tw_products[i].word), ok);
         set(out, "products", prods, ok);
         set(out, "prob_type", json_string(tw_prob_type_names[p->output.prob_type]), ok);
         set(out, "embedding_type", json_string(tw_emb_type_names[p->output.emb_type]), ok);
@@ -474,14 +474,13 @@ static void parse_output(rd *r, json_t *root, tw_run_params *p)
         for (size_t i = 0; prods && r->st == TW_OK && i < json_array_size(prods); i++) {
             json_t *v = json_array_get(prods, i);
             size_t k = 0;
-            while (
-                k < TW_PRODUCT_COUNT &&
-                !(json_is_string(v) && strcmp(json_string_value(v), tw_product_names[k].name) == 0))
+            while (k < TW_PRODUCT_COUNT &&
+                   !(json_is_string(v) && strcmp(json_string_value(v), tw_products[k].word) == 0))
                 k++;
             if (k == TW_PRODUCT_COUNT)
                 fail(r, "key output.products: entry %zu is not a product name", i + 1);
             else
-                p->output.products |= tw_product_names[k].bit;
+                p->output.products |= tw_products[k].bit;
         }
         if (prods && r->st == TW_OK && p->output.products == 0)
             fail(r, "key output.products is empty");
