@@ -210,7 +210,9 @@ bool onnx_attr_ints(const Onnx__NodeProto *n, const char *name, int64_t *out, in
 /* ------------------------------------------------------------------------ */
 /* The graph's values and their consumers                                    */
 
-tw_status onnx_index_graph(octx *c)
+/* c->values: initializers, graph inputs and node outputs, sorted by name;
+ * each named once. Allocates c->values, c->canon, c->cons_off, c->used. */
+static tw_status collect_values(octx *c)
 {
     const Onnx__GraphProto *g = c->g;
     if (g->n_node > ONNX_MAX_NODES || g->n_initializer > ONNX_MAX_NODES)
@@ -252,6 +254,12 @@ tw_status onnx_index_graph(octx *c)
         }
     }
 
+    return TW_OK;
+}
+
+static tw_status check_order(octx *c)
+{
+    const Onnx__GraphProto *g = c->g;
     /* Nodes in topological order, as ONNX requires: every input defined by
      * an initializer, the graph input or an earlier node. */
     for (size_t i = 0; i < g->n_node; i++) {
@@ -270,6 +278,13 @@ tw_status onnx_index_graph(octx *c)
                                        onnx_clean(nd->input[j], nb, sizeof nb));
         }
     }
+    return TW_OK;
+}
+
+static void resolve_aliases(octx *c)
+{
+    const Onnx__GraphProto *g = c->g;
+    size_t k = c->n_values;
     /* Identity nodes alias their input: resolve in node order (inputs come
      * first), so one pass suffices. */
     for (size_t i = 0; i < k; i++) c->canon[i] = (int)i;
@@ -279,6 +294,12 @@ tw_status onnx_index_graph(octx *c)
         int in = onnx_find_value(c, nd->input[0]), out = onnx_find_value(c, nd->output[0]);
         if (in >= 0 && out >= 0) c->canon[out] = c->canon[in];
     }
+}
+
+static tw_status index_consumers(octx *c)
+{
+    const Onnx__GraphProto *g = c->g;
+    size_t k = c->n_values;
     /* consumers per canonical value (Identity nodes are not consumers) */
     size_t total = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -313,6 +334,15 @@ tw_status onnx_index_graph(octx *c)
         tw_free(fill);
     }
     return TW_OK;
+}
+
+tw_status onnx_index_graph(octx *c)
+{
+    tw_status st = collect_values(c);
+    if (st == TW_OK) st = check_order(c);
+    if (st != TW_OK) return st;
+    resolve_aliases(c);
+    return index_consumers(c);
 }
 
 /* Canonical value index of name; -1 when undefined. */

@@ -31,12 +31,10 @@ static void conv_free(conv *cv)
     cv->w = cv->b = NULL;
 }
 
-/* Node `node` as a Conv (weight constant, optional bias) followed by an
- * optional BatchNormalization, folded into cv->w, cv->b. */
-static tw_status take_conv(octx *c, int node, conv *cv)
+/* Node `node` as a Conv: its weights (a constant, 4-D, square kernel)
+ * into cv->w, cv->wshape, cv->cout, cv->cin, cv->k. */
+static tw_status conv_weights(octx *c, int node, conv *cv)
 {
-    memset(cv, 0, sizeof *cv);
-    cv->node = node;
     const Onnx__NodeProto *n = c->g->node[node];
     if (!op_is(n, "Conv")) return onnx_node_error(c, node, "is where a ResNet has a convolution");
     if (n->n_input < 2 || n->n_input > 3)
@@ -53,6 +51,14 @@ static tw_status take_conv(octx *c, int node, conv *cv)
     cv->cout = (int)cv->wshape[0];
     cv->cin = (int)cv->wshape[1];
     cv->k = (int)cv->wshape[2];
+    return TW_OK;
+}
+
+/* The Conv's attributes against its weights: kernel_shape, dilations,
+ * strides, pads, auto_pad, group into cv->stride, cv->pad, cv->group. */
+static tw_status conv_geometry(octx *c, int node, conv *cv)
+{
+    const Onnx__NodeProto *n = c->g->node[node];
     int64_t v[8];
     int cnt;
     char ab[128];
@@ -81,7 +87,8 @@ static tw_status take_conv(octx *c, int node, conv *cv)
         snprintf(mode, sizeof mode, "%.*s", (int)(ap->s.len < 15 ? ap->s.len : 15),
                  (const char *)ap->s.data);
         if (strcmp(mode, "SAME_UPPER") == 0 || strcmp(mode, "SAME_LOWER") == 0) {
-            /* the same as symmetric padding k/2 only at stride 1 with an odd kernel */
+            /* the same as symmetric padding k/2 only at stride 1 with an odd kernel
+             */
             if (cv->stride != 1 || cv->k % 2 == 0)
                 return onnx_node_error(
                     c, node,
@@ -99,6 +106,14 @@ static tw_status take_conv(octx *c, int node, conv *cv)
     }
     if (cv->stride < 1 || cv->stride > 2 || cv->pad < 0 || cv->pad > 3)
         return onnx_node_error(c, node, "has stride %d and padding %d", cv->stride, cv->pad);
+    return TW_OK;
+}
+
+/* The groups against the outputs, and the Conv's optional bias (zeros
+ * without one) into cv->b. */
+static tw_status conv_bias(octx *c, int node, conv *cv)
+{
+    const Onnx__NodeProto *n = c->g->node[node];
     /* Grouped (ResNeXt): the weights are [cout, cin / group, k, k], as in a
      * torchvision state_dict, and model/resnet.c reads the groups from that
      * shape; the fold below works per output channel. */
@@ -112,7 +127,7 @@ static tw_status take_conv(octx *c, int node, conv *cv)
         int64_t bs[4];
         int bd = 0;
         if (!bt) return onnx_node_error(c, node, "has a bias that is not a constant");
-        st = onnx_tensor_floats(c, bt, "conv bias", &b, bs, &bd);
+        tw_status st = onnx_tensor_floats(c, bt, "conv bias", &b, bs, &bd);
         if (st != TW_OK) return st;
         if (bd != 1 || bs[0] != cv->cout) {
             tw_free(b);
@@ -121,17 +136,16 @@ static tw_status take_conv(octx *c, int node, conv *cv)
         memcpy(cv->b, b, (size_t)cv->cout * sizeof(float));
         tw_free(b);
     }
-    c->used[node] = true;
-    int o;
-    if ((st = onnx_out0(c, node, &o)) != TW_OK) return st;
-    cv->out = o;
-    cv->last = node;
+    return TW_OK;
+}
 
-    /* an optional BatchNormalization right after */
-    if (onnx_n_consumers(c, o) != 1) return TW_OK;
-    int bn = c->cons[c->cons_off[o]];
+/* BatchNormalization node bn, which reads cv's output alone, folded into
+ * cv->w and cv->b; cv->out and cv->last move past it. */
+static tw_status fold_bn(octx *c, int bn, conv *cv)
+{
     const Onnx__NodeProto *bnn = c->g->node[bn];
-    if (!op_is(bnn, "BatchNormalization")) return TW_OK;
+    int o = cv->out;
+    tw_status st = TW_OK;
     if (bnn->n_input != 5 || onnx_val(c, bnn->input[0]) != o)
         return onnx_node_error(c, bn, "does not normalize its convolution's output alone");
     if (onnx_attr_int(bnn, "training_mode", 0) != 0 || onnx_attr_int(bnn, "spatial", 1) != 1)
@@ -180,6 +194,29 @@ static tw_status take_conv(octx *c, int node, conv *cv)
     cv->out = o;
     cv->last = bn;
     return TW_OK;
+}
+
+/* Node `node` as a Conv (weight constant, optional bias) followed by an
+ * optional BatchNormalization, folded into cv->w, cv->b. */
+static tw_status take_conv(octx *c, int node, conv *cv)
+{
+    memset(cv, 0, sizeof *cv);
+    cv->node = node;
+    tw_status st = conv_weights(c, node, cv);
+    if (st == TW_OK) st = conv_geometry(c, node, cv);
+    if (st == TW_OK) st = conv_bias(c, node, cv);
+    if (st != TW_OK) return st;
+    c->used[node] = true;
+    int o;
+    if ((st = onnx_out0(c, node, &o)) != TW_OK) return st;
+    cv->out = o;
+    cv->last = node;
+
+    /* an optional BatchNormalization right after */
+    if (onnx_n_consumers(c, o) != 1) return TW_OK;
+    int bn = c->cons[c->cons_off[o]];
+    if (!op_is(c->g->node[bn], "BatchNormalization")) return TW_OK;
+    return fold_bn(c, bn, cv);
 }
 
 /* Emit cv as NAME.weight and BN_NAME.{weight,bias,running_mean,running_var},
@@ -324,9 +361,20 @@ static int after(const octx *c, const conv *cv)
     return onnx_n_consumers(c, cv->out) == 1 ? c->cons[c->cons_off[cv->out]] : -1;
 }
 
-/* One residual block reading value x; its output into *out. Returns
- * TW_OK with *done set when x goes to the pooling instead. */
-static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
+/* One residual block as it is taken: its main path, its projection (down.w
+ * NULL without one) and the Add that joins them. */
+typedef struct block {
+    conv path[3], down;
+    int np;     /* convolutions on the main path */
+    int kind;   /* 2: basic, 3: bottleneck */
+    int add;    /* the Add node */
+    int stride; /* the block's stride */
+} block;
+
+/* The readers of value x: the block's first convolution into *main_node, and
+ * its projection (or -1) into *down_node. *done set when x goes to the
+ * pooling instead. */
+static tw_status block_start(octx *c, int x, int *main_node, int *down_node, bool *done)
 {
     *done = false;
     int nc = onnx_n_consumers(c, x);
@@ -336,13 +384,14 @@ static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
         *done = true;
         return TW_OK;
     }
-    int main_node = -1, down_node = -1, add_node = -1;
+    int add_node = -1;
+    *main_node = *down_node = -1;
     for (int i = 0; i < nc; i++) {
         const Onnx__NodeProto *n = c->g->node[cs[i]];
-        if (op_is(n, "Conv") && main_node < 0)
-            main_node = cs[i];
-        else if (op_is(n, "Conv") && down_node < 0)
-            down_node = cs[i];
+        if (op_is(n, "Conv") && *main_node < 0)
+            *main_node = cs[i];
+        else if (op_is(n, "Conv") && *down_node < 0)
+            *down_node = cs[i];
         else if (op_is(n, "Add") && add_node < 0)
             add_node = cs[i];
         else
@@ -350,28 +399,33 @@ static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
                                    "reads a block's input: a ResNet block has a main path "
                                    "of convolutions and a shortcut only");
     }
-    if (main_node < 0 || (down_node < 0 && add_node < 0) || (down_node >= 0 && add_node >= 0))
+    if (*main_node < 0 || (*down_node < 0 && add_node < 0) || (*down_node >= 0 && add_node >= 0))
         return onnx_node_error(c, cs[0],
                                "starts what is not a residual block (%d readers of its input)", nc);
-    conv path[3], down;
-    int np = 0;
-    memset(path, 0, sizeof path);
-    memset(&down, 0, sizeof down);
+    return TW_OK;
+}
+
+/* The block's convolutions: the projection (the conv whose output goes to
+ * an Add) and the main path, conv (relu conv)* until the Add. */
+static tw_status block_paths(octx *c, int main_node, int down_node, block *b)
+{
+    conv *path = b->path;
     tw_status st = TW_OK;
     if (down_node >= 0) {
         /* the projection is the conv whose output goes to an Add */
         st = take_conv(c, main_node, &path[0]);
         int a = st == TW_OK ? after(c, &path[0]) : -1;
         if (st == TW_OK && a >= 0 && op_is(c->g->node[a], "Add")) {
-            down = path[0];
+            b->down = path[0];
             memset(&path[0], 0, sizeof path[0]);
             st = take_conv(c, down_node, &path[0]);
         } else if (st == TW_OK) {
-            st = take_conv(c, down_node, &down);
+            st = take_conv(c, down_node, &b->down);
         }
     } else {
         st = take_conv(c, main_node, &path[0]);
     }
+    int np = 0;
     if (st == TW_OK) np = 1;
     /* the main path: conv (relu conv)* until the Add */
     int add = -1;
@@ -395,13 +449,26 @@ static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
         if (st == TW_OK) st = take_conv(c, nc2, &path[np]);
         if (st == TW_OK) np++;
     }
-    int kind = np;
-    if (st == TW_OK && np < 2) st = onnx_node_error(c, add, "ends a main path of one convolution");
+    b->np = np;
+    b->kind = np;
+    b->add = add;
+    return st;
+}
+
+/* The block's shape: two or three convolutions, of the kind of the blocks
+ * before it, an Add of the main path and the shortcut (x or the
+ * projection), and groups where a ResNeXt has them. */
+static tw_status block_joins(octx *c, const blocks *bs, int x, const block *b)
+{
+    const conv *path = b->path;
+    int np = b->np, kind = b->kind, add = b->add;
+    tw_status st = TW_OK;
+    if (np < 2) st = onnx_node_error(c, add, "ends a main path of one convolution");
     if (st == TW_OK && bs->kind && bs->kind != kind)
         st = onnx_node_error(c, path[0].node, "starts a %s block after %s blocks",
                              kind == 3 ? "bottleneck" : "basic",
                              bs->kind == 3 ? "bottleneck" : "basic");
-    int sc = down.w ? down.out : x;
+    int sc = b->down.w ? b->down.out : x;
     if (st == TW_OK) {
         const Onnx__NodeProto *a = c->g->node[add];
         int i0 = a->n_input == 2 ? onnx_val(c, a->input[0]) : -2;
@@ -410,8 +477,9 @@ static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
         if (!((i0 == m && i1 == sc) || (i0 == sc && i1 == m)))
             st = onnx_node_error(c, add, "does not add the block's main path and its shortcut");
     }
-    if (st == TW_OK && down.w && after(c, &down) != add)
-        st = onnx_node_error(c, down.last, "is a projection that does not go to the block's Add");
+    if (st == TW_OK && b->down.w && after(c, &b->down) != add)
+        st =
+            onnx_node_error(c, b->down.last, "is a projection that does not go to the block's Add");
     /* Groups: only a bottleneck's 3x3 may be grouped (ResNeXt), and each
      * convolution takes what the one before it gives: [cout, cin / group]
      * weights agree with the group attribute, or the graph is not what its
@@ -427,68 +495,96 @@ static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
                 "takes %d x %d channels (group %d) from a convolution of %d outputs", path[i].cin,
                 path[i].group, path[i].group, path[i - 1].cout);
     }
-    if (st == TW_OK && down.w && down.group != 1)
-        st = onnx_node_error(c, down.node, "is a grouped projection (group %d)", down.group);
-    /* geometry: torchvision's v1.5 blocks (what model/resnet.c assumes) */
-    int stride = 1;
-    if (st == TW_OK) {
-        stride = kind == 3 ? path[1].stride : path[0].stride;
-        static const int want3[3][2] = {{1, 0}, {3, 1}, {1, 0}}; /* k, pad */
-        static const int want2[2][2] = {{3, 1}, {3, 1}};
-        for (int i = 0; i < np && st == TW_OK; i++) {
-            int k = kind == 3 ? want3[i][0] : want2[i][0];
-            int p = kind == 3 ? want3[i][1] : want2[i][1];
-            int s = (kind == 3 && i == 1) || (kind == 2 && i == 0) ? stride : 1;
-            if (path[i].k != k || path[i].pad != p || path[i].stride != s) {
-                if (kind == 3 && i == 0 && path[i].stride == 2)
-                    st = onnx_node_error(
-                        c, path[i].node,
-                        "strides in a bottleneck's first 1x1 convolution (ResNet v1, "
-                        "as in Caffe): tilewise runs torchvision's layout (v1.5, "
-                        "stride in the 3x3)");
-                else
-                    st = onnx_node_error(c, path[i].node,
-                                         "is a %dx%d stride-%d convolution with padding %d where a "
-                                         "ResNet %s block has %dx%d stride %d padding %d",
-                                         path[i].k, path[i].k, path[i].stride, path[i].pad,
-                                         kind == 3 ? "bottleneck" : "basic", k, k, s, p);
-            }
+    if (st == TW_OK && b->down.w && b->down.group != 1)
+        st = onnx_node_error(c, b->down.node, "is a grouped projection (group %d)", b->down.group);
+    return st;
+}
+
+/* Geometry: torchvision's v1.5 blocks (what model/resnet.c assumes); a
+ * stride-2 block starts the next stage. */
+static tw_status block_geometry(octx *c, blocks *bs, block *b)
+{
+    const conv *path = b->path;
+    const conv *down = &b->down;
+    int np = b->np, kind = b->kind;
+    tw_status st = TW_OK;
+    int stride = kind == 3 ? path[1].stride : path[0].stride;
+    static const int want3[3][2] = {{1, 0}, {3, 1}, {1, 0}}; /* k, pad */
+    static const int want2[2][2] = {{3, 1}, {3, 1}};
+    for (int i = 0; i < np && st == TW_OK; i++) {
+        int k = kind == 3 ? want3[i][0] : want2[i][0];
+        int p = kind == 3 ? want3[i][1] : want2[i][1];
+        int s = (kind == 3 && i == 1) || (kind == 2 && i == 0) ? stride : 1;
+        if (path[i].k != k || path[i].pad != p || path[i].stride != s) {
+            if (kind == 3 && i == 0 && path[i].stride == 2)
+                st = onnx_node_error(c, path[i].node,
+                                     "strides in a bottleneck's first 1x1 convolution (ResNet v1, "
+                                     "as in Caffe): tilewise runs torchvision's layout (v1.5, "
+                                     "stride in the 3x3)");
+            else
+                st = onnx_node_error(c, path[i].node,
+                                     "is a %dx%d stride-%d convolution with padding %d where a "
+                                     "ResNet %s block has %dx%d stride %d padding %d",
+                                     path[i].k, path[i].k, path[i].stride, path[i].pad,
+                                     kind == 3 ? "bottleneck" : "basic", k, k, s, p);
         }
-        if (st == TW_OK && down.w && (down.k != 1 || down.pad != 0 || down.stride != stride))
-            st = onnx_node_error(
-                c, down.node, "is a projection %dx%d stride %d where the block needs 1x1 stride %d",
-                down.k, down.k, down.stride, stride);
-        if (st == TW_OK && stride == 2 && bs->n == 0)
-            st = onnx_node_error(c, path[0].node,
-                                 "halves the map in the first block (stage 1 does not)");
     }
+    if (st == TW_OK && down->w && (down->k != 1 || down->pad != 0 || down->stride != stride))
+        st = onnx_node_error(c, down->node,
+                             "is a projection %dx%d stride %d where the block needs 1x1 stride %d",
+                             down->k, down->k, down->stride, stride);
+    if (st == TW_OK && stride == 2 && bs->n == 0)
+        st = onnx_node_error(c, path[0].node,
+                             "halves the map in the first block (stage 1 does not)");
+    b->stride = stride;
     if (st == TW_OK && stride == 2) {
         bs->stage++;
         bs->idx = 0;
         if (bs->stage > 3) st = onnx_node_error(c, path[0].node, "starts a fifth stage");
     }
-    if (st == TW_OK) {
-        c->used[add] = true;
-        int a_out, r = -1;
-        st = onnx_out0(c, add, &a_out);
-        if (st == TW_OK) st = onnx_next_node(c, a_out, add, "the block's ReLU", &r);
-        if (st == TW_OK) st = take_relu(c, r, a_out, out);
-    }
+    return st;
+}
+
+/* The Add's ReLU (its output into *out), then the block's tensors under
+ * torchvision's names (layerS.I.convN, layerS.I.downsample). */
+static tw_status block_emit(octx *c, const blocks *bs, block *b, int *out)
+{
+    c->used[b->add] = true;
+    int a_out, r = -1;
+    tw_status st = onnx_out0(c, b->add, &a_out);
+    if (st == TW_OK) st = onnx_next_node(c, a_out, b->add, "the block's ReLU", &r);
+    if (st == TW_OK) st = take_relu(c, r, a_out, out);
     char nm[64], bn[64];
-    for (int i = 0; i < np && st == TW_OK; i++) {
+    for (int i = 0; i < b->np && st == TW_OK; i++) {
         snprintf(nm, sizeof nm, "layer%d.%d.conv%d", bs->stage + 1, bs->idx, i + 1);
         snprintf(bn, sizeof bn, "layer%d.%d.bn%d", bs->stage + 1, bs->idx, i + 1);
-        st = emit_conv(c, &path[i], nm, bn);
+        st = emit_conv(c, &b->path[i], nm, bn);
     }
-    if (st == TW_OK && down.w) {
+    if (st == TW_OK && b->down.w) {
         snprintf(nm, sizeof nm, "layer%d.%d.downsample.0", bs->stage + 1, bs->idx);
         snprintf(bn, sizeof bn, "layer%d.%d.downsample.1", bs->stage + 1, bs->idx);
-        st = emit_conv(c, &down, nm, bn);
+        st = emit_conv(c, &b->down, nm, bn);
     }
-    for (int i = 0; i < 3; i++) conv_free(&path[i]);
-    conv_free(&down);
+    return st;
+}
+
+/* One residual block reading value x; its output into *out. Returns
+ * TW_OK with *done set when x goes to the pooling instead. */
+static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
+{
+    int main_node = -1, down_node = -1;
+    tw_status st = block_start(c, x, &main_node, &down_node, done);
+    if (st != TW_OK || *done) return st;
+    block b;
+    memset(&b, 0, sizeof b);
+    st = block_paths(c, main_node, down_node, &b);
+    if (st == TW_OK) st = block_joins(c, bs, x, &b);
+    if (st == TW_OK) st = block_geometry(c, bs, &b);
+    if (st == TW_OK) st = block_emit(c, bs, &b, out);
+    for (int i = 0; i < 3; i++) conv_free(&b.path[i]);
+    conv_free(&b.down);
     if (st == TW_OK) {
-        bs->kind = kind;
+        bs->kind = b.kind;
         bs->idx++;
         bs->n++;
     }
@@ -509,12 +605,13 @@ static bool spatial_axes(const int64_t *a, int n)
     return (x == 2 && y == 3) || (x == 3 && y == 2);
 }
 
-/* The pooling, flattening and classifier from x on, into fc.weight, fc.bias. */
-static tw_status match_head(octx *c, int x, int channels)
+/* The pooling from x on and the flattening after it: the pooling node into
+ * *node, the pooled (and flattened) features into *v. */
+static tw_status head_features(octx *c, int x, int channels, int *node, int *v)
 {
     tw_onnx_info *oi = &c->mf->onnx;
-    int node = c->cons[c->cons_off[x]];
-    const Onnx__NodeProto *n = c->g->node[node];
+    *node = c->cons[c->cons_off[x]];
+    const Onnx__NodeProto *n = c->g->node[*node];
     int64_t ax[4];
     int cnt = 0;
     bool keep = true;
@@ -526,18 +623,18 @@ static tw_status match_head(octx *c, int x, int channels)
         else
             ok = onnx_attr_ints(n, "axes", ax, 4, &cnt);
         if (!ok || !spatial_axes(ax, cnt))
-            return onnx_node_error(c, node, "does not average over height and width alone");
+            return onnx_node_error(c, *node, "does not average over height and width alone");
     } else if (n->n_input != 1) {
-        return onnx_node_error(c, node, "has %zu inputs", n->n_input);
+        return onnx_node_error(c, *node, "has %zu inputs", n->n_input);
     }
     head_add(oi, S(n->op_type));
-    c->used[node] = true;
-    int v, nx = -1;
-    tw_status st = onnx_out0(c, node, &v);
+    c->used[*node] = true;
+    int nx = -1;
+    tw_status st = onnx_out0(c, *node, v);
     if (st != TW_OK) return st;
-    if (keep && onnx_n_consumers(c, v) == 1) {
+    if (keep && onnx_n_consumers(c, *v) == 1) {
         /* [N, C, 1, 1] to [N, C] */
-        nx = c->cons[c->cons_off[v]];
+        nx = c->cons[c->cons_off[*v]];
         const Onnx__NodeProto *f = c->g->node[nx];
         bool flat = false;
         if (op_is(f, "Flatten")) {
@@ -568,110 +665,127 @@ static tw_status match_head(octx *c, int x, int channels)
         if (!flat) return onnx_node_error(c, nx, "is where a ResNet flattens its pooled features");
         head_add(oi, S(f->op_type));
         c->used[nx] = true;
-        if ((st = onnx_out0(c, nx, &v)) != TW_OK) return st;
+        if ((st = onnx_out0(c, nx, v)) != TW_OK) return st;
     }
-    if (onnx_n_consumers(c, v) == 0) {
-        /* A headless backbone: the pooled features are the graph's output and
-         * there is no fc (model/resnet.c gives it a stand-in head; embedding
-         * products only). */
-        if (!onnx_is_graph_output(c, v))
-            return tw_model_error(c->err, c->path,
-                                  "the pooled features are not the graph's output");
-        head_add(oi, "(no classifier: headless)");
-        return TW_OK;
-    }
-    if ((st = onnx_next_node(c, v, node, "the classifier (Gemm or MatMul)", &nx)) != TW_OK)
-        return st;
+    return TW_OK;
+}
+
+/* The classifier as it is read: weights and bias as the file has them,
+ * Gemm's transB, alpha and beta. */
+typedef struct head_fc {
+    int node; /* the Gemm or MatMul */
+    float *w, *b;
+    int64_t ws[4], bsh[4];
+    int wd, bd;
+    bool trans_b;
+    double alpha, beta;
+    int out; /* the value after the classifier and its bias */
+} head_fc;
+
+/* Gemm node fc->node reading the features v. */
+static tw_status head_gemm(octx *c, int v, head_fc *fc)
+{
+    int nx = fc->node;
     const Onnx__NodeProto *h = c->g->node[nx];
-    float *w = NULL, *b = NULL;
-    int64_t ws[4] = {0}, bsh[4] = {0};
-    int wd = 0, bd = 0;
-    bool trans_b = false;
-    double alpha = 1.0, beta = 1.0;
-    int out = -1;
-    if (op_is(h, "Gemm")) {
-        if (h->n_input < 2 || onnx_val(c, h->input[0]) != v || onnx_attr_int(h, "transA", 0) != 0)
-            return onnx_node_error(c, nx, "is not features x weights");
-        const Onnx__TensorProto *wt = onnx_constant(c, h->input[1]);
-        if (!wt) return onnx_node_error(c, nx, "has weights that are not a constant");
-        trans_b = onnx_attr_int(h, "transB", 0) != 0;
-        const Onnx__AttributeProto *a = onnx_attr(h, "alpha");
-        if (a && a->has_f) alpha = a->f;
-        a = onnx_attr(h, "beta");
-        if (a && a->has_f) beta = a->f;
-        st = onnx_tensor_floats(c, wt, "fc weight", &w, ws, &wd);
-        if (st == TW_OK && h->n_input >= 3 && *S(h->input[2])) {
-            const Onnx__TensorProto *bt = onnx_constant(c, h->input[2]);
-            st = bt ? onnx_tensor_floats(c, bt, "fc bias", &b, bsh, &bd)
-                    : onnx_node_error(c, nx, "has a bias that is not a constant");
-        }
-        head_add(oi, "Gemm");
-        c->used[nx] = true;
-        if (st == TW_OK) st = onnx_out0(c, nx, &out);
-    } else if (op_is(h, "MatMul")) {
-        if (h->n_input != 2 || onnx_val(c, h->input[0]) != v)
-            return onnx_node_error(c, nx, "is not features x weights");
-        const Onnx__TensorProto *wt = onnx_constant(c, h->input[1]);
-        if (!wt) return onnx_node_error(c, nx, "has weights that are not a constant");
-        st = onnx_tensor_floats(c, wt, "fc weight", &w, ws, &wd);
-        c->used[nx] = true;
-        int mo = -1, ad = -1;
-        if (st == TW_OK) st = onnx_out0(c, nx, &mo);
-        if (st == TW_OK) st = onnx_next_node(c, mo, nx, "the classifier's bias (Add)", &ad);
-        if (st == TW_OK) {
-            const Onnx__NodeProto *an = c->g->node[ad];
-            int i_mo = an->n_input != 2                  ? -1
-                       : onnx_val(c, an->input[0]) == mo ? 0
-                       : onnx_val(c, an->input[1]) == mo ? 1
-                                                         : -1;
-            const Onnx__TensorProto *bt = i_mo >= 0 ? onnx_constant(c, an->input[1 - i_mo]) : NULL;
-            if (!op_is(an, "Add") || !bt)
-                st = onnx_node_error(c, ad,
-                                     "is not the classifier's bias (an Add of a constant)");
-            else
-                st = onnx_tensor_floats(c, bt, "fc bias", &b, bsh, &bd);
-            c->used[ad] = true;
-            if (st == TW_OK) st = onnx_out0(c, ad, &out);
-        }
-        head_add(oi, "MatMul, Add");
-    } else {
-        return onnx_node_error(c, nx, "is where a ResNet has its classifier (Gemm or MatMul)");
+    if (h->n_input < 2 || onnx_val(c, h->input[0]) != v || onnx_attr_int(h, "transA", 0) != 0)
+        return onnx_node_error(c, nx, "is not features x weights");
+    const Onnx__TensorProto *wt = onnx_constant(c, h->input[1]);
+    if (!wt) return onnx_node_error(c, nx, "has weights that are not a constant");
+    fc->trans_b = onnx_attr_int(h, "transB", 0) != 0;
+    const Onnx__AttributeProto *a = onnx_attr(h, "alpha");
+    if (a && a->has_f) fc->alpha = a->f;
+    a = onnx_attr(h, "beta");
+    if (a && a->has_f) fc->beta = a->f;
+    tw_status st = onnx_tensor_floats(c, wt, "fc weight", &fc->w, fc->ws, &fc->wd);
+    if (st == TW_OK && h->n_input >= 3 && *S(h->input[2])) {
+        const Onnx__TensorProto *bt = onnx_constant(c, h->input[2]);
+        st = bt ? onnx_tensor_floats(c, bt, "fc bias", &fc->b, fc->bsh, &fc->bd)
+                : onnx_node_error(c, nx, "has a bias that is not a constant");
     }
+    head_add(&c->mf->onnx, "Gemm");
+    c->used[nx] = true;
+    if (st == TW_OK) st = onnx_out0(c, nx, &fc->out);
+    return st;
+}
+
+/* MatMul node fc->node reading the features v, and the Add of its bias. */
+static tw_status head_matmul(octx *c, int v, head_fc *fc)
+{
+    int nx = fc->node;
+    const Onnx__NodeProto *h = c->g->node[nx];
+    if (h->n_input != 2 || onnx_val(c, h->input[0]) != v)
+        return onnx_node_error(c, nx, "is not features x weights");
+    const Onnx__TensorProto *wt = onnx_constant(c, h->input[1]);
+    if (!wt) return onnx_node_error(c, nx, "has weights that are not a constant");
+    tw_status st = onnx_tensor_floats(c, wt, "fc weight", &fc->w, fc->ws, &fc->wd);
+    c->used[nx] = true;
+    int mo = -1, ad = -1;
+    if (st == TW_OK) st = onnx_out0(c, nx, &mo);
+    if (st == TW_OK) st = onnx_next_node(c, mo, nx, "the classifier's bias (Add)", &ad);
+    if (st == TW_OK) {
+        const Onnx__NodeProto *an = c->g->node[ad];
+        int i_mo = an->n_input != 2                  ? -1
+                   : onnx_val(c, an->input[0]) == mo ? 0
+                   : onnx_val(c, an->input[1]) == mo ? 1
+                                                     : -1;
+        const Onnx__TensorProto *bt = i_mo >= 0 ? onnx_constant(c, an->input[1 - i_mo]) : NULL;
+        if (!op_is(an, "Add") || !bt)
+            st = onnx_node_error(c, ad, "is not the classifier's bias (an Add of a constant)");
+        else
+            st = onnx_tensor_floats(c, bt, "fc bias", &fc->b, fc->bsh, &fc->bd);
+        c->used[ad] = true;
+        if (st == TW_OK) st = onnx_out0(c, ad, &fc->out);
+    }
+    head_add(&c->mf->onnx, "MatMul, Add");
+    return st;
+}
+
+/* fc's weights as [K, channels] and its bias as [K] (zeros without one),
+ * alpha and beta folded in, into new buffers *fw, *fb; K into *k. */
+static tw_status head_fold(octx *c, int channels, head_fc *fc, float **fw, float **fb, int64_t *k)
+{
+    int nx = fc->node;
+    const float *w = fc->w, *b = fc->b;
+    bool trans_b = fc->trans_b;
+    double alpha = fc->alpha, beta = fc->beta;
+    tw_status st = TW_OK;
     /* a [1, K] bias broadcasts like [K] */
-    if (st == TW_OK && b && bd == 2 && bsh[0] == 1) {
-        bd = 1;
-        bsh[0] = bsh[1];
+    if (b && fc->bd == 2 && fc->bsh[0] == 1) {
+        fc->bd = 1;
+        fc->bsh[0] = fc->bsh[1];
     }
     /* W as [K, C] */
-    int64_t k = 0;
+    if (fc->wd != 2 || (trans_b ? fc->ws[1] : fc->ws[0]) != channels)
+        st =
+            onnx_node_error(c, nx, "has weights that do not take the %d pooled features", channels);
+    else
+        *k = trans_b ? fc->ws[0] : fc->ws[1];
+    if (st == TW_OK && b && (fc->bd != 1 || fc->bsh[0] != *k))
+        st = onnx_node_error(c, nx, "has a bias of the wrong size (%lld classes)", (long long)*k);
     if (st == TW_OK) {
-        if (wd != 2 || (trans_b ? ws[1] : ws[0]) != channels)
-            st = onnx_node_error(c, nx, "has weights that do not take the %d pooled features",
-                                 channels);
-        else
-            k = trans_b ? ws[0] : ws[1];
-    }
-    if (st == TW_OK && b && (bd != 1 || bsh[0] != k))
-        st = onnx_node_error(c, nx, "has a bias of the wrong size (%lld classes)", (long long)k);
-    float *fw = NULL, *fb = NULL;
-    if (st == TW_OK) {
-        fw = tw_alloc(TW_MEM_WEIGHTS, (size_t)k * (size_t)channels * sizeof(float));
-        fb = tw_calloc(TW_MEM_WEIGHTS, (size_t)k, sizeof(float));
-        if (!fw || !fb) st = tw_model_nomem(c->err, c->path, (size_t)k * sizeof(float));
+        *fw = tw_alloc(TW_MEM_WEIGHTS, (size_t)*k * (size_t)channels * sizeof(float));
+        *fb = tw_calloc(TW_MEM_WEIGHTS, (size_t)*k, sizeof(float));
+        if (!*fw || !*fb) st = tw_model_nomem(c->err, c->path, (size_t)*k * sizeof(float));
     }
     if (st == TW_OK) {
-        for (int64_t j = 0; j < k; j++)
+        for (int64_t j = 0; j < *k; j++)
             for (int64_t i = 0; i < channels; i++) {
-                float x0 = trans_b ? w[j * channels + i] : w[i * k + j];
-                fw[j * channels + i] = alpha == 1.0 ? x0 : (float)(alpha * x0);
+                float x0 = trans_b ? w[j * channels + i] : w[i * *k + j];
+                (*fw)[j * channels + i] = alpha == 1.0 ? x0 : (float)(alpha * x0);
             }
-        for (int64_t j = 0; b && j < k; j++) fb[j] = beta == 1.0 ? b[j] : (float)(beta * b[j]);
+        for (int64_t j = 0; b && j < *k; j++) (*fb)[j] = beta == 1.0 ? b[j] : (float)(beta * b[j]);
     }
-    tw_free(w);
-    tw_free(b);
-    /* an optional Softmax, then the graph's output */
-    if (st == TW_OK && onnx_n_consumers(c, out) == 1) {
-        int sm = c->cons[c->cons_off[out]];
+    return st;
+}
+
+/* An optional Softmax over the classes after value *out, then the graph's
+ * output; *out moves past the Softmax. */
+static tw_status head_softmax(octx *c, int *out)
+{
+    tw_onnx_info *oi = &c->mf->onnx;
+    tw_status st = TW_OK;
+    if (onnx_n_consumers(c, *out) == 1) {
+        int sm = c->cons[c->cons_off[*out]];
         const Onnx__NodeProto *s = c->g->node[sm];
         int64_t axis = onnx_attr_int(s, "axis", c->opset >= 13 ? -1 : 1);
         if (!op_is(s, "Softmax"))
@@ -684,11 +798,47 @@ static tw_status match_head(octx *c, int x, int channels)
             c->used[sm] = true;
             oi->softmax = true;
             head_add(oi, "Softmax");
-            st = onnx_out0(c, sm, &out);
+            st = onnx_out0(c, sm, out);
         }
     }
-    if (st == TW_OK && (onnx_n_consumers(c, out) != 0 || !onnx_is_graph_output(c, out)))
+    if (st == TW_OK && (onnx_n_consumers(c, *out) != 0 || !onnx_is_graph_output(c, *out)))
         st = tw_model_error(c->err, c->path, "the classifier's result is not the graph's output");
+    return st;
+}
+
+/* The pooling, flattening and classifier from x on, into fc.weight, fc.bias. */
+static tw_status match_head(octx *c, int x, int channels)
+{
+    int node, v, nx = -1;
+    tw_status st = head_features(c, x, channels, &node, &v);
+    if (st != TW_OK) return st;
+    if (onnx_n_consumers(c, v) == 0) {
+        /* A headless backbone: the pooled features are the graph's output and
+         * there is no fc (model/resnet.c gives it a stand-in head; embedding
+         * products only). */
+        if (!onnx_is_graph_output(c, v))
+            return tw_model_error(c->err, c->path,
+                                  "the pooled features are not the graph's output");
+        head_add(&c->mf->onnx, "(no classifier: headless)");
+        return TW_OK;
+    }
+    if ((st = onnx_next_node(c, v, node, "the classifier (Gemm or MatMul)", &nx)) != TW_OK)
+        return st;
+    const Onnx__NodeProto *h = c->g->node[nx];
+    head_fc fc = {.node = nx, .alpha = 1.0, .beta = 1.0, .out = -1};
+    if (op_is(h, "Gemm"))
+        st = head_gemm(c, v, &fc);
+    else if (op_is(h, "MatMul"))
+        st = head_matmul(c, v, &fc);
+    else
+        return onnx_node_error(c, nx, "is where a ResNet has its classifier (Gemm or MatMul)");
+    float *fw = NULL, *fb = NULL;
+    int64_t k = 0;
+    if (st == TW_OK) st = head_fold(c, channels, &fc, &fw, &fb, &k);
+    tw_free(fc.w);
+    tw_free(fc.b);
+    int out = fc.out;
+    if (st == TW_OK) st = head_softmax(c, &out);
     int64_t s2[2] = {k, channels}, s1[1] = {k};
     if (st == TW_OK) {
         st = onnx_add_tensor(c, "fc.weight", fw, 2, s2);
