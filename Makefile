@@ -8,7 +8,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build demo test test-release test-asan test-tsan fuzz clean format-check layer-check
+.PHONY: all setup build demo test test-release test-asan test-tsan fuzz clean format-check layer-check function-check
 
 all: build
 
@@ -27,6 +27,7 @@ demo: build
 test: build
 	$(MAKE) format-check
 	$(MAKE) layer-check
+	$(MAKE) function-check
 	$(MAKE) test-release
 	$(MAKE) test-asan
 	$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=3
@@ -81,6 +82,11 @@ format-check: setup
 # <- workflows/ (the CLI).
 layer-check:
 	@bash scripts/check_layers.sh
+
+# Issue 35: no library function over 100 lines (split by step); the script
+# holds the allowlist of those still being split.
+function-check:
+	@bash scripts/check_functions.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) out

@@ -182,6 +182,47 @@ static tw_status collect(GDALDatasetH ds, const char *path, OGRSpatialReferenceH
     return TW_OK;
 }
 
+/* The geometries burnt (ALL_TOUCHED) into the gw x gh grid of cells of
+ * `cell` pixels over the raster of info, read back into cells[gw * gh]. */
+static tw_status rasterize_cells(const char *path, const tw_raster_info *info, int cell, int64_t gw,
+                                 int64_t gh, OGRGeometryH *geoms, int n_geoms, uint8_t *cells,
+                                 tw_error *err)
+{
+    tw_gdal_msgs msg;
+    tw_status st = TW_OK;
+    GDALDriverH drv = GDALGetDriverByName("MEM");
+    GDALDatasetH mem = drv ? GDALCreate(drv, "", (int)gw, (int)gh, 1, GDT_Byte, NULL) : NULL;
+    if (!mem) st = tw_error_set(err, TW_ERR_INTERNAL, "input.aoi: cannot make a MEM raster");
+    if (st == TW_OK) {
+        const double *t = info->geotransform;
+        double gt[6] = {t[0], t[1] * cell, t[2] * cell, t[3], t[4] * cell, t[5] * cell};
+        GDALSetGeoTransform(mem, gt);
+        if (info->crs_wkt[0]) GDALSetProjection(mem, info->crs_wkt);
+        int band = 1;
+        double *burn = tw_alloc(TW_MEM_OTHER, sizeof(double) * (size_t)n_geoms);
+        if (!burn) {
+            st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
+        } else {
+            for (int i = 0; i < n_geoms; i++) burn[i] = 1.0;
+            char **ropts = CSLSetNameValue(NULL, "ALL_TOUCHED", "TRUE");
+            tw_gdal_capture_begin(&msg);
+            CPLErr e = GDALRasterizeGeometries(mem, 1, &band, n_geoms, geoms, NULL, NULL, burn,
+                                               ropts, NULL, NULL);
+            tw_gdal_capture_end();
+            CSLDestroy(ropts);
+            tw_free(burn);
+            if (e != CE_None)
+                st = tw_error_set(err, TW_ERR_INPUT, "input.aoi: %s: cannot rasterize: %s", path,
+                                  msg.failure);
+        }
+    }
+    if (st == TW_OK && GDALRasterIO(GDALGetRasterBand(mem, 1), GF_Read, 0, 0, (int)gw, (int)gh,
+                                    cells, (int)gw, (int)gh, GDT_Byte, 0, 0) != CE_None)
+        st = tw_error_set(err, TW_ERR_INTERNAL, "input.aoi: cannot read the rasterized cells");
+    if (mem) GDALClose(mem);
+    return st;
+}
+
 tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_aoi_geometry *g,
                         tw_aoi **out, tw_error *err)
 {
@@ -227,7 +268,6 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
     tw_aoi *a = NULL;
     uint8_t *cells = NULL;
     uint32_t *sat = NULL;
-    GDALDatasetH mem = NULL;
     if (st == TW_OK) {
         a = tw_calloc(TW_MEM_OTHER, 1, sizeof *a);
         cells = tw_calloc(TW_MEM_OTHER, (size_t)(gw * gh), 1);
@@ -238,38 +278,7 @@ tw_status tw_aoi_create(const char *path, const tw_raster_info *info, const tw_a
         if (st == TW_OK && (!a || !cells || !sat))
             st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
     }
-    if (st == TW_OK) {
-        GDALDriverH drv = GDALGetDriverByName("MEM");
-        mem = drv ? GDALCreate(drv, "", (int)gw, (int)gh, 1, GDT_Byte, NULL) : NULL;
-        if (!mem) st = tw_error_set(err, TW_ERR_INTERNAL, "input.aoi: cannot make a MEM raster");
-    }
-    if (st == TW_OK) {
-        const double *t = info->geotransform;
-        double gt[6] = {t[0], t[1] * cell, t[2] * cell, t[3], t[4] * cell, t[5] * cell};
-        GDALSetGeoTransform(mem, gt);
-        if (info->crs_wkt[0]) GDALSetProjection(mem, info->crs_wkt);
-        int band = 1;
-        double *burn = tw_alloc(TW_MEM_OTHER, sizeof(double) * (size_t)n_geoms);
-        if (!burn) {
-            st = tw_error_set(err, TW_ERR_NOMEM, "input.aoi: out of memory");
-        } else {
-            for (int i = 0; i < n_geoms; i++) burn[i] = 1.0;
-            char **ropts = CSLSetNameValue(NULL, "ALL_TOUCHED", "TRUE");
-            tw_gdal_capture_begin(&msg);
-            CPLErr e = GDALRasterizeGeometries(mem, 1, &band, n_geoms, geoms, NULL, NULL, burn,
-                                               ropts, NULL, NULL);
-            tw_gdal_capture_end();
-            CSLDestroy(ropts);
-            tw_free(burn);
-            if (e != CE_None)
-                st = tw_error_set(err, TW_ERR_INPUT, "input.aoi: %s: cannot rasterize: %s", path,
-                                  msg.failure);
-        }
-    }
-    if (st == TW_OK && GDALRasterIO(GDALGetRasterBand(mem, 1), GF_Read, 0, 0, (int)gw, (int)gh,
-                                    cells, (int)gw, (int)gh, GDT_Byte, 0, 0) != CE_None)
-        st = tw_error_set(err, TW_ERR_INTERNAL, "input.aoi: cannot read the rasterized cells");
-    if (mem) GDALClose(mem);
+    if (st == TW_OK) st = rasterize_cells(path, info, cell, gw, gh, geoms, n_geoms, cells, err);
     if (st == TW_OK) {
         /* Summed-area table: any cell set in a tile's rectangle, in O(1). */
         for (int64_t r = 0; r < gh; r++)

@@ -226,8 +226,9 @@ static bool open_ds(tw_raster *r, gdal_msgs *msgs)
     return r->ds != NULL;
 }
 
-static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_error *err,
-                              gdal_msgs *msgs)
+/* r->ds opened (open_ds), retried as a remote open deserves; a failure
+ * named with GDAL's reason, as an outage (TW_ERR_REMOTE) when it is one. */
+static tw_status open_retrying(tw_raster *r, tw_error *err, gdal_msgs *msgs)
 {
     const char *path = r->path;
     bool ok = open_ds(r, msgs);
@@ -280,8 +281,15 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
             r->remote && tw_url_definitive(why) ? " (the server's final answer: not retried)" : "",
             timeout_hint(why));
     }
-    capture_clear(msgs, false);
+    return TW_OK;
+}
 
+/* The raster's size, the selected bands (all without input.bands) into
+ * r->bands and r->n_bands, and their one data type into r->info. */
+static tw_status check_bands(tw_raster *r, const int *bands, int n_bands, tw_error *err,
+                             gdal_msgs *msgs)
+{
+    const char *path = r->path;
     int count = GDALGetRasterCount(r->ds);
     int width = GDALGetRasterXSize(r->ds), height = GDALGetRasterYSize(r->ds);
     if (count <= 0) return tw_error_set(err, TW_ERR_INPUT, "%s has no raster bands", path);
@@ -325,7 +333,19 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
                                 tw_dtype_name(in->dtype));
         }
     }
+    return TW_OK;
+}
 
+static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_error *err,
+                              gdal_msgs *msgs)
+{
+    tw_status st = open_retrying(r, err, msgs);
+    if (st != TW_OK) return st;
+    capture_clear(msgs, false);
+    st = check_bands(r, bands, n_bands, err, msgs);
+    if (st != TW_OK) return st;
+
+    tw_raster_info *in = &r->info;
     GDALRasterBandH b1 = GDALGetRasterBand(r->ds, 1);
     GDALGetBlockSize(b1, &in->block_w, &in->block_h);
     int has_nd = 0;
@@ -340,7 +360,7 @@ static tw_status open_checked(tw_raster *r, const int *bands, int n_bands, tw_er
         in->has_geotransform = false;
     }
     capture_clear(msgs, false); /* a missing geotransform is not an error */
-    tw_status st = fill_crs(r, err);
+    st = fill_crs(r, err);
     if (st != TW_OK) return st;
     GDALDriverH drv = GDALGetDatasetDriver(r->ds);
     snprintf(in->driver, sizeof in->driver, "%s", drv ? GDALGetDriverShortName(drv) : "");
@@ -601,6 +621,50 @@ static bool reachable(tw_raster *r)
     return VSIStatExL(r->gpath, &sb, VSI_STAT_EXISTS_FLAG) == 0;
 }
 
+/* Window x0, y0 of w x h (xr x yr of it inside the raster) through GDAL
+ * into raw, a remote read retried on a fresh dataset as read_window says;
+ * GDAL's messages gathered in msgs. */
+static tw_status gdal_read_retrying(tw_raster *r, int x0, int y0, int w, int h, int xr, int yr,
+                                    void *raw, gdal_msgs *msgs, tw_error *err)
+{
+    const size_t plane = (size_t)w * (size_t)h;
+    tw_status st = TW_OK;
+    const char *what = NULL;
+    double t0 = tw_clock_now();
+    bool ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
+    int attempt = 0;
+    /* GDAL 3.6 retries 429 and 5xx answers itself (GDAL_HTTP_MAX_RETRY),
+     * but not a dropped connection or a truncated body, and a dataset
+     * that saw one can keep failing. Retry those on a fresh dataset,
+     * with backoff, within the span GDAL's own retries would wait; not
+     * a decoding error (a damaged block stays damaged). */
+    while (!ok && r->remote && !stopping(r) && attempt < r->net.retries &&
+           (tw_url_transient(msgs->failure) || tw_url_transient(msgs->last_warning)) &&
+           tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay)) {
+        attempt++;
+        sleep_s(r, tw_url_retry_delay(&r->net, attempt));
+        if (stopping(r)) break;
+        capture_clear(msgs, true);
+        if (!reopen(r, msgs)) continue;
+        ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
+    }
+    if (!ok && r->remote && stopping(r)) {
+        /* a stop: not an error of the tile, and no HEAD to wait for */
+        st = tw_error_set(err, TW_CANCELLED, "%s: stopped while reading window x=%d y=%d", r->path,
+                          x0, y0);
+    } else if (!ok) {
+        bool outage = r->remote && !reachable(r);
+        st = tw_error_set(err, outage ? TW_ERR_REMOTE : TW_ERR_INPUT,
+                          "%s: %s failed at window x=%d y=%d %dx%d%s: %s%s", r->path, what, x0, y0,
+                          w, h,
+                          outage ? " and the object is unreachable (network outage; run the "
+                                   "same command again to resume)"
+                                 : "",
+                          capture_text(msgs), timeout_hint(capture_text(msgs)));
+    }
+    return st;
+}
+
 /* tw_raster_read; valid may be NULL when validity_trivial(r): then no
  * validity is computed (*n_nodata = 0). */
 static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *raw, uint8_t *valid,
@@ -654,39 +718,7 @@ static tw_status read_window(tw_raster *r, int x0, int y0, int w, int h, void *r
             tw_error_set(err, st, "%s: read failed at window x=%d y=%d %dx%d: %s", r->path, x0, y0,
                          w, h, terr.msg);
     } else {
-        const char *what = NULL;
-        double t0 = tw_clock_now();
-        bool ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
-        int attempt = 0;
-        /* GDAL 3.6 retries 429 and 5xx answers itself (GDAL_HTTP_MAX_RETRY),
-         * but not a dropped connection or a truncated body, and a dataset
-         * that saw one can keep failing. Retry those on a fresh dataset,
-         * with backoff, within the span GDAL's own retries would wait; not
-         * a decoding error (a damaged block stays damaged). */
-        while (!ok && r->remote && !stopping(r) && attempt < r->net.retries &&
-               (tw_url_transient(msgs.failure) || tw_url_transient(msgs.last_warning)) &&
-               tw_clock_now() - t0 < tw_url_retry_span(r->net.retries, r->net.retry_delay)) {
-            attempt++;
-            sleep_s(r, tw_url_retry_delay(&r->net, attempt));
-            if (stopping(r)) break;
-            capture_clear(&msgs, true);
-            if (!reopen(r, &msgs)) continue;
-            ok = gdal_read(r, x0, y0, xr, yr, raw, w, plane, &what);
-        }
-        if (!ok && r->remote && stopping(r)) {
-            /* a stop: not an error of the tile, and no HEAD to wait for */
-            st = tw_error_set(err, TW_CANCELLED, "%s: stopped while reading window x=%d y=%d",
-                              r->path, x0, y0);
-        } else if (!ok) {
-            bool outage = r->remote && !reachable(r);
-            st = tw_error_set(err, outage ? TW_ERR_REMOTE : TW_ERR_INPUT,
-                              "%s: %s failed at window x=%d y=%d %dx%d%s: %s%s", r->path, what, x0,
-                              y0, w, h,
-                              outage ? " and the object is unreachable (network outage; run the "
-                                       "same command again to resume)"
-                                     : "",
-                              capture_text(&msgs), timeout_hint(capture_text(&msgs)));
-        }
+        st = gdal_read_retrying(r, x0, y0, w, h, xr, yr, raw, &msgs, err);
     }
     capture_end();
     if (st != TW_OK) return st;

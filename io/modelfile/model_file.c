@@ -103,14 +103,13 @@ static void shape_str(const tw_tensor *t, char *buf, size_t cap)
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
-/* The loader promises a ResNet state_dict, so check the few tensors every
- * consumer relies on, and that the metadata agrees with them. The rest of
- * the graph is checked by model/resnet.c against the architecture. */
-static tw_status check_resnet(tw_model_file *mf, tw_error *err)
+/* A segmentation network (model/segnet.h: torchvision's backbone. +
+ * classifier., or a U-Net's encoder. + decoder.blocks.) holds its ResNet
+ * under a prefix and no fc; model/segnet.c checks its graph. True when mf
+ * is one (*st: whether its metadata agrees with its conv1), false when it
+ * is to be checked as a plain ResNet. */
+static bool check_segmentation(tw_model_file *mf, tw_status *st, tw_error *err)
 {
-    /* A segmentation network (model/segnet.h: torchvision's backbone. +
-     * classifier., or a U-Net's encoder. + decoder.blocks.) holds its
-     * ResNet under a prefix and no fc; model/segnet.c checks its graph. */
     const tw_tensor *seg = tw_model_file_find(mf, "backbone.conv1.weight");
     const char *head = "classifier.";
     if (!seg) {
@@ -120,21 +119,31 @@ static tw_status check_resnet(tw_model_file *mf, tw_error *err)
     bool has_head = false;
     for (int i = 0; seg && !has_head && i < mf->n_tensors; i++)
         has_head = strncmp(mf->tensors[i].name, head, strlen(head)) == 0;
-    if (has_head && !tw_model_file_find(mf, "conv1.weight")) {
-        if (seg->ndim != 4)
-            return tw_model_error(err, mf->path, "tensor '%s' is not 4-D", seg->name);
-        int64_t b = seg->shape[1];
-        const char *what = mf->n_bands && mf->n_bands != b ? "bands"
-                           : mf->n_mean && mf->n_mean != b ? "mean"
-                           : mf->n_std && mf->n_std != b   ? "std"
-                                                           : NULL;
-        if (what)
-            return tw_model_error(err, mf->path,
-                                  "metadata '%s' does not list one value per band "
-                                  "of %s (%lld)",
-                                  what, seg->name, (long long)b);
-        return TW_OK;
+    if (!has_head || tw_model_file_find(mf, "conv1.weight")) return false;
+    *st = TW_OK;
+    if (seg->ndim != 4) {
+        *st = tw_model_error(err, mf->path, "tensor '%s' is not 4-D", seg->name);
+        return true;
     }
+    int64_t b = seg->shape[1];
+    const char *what = mf->n_bands && mf->n_bands != b ? "bands"
+                       : mf->n_mean && mf->n_mean != b ? "mean"
+                       : mf->n_std && mf->n_std != b   ? "std"
+                                                       : NULL;
+    if (what)
+        *st = tw_model_error(err, mf->path,
+                             "metadata '%s' does not list one value per band of %s (%lld)", what,
+                             seg->name, (long long)b);
+    return true;
+}
+
+/* The loader promises a ResNet state_dict, so check the few tensors every
+ * consumer relies on, and that the metadata agrees with them. The rest of
+ * the graph is checked by model/resnet.c against the architecture. */
+static tw_status check_resnet(tw_model_file *mf, tw_error *err)
+{
+    tw_status seg_st;
+    if (check_segmentation(mf, &seg_st, err)) return seg_st;
     const tw_tensor *conv1 = tw_model_file_find(mf, "conv1.weight");
     const tw_tensor *fcw = tw_model_file_find(mf, "fc.weight");
     const tw_tensor *fcb = tw_model_file_find(mf, "fc.bias");

@@ -351,6 +351,123 @@ static tw_status st_read_tensors(tw_model_file *mf, FILE *f, uint64_t data_start
     return st;
 }
 
+/* The header's length (8 bytes, little-endian) and the header itself, read
+ * from f and checked against the file's size; a new, NUL-terminated buffer
+ * into *header (the caller frees it, also on error), its length into *hlen. */
+static tw_status st_read_header(tw_model_file *mf, FILE *f, uint64_t file_size, char **header,
+                                uint64_t *hlen_out, tw_error *err)
+{
+    const char *path = mf->path;
+    unsigned char lenb[8];
+    if (fread(lenb, 1, 8, f) != 8)
+        return tw_model_error(err, path, "cannot read the safetensors header length");
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | lenb[i];
+    int first = fgetc(f);
+    if (first != '{') {
+        /* not even the start of a JSON header: most likely some other format */
+        return tw_model_error(err, path,
+                              "neither an HDF5 bundle (no HDF5 signature) nor a safetensors file "
+                              "(no JSON header)");
+    }
+    if (ungetc(first, f) == EOF)
+        return tw_model_error(err, path, "cannot read the safetensors header");
+    if (hlen > ST_MAX_HEADER)
+        return tw_model_error(err, path,
+                              "safetensors header length %llu is absurd (limit %u): not a "
+                              "safetensors file, or corrupt",
+                              (unsigned long long)hlen, ST_MAX_HEADER);
+    if (hlen > file_size - 8)
+        return tw_model_error(
+            err, path, "safetensors header length %llu exceeds the file size %llu (truncated?)",
+            (unsigned long long)hlen, (unsigned long long)file_size);
+    *header = tw_alloc(TW_MEM_OTHER, hlen + 1);
+    if (!*header) return tw_model_nomem(err, path, hlen + 1);
+    if (fread(*header, 1, hlen, f) != hlen)
+        return tw_model_error(err, path, "cannot read the %llu-byte safetensors header",
+                              (unsigned long long)hlen);
+    (*header)[hlen] = '\0';
+    if (memchr(*header, '\0', hlen))
+        return tw_model_error(err, path, "safetensors header contains a NUL byte");
+    *hlen_out = hlen;
+    return TW_OK;
+}
+
+/* The header as a JSON object into *root (the caller releases it). */
+static tw_status st_parse_header(tw_model_file *mf, const char *header, uint64_t hlen,
+                                 json_t **root, tw_error *err)
+{
+    const char *path = mf->path;
+    json_error_t jerr;
+    *root = json_loadb(header, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!*root) {
+        if (json_error_code(&jerr) == json_error_duplicate_key && jerr.position > 0)
+            return duplicate_error(mf, header, (size_t)jerr.position, err);
+        char jwhy[sizeof jerr.text]; /* without jansson's quote of the bytes */
+        return tw_model_error(
+            err, path, "safetensors header is not valid JSON: %s (line %d, column %d)",
+            tw_json_error_text(jerr.text, jwhy, sizeof jwhy), jerr.line, jerr.column);
+    }
+    if (!json_is_object(*root))
+        return tw_model_error(err, path, "safetensors header is not a JSON object");
+    return TW_OK;
+}
+
+/* Every entry of the header but meta, in the header's order, as a tensor
+ * of mf (without data) and an st_entry in a new array *ents (the caller
+ * frees it, also on error) of *n_ents. */
+static tw_status st_list_entries(tw_model_file *mf, json_t *root, const json_t *meta,
+                                 uint64_t data_len, st_entry **ents, int *n_ents, tw_error *err)
+{
+    size_t n_tensors = json_object_size(root) - (meta ? 1 : 0);
+    mf->tensors = tw_calloc(TW_MEM_OTHER, n_tensors ? n_tensors : 1, sizeof(tw_tensor));
+    *ents = calloc(n_tensors ? n_tensors : 1, sizeof **ents);
+    if (!mf->tensors || !*ents) return tw_model_nomem(err, mf->path, n_tensors * sizeof(tw_tensor));
+    int i = 0;
+    const char *key;
+    json_t *v;
+    tw_status st = TW_OK;
+    /* jansson keeps the header's order: tensors are listed as written. */
+    json_object_foreach(root, key, v)
+    {
+        if (v == meta) continue;
+        /* Integer entries (BN step counters) get a slot too, so that they take
+         * part in the overlap check; they are dropped below. */
+        tw_tensor *t = &mf->tensors[mf->n_tensors];
+        if (strlen(key) >= sizeof t->name) {
+            st = tw_model_error(err, mf->path, "tensor #%d: name is longer than %zu bytes", i,
+                                sizeof t->name - 1);
+            break;
+        }
+        snprintf(t->name, sizeof t->name, "%s", key);
+        st_entry e = {.tensor = mf->n_tensors};
+        st = st_parse_entry(mf, v, t, &e, data_len, err);
+        if (st != TW_OK) break;
+        mf->n_tensors++;
+        (*ents)[(*n_ents)++] = e;
+        i++;
+    }
+    return st;
+}
+
+/* ents sorted by where their bytes begin; two that share a byte are refused. */
+static tw_status st_check_overlap(tw_model_file *mf, st_entry *ents, int n_ents, tw_error *err)
+{
+    qsort(ents, (size_t)n_ents, sizeof *ents, cmp_entry_begin);
+    uint64_t prev_end = 0;
+    int prev = -1;
+    for (int k = 0; k < n_ents; k++) {
+        if (ents[k].begin == ents[k].end) continue;
+        if (prev >= 0 && ents[k].begin < prev_end)
+            return tw_model_error(err, mf->path, "tensors '%s' and '%s' overlap in the data",
+                                  mf->tensors[ents[prev].tensor].name,
+                                  mf->tensors[ents[k].tensor].name);
+        prev = k;
+        prev_end = ents[k].end;
+    }
+    return TW_OK;
+}
+
 tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *err)
 {
     const char *path = mf->path;
@@ -360,140 +477,30 @@ tw_status tw_safetensors_load(tw_model_file *mf, uint64_t file_size, tw_error *e
                               (unsigned long long)file_size);
     FILE *f = fopen(path, "rb");
     if (!f) return tw_model_error(err, path, "cannot open: %s", strerror(errno));
-    unsigned char lenb[8];
     char *header = NULL;
+    uint64_t hlen = 0;
     json_t *root = NULL;
     st_entry *ents = NULL;
-    tw_status st = TW_OK;
-
-    if (fread(lenb, 1, 8, f) != 8) {
-        st = tw_model_error(err, path, "cannot read the safetensors header length");
-        goto done;
+    int n_ents = 0;
+    tw_status st = st_read_header(mf, f, file_size, &header, &hlen, err);
+    if (st == TW_OK) st = st_parse_header(mf, header, hlen, &root, err);
+    json_t *meta = st == TW_OK ? json_object_get(root, "__metadata__") : NULL;
+    if (st == TW_OK)
+        st = st_list_entries(mf, root, meta, file_size - 8 - hlen, &ents, &n_ents, err);
+    if (st == TW_OK) st = st_check_overlap(mf, ents, n_ents, err);
+    if (st == TW_OK && meta) st = st_parse_metadata(mf, meta, err);
+    if (st == TW_OK) {
+        int w = 0;
+        for (int k = 0; k < n_ents; k++)
+            if (ents[k].dtype != ST_SKIP) ents[w++] = ents[k];
+        st = st_read_tensors(mf, f, 8 + hlen, ents, w, err);
     }
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | lenb[i];
-    int first = fgetc(f);
-    if (first != '{') {
-        /* not even the start of a JSON header: most likely some other format */
-        st = tw_model_error(err, path,
-                            "neither an HDF5 bundle (no HDF5 signature) nor a safetensors file "
-                            "(no JSON header)");
-        goto done;
-    }
-    if (ungetc(first, f) == EOF) {
-        st = tw_model_error(err, path, "cannot read the safetensors header");
-        goto done;
-    }
-    if (hlen > ST_MAX_HEADER) {
-        st = tw_model_error(err, path,
-                            "safetensors header length %llu is absurd (limit %u): not a "
-                            "safetensors file, or corrupt",
-                            (unsigned long long)hlen, ST_MAX_HEADER);
-        goto done;
-    }
-    if (hlen > file_size - 8) {
-        st = tw_model_error(
-            err, path, "safetensors header length %llu exceeds the file size %llu (truncated?)",
-            (unsigned long long)hlen, (unsigned long long)file_size);
-        goto done;
-    }
-    header = tw_alloc(TW_MEM_OTHER, hlen + 1);
-    if (!header) {
-        st = tw_model_nomem(err, path, hlen + 1);
-        goto done;
-    }
-    if (fread(header, 1, hlen, f) != hlen) {
-        st = tw_model_error(err, path, "cannot read the %llu-byte safetensors header",
-                            (unsigned long long)hlen);
-        goto done;
-    }
-    header[hlen] = '\0';
-    if (memchr(header, '\0', hlen)) {
-        st = tw_model_error(err, path, "safetensors header contains a NUL byte");
-        goto done;
-    }
-    json_error_t jerr;
-    root = json_loadb(header, hlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        if (json_error_code(&jerr) == json_error_duplicate_key && jerr.position > 0)
-            st = duplicate_error(mf, header, (size_t)jerr.position, err);
-        else {
-            char jwhy[sizeof jerr.text]; /* without jansson's quote of the bytes */
-            st = tw_model_error(
-                err, path, "safetensors header is not valid JSON: %s (line %d, column %d)",
-                tw_json_error_text(jerr.text, jwhy, sizeof jwhy), jerr.line, jerr.column);
-        }
-        goto done;
-    }
-    if (!json_is_object(root)) {
-        st = tw_model_error(err, path, "safetensors header is not a JSON object");
-        goto done;
-    }
-    uint64_t data_len = file_size - 8 - hlen;
-
-    json_t *meta = json_object_get(root, "__metadata__");
-    size_t n_tensors = json_object_size(root) - (meta ? 1 : 0);
-    mf->tensors = tw_calloc(TW_MEM_OTHER, n_tensors ? n_tensors : 1, sizeof(tw_tensor));
-    ents = calloc(n_tensors ? n_tensors : 1, sizeof *ents);
-    if (!mf->tensors || !ents) {
-        st = tw_model_nomem(err, path, n_tensors * sizeof(tw_tensor));
-        goto done;
-    }
-    int n_ents = 0, i = 0;
-    const char *key;
-    json_t *v;
-    /* jansson keeps the header's order: tensors are listed as written. */
-    json_object_foreach(root, key, v)
-    {
-        if (v == meta) continue;
-        /* Integer entries (BN step counters) get a slot too, so that they take
-         * part in the overlap check; they are dropped below. */
-        tw_tensor *t = &mf->tensors[mf->n_tensors];
-        if (strlen(key) >= sizeof t->name) {
-            st = tw_model_error(err, path, "tensor #%d: name is longer than %zu bytes", i,
-                                sizeof t->name - 1);
-            break;
-        }
-        snprintf(t->name, sizeof t->name, "%s", key);
-        st_entry e = {.tensor = mf->n_tensors};
-        st = st_parse_entry(mf, v, t, &e, data_len, err);
-        if (st != TW_OK) break;
-        mf->n_tensors++;
-        ents[n_ents++] = e;
-        i++;
-    }
-    if (st != TW_OK) goto done;
-
-    qsort(ents, (size_t)n_ents, sizeof *ents, cmp_entry_begin);
-    uint64_t prev_end = 0;
-    int prev = -1;
-    for (int k = 0; k < n_ents; k++) {
-        if (ents[k].begin == ents[k].end) continue;
-        if (prev >= 0 && ents[k].begin < prev_end) {
-            st = tw_model_error(err, path, "tensors '%s' and '%s' overlap in the data",
-                                mf->tensors[ents[prev].tensor].name,
-                                mf->tensors[ents[k].tensor].name);
-            goto done;
-        }
-        prev = k;
-        prev_end = ents[k].end;
-    }
-    if (meta) {
-        st = st_parse_metadata(mf, meta, err);
-        if (st != TW_OK) goto done;
-    }
-    int w = 0;
-    for (int k = 0; k < n_ents; k++)
-        if (ents[k].dtype != ST_SKIP) ents[w++] = ents[k];
-    st = st_read_tensors(mf, f, 8 + hlen, ents, w, err);
     if (st == TW_OK) { /* compact away the skipped slots (they have no data) */
         int kept = 0;
         for (int k = 0; k < mf->n_tensors; k++)
             if (mf->tensors[k].data) mf->tensors[kept++] = mf->tensors[k];
         mf->n_tensors = kept;
     }
-
-done:
     json_decref(root);
     free(ents);
     tw_free(header);

@@ -761,17 +761,12 @@ static void area_unit(OGRSpatialReferenceH srs, char *out, size_t size)
     snprintf(out, size, "square %s", name && *name ? name : "unit");
 }
 
-static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t *n_out)
+/* The layer 'classes' in ds: the class map's projection, the fields, the
+ * area unit, the class colours and the run's metadata; into *layer (NULL
+ * when it could not be created). */
+static tw_status create_layer(ctx *c, GDALDatasetH ds, OGRLayerH *layer)
 {
     const tw_polygons_params *p = c->p;
-    GDALDriverH drv = GDALGetDriverByName(p->format == TW_VECTOR_FGB ? "FlatGeobuf" : "GPKG");
-    if (!drv)
-        return tw_error_set(c->err, TW_ERR_INTERNAL, "GDAL was built without the %s driver",
-                            p->format == TW_VECTOR_FGB ? "FlatGeobuf" : "GPKG");
-    remove_with_sidecars(c->part);
-    GDALDatasetH ds = GDALCreate(drv, c->part, 0, 0, 0, GDT_Unknown, NULL);
-    if (!ds)
-        return tw_error_set(c->err, TW_ERR_OUTPUT, "cannot create %s: %s", c->part, gdal_msg(c));
     OGRSpatialReferenceH srs = NULL;
     const char *wkt = GDALGetProjectionRef(c->cls_ds);
     if (wkt && *wkt) {
@@ -794,6 +789,7 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
                              "tilewise: one polygon per 4-connected region of a class");
     }
     OGRLayerH l = GDALDatasetCreateLayer(ds, "classes", srs, wkbPolygon, lo);
+    *layer = l;
     CSLDestroy(lo);
     if (srs) OSRDestroySpatialReference(srs);
     tw_status st = TW_OK;
@@ -823,32 +819,29 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
         if (p->metadata_json)
             GDALSetMetadataItem((GDALMajorObjectH)l, "TILEWISE_RUN", p->metadata_json, NULL);
     }
-    bool txn = p->format == TW_VECTOR_GPKG;
-    int in_txn = 0;
-    if (st == TW_OK && txn && GDALDatasetStartTransaction(ds, FALSE) != OGRERR_NONE)
-        st = tw_error_set(c->err, TW_ERR_OUTPUT, "%s: cannot start a transaction: %s", c->part,
-                          gdal_msg(c));
-    OGRFeatureH f = st == TW_OK ? OGR_F_Create(OGR_L_GetLayerDefn(l)) : NULL;
-    if (st == TW_OK && !f) st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory");
-    simp s = {0};
-    double tol = p->simplify / sqrt(c->cell_area); /* in cells */
-    /* The boundary pieces whose simplification leaves a polygon invalid
-     * (Douglas-Peucker moved one across another) are kept exact, in both
-     * polygons that share them; again until no polygon adds a piece (a
-     * polygon with every piece exact is the valid original). */
-    for (int pass = 0; st == TW_OK && p->simplify > 0 && pass < 32; pass++) {
+    return st;
+}
+
+/* The boundary pieces whose simplification leaves a polygon invalid
+ * (Douglas-Peucker moved one across another) are kept exact, in both
+ * polygons that share them; again until no polygon adds a piece (a
+ * polygon with every piece exact is the valid original). */
+static tw_status mark_exact_pieces(ctx *c, OGRLayerH raw, double tol, simp *s)
+{
+    tw_status st = TW_OK;
+    for (int pass = 0; st == TW_OK && pass < 32; pass++) {
         bool added_any = false;
         OGR_L_ResetReading(raw);
         OGRFeatureH pf;
         while (st == TW_OK && (pf = OGR_L_GetNextFeature(raw)) != NULL) {
             OGRGeometryH g = OGR_F_GetGeometryRef(pf);
-            s.fz.n_cur = 0;
-            OGRGeometryH sg = g ? simplify_polygon(c, g, tol, &s) : NULL;
+            s->fz.n_cur = 0;
+            OGRGeometryH sg = g ? simplify_polygon(c, g, tol, s) : NULL;
             if (!sg) st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory simplifying polygons");
             if (sg && !OGR_G_IsValid(sg))
-                for (size_t k = 0; st == TW_OK && k < s.fz.n_cur; k++) {
+                for (size_t k = 0; st == TW_OK && k < s->fz.n_cur; k++) {
                     bool added = false;
-                    if (!arcset_add(&s.fz, s.fz.cur[k], &added))
+                    if (!arcset_add(&s->fz, s->fz.cur[k], &added))
                         st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory");
                     added_any = added_any || added;
                 }
@@ -857,6 +850,19 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
         }
         if (!added_any) break;
     }
+    return st;
+}
+
+/* Each polygon of raw (simplified when asked) with its region's class,
+ * name, area, cells and mean confidence, through feature f into layer l;
+ * a GeoPackage commits every TXN_FEATURES. The count into *n_out. */
+static tw_status write_features(ctx *c, GDALDatasetH ds, OGRLayerH raw, const labeller *L,
+                                OGRLayerH l, OGRFeatureH f, double tol, simp *s, int64_t *n_out)
+{
+    const tw_polygons_params *p = c->p;
+    bool txn = p->format == TW_VECTOR_GPKG;
+    int in_txn = 0;
+    tw_status st = TW_OK;
     int64_t n = 0;
     OGR_L_ResetReading(raw);
     OGRFeatureH rf;
@@ -873,8 +879,8 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
             break;
         }
         if (p->simplify > 0) {
-            s.fz.n_cur = 0;
-            OGRGeometryH sg = simplify_polygon(c, g, tol, &s);
+            s->fz.n_cur = 0;
+            OGRGeometryH sg = simplify_polygon(c, g, tol, s);
             OGR_G_DestroyGeometry(g);
             g = sg;
             if (!g) {
@@ -903,6 +909,34 @@ static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t 
                                   gdal_msg(c));
         }
     }
+    *n_out = n;
+    return st;
+}
+
+static tw_status write_output(ctx *c, OGRLayerH raw, const labeller *L, int64_t *n_out)
+{
+    const tw_polygons_params *p = c->p;
+    GDALDriverH drv = GDALGetDriverByName(p->format == TW_VECTOR_FGB ? "FlatGeobuf" : "GPKG");
+    if (!drv)
+        return tw_error_set(c->err, TW_ERR_INTERNAL, "GDAL was built without the %s driver",
+                            p->format == TW_VECTOR_FGB ? "FlatGeobuf" : "GPKG");
+    remove_with_sidecars(c->part);
+    GDALDatasetH ds = GDALCreate(drv, c->part, 0, 0, 0, GDT_Unknown, NULL);
+    if (!ds)
+        return tw_error_set(c->err, TW_ERR_OUTPUT, "cannot create %s: %s", c->part, gdal_msg(c));
+    OGRLayerH l = NULL;
+    tw_status st = create_layer(c, ds, &l);
+    bool txn = p->format == TW_VECTOR_GPKG;
+    if (st == TW_OK && txn && GDALDatasetStartTransaction(ds, FALSE) != OGRERR_NONE)
+        st = tw_error_set(c->err, TW_ERR_OUTPUT, "%s: cannot start a transaction: %s", c->part,
+                          gdal_msg(c));
+    OGRFeatureH f = st == TW_OK ? OGR_F_Create(OGR_L_GetLayerDefn(l)) : NULL;
+    if (st == TW_OK && !f) st = tw_error_set(c->err, TW_ERR_NOMEM, "out of memory");
+    simp s = {0};
+    double tol = p->simplify / sqrt(c->cell_area); /* in cells */
+    if (st == TW_OK && p->simplify > 0) st = mark_exact_pieces(c, raw, tol, &s);
+    int64_t n = 0;
+    if (st == TW_OK) st = write_features(c, ds, raw, L, l, f, tol, &s, &n);
     simp_release(&s);
     if (f) OGR_F_Destroy(f);
     if (st == TW_OK && txn && GDALDatasetCommitTransaction(ds) != OGRERR_NONE)
