@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/input/aoi.h"
 #include "io/input/raster.h"
 #include "io/input/stac.h"
 #include "io/url.h"
@@ -107,5 +108,14 @@ void tw_run_checks_advice(const run_ctx *c, tw_advice *a);
  * output.min_area's sieve. Prepare warns when the worst case, a region per
  * cell, does not fit. */
 int64_t tw_run_polygons_fit(const run_ctx *c, int i, int *grid_w, int *grid_h);
+
+/* Where the run's notices and warnings go: the hooks' log, or nowhere. */
+const tw_log *tw_run_log(const run_ctx *c);
+
+/* input.aoi for one raster, on the tile grid of its full plan (tile
+ * indices are the plan's, whatever the shard). NULL in *out without an
+ * AOI. */
+tw_status tw_run_aoi_for(const tw_run_params *p, const tw_resolved *m, const tw_raster_info *info,
+                         tw_aoi **out, tw_error *err);
 
 #endif
