@@ -280,11 +280,11 @@ static void *act_ptr(const tw_seg_cpu *c, int v)
     return c->arena + c->m.base[r] + c->m.off[v] * sizeof(float);
 }
 
-/* A new op running pd with src (value s) and dst (value d) and a user
- * scratchpad; more args may follow. */
-static tw_status add_prim(tw_seg_cpu *c, dnnl_primitive_desc_t pd, int s,
-                          const dnnl_memory_desc_t *smd, void *src_at, int d,
-                          const dnnl_memory_desc_t *dmd, xop **out, tw_error *err)
+/* A new op running pd from value s (or the handle src_at) into the handle
+ * dst_at, with a user scratchpad; more args may follow. */
+static tw_status add_prim_at(tw_seg_cpu *c, dnnl_primitive_desc_t pd, int s,
+                             const dnnl_memory_desc_t *smd, void *src_at,
+                             const dnnl_memory_desc_t *dmd, void *dst_at, xop **out, tw_error *err)
 {
     xop *o = &c->ops[c->n_ops];
     memset(o, 0, sizeof *o);
@@ -296,13 +296,22 @@ static tw_status add_prim(tw_seg_cpu *c, dnnl_primitive_desc_t pd, int s,
     dnnl_memory_t sm, dm;
     tw_status st;
     if ((st = keep_mem(c, smd, src_at ? src_at : act_ptr(c, s), &sm, err)) != TW_OK ||
-        (st = keep_mem(c, dmd, act_ptr(c, d), &dm, err)) != TW_OK)
+        (st = keep_mem(c, dmd, dst_at, &dm, err)) != TW_OK)
         return st;
     if (s == TW_SEG_VAL_IN && !src_at) o->in_arg = 0;
+    /* DNNL_ARG_SRC and DNNL_ARG_DST are also a reorder's FROM and TO */
     o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, sm};
     o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, dm};
     *out = o;
     return TW_OK;
+}
+
+/* The same into value d. */
+static tw_status add_prim(tw_seg_cpu *c, dnnl_primitive_desc_t pd, int s,
+                          const dnnl_memory_desc_t *smd, void *src_at, int d,
+                          const dnnl_memory_desc_t *dmd, xop **out, tw_error *err)
+{
+    return add_prim_at(c, pd, s, smd, src_at, dmd, act_ptr(c, d), out, err);
 }
 
 static dnnl_primitive_attr_t scratch_attr(void)
@@ -326,21 +335,8 @@ static tw_status add_copy(tw_seg_cpu *c, int s, const dnnl_memory_desc_t *smd, v
     dnnl_status_t s_ = dnnl_reorder_primitive_desc_create(&pd, smd, c->eng, dmd, c->eng, a);
     dnnl_primitive_attr_destroy(a);
     if (s_ != dnnl_success) return dnnl_fail(err, s_, "copy reorder");
-    xop *o = &c->ops[c->n_ops];
-    memset(o, 0, sizeof *o);
-    o->kind = X_PRIM;
-    o->in_arg = -1;
-    c->pds[c->n_pds++] = pd;
-    DNNL_TRY(dnnl_primitive_create(&o->prim, pd), "primitive create");
-    c->n_ops++;
-    dnnl_memory_t sm, dm;
-    tw_status st;
-    if ((st = keep_mem(c, smd, act_ptr(c, s), &sm, err)) != TW_OK ||
-        (st = keep_mem(c, dmd, dst, &dm, err)) != TW_OK)
-        return st;
-    o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_FROM, sm};
-    o->args[o->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_TO, dm};
-    return TW_OK;
+    xop *o;
+    return add_prim_at(c, pd, s, smd, NULL, dmd, dst, &o, err);
 }
 
 /* The primitive of op's conv as k x k, padding pad_l, dilation dl, from

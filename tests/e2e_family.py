@@ -37,7 +37,7 @@ import tempfile
 
 import numpy as np
 
-from e2eutil import BIN, SRC, check, gdal_or_skip
+from e2eutil import BIN, SRC, check, gdal_or_skip, randomize_bn
 
 EXIT_MODEL = 3
 TOL = 1e-4
@@ -66,18 +66,6 @@ def pick_raster(gdal, tmp):
     sys.exit("FAIL: no window without nodata in " + src)
 
 
-def randomize(model, seed):
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            n = m.num_features
-            m.weight.data = torch.rand(n, generator=g) + 0.5
-            m.bias.data = (torch.rand(n, generator=g) - 0.5) * 0.4
-            m.running_mean.data = (torch.rand(n, generator=g) - 0.5) * 0.4
-            m.running_var.data = torch.rand(n, generator=g) * 1.5 + 0.5
-
-
 def make(name, seed, tiles):
     """A torchvision module of the family, randomized, fc scaled on tiles."""
     import torch
@@ -89,7 +77,7 @@ def make(name, seed, tiles):
         m.maxpool = torch.nn.Identity()
     else:
         m = getattr(torchvision.models, name)(num_classes=5)
-    randomize(m, seed)
+    randomize_bn(m, seed)
     m = m.eval()
     with torch.no_grad():
         body = torch.nn.Sequential(*list(m.children())[:-1])

@@ -40,7 +40,7 @@ import tempfile
 
 import numpy as np
 
-from e2eutil import BIN, SRC, check
+from e2eutil import BIN, SRC, check, randomize_bn
 
 TOL = 1e-4
 CLASSES = 5
@@ -64,18 +64,6 @@ def read_tiles(path, tile, n):
     a = ds.ReadAsArray(64, 64, tile * n, tile).astype(np.float64)
     a = (a - a.mean(axis=(1, 2), keepdims=True)) / (a.std(axis=(1, 2), keepdims=True) + 1e-6)
     return np.stack([a[:, :, i * tile:(i + 1) * tile] for i in range(n)]).astype(np.float32)
-
-
-def randomize(model, seed):
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            n = m.num_features
-            m.weight.data = torch.rand(n, generator=g) + 0.5
-            m.bias.data = (torch.rand(n, generator=g) - 0.5) * 0.4
-            m.running_mean.data = (torch.rand(n, generator=g) - 0.5) * 0.4
-            m.running_var.data = torch.rand(n, generator=g) * 1.5 + 0.5
 
 
 def spread_logits(model, last, x):
@@ -159,7 +147,7 @@ def make(name, seed, x):
         m = ctor(weights=None, weights_backbone=None, num_classes=CLASSES, aux_loss=name == "fcn")
         m.backbone.conv1 = torch.nn.Conv2d(4, 64, 7, 2, 3, bias=False)
         last = m.classifier[4]
-    randomize(m, seed)
+    randomize_bn(m, seed)
     m = m.eval()
     spread_logits(m, last, x)
     return m

@@ -106,3 +106,17 @@ def finished_products(out, every_file=False):
         elif opens:
             found.append(name)
     return found
+
+
+def randomize_bn(model, seed):
+    """Every BatchNorm2d of a torch model given random affine parameters and
+    running statistics (seeded), so that folding them is exercised."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            n = m.num_features
+            m.weight.data = torch.rand(n, generator=g) + 0.5
+            m.bias.data = (torch.rand(n, generator=g) - 0.5) * 0.4
+            m.running_mean.data = (torch.rand(n, generator=g) - 0.5) * 0.4
+            m.running_var.data = torch.rand(n, generator=g) * 1.5 + 0.5
