@@ -51,39 +51,12 @@ static size_t pad16(int c)
     return (size_t)((c + BLK - 1) / BLK * BLK);
 }
 
-static tw_status plan_memory(const tw_segnet *net, int tile, mplan *m, tw_error *err)
+/* Concatenations written in place: each input of a concat whose channel
+ * offset allows it becomes a view into the concat's storage (held: another
+ * value lives in it), else it is copied in. */
+static void plan_views(const tw_segnet *net, mplan *m, bool *held)
 {
-    int nv = net->n_values, no = net->n_ops;
-    memset(m, 0, sizeof *m);
-    m->c = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    m->h = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    m->root = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    m->off = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(size_t));
-    m->bytes = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(size_t));
-    m->copy = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(bool));
-    m->res_copy = tw_calloc(TW_MEM_OTHER, (size_t)no, sizeof(bool));
-    m->base = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(size_t));
-    int *last = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    int *def = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    int *start = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    int *end = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    int *order = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
-    bool *held = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(bool)); /* another value lives in it */
-    tw_status st = TW_OK;
-    if (!m->c || !m->h || !m->root || !m->off || !m->bytes || !m->copy || !m->res_copy ||
-        !m->base || !last || !def || !start || !end || !order || !held) {
-        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory planning %s", net->arch);
-        goto done;
-    }
-    if ((st = tw_segnet_shapes(net, tile, m->c, m->h, err)) != TW_OK) goto done;
-    tw_segnet_last_use(net, last);
-    for (int v = 0; v < nv; v++) {
-        m->root[v] = v;
-        m->bytes[v] = pad16(m->c[v]) * (size_t)m->h[v] * (size_t)m->h[v] * sizeof(float);
-        def[v] = -1;
-    }
-    for (int i = 0; i < no; i++) def[net->ops[i].dst] = i;
-
+    int no = net->n_ops;
     for (int i = 0; i < no; i++) {
         const tw_seg_op *op = &net->ops[i];
         if (op->kind != TW_SEG_OP_CONCAT) continue;
@@ -102,6 +75,14 @@ static tw_status plan_memory(const tw_segnet *net, int tile, mplan *m, tw_error 
             ch += (size_t)m->c[v];
         }
     }
+}
+
+/* Residual adds summed in place: a conv's sum post-op reads the shortcut
+ * where it lies when the shortcut's storage group dies with the op, else
+ * the shortcut is copied into dst first (res_copy). */
+static void plan_residuals(const tw_segnet *net, mplan *m, const int *last, bool *held)
+{
+    int nv = net->n_values, no = net->n_ops;
     for (int i = 0; i < no; i++) {
         const tw_seg_op *op = &net->ops[i];
         if (op->kind != TW_SEG_OP_CONV || op->add < 0) continue;
@@ -131,7 +112,14 @@ static tw_status plan_memory(const tw_segnet *net, int tile, mplan *m, tw_error 
             m->res_copy[i] = true;
         }
     }
+}
 
+/* Every root value's place in the arena: lifetimes from def/last, largest
+ * first, each at the lowest offset clear of the roots alive with it. */
+static void place_roots(const tw_segnet *net, mplan *m, const int *last, const int *def, int *start,
+                        int *end, int *order)
+{
+    int nv = net->n_values, no = net->n_ops;
     /* lifetimes of roots; the input and the probabilities are the caller's */
     for (int v = 0; v < nv; v++) {
         start[v] = no + 1;
@@ -175,6 +163,44 @@ static tw_status plan_memory(const tw_segnet *net, int tile, mplan *m, tw_error 
         m->base[v] = at;
         if (at + m->bytes[v] > m->arena) m->arena = at + m->bytes[v];
     }
+}
+
+static tw_status plan_memory(const tw_segnet *net, int tile, mplan *m, tw_error *err)
+{
+    int nv = net->n_values, no = net->n_ops;
+    memset(m, 0, sizeof *m);
+    m->c = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    m->h = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    m->root = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    m->off = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(size_t));
+    m->bytes = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(size_t));
+    m->copy = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(bool));
+    m->res_copy = tw_calloc(TW_MEM_OTHER, (size_t)no, sizeof(bool));
+    m->base = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(size_t));
+    int *last = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    int *def = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    int *start = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    int *end = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    int *order = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(int));
+    bool *held = tw_calloc(TW_MEM_OTHER, (size_t)nv, sizeof(bool)); /* another value lives in it */
+    tw_status st = TW_OK;
+    if (!m->c || !m->h || !m->root || !m->off || !m->bytes || !m->copy || !m->res_copy ||
+        !m->base || !last || !def || !start || !end || !order || !held) {
+        st = tw_error_set(err, TW_ERR_NOMEM, "out of memory planning %s", net->arch);
+        goto done;
+    }
+    if ((st = tw_segnet_shapes(net, tile, m->c, m->h, err)) != TW_OK) goto done;
+    tw_segnet_last_use(net, last);
+    for (int v = 0; v < nv; v++) {
+        m->root[v] = v;
+        m->bytes[v] = pad16(m->c[v]) * (size_t)m->h[v] * (size_t)m->h[v] * sizeof(float);
+        def[v] = -1;
+    }
+    for (int i = 0; i < no; i++) def[net->ops[i].dst] = i;
+
+    plan_views(net, m, held);
+    plan_residuals(net, m, last, held);
+    place_roots(net, m, last, def, start, end, order);
 done:
     tw_free(last);
     tw_free(def);

@@ -21,8 +21,6 @@ allow=(
   # io/output/: resampling and the STAC item
   io/output/resample.c:tw_resample_to_input
   io/output/stac_out.c:item_json
-  # model/: the segmentation forward's memory plan (new with issue 36)
-  model/seg_cpu.c:plan_memory
   # pipeline/: report, merge, the products' assembly, run, validate, the store
   pipeline/report/report.c:config_value
   pipeline/report/report.c:tw_report_render
