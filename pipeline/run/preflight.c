@@ -277,7 +277,9 @@ double tw_preflight_padding(int width, int height, int tile, int stride, tw_edge
     tw_plan plan;
     tw_error e;
     tw_error_init(&e);
-    if (tw_plan_make(width, height, tile, stride, edge, 0, 1, &plan, &e) != TW_OK ||
+    /* (cells of a pixel: only the tiles' places count here, and they do not
+     * depend on the cells; any stride in 1..tile) */
+    if (tw_plan_make_cell(width, height, tile, stride, 1, edge, 0, 1, &plan, &e) != TW_OK ||
         plan.x.n_pos < 1 || plan.y.n_pos < 1)
         return -1;
     /* Tiles are the product of the two axes' positions. */

@@ -130,8 +130,8 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
                 continue;
             }
             tw_plan plan;
-            st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
-                              p->shard_index, p->shard_count, &plan, err);
+            st = tw_plan_make_cell(info->width, info->height, c->m.tile, c->m.stride, c->m.cell,
+                                   p->tiling.edge, p->shard_index, p->shard_count, &plan, err);
             /* what the run would refuse in output.dir, with its words */
             if (st == TW_OK) st = tw_run_probe_parts(c, i, &plan, err);
             if (st != TW_OK) break;
