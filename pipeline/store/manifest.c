@@ -546,10 +546,10 @@ static void parse_model(rd *r, json_t *root, tw_resolved *m)
 {
     json_t *model = need_obj(r, root, "model");
     if (model) {
-        static const char *const model_keys[] = {
-            "arch", "stem",   "bands",    "scale",    "mean",   "std",     "classes",
-            "tile", "stride", "in_bands", "feat_dim", "sha256", "headless", "segmentation",
-            "multiple"};
+        static const char *const model_keys[] = {"arch",     "stem",         "bands",    "scale",
+                                                 "mean",     "std",          "classes",  "tile",
+                                                 "stride",   "in_bands",     "feat_dim", "sha256",
+                                                 "headless", "segmentation", "multiple"};
         only_keys(r, model, "model", model_keys, 15);
         get_str(r, model, "model", "arch", m->arch, sizeof m->arch);
         /* stem: absent in manifests written before the small stem (standard) */
