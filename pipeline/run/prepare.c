@@ -390,8 +390,8 @@ static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw
     }
     /* a segmentation model answers per pixel: no tile table, no pooled
      * features */
-    unsigned per_tile = TW_PRODUCT_TILES | TW_PRODUCT_TILES_GPKG | TW_PRODUCT_EMB |
-                        TW_PRODUCT_EMB_RASTER;
+    unsigned per_tile =
+        TW_PRODUCT_TILES | TW_PRODUCT_TILES_GPKG | TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER;
     for (int i = 0; m->segmentation && i < TW_PRODUCT_COUNT; i++)
         if (p->output.products & per_tile & tw_products[i].bit)
             return tw_error_set(err, TW_ERR_CONFIG,
