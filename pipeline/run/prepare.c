@@ -423,6 +423,7 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
         .feat_dim = c->m.feat_dim,
         .tile = c->m.tile,
         .stride = c->m.stride,
+        .cell = c->m.cell,
         .n_inputs = n,
         .width = wh,
         .height = wh + n,

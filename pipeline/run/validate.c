@@ -104,6 +104,8 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
     snprintf(v->aoi, sizeof v->aoi, "%s", p->input.aoi);
     v->retries = p->input.retries;
     v->stac = p->output.stac;
+    v->blend = p->tiling.blend;
+    v->margin = p->tiling.margin;
     v->products = p->output.products;
     v->vector_format = p->output.vector_format;
     v->shard_count = p->shard_count;
@@ -156,6 +158,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
                                           .feat_dim = c->m.feat_dim,
                                           .tile = c->m.tile,
                                           .stride = c->m.stride,
+                                          .cell = c->m.cell,
                                           .n_inputs = 1,
                                           .width = &w1,
                                           .height = &h1};
