@@ -30,6 +30,7 @@
 #include "pipeline/run/preflight.h"
 #include "pipeline/run/run.h"
 #include "pipeline/engine/stitch.h"
+#include "pipeline/engine/blend.h"
 #include "api/api_internal.h"
 #include "api/info.h"
 #include "api/validate.h"
@@ -48,7 +49,8 @@ tw_status tw_api_backend_for(const tw_run_params *p, tw_backend *be, tw_error *e
 struct tilewise_model {
     tw_run_params p;
     tw_resolved m;
-    tw_resnet *net;
+    tw_resnet *net; /* a classifier, or */
+    tw_segnet *seg; /* a segmentation model: probabilities per pixel */
     tw_backend be;
     bool have_be;
     tw_norm norm;
@@ -99,6 +101,9 @@ static void model_info_json(tilewise_model *mo)
     json_object_set_new(o, "feature_dim", json_integer(m->feat_dim));
     json_object_set_new(o, "tile", json_integer(m->tile));
     json_object_set_new(o, "stride", json_integer(m->stride));
+    json_object_set_new(o, "task",
+                        json_string(m->segmentation ? "segmentation" : "classification"));
+    json_object_set_new(o, "tile_multiple", json_integer(m->multiple));
     json_object_set_new(o, "scale", json_real(m->scale));
     /* a headless backbone: its probabilities are a stand-in head's (all 1) */
     json_object_set_new(o, "head", json_boolean(!m->headless));
@@ -141,8 +146,8 @@ tilewise_status tilewise_model_open(const char *path, const char *const *sets, i
         st = tw_preflight_weights(path, &err); /* a .pth: the export hint a run gives */
         if (st == TW_OK) st = tw_model_file_load(path, &mf, &err);
     }
-    if (st == TW_OK) st = tw_resnet_create(mf, mo->p.model.arch, &mo->net, &err);
-    if (st == TW_OK) st = tw_resolve_loaded(&mo->p, mf, mo->net, NULL, &mo->m, &err);
+    if (st == TW_OK) st = tw_load_net(&mo->p, mf, &mo->net, &mo->seg, &err);
+    if (st == TW_OK) st = tw_resolve_loaded(&mo->p, mf, mo->net, mo->seg, &mo->m, &err);
     tw_model_file_destroy(mf);
     if (st == TW_OK) st = tw_api_backend_for(&mo->p, &mo->be, &err);
     if (st == TW_OK) {
@@ -179,6 +184,7 @@ void tilewise_model_close(tilewise_model *mo)
     free_buffers(mo);
     if (mo->have_be) tw_backend_destroy(&mo->be);
     tw_resnet_destroy(mo->net);
+    tw_segnet_destroy(mo->seg);
     free(mo->info);
     free(mo);
 }
@@ -211,9 +217,9 @@ const char *tilewise_model_class_name(const tilewise_model *m, int c)
 /* Bytes one tile needs in the batch buffers. */
 static size_t tile_bytes(const tilewise_model *mo, int T)
 {
-    size_t px = (size_t)T * (size_t)T;
+    size_t px = (size_t)T * (size_t)T, per = mo->seg ? px : 1;
     return px * (size_t)mo->m.in_bands * (8 + sizeof(float)) + px +
-           (size_t)(mo->m.n_classes + mo->m.feat_dim) * sizeof(float);
+           ((size_t)mo->m.n_classes * per + (size_t)mo->m.feat_dim) * sizeof(float);
 }
 
 /* Fix the batch from runtime.memory and reserve the backend for tiles of T
@@ -233,15 +239,23 @@ static tw_status reserve(tilewise_model *mo, int T, tw_error *err)
     }
     const tw_backend *be = &mo->be;
     tw_precision prec = mo->p.runtime.precision;
-    size_t weights = mo->net->weight_bytes;
-    if (be->i->consumes_weights(be->ctx, prec)) weights *= 2; /* the net's and the backend's */
-    int batch =
-        mo->p.tiling.batch > 0 ? mo->p.tiling.batch : be->i->auto_batch(be->ctx, mo->net, T);
+    if (mo->seg && !tw_backend_segments(be))
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "runtime.device %s: the %s backend runs no segmentation model yet; "
+                            "use runtime.device: cpu",
+                            mo->p.runtime.device, be->i->name);
+    size_t weights = mo->seg ? 2 * mo->seg->weight_bytes : mo->net->weight_bytes;
+    if (!mo->seg && be->i->consumes_weights(be->ctx, prec))
+        weights *= 2; /* the net's and the backend's */
+    int batch = mo->p.tiling.batch > 0 ? mo->p.tiling.batch
+                : mo->seg              ? 4 /* tiles run one at a time (seg_cpu.h) */
+                                       : be->i->auto_batch(be->ctx, mo->net, T);
     if (batch < 1) batch = 1;
     size_t total = mo->p.runtime.memory;
     for (;;) {
-        size_t need = weights + be->i->workspace_bytes(be->ctx, mo->net, T, batch, prec) +
-                      (size_t)batch * tile_bytes(mo, T);
+        size_t ws = mo->seg ? be->i->seg_workspace_bytes(be->ctx, mo->seg, T, batch)
+                            : be->i->workspace_bytes(be->ctx, mo->net, T, batch, prec);
+        size_t need = weights + ws + (size_t)batch * tile_bytes(mo, T);
         if (need <= total) break;
         if (batch == 1)
             return tw_error_set(err, TW_ERR_NOMEM,
@@ -250,15 +264,19 @@ static tw_status reserve(tilewise_model *mo, int T, tw_error *err)
                                 total, T, T, mo->m.arch, need);
         batch /= 2;
     }
-    tw_status st = tw_backend_reserve(&mo->be, mo->net, T, &batch, prec, false, NULL, err);
+    tw_status st = mo->seg
+                       ? tw_backend_reserve_seg(&mo->be, mo->seg, T, &batch, prec, NULL, err)
+                       : tw_backend_reserve(&mo->be, mo->net, T, &batch, prec, false, NULL, err);
     if (st != TW_OK) return st;
     size_t px = (size_t)T * (size_t)T, nb = (size_t)batch;
     size_t band_px = px * (size_t)mo->m.in_bands;
     mo->raw = tw_alloc(TW_MEM_SLOTS, nb * band_px * 8);
     mo->valid = tw_alloc(TW_MEM_SLOTS, nb * px);
     mo->x = tw_alloc(TW_MEM_SLOTS, nb * band_px * sizeof(float));
-    mo->probs = tw_alloc(TW_MEM_SLOTS, nb * (size_t)mo->m.n_classes * sizeof(float));
-    mo->emb = tw_alloc(TW_MEM_SLOTS, nb * (size_t)mo->m.feat_dim * sizeof(float));
+    mo->probs =
+        tw_alloc(TW_MEM_SLOTS, nb * (size_t)mo->m.n_classes * (mo->seg ? px : 1) * sizeof(float));
+    mo->emb =
+        tw_alloc(TW_MEM_SLOTS, nb * (size_t)(mo->m.feat_dim ? mo->m.feat_dim : 1) * sizeof(float));
     if (!mo->raw || !mo->valid || !mo->x || !mo->probs || !mo->emb) {
         free_buffers(mo);
         return tw_error_set(err, TW_ERR_NOMEM, "cannot allocate buffers for %d tiles", batch);
@@ -308,6 +326,15 @@ tilewise_status tilewise_model_classify(tilewise_model *mo, const tilewise_tiles
     if (in->n < 0 || (in->n > 0 && !in->pixels))
         return tw_api_give_new(oerr, TW_ERR_USAGE, "tilewise_model_classify: %d tiles, pixels %s",
                                in->n, in->pixels ? "given" : "missing");
+    if (emb && mo->seg)
+        return tw_api_give_new(oerr, TW_ERR_USAGE,
+                               "%s is a segmentation model (%s): it has no pooled features "
+                               "(embeddings)",
+                               mo->p.model.weights, mo->m.arch);
+    if (mo->seg && in->size % mo->m.multiple != 0)
+        return tw_api_give_new(oerr, TW_ERR_USAGE,
+                               "%s (%s) takes tiles whose side is a multiple of %d; %d is not",
+                               mo->p.model.weights, mo->m.arch, mo->m.multiple, in->size);
     if (in->n == 0) return tw_api_give_new(oerr, TW_OK, "ok");
     tw_error err;
     tw_error_init(&err);
@@ -315,8 +342,10 @@ tilewise_status tilewise_model_classify(tilewise_model *mo, const tilewise_tiles
     tw_status st = reserve(mo, T, &err);
     if (st != TW_OK) return tw_api_give(oerr, st, &err);
 
-    const int K = mo->m.n_classes, F = mo->m.feat_dim;
+    const int F = mo->m.feat_dim;
     const size_t px = (size_t)T * (size_t)T, esz = tw_dtype_size(t);
+    /* values per tile: a probability per class, or per class and pixel */
+    const size_t K = (size_t)mo->m.n_classes * (mo->seg ? px : 1);
     const size_t tile_raw = px * (size_t)in->bands * esz;
     const bool wants_raw = mo->be.i->wants_raw(mo->be.ctx);
     const double max_frac = mo->p.tiling.max_nodata_fraction;
@@ -345,7 +374,7 @@ tilewise_status tilewise_model_classify(tilewise_model *mo, const tilewise_tiles
             int64_t bad =
                 mark_valid(src, t, in->bands, T, in->use_nodata != 0, in->nodata, v) - outside;
             if (!tw_tile_classified(bad, inside, max_frac)) {
-                for (int c = 0; c < K; c++) probs[(size_t)next * K + c] = NAN;
+                for (size_t c = 0; c < K; c++) probs[(size_t)next * K + c] = NAN;
                 if (emb)
                     for (int f = 0; f < F; f++) emb[(size_t)next * F + f] = NAN;
                 continue;
@@ -424,6 +453,87 @@ static void cut_image_tile(const tilewise_image *img, size_t esz, int T, int x0,
     }
 }
 
+/* A segmentation model's image: the run's tiles at stride (0: the model's
+ * resolved stride) and its blender (pipeline/engine/blend.h: tiling.blend,
+ * tiling.margin) into probs [K][H][W], NaN where no tile weighs. */
+static tilewise_status classify_image_pixels(tilewise_model *mo, const tilewise_image *img,
+                                             int stride, float *probs, tilewise_error *oerr)
+{
+    const int T = mo->m.tile, S = stride > 0 ? stride : mo->m.stride, K = mo->m.n_classes;
+    tw_error err;
+    tw_error_init(&err);
+    tw_plan plan;
+    tw_status st =
+        tw_plan_make_cell(img->width, img->height, T, S, 1, TW_EDGE_PAD, 0, 1, &plan, &err);
+    if (st != TW_OK) return tw_api_give(oerr, st == TW_ERR_CONFIG ? TW_ERR_USAGE : st, &err);
+    tw_blend_params bp = tw_blend_default_params();
+    bp.width = img->width;
+    bp.height = img->height;
+    bp.tile = T;
+    bp.stride = S;
+    bp.edge = TW_EDGE_PAD;
+    bp.mode = mo->p.tiling.blend;
+    bp.margin = mo->p.tiling.margin;
+    bp.n_classes = K;
+    image_sink sink = {.out = probs, .K = K, .grid_w = plan.grid_w, .grid_h = plan.grid_h};
+    tw_blend *blend = NULL;
+    st = tw_blend_create(bp, image_rows, &sink, &blend, &err);
+    if (st != TW_OK) return tw_api_give(oerr, st == TW_ERR_CONFIG ? TW_ERR_USAGE : st, &err);
+    st = reserve(mo, T, &err);
+    bool ok;
+    const tw_dtype t = to_internal(img->dtype, &ok);
+    const size_t esz = tw_dtype_size(t), px = (size_t)T * (size_t)T;
+    const size_t tile_raw = px * (size_t)img->bands * esz, per = (size_t)K * px;
+    const int cap = mo->batch > 0 ? mo->batch : 1;
+    uint8_t *raw = tw_alloc(TW_MEM_SLOTS, (size_t)cap * tile_raw);
+    uint8_t *valid = tw_alloc(TW_MEM_SLOTS, (size_t)cap * px);
+    uint8_t *pv = tw_alloc(TW_MEM_SLOTS, px);
+    float *tp = tw_alloc(TW_MEM_SLOTS, (size_t)cap * per * sizeof(float));
+    if (st == TW_OK && (!raw || !valid || !pv || !tp))
+        st = tw_error_set(&err, TW_ERR_NOMEM, "out of memory");
+    tilewise_status ret = TILEWISE_OK;
+    tilewise_error e2;
+    for (int ty = plan.ty_begin; st == TW_OK && ret == TILEWISE_OK && ty < plan.ty_end; ty++) {
+        st = tw_blend_begin_row(blend, ty, &err);
+        const int y0 = tw_axis_pos(&plan.y, T, S, ty);
+        for (int tx0 = 0; st == TW_OK && tx0 < plan.x.n_pos; tx0 += cap) {
+            const int n = plan.x.n_pos - tx0 < cap ? plan.x.n_pos - tx0 : cap;
+            for (int i = 0; i < n; i++)
+                cut_image_tile(img, esz, T, tw_axis_pos(&plan.x, T, S, tx0 + i), y0,
+                               raw + (size_t)i * tile_raw, valid + (size_t)i * px);
+            tilewise_tiles tiles = {.pixels = raw,
+                                    .dtype = img->dtype,
+                                    .n = n,
+                                    .bands = img->bands,
+                                    .size = T,
+                                    .valid = valid,
+                                    .use_nodata = img->use_nodata,
+                                    .nodata = img->nodata};
+            ret = tilewise_model_classify(mo, &tiles, tp, NULL, &e2);
+            for (int i = 0; ret == TILEWISE_OK && st == TW_OK && i < n; i++) {
+                if (isnan(tp[(size_t)i * per])) continue; /* not classified (nodata) */
+                /* the pixels a run's reader calls valid: the mask, then the
+                 * nodata rule (outside the image: dropped by the blender) */
+                for (size_t k = 0; k < px; k++) pv[k] = valid[(size_t)i * px + k] == 1;
+                mark_valid(raw + (size_t)i * tile_raw, t, img->bands, T, img->use_nodata != 0,
+                           img->nodata, pv);
+                st = tw_blend_add(blend, tx0 + i, ty, tp + (size_t)i * per, pv, &err);
+            }
+        }
+    }
+    if (st == TW_OK && ret == TILEWISE_OK) st = tw_blend_finish(blend, &err);
+    tw_blend_destroy(blend);
+    tw_free(raw);
+    tw_free(valid);
+    tw_free(pv);
+    tw_free(tp);
+    if (ret != TILEWISE_OK) {
+        if (oerr) *oerr = e2;
+        return ret;
+    }
+    return tw_api_give(oerr, st, &err);
+}
+
 tilewise_status tilewise_model_classify_image(tilewise_model *mo, const tilewise_image *img,
                                               int stride, float *probs, tilewise_error *oerr)
 {
@@ -443,6 +553,7 @@ tilewise_status tilewise_model_classify_image(tilewise_model *mo, const tilewise
     if (!ok) /* tilewise_model_classify names the type */
         return tilewise_model_classify(mo, &(tilewise_tiles){.dtype = img->dtype, .n = 1}, probs,
                                        NULL, oerr);
+    if (mo->seg) return classify_image_pixels(mo, img, stride, probs, oerr);
     const int T = mo->m.tile, S = stride > 0 ? stride : T, K = mo->m.n_classes;
     tw_error err;
     tw_error_init(&err);

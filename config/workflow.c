@@ -475,14 +475,14 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
     char why[TW_ERROR_MSG_MAX / 2];
     /* A classifier's stride divides its tile (its cells); a segmentation
      * model's output is per pixel and takes any stride up to the tile. When
-     * the workflow says which (model.arch, tiling.blend, tiling.margin) the
-     * check is made here; else the run makes it once the model is read. */
-    bool seg = given(c, TW_KEY_TILING_BLEND) || given(c, TW_KEY_TILING_MARGIN) ||
-               tw_key_arch_segments(p->model.arch);
+     * model.arch names a classifier the whole check is made here; else only
+     * "at most the tile", and the run checks the rest once the model file
+     * says what it is (the same message). */
+    bool classifier = p->model.arch[0] && !tw_key_arch_segments(p->model.arch);
     if (t->tile > 0 && t->stride > 0 &&
-        (seg ? t->stride > t->tile
-             : tw_key_check_stride(t->tile, t->stride, NULL, why, sizeof why) != 0)) {
-        if (seg)
+        (classifier ? tw_key_check_stride(t->tile, t->stride, NULL, why, sizeof why) != 0
+                    : t->stride > t->tile)) {
+        if (!classifier)
             snprintf(why, sizeof why, "%d is larger than tile %d (expected 1..tile)", t->stride,
                      t->tile);
         return fail_key(c, TW_KEY_TILING_STRIDE, "%s", why);

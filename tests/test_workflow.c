@@ -331,9 +331,10 @@ static const bad_case k_bad[] = {
      NULL,
      {"flow.yaml:6: runtime.precision: expected one of fp32"}},
     /* stride and tile */
-    {BASE "tiling:\n  tile: 64\n  stride: 48\n",
+    /* a classifier (model.arch says so): the stride divides the tile */
+    {BASE "  arch: resnet18\ntiling:\n  tile: 64\n  stride: 48\n",
      NULL,
-     {"flow.yaml:7: tiling.stride: 48 does not divide tile 64"}},
+     {"flow.yaml:8: tiling.stride: 48 does not divide tile 64"}},
     {BASE "tiling:\n  stride: 96\n  tile: 64\n",
      NULL,
      {"flow.yaml:6: tiling.stride: 96 is larger than tile 64"}},
@@ -591,12 +592,13 @@ static void test_files(void **state)
 
     const char *bad = tw_test_path(dir, "bad.yaml");
     const char bad_text[] =
-        "input:\n  path: a.tif\nmodel:\n  weights: m.h5\ntiling:\n  stride: 3\n  tile: 64\n";
+        "input:\n  path: a.tif\nmodel:\n  weights: m.h5\n  arch: resnet18\ntiling:\n  stride: 3\n"
+        "  tile: 64\n";
     write_file(bad, bad_text, sizeof bad_text - 1);
     tw_error_init(&err);
     assert_int_equal(tw_workflow_load(bad, NULL, 0, &p, &err), TW_ERR_CONFIG);
     char want[4200];
-    snprintf(want, sizeof want, "%s:6: tiling.stride: 3 does not divide tile 64", bad);
+    snprintf(want, sizeof want, "%s:7: tiling.stride: 3 does not divide tile 64", bad);
     assert_non_null(strstr(err.msg, want));
 
     const char *empty = tw_test_path(dir, "empty.yaml");

@@ -705,7 +705,10 @@ class Model:
                          f"{inf['tile']} x {inf['tile']} (its tile size); to classify {t} px "
                          f"tiles, open it with {{'tiling.tile': {t}}}")
         k, f = inf["n_classes"], inf["feature_dim"]
-        probs = np.empty((n, k), np.float32)
+        seg = inf.get("task") == "segmentation"
+        if seg and embeddings:
+            raise _usage(f"{self.path} is a segmentation model: it has no embeddings")
+        probs = np.empty((n, k, t, t) if seg else (n, k), np.float32)
         emb = np.empty((n, f), np.float32) if embeddings else None
         v = None
         if valid is not None:
@@ -728,11 +731,17 @@ class Model:
         """Classify a numpy array of any GDAL pixel type.
 
         (N, bands, T, T): N tiles -> (N, K) probabilities (NaN for tiles with
-        too much nodata), and (N, F) embeddings with embeddings=True.
+        too much nodata), and (N, F) embeddings with embeddings=True; a
+        segmentation model (info["task"] == "segmentation") gives (N, K, T, T),
+        a probability per class and pixel.
         (bands, H, W): an image, cut into tiles of the model's tile size at
         `stride` (default: the tile; must divide it) as `tilewise run` does
         with tiling.edge pad -> (K, ceil(H/S), ceil(W/S)) probabilities, each
-        cell the mean over the classified tiles covering it (NaN: none).
+        cell the mean over the classified tiles covering it (NaN: none). A
+        segmentation model gives (K, H, W), a probability per class and
+        pixel, its tiles (stride: any up to the tile, default the model's
+        resolved stride) blended as tiling.blend and tiling.margin say (the
+        overrides given to Model), as `tilewise run` writes prob.tif.
         nodata: a value marking invalid pixels (in any band); valid: a mask of
         the array's spatial shape (non-zero = valid).
         """
@@ -748,8 +757,11 @@ class Model:
         inf = self.info
         self._check_bands(a.shape[0], inf)
         t = inf["tile"]
-        s = stride or t
-        if s <= 0 or t % s:
+        seg = inf.get("task") == "segmentation"
+        s = stride or (inf["stride"] if seg else t)
+        if seg and not 0 < s <= t:
+            raise _usage(f"stride {s} is not in 1..tile {t}")
+        if not seg and (s <= 0 or t % s):
             raise _usage(f"stride {s} does not divide tile {t}")
         a = _as_supported(a)
         bands, h, w = a.shape
@@ -760,7 +772,8 @@ class Model:
                 raise _usage(f"valid mask must have shape {(h, w)}, got {v.shape}")
         # The run's tiling plan and stitcher (pipeline/engine/plan.c, stitch.c) in
         # the library: the same tiles and the same averaged bytes as prob.tif.
-        probs = np.empty((inf["n_classes"], -(-h // s), -(-w // s)), np.float32)
+        cell = 1 if seg else s  # a segmentation model's cells are pixels
+        probs = np.empty((inf["n_classes"], -(-h // cell), -(-w // cell)), np.float32)
         desc = _Image(a.ctypes.data, _DTYPES[a.dtype], bands, w, h,
                       v.ctypes.data if v is not None else None, nodata is not None,
                       float(nodata) if nodata is not None else 0.0)
