@@ -377,6 +377,75 @@ static void test_bad_files(void **state)
 /* Every truncation and many single-byte corruptions of a small good file:
  * each must load or fail with TW_ERR_MODEL naming the file (ASan checks the
  * "never a crash" part). */
+/* A minimal safetensors file (conv1 [1,1,1,1], fc [2,1] + [2]) whose
+ * __metadata__ is the JSON object body meta; returns its path. */
+static const char *write_meta_safetensors(const char *name, const char *meta)
+{
+    char header[1024];
+    int n =
+        snprintf(header, sizeof header,
+                 "{\"__metadata__\":{%s},"
+                 "\"conv1.weight\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1],\"data_offsets\":[0,4]},"
+                 "\"fc.weight\":{\"dtype\":\"F32\",\"shape\":[2,1],\"data_offsets\":[4,12]},"
+                 "\"fc.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+                 meta);
+    assert_true(n > 0 && n < (int)sizeof header);
+    const char *path = tw_test_path(tw_test_tmpdir(), name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)(((uint64_t)n >> (8 * i)) & 0xff);
+    const float data[5] = {1.0f, 0.5f, -0.5f, 0.25f, -0.25f};
+    assert_int_equal(fwrite(len, 1, 8, f), 8);
+    assert_int_equal(fwrite(header, 1, (size_t)n, f), (size_t)n);
+    assert_int_equal(fwrite(data, sizeof data[0], 5, f), 5);
+    assert_int_equal(fclose(f), 0);
+    return path;
+}
+
+/* Issue 36: segmentation archs and the default stride are metadata both
+ * formats carry (tools/export_model.py writes them into the bundle). */
+static void test_stride_and_seg_arch(void **state)
+{
+    (void)state;
+    tw_model_file *mf = load_ok(write_meta_safetensors(
+        "seg_meta.safetensors", "\"arch\":\"unet_resnet18\",\"tile\":\"64\",\"stride\":\"32\""));
+    assert_string_equal(mf->arch, "unet_resnet18");
+    assert_int_equal(mf->tile, 64);
+    assert_int_equal(mf->stride, 32);
+    tw_model_file_destroy(mf);
+    mf = load_ok(
+        write_meta_safetensors("seg_nostride.safetensors", "\"arch\":\"deeplabv3_resnet101\""));
+    assert_string_equal(mf->arch, "deeplabv3_resnet101");
+    assert_int_equal(mf->stride, 0); /* not in the file */
+    tw_model_file_destroy(mf);
+    expect_model_error(write_meta_safetensors("st0.safetensors", "\"stride\":\"0\""),
+                       "st0.safetensors", "metadata 'stride' = 0 is out of range");
+    expect_model_error(write_meta_safetensors("stx.safetensors", "\"stride\":\"\\\"x\\\"\""),
+                       "stx.safetensors", "metadata 'stride' is not an integer");
+    expect_model_error(
+        write_meta_safetensors("stbig.safetensors", "\"tile\":\"64\",\"stride\":\"96\""),
+        "stbig.safetensors", "metadata 'stride' = 96 is larger than metadata 'tile' = 64");
+    expect_model_error(write_meta_safetensors("archx.safetensors", "\"arch\":\"unet_resnet152\""),
+                       "archx.safetensors", "unet_resnet18/34/50/101");
+
+    /* the committed demo U-Net (tools/make_demo_model.py --arch unet_resnet18) */
+    const char *src = getenv("TW_SOURCE_DIR");
+    if (!src) return;
+    const char *demo = tw_test_path(src, "sample_data/demo_unet_resnet18.h5");
+    if (!tw_test_file_exists(demo)) return;
+    mf = load_ok(demo);
+    assert_string_equal(mf->arch, "unet_resnet18");
+    assert_int_equal(mf->tile, 64);
+    assert_int_equal(mf->stride, 32);
+    assert_int_equal(mf->n_bands, 6);
+    assert_int_equal(mf->n_classes, 4);
+    assert_string_equal(mf->classes[0], "water");
+    assert_int_equal(mf->checksum, TW_CHECKSUM_VERIFIED);
+    assert_non_null(tw_model_file_find(mf, "segmentation_head.0.bias"));
+    tw_model_file_destroy(mf);
+}
+
 static void test_hostile_mutations(void **state)
 {
     (void)state;
@@ -502,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_demo_model),
         cmocka_unit_test(test_sha256),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_stride_and_seg_arch),
         cmocka_unit_test(test_hostile_mutations),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_checksum),

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""Export a PyTorch ResNet checkpoint to the tilewise HDF5 bundle.
+"""Export a PyTorch ResNet or segmentation checkpoint to the tilewise HDF5 bundle.
 
     export_model.py CHECKPOINT -o OUT.h5 [--arch resnet18] [--bands 1,2,3]
                     [--scale S] [--mean m1,m2,..] [--std s1,s2,..]
-                    [--classes a,b,c] [--tile 64]
+                    [--classes a,b,c] [--tile 64] [--stride 32]
 
 CHECKPOINT is a .pth/.pt/.ckpt file (a state_dict, a dict holding one under
 'state_dict' (Lightning, TorchGeo), 'model' or 'model_state_dict', or a whole
@@ -26,6 +26,19 @@ model is a headless backbone: tilewise runs it with embedding_raster (and
 embeddings) only.
 Any other tensor name is refused, naming the first one that is not part of
 a torchvision/timm ResNet.
+
+Segmentation checkpoints (issue 36): torchvision's fcn_resnet50/101 and
+deeplabv3_resnet50/101 state_dicts (backbone.*, classifier.*; aux_classifier.*,
+which tilewise ignores, is left out), and a U-Net with a ResNet-18/34/50/101
+encoder in segmentation_models_pytorch's layout (encoder.*,
+decoder.blocks.N.conv1/conv2.{0,1}.*, segmentation_head.0.*), as saved or
+inside a Lightning/TorchGeo checkpoint ('state_dict', keys under 'model.' or
+another of 'module.', 'model.', 'net.'; tensors outside it, such as a loss's
+class weights, are left out). The arch (fcn_resnet50, deeplabv3_resnet101,
+unet_resnet34, ...) comes from the tensors; --arch, when given, must agree.
+A U-Net's --tile must be a multiple of 32. A segmentation bundle records a
+default stride: --stride, else tile/2 (tiles overlapping by half, blended).
+A tensor name outside the layout is refused, naming the first.
 
 Pickles: .pth/.pt/.ckpt are read by torch.load with a restricted unpickler
 that builds tensors and plain containers (dicts, lists, numbers, strings)
@@ -109,6 +122,52 @@ _RESNET_KEY = re.compile(
     r"downsample\.0\.weight|downsample\.1\.(weight|bias|running_mean|running_var)))$")
 
 
+_BN = r"(weight|bias|running_mean|running_var)"
+# a ResNet without its fc: the encoder of every segmentation layout
+_BODY = (r"(conv1\.weight|bn1\.%s|layer[1-4]\.\d+\.(conv[1-3]\.weight|bn[1-3]\.%s|"
+         r"downsample\.0\.weight|downsample\.1\.%s))" % (_BN, _BN, _BN))
+# Every tensor name of each segmentation layout (model/segnet.c reads these).
+_SEG_KEY = {
+    "fcn": re.compile(r"^(backbone\.%s|classifier\.(0\.weight|1\.%s|4\.(weight|bias))|"
+                      r"aux_classifier\.(0\.weight|1\.%s|4\.(weight|bias)))$" % (_BODY, _BN, _BN)),
+    "deeplabv3": re.compile(
+        r"^(backbone\.%s|classifier\.(0\.convs\.[0-3]\.0\.weight|0\.convs\.[0-3]\.1\.%s|"
+        r"0\.convs\.4\.1\.weight|0\.convs\.4\.2\.%s|0\.project\.0\.weight|0\.project\.1\.%s|"
+        r"1\.weight|2\.%s|4\.(weight|bias))|"
+        r"aux_classifier\.(0\.weight|1\.%s|4\.(weight|bias)))$" % ((_BODY,) + (_BN,) * 5)),
+    "unet": re.compile(r"^(encoder\.%s|decoder\.blocks\.\d+\.conv[12]\.0\.weight|"
+                       r"decoder\.blocks\.\d+\.conv[12]\.1\.%s|segmentation_head\.0\.(weight|bias))$"
+                       % (_BODY, _BN)),
+}
+_SEG_LAYOUT = {
+    "fcn": "torchvision fcn_resnet (backbone.*, classifier.0/1/4, aux_classifier.*)",
+    "deeplabv3": "torchvision deeplabv3_resnet (backbone.*, classifier.0.convs/project, "
+                 "classifier.1/2/4, aux_classifier.*)",
+    "unet": "segmentation_models_pytorch Unet (encoder.*, decoder.blocks.N.conv1/conv2.{0,1}, "
+            "segmentation_head.0)",
+}
+# what the encoder may be, per layout (model/segnet.h)
+_SEG_DEPTHS = {"fcn": ("resnet50", "resnet101"), "deeplabv3": ("resnet50", "resnet101"),
+               "unet": ("resnet18", "resnet34", "resnet50", "resnet101")}
+SEG_ARCHS = sorted(f"{k}_{d}" for k, ds in _SEG_DEPTHS.items() for d in ds)
+# prefixes a segmentation model's own names may sit under (its 'backbone.' and
+# 'encoder.' are part of its layout)
+SEG_PREFIXES = ("module.", "model.", "net.")
+
+
+def seg_kind(sd):
+    """'fcn', 'deeplabv3' or 'unet' when sd (prefix stripped) holds a
+    segmentation model's stem and head, else None (a ResNet classifier)."""
+    if "backbone.conv1.weight" in sd:
+        if any(k.startswith("classifier.0.convs.") for k in sd):
+            return "deeplabv3"
+        if "classifier.4.weight" in sd:
+            return "fcn"
+    if "encoder.conv1.weight" in sd and any(k.startswith("decoder.blocks.") for k in sd):
+        return "unet"
+    return None
+
+
 def _say(msg):
     print(f"export_model.py: {msg}")
 
@@ -169,6 +228,9 @@ def strip_layout(sd, path="checkpoint"):
     prefix, leaves out tensors outside it, refuses unknown names (ExportError
     naming the first). Says what it did on stdout."""
     sd = {k: v for k, v in sd.items() if not k.endswith("num_batches_tracked")}
+    seg = _strip_seg(sd)
+    if seg is not None:
+        return seg
     prefix = ""
     if "conv1.weight" not in sd:
         # the longest chain of known prefixes under which a ResNet stem lies
@@ -197,6 +259,42 @@ def strip_layout(sd, path="checkpoint"):
         _say(f"{len(outside)} tensors outside '{prefix}' left out (not the ResNet), e.g. "
              f"'{outside[0]}'")
     return inside
+
+
+def _strip_seg(sd):
+    """A segmentation model's tensors from sd, its prefix stripped, tensors
+    outside the prefix and aux_classifier.* left out; None when sd holds no
+    segmentation model. Refuses a name inside the prefix that the layout does
+    not have (ExportError naming the first)."""
+    chain = r"(%s)*" % "|".join(re.escape(x) for x in SEG_PREFIXES)
+    cands = []
+    for k in sd:
+        for root in ("backbone.conv1.weight", "encoder.conv1.weight"):
+            p = k[:-len(root)]
+            if k.endswith(root) and re.fullmatch(chain, p):
+                inner = {n[len(p):]: None for n in sd if n.startswith(p)}
+                if seg_kind(inner):
+                    cands.append(p)
+    if not cands:
+        return None
+    prefix = min(cands, key=lambda p: (len(p), p))
+    inside = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    kind = seg_kind(inside)
+    for k in inside:
+        if not _SEG_KEY[kind].match(k):
+            raise ExportError(
+                f"tensor '{prefix}{k}' is not part of a {_SEG_LAYOUT[kind]} (the first unexpected "
+                f"key{', under prefix ' + repr(prefix) if prefix else ''})")
+    outside = [k for k in sd if not k.startswith(prefix)]
+    if prefix:
+        _say(f"prefix '{prefix}' stripped from {len(inside)} tensors")
+    if outside:
+        _say(f"{len(outside)} tensors outside '{prefix}' left out (not the model), e.g. "
+             f"'{outside[0]}'")
+    aux = [k for k in inside if k.startswith("aux_classifier.")]
+    if aux:
+        _say(f"{len(aux)} aux_classifier tensors left out (a training head tilewise ignores)")
+    return {k: v for k, v in inside.items() if not k.startswith("aux_classifier.")}
 
 
 def load_state_dict(path, trust_pickle=False):
@@ -249,6 +347,7 @@ def load_bundle(path):
                 "std": list(np.asarray(a["std"], dtype=np.float32)) if "std" in a else None,
                 "classes": [text(c) for c in a["classes"]] if "classes" in a else None,
                 "tile": int(a["tile"]) if "tile" in a else None,
+                "stride": int(a["stride"]) if "stride" in a else None,
                 "source": text(a["source"]) if "source" in a else path}
     return sd, meta
 
@@ -284,10 +383,28 @@ def _floats(text, what):
         raise ExportError(f"--{what}: expected comma-separated numbers, got '{text}'")
 
 
-def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
-           classes=None, tile=None, source=None):
-    """Validate sd (name -> array) and the metadata, then write the bundle to out."""
-    import h5py
+def _seg_facts(sd, kind, arch):
+    """(arch, bands, classes) of a segmentation model's tensors (layout
+    checked by _strip_seg), or raise ExportError."""
+    pre = "encoder." if kind == "unet" else "backbone."
+    body = {k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)}
+    depth = infer_arch(body)
+    if depth not in _SEG_DEPTHS[kind]:
+        raise ExportError(f"a {kind} on a {depth} encoder is not one tilewise builds (encoders: "
+                          + ", ".join(_SEG_DEPTHS[kind]) + ")")
+    inferred = f"{kind}_{depth}"
+    if arch is None:
+        _say(f"arch {inferred} inferred from the tensors")
+    elif arch != inferred:
+        raise ExportError(f"--arch {arch} but the weights are a {inferred}")
+    last = "segmentation_head.0.weight" if kind == "unet" else "classifier.4.weight"
+    if last not in sd:
+        raise ExportError(f"no tensor '{last}': the {kind}'s last convolution (the classes)")
+    return inferred, int(sd[pre + "conv1.weight"].shape[1]), int(sd[last].shape[0])
+
+
+def _resnet_facts(sd, arch, classes):
+    """(arch, bands, classes or 0 when headless) of a ResNet's tensors."""
     if "conv1.weight" not in sd:
         raise ExportError("checkpoint has no 'conv1.weight': not a torchvision-layout ResNet")
     if ("fc.weight" in sd) != ("fc.bias" in sd):
@@ -299,8 +416,6 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
         _say(f"arch {arch} inferred from the tensors")
     elif arch != inferred:
         raise ExportError(f"--arch {arch} but the weights are a {inferred}")
-    n_in = int(sd["conv1.weight"].shape[1])
-    n_cls = 0 if headless else int(sd["fc.weight"].shape[0])
     if headless:
         feat = max(int(a.shape[0]) for k, a in sd.items() if k.startswith("layer4.")
                    and k.endswith(".weight") and a.ndim == 4)
@@ -308,10 +423,57 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
              "output.products: [embedding_raster]")
         if classes is not None:
             raise ExportError("--classes given but the checkpoint has no head (fc)")
+    n_cls = 0 if headless else int(sd["fc.weight"].shape[0])
+    return arch, int(sd["conv1.weight"].shape[1]), n_cls
+
+
+def _check_tiling(kind, tile, stride):
+    """The stride a bundle records (None: none) after checking tile and stride."""
+    if tile is not None and tile < 32:
+        raise ExportError(f"--tile {tile}: a ResNet needs at least 32 pixels")
+    if kind == "unet" and tile is not None and tile % 32:
+        raise ExportError(f"--tile {tile}: a U-Net's tile must be a multiple of 32 (its encoder "
+                          "halves the tile five times and the decoder doubles it back)")
+    if stride is not None:
+        if stride < 1:
+            raise ExportError(f"--stride {stride} must be at least 1")
+        if tile is None:
+            raise ExportError("--stride needs --tile (the stride is a default for that tile)")
+        if stride > tile:
+            raise ExportError(f"--stride {stride} is larger than --tile {tile} (gaps)")
+        if kind is None and tile % stride:
+            raise ExportError(f"--stride {stride} does not divide --tile {tile} (a classifier's "
+                              "output cells are stride pixels)")
+    elif kind is not None and tile is not None:
+        stride = tile // 2
+        _say(f"default stride {stride} (tile/2: tiles overlap by half and are blended)")
+    return stride
+
+
+def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
+           classes=None, tile=None, source=None, stride=None):
+    """Validate sd (name -> array) and the metadata, then write the bundle to out.
+    sd is a ResNet's tensors (torchvision names) or a segmentation model's
+    (what strip_layout returns: backbone./classifier. or encoder./decoder.)."""
+    import h5py
+    kind = seg_kind(sd)
+    if kind is not None:
+        sd = {k: v for k, v in sd.items() if not k.startswith("aux_classifier.")}
+        bad = next((k for k in sd if not _SEG_KEY[kind].match(k)), None)
+        if bad is not None:
+            raise ExportError(f"tensor '{bad}' is not part of a {_SEG_LAYOUT[kind]}"
+                              " (the first unexpected key)")
+        arch, n_in, n_cls = _seg_facts(sd, kind, arch)
+        headless = False
+    else:
+        arch, n_in, n_cls = _resnet_facts(sd, arch, classes)
+        headless = n_cls == 0
     if bands is None:
         bands = list(range(1, n_in + 1))
     if len(bands) != n_in:
-        raise ExportError(f"--bands lists {len(bands)} bands but conv1.weight takes {n_in}")
+        stem = "conv1.weight" if kind is None else (
+            "encoder" if kind == "unet" else "backbone") + ".conv1.weight"
+        raise ExportError(f"--bands lists {len(bands)} bands but {stem} takes {n_in}")
     if any(b < 1 for b in bands):
         raise ExportError("--bands are 1-based")
     for what, v in (("mean", mean), ("std", std)):
@@ -320,9 +482,10 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
     if std is not None and any(s <= 0 for s in std):
         raise ExportError("--std values must be > 0")
     if classes is not None and not headless and len(classes) != n_cls:
-        raise ExportError(f"--classes names {len(classes)} classes but fc.weight has {n_cls}")
-    if tile is not None and tile < 32:
-        raise ExportError(f"--tile {tile}: a ResNet needs at least 32 pixels")
+        head = "fc.weight" if kind is None else (
+            "segmentation_head.0.weight" if kind == "unet" else "classifier.4.weight")
+        raise ExportError(f"--classes names {len(classes)} classes but {head} has {n_cls}")
+    stride = _check_tiling(kind, tile, stride)
     stored = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in sd.items()}
     for name, a in stored.items():
         bad = np.flatnonzero(~np.isfinite(a))
@@ -336,9 +499,10 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
         f.attrs["format"] = np.bytes_(FORMAT)
         f.attrs["format_version"] = np.int32(FORMAT_VERSION)
         f.attrs["arch"] = np.bytes_(arch)
-        # conv1 3x3: the small stem (stride 1, no max pool; model.stem)
-        k = sd["conv1.weight"].shape
-        f.attrs["stem"] = np.bytes_("small" if len(k) == 4 and k[2] == 3 else "standard")
+        if kind is None:
+            # conv1 3x3: the small stem (stride 1, no max pool; model.stem)
+            k = sd["conv1.weight"].shape
+            f.attrs["stem"] = np.bytes_("small" if len(k) == 4 and k[2] == 3 else "standard")
         f.attrs["bands"] = np.asarray(bands, dtype=np.int32)
         f.attrs["scale"] = np.float64(scale)
         if mean is not None:
@@ -350,6 +514,8 @@ def export(sd, out, arch=None, bands=None, scale=1.0, mean=None, std=None,
             f.attrs["classes"] = np.array([c.encode("utf-8") for c in classes], dtype=f"S{width}")
         if tile is not None:
             f.attrs["tile"] = np.int32(tile)
+        if stride is not None:
+            f.attrs["stride"] = np.int32(stride)
         if source:
             f.attrs["source"] = np.bytes_(os.path.basename(source))
         f.attrs["tensors_sha256"] = np.bytes_(tensors_checksum(stored))
@@ -365,13 +531,15 @@ def main(argv=None):
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--arch", choices=sorted(set(_DEPTHS.values())) + [
         "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
-        "wide_resnet101_2"])
+        "wide_resnet101_2"] + SEG_ARCHS)
     ap.add_argument("--bands", help="1-based band numbers, comma separated")
     ap.add_argument("--scale", type=float, help="default 1.0 (a bundle's own)")
     ap.add_argument("--mean")
     ap.add_argument("--std")
     ap.add_argument("--classes", help="class names, comma separated")
     ap.add_argument("--tile", type=int)
+    ap.add_argument("--stride", type=int,
+                    help="the default tiling.stride; a segmentation model's is tile/2 unless given")
     ap.add_argument("--trust-pickle", action="store_true",
                     help="read a checkpoint that holds Python objects with the full unpickler "
                          "(runs code the file names: trusted files only)")
@@ -391,11 +559,11 @@ def main(argv=None):
             export(sd, a.output, a.arch or old["arch"], bands or old["bands"],
                    a.scale if a.scale is not None else old["scale"], mean or old["mean"],
                    std or old["std"], classes or old["classes"], a.tile or old["tile"],
-                   old["source"])
+                   old["source"], a.stride or (old["stride"] if not a.tile else None))
         else:
             sd = load_state_dict(a.checkpoint, a.trust_pickle)
             export(sd, a.output, a.arch, bands, 1.0 if a.scale is None else a.scale, mean, std,
-                   classes, a.tile, a.checkpoint)
+                   classes, a.tile, a.checkpoint, a.stride)
     except (ExportError, OSError, ValueError, KeyError) as e:
         print(f"export_model.py: {a.checkpoint}: {e}", file=sys.stderr)
         return 1

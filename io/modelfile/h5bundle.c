@@ -231,8 +231,8 @@ static tw_status h5_read_metadata(h5_ctx *c)
         if (st != TW_OK) return st;
     }
 
-    static const char *const keys[] = {"arch", "stem", "bands",   "scale",
-                                       "mean", "std",  "classes", "tile"};
+    static const char *const keys[] = {"arch", "stem",    "bands", "scale", "mean",
+                                       "std",  "classes", "tile",  "stride"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         const char *key = keys[k];
         htri_t e = H5Aexists(c->file, key);
@@ -251,12 +251,14 @@ static tw_status h5_read_metadata(h5_ctx *c)
             for (int i = 0; i < n && st == TW_OK; i++) st = tw_model_set_class(mf, i, s[i], c->err);
             if (st == TW_OK) mf->n_classes = n;
             free_strings(s, n);
-        } else if (strcmp(key, "bands") == 0 || strcmp(key, "tile") == 0) {
+        } else if (strcmp(key, "bands") == 0 || strcmp(key, "tile") == 0 ||
+                   strcmp(key, "stride") == 0) {
             bool bands = key[0] == 'b';
             st = h5_attr_numbers(c, key, true, iv, NULL, &n, bands ? TW_MAX_BANDS : 1);
             if (st == TW_OK)
-                st = bands ? tw_model_set_bands(mf, iv, n, c->err)
-                           : tw_model_set_tile(mf, iv[0], c->err);
+                st = bands           ? tw_model_set_bands(mf, iv, n, c->err)
+                     : key[0] == 't' ? tw_model_set_tile(mf, iv[0], c->err)
+                                     : tw_model_set_stride(mf, iv[0], c->err);
         } else {
             bool scale = strcmp(key, "scale") == 0;
             st = h5_attr_numbers(c, key, false, NULL, dv, &n, scale ? 1 : TW_MAX_BANDS);

@@ -137,6 +137,17 @@ static bool check_segmentation(tw_model_file *mf, tw_status *st, tw_error *err)
     return true;
 }
 
+/* A stride larger than the tile would leave pixels no tile covers. */
+static tw_status check_stride(const tw_model_file *mf, tw_error *err)
+{
+    if (mf->stride && mf->tile && mf->stride > mf->tile)
+        return tw_model_error(err, mf->path,
+                              "metadata 'stride' = %d is larger than metadata 'tile' = %d (tiles "
+                              "would leave gaps)",
+                              mf->stride, mf->tile);
+    return TW_OK;
+}
+
 /* The loader promises a ResNet state_dict, so check the few tensors every
  * consumer relies on, and that the metadata agrees with them. The rest of
  * the graph is checked by model/resnet.c against the architecture. */
@@ -321,6 +332,7 @@ tw_status tw_model_file_load(const char *path, tw_model_file **out, tw_error *er
         }
     }
     if (st == TW_OK) st = check_finite(mf, err);
+    if (st == TW_OK) st = check_stride(mf, err);
     if (st == TW_OK) st = check_resnet(mf, err);
     if (st != TW_OK) {
         tw_model_file_destroy(mf);

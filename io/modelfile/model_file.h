@@ -6,7 +6,7 @@
  * bn1.weight/bias/running_mean/running_var, layer1.0.conv1.weight, ...,
  * fc.weight, fc.bias). Tensors are converted to float32 at load (F32, F16 and
  * BF16 accepted). The bundle also carries metadata a user should not retype
- * (arch, stem, bands, scale, mean, std, class names, tile size); a safetensors file
+ * (arch, stem, bands, scale, mean, std, class names, tile size, stride); a safetensors file
  * may carry the same in its "__metadata__" map (same key names, JSON-encoded
  * values), otherwise those fields are "unset".
  *
@@ -17,6 +17,8 @@
  *                       arch (string), bands (int array, 1-based),
  *                       scale (double), mean, std (float arrays),
  *                       classes (string array), tile (int),
+ *                       stride (int: the default tiling.stride, <= tile;
+ *                       segmentation bundles carry it),
  *                       stem (string: standard | small; see tw_stem)
  *                       tensors_sha256 (string, 64 lowercase hex digits)
  *   Every attribute except format/format_version is optional.
@@ -109,6 +111,7 @@ typedef struct tw_model_file {
     char classes[TW_MAX_CLASSES][TW_NAME_MAX];
     int n_classes;
     int tile;
+    int stride;      /* the default tiling.stride (<= tile when both are set) */
     char sha256[65]; /* hex digest of the whole file (ONNX with external data: of the
                         file's digest followed by every external tensor's bytes) */
     tw_model_checksum checksum;

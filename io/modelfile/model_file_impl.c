@@ -30,10 +30,15 @@ tw_status tw_model_nomem(tw_error *err, const char *path, size_t bytes)
 /* Metadata shared by both formats. Values arrive as JSON (safetensors) or as
  * HDF5 attributes (bundle); both end in these checks. */
 
-static const char *const KNOWN_ARCHS[] = {"resnet18",         "resnet34",         "resnet50",
-                                          "resnet101",        "resnet152",        "resnext50_32x4d",
-                                          "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
-                                          "wide_resnet101_2"};
+static const char *const KNOWN_ARCHS[] = {"resnet18",           "resnet34",
+                                          "resnet50",           "resnet101",
+                                          "resnet152",          "resnext50_32x4d",
+                                          "resnext101_32x8d",   "resnext101_64x4d",
+                                          "wide_resnet50_2",    "wide_resnet101_2",
+                                          "fcn_resnet50",       "fcn_resnet101",
+                                          "deeplabv3_resnet50", "deeplabv3_resnet101",
+                                          "unet_resnet18",      "unet_resnet34",
+                                          "unet_resnet50",      "unet_resnet101"};
 
 tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err)
 {
@@ -46,7 +51,8 @@ tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err)
     return tw_model_error(err, mf->path,
                           "metadata 'arch' is '%.40s' (expected resnet18/34/50/101/152, "
                           "resnext50_32x4d, resnext101_32x8d, resnext101_64x4d, "
-                          "wide_resnet50_2 or wide_resnet101_2)",
+                          "wide_resnet50_2, wide_resnet101_2, fcn_resnet50/101, "
+                          "deeplabv3_resnet50/101 or unet_resnet18/34/50/101)",
                           arch);
 }
 
@@ -109,6 +115,15 @@ tw_status tw_model_set_tile(tw_model_file *mf, int64_t v, tw_error *err)
         return tw_model_error(err, mf->path, "metadata 'tile' = %lld is out of range 1..65536",
                               (long long)v);
     mf->tile = (int)v;
+    return TW_OK;
+}
+
+tw_status tw_model_set_stride(tw_model_file *mf, int64_t v, tw_error *err)
+{
+    if (v < 1 || v > 65536)
+        return tw_model_error(err, mf->path, "metadata 'stride' = %lld is out of range 1..65536",
+                              (long long)v);
+    mf->stride = (int)v;
     return TW_OK;
 }
 

@@ -29,6 +29,7 @@ tw_status tw_model_set_floats(tw_model_file *mf, const char *key, const double *
                               float *dst, int *n_dst, bool positive, tw_error *err);
 tw_status tw_model_set_scale(tw_model_file *mf, double v, tw_error *err);
 tw_status tw_model_set_tile(tw_model_file *mf, int64_t v, tw_error *err);
+tw_status tw_model_set_stride(tw_model_file *mf, int64_t v, tw_error *err);
 tw_status tw_model_set_class(tw_model_file *mf, int i, const char *name, tw_error *err);
 
 #endif

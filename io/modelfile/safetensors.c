@@ -176,7 +176,8 @@ static tw_status st_parse_meta_value(tw_model_file *mf, const char *key, const c
 {
     bool want = strcmp(key, "arch") == 0 || strcmp(key, "stem") == 0 || strcmp(key, "bands") == 0 ||
                 strcmp(key, "scale") == 0 || strcmp(key, "mean") == 0 || strcmp(key, "std") == 0 ||
-                strcmp(key, "classes") == 0 || strcmp(key, "tile") == 0;
+                strcmp(key, "classes") == 0 || strcmp(key, "tile") == 0 ||
+                strcmp(key, "stride") == 0;
     if (!want) return TW_OK;
     json_error_t jerr;
     json_t *d = json_loads(val, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
@@ -207,6 +208,10 @@ static tw_status st_parse_meta_value(tw_model_file *mf, const char *key, const c
         st = json_is_integer(d)
                  ? tw_model_set_tile(mf, json_integer_value(d), err)
                  : tw_model_error(err, mf->path, "metadata 'tile' is not an integer");
+    } else if (strcmp(key, "stride") == 0) {
+        st = json_is_integer(d)
+                 ? tw_model_set_stride(mf, json_integer_value(d), err)
+                 : tw_model_error(err, mf->path, "metadata 'stride' is not an integer");
     } else if (!json_is_array(d) || n > TW_MAX_CLASSES) {
         st = tw_model_error(err, mf->path, "metadata '%s' is not an array (or too long)", key);
     } else if (strcmp(key, "classes") == 0) {
