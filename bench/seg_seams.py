@@ -16,21 +16,23 @@ for reference. Per configuration it reports:
 
 The networks:
 
-* --demo-unet sample_data/demo_unet_resnet18.h5: the demo U-Net
-  (tools/make_demo_model.py --arch unet_resnet18, beside the bundle) on the
-  whole of its own raster, sample_data/L7_ETMs.tif (349 x 352, 6 bands). The
-  bundle's mean/std are applied here and the result written as a Float32
-  raster, the weights exported as safetensors: tilewise reads the same numbers
-  as PyTorch. The whole image is padded with zeros (in the normalised space)
-  at the right to 352 columns, a multiple of 32, and the map cropped back: the
-  zeros tiling.edge pad feeds a tile past the raster's edge. Measured alone.
-* Otherwise, on a 512 x 512 crop (--x0/--y0) of the NAIP raster in
-  shared/data (RGBN, 4 bands; 512 is a multiple of 32: no padding):
-  - a U-Net-ResNet18 in segmentation_models_pytorch's layout (tests/
-    e2e_seg_parity.py's UnetResNet34 with depth 18 and SMP's default decoder
-    256, 128, 64, 32, 16), 4 classes, raw 0..255 pixels (the 1/255 scaling
-    folded into conv1): --unet FILE.pt (a pickled module, e.g. the unet18.pt
-    that --keep leaves), or trained here for --train-seconds (default 120) on
+* The demo U-Net, sample_data/demo_unet_resnet18.h5 (--demo-unet) when it
+  exists (built by tools/make_demo_model.py --arch unet_resnet18 beside the
+  bundle, which this imports), on the whole of its own raster,
+  sample_data/L7_ETMs.tif (349 x 352, 6 bands). The bundle's mean/std are
+  applied here and the result written as a Float32 raster, the weights
+  exported as safetensors: tilewise reads the same numbers as PyTorch. The
+  whole image is padded with zeros (in the normalised space) at the right to
+  352 columns, a multiple of 32, and the map cropped back: the
+  zeros tiling.edge pad feeds a tile past the raster's edge.
+* On a 512 x 512 crop (--x0/--y0) of the NAIP raster in shared/data (RGBN,
+  4 bands; 512 is a multiple of 32: no padding):
+  - when the demo U-Net is absent (or --only unet), a U-Net-ResNet18 in
+    segmentation_models_pytorch's layout (tests/e2e_seg_parity.py's
+    UnetResNet34 with depth 18 and SMP's default decoder 256, 128, 64, 32,
+    16), 4 classes, raw 0..255 pixels (the 1/255 scaling folded into
+    conv1): --unet FILE.pt (a pickled module, e.g. the unet18.pt that --keep
+    leaves), or trained here for --train-seconds (default 120) on
     the raster's per-pixel spectral-rule labels (tools/make_demo_model.py's
     rules in NAIP's band order), random 64 px crops, Adam;
   - a DeepLabV3-ResNet50 (torchvision's, 5 classes) with random weights,
@@ -43,8 +45,8 @@ The networks:
 Not part of make test. Each network takes a few minutes on 2 shared cores.
 
 usage: bench/seg_seams.py [--bin build/tilewise] [--tile 128] [--threads 2]
-                          [--demo-unet FILE.h5 | [--only unet|deeplabv3]
-                          [--unet FILE.pt] [--train-seconds 120]] [--keep DIR]
+                          [--only demo|unet|deeplabv3] [--demo-unet FILE.h5]
+                          [--unet FILE.pt] [--train-seconds 120] [--keep DIR]
 """
 import argparse
 import os
@@ -195,36 +197,42 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--x0", type=int, default=300)
     ap.add_argument("--y0", type=int, default=150)
+    ap.add_argument("--demo-unet", default=os.path.join(REPO, "sample_data",
+                                                        "demo_unet_resnet18.h5"),
+                    help="the demo U-Net bundle, measured on L7_ETMs.tif beside it")
     ap.add_argument("--unet", help="a pickled torch U-Net-ResNet18 (4 bands, raw pixels)")
-    ap.add_argument("--demo-unet", help="the demo U-Net bundle (sample_data/demo_unet_resnet18.h5): "
-                    "measured alone, on its own raster L7_ETMs.tif beside it")
     ap.add_argument("--train-seconds", type=int, default=120)
     ap.add_argument("--keep", help="keep the models and outputs in this directory")
-    ap.add_argument("--only", choices=("unet", "deeplabv3"), help="measure one network")
+    ap.add_argument("--only", choices=("demo", "unet", "deeplabv3"), help="measure one network "
+                    "(default: the demo U-Net if its bundle exists, else the U-Net, and the "
+                    "DeepLabV3)")
     a = ap.parse_args()
-    path = sp.raster_path()
-    if path is None:
-        sys.exit("shared data absent (NAIP raster)")
+    demo = os.path.exists(a.demo_unet)
+    todo = [a.only] if a.only else ["demo" if demo else "unet", "deeplabv3"]
+    if "demo" in todo and not demo:
+        sys.exit(f"{a.demo_unet}: no such bundle")
     import torch
     torch.set_num_threads(a.threads)
     tmp = a.keep or tempfile.mkdtemp(prefix="seg_seams_")
     os.makedirs(tmp, exist_ok=True)
-    raster = os.path.join(tmp, "in.tif")
-    img = crop(path, raster, a.x0, a.y0)
-    print(f"raster: {os.path.basename(path)} window {a.x0},{a.y0} {SIZE}x{SIZE} (or the demo "
-          f"U-Net's own); "
-          f"tile {a.tile}; tilewise {a.bin}, runtime.threads {a.threads}", flush=True)
+    print(f"tile {a.tile}; tilewise {a.bin}, runtime.threads {a.threads}; {', '.join(todo)}")
     print("| model | tile | stride | overlap | blend | margin | agree | dis. edge | "
           "dis. interior | edge/int |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
-    if a.demo_unet:
+    if "demo" in todo:
         rows += demo_rows(a, tmp)
-    elif a.only != "deeplabv3":
-        rows += unet_rows(a, tmp, path, raster, img)
-    if a.only != "unet" and not a.demo_unet:
-        rows += deeplab_rows(a, tmp, raster, img)
+    if "unet" in todo or "deeplabv3" in todo:
+        path = sp.raster_path()
+        if path is None:
+            sys.exit("shared data absent (the NAIP raster)")
+        raster = os.path.join(tmp, "in.tif")
+        img = crop(path, raster, a.x0, a.y0)
+        print(f"raster: {os.path.basename(path)} window {a.x0},{a.y0} {SIZE}x{SIZE}")
+        if "unet" in todo:
+            rows += unet_rows(a, tmp, path, raster, img)
+        if "deeplabv3" in todo:
+            rows += deeplab_rows(a, tmp, raster, img)
     summary(a, rows)
     if not a.keep:
         import shutil
