@@ -83,7 +83,7 @@ static tw_status resolve_tiling(const tw_run_params *p, const tw_model_file *mf,
     const char *from = p->tiling.tile > 0 ? "tiling.tile" : "the model bundle's tile size";
     m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
     /* a segmentation model's tiles overlap by default: the seams measured
-     * in bench/RESULTS.md ("Seams") chose TW_SEG_DEFAULT_OVERLAP */
+     * in bench/RESULTS.md ("Seams (segmentation)") chose TW_SEG_DEFAULT_OVERLAP */
     m->stride = p->tiling.stride > 0 ? p->tiling.stride
                 : m->segmentation    ? m->tile - m->tile / TW_SEG_DEFAULT_OVERLAP
                                      : m->tile;
