@@ -144,6 +144,9 @@ static void test_defaults(void **state)
     assert_int_equal(p.tiling.batch, 0);
     assert_int_equal(p.tiling.edge, TW_EDGE_PAD);
     assert_true(p.tiling.max_nodata_fraction == 0.5);
+    /* the seams measured in bench/RESULTS.md ("Seams (segmentation)") chose cosine */
+    assert_int_equal(p.tiling.blend, TW_BLEND_COSINE);
+    assert_int_equal(p.tiling.margin, 0);
     assert_string_equal(p.runtime.device, "auto");
     assert_int_equal(p.runtime.precision, TW_PREC_FP32);
     assert_int_equal(p.runtime.memory, (size_t)2 << 30);

@@ -84,7 +84,7 @@ static tw_status resolve_tiling(const tw_run_params *p, const tw_model_file *mf,
     m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
     /* a segmentation model's tiles overlap by default: the bundle's stride
      * (tools/export_model.py --stride) when it fits the tile, else the one
-     * the seams measured in bench/RESULTS.md ("Seams") chose
+     * the seams measured in bench/RESULTS.md ("Seams (segmentation)") chose
      * (TW_SEG_DEFAULT_OVERLAP) */
     bool bundle_stride = m->segmentation && mf->stride > 0 && mf->stride <= m->tile;
     m->stride = p->tiling.stride > 0 ? p->tiling.stride
