@@ -22,74 +22,7 @@
 #include "model/resnet.h"
 #include "model/segnet.h"
 #include "pipeline/report/json.h"
-
-/* ---- the tree (info_internal.h) ---- */
-
-void tw_info_put(json_t *o, const char *key, json_t *v, bool *ok)
-{
-    if (json_object_set_new(o, key, v) != 0) *ok = false;
-}
-
-void tw_info_push(json_t *a, json_t *v, bool *ok)
-{
-    if (json_array_append_new(a, v) != 0) *ok = false;
-}
-
-json_t *tw_info_str(const char *s)
-{
-    return json_string_nocheck(s ? s : "");
-}
-
-json_t *tw_info_num(double v)
-{
-    return isfinite(v) ? json_real(v) : json_null();
-}
-
-void tw_info_put_shown(json_t *o, const char *key, double v, bool *ok)
-{
-    tw_info_put(o, key, tw_info_num(v), ok);
-    if (isfinite(v)) return;
-    char k[64], text[16];
-    snprintf(k, sizeof k, "_%s", key);
-    snprintf(text, sizeof text, "%g", v);
-    tw_info_put(o, k, json_string(text), ok);
-}
-
-const char *tw_info_get_str(const json_t *o, const char *key)
-{
-    const char *s = json_string_value(json_object_get(o, key));
-    return s ? s : "";
-}
-
-long long tw_info_get_int(const json_t *o, const char *key)
-{
-    return (long long)json_integer_value(json_object_get(o, key));
-}
-
-double tw_info_get_num(const json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    return json_is_number(v) ? json_number_value(v) : NAN;
-}
-
-bool tw_info_get_bool(const json_t *o, const char *key)
-{
-    return json_is_true(json_object_get(o, key));
-}
-
-bool tw_info_shown(const json_t *o, const char *key, const char *fmt, char *buf, size_t size)
-{
-    json_t *v = json_object_get(o, key);
-    if (json_is_number(v)) {
-        snprintf(buf, size, fmt, json_number_value(v));
-        return true;
-    }
-    char k[64];
-    snprintf(k, sizeof k, "_%s", key);
-    const char *s = json_string_value(json_object_get(o, k));
-    if (s) snprintf(buf, size, "%s", s);
-    return s != NULL;
-}
+#include "pipeline/resolved.h"
 
 /* ---- the JSON form ---- */
 
@@ -183,8 +116,12 @@ static json_t *onnx_facts(const tw_onnx_info *o, bool *ok)
     return f;
 }
 
-/* The model's facts ("_bottleneck", "_stem_kernel", "_stem_stride": the
- * text's only). */
+/* The model's facts: what the file itself says in the facts' one shape
+ * (pipeline/resolved.h, TW_FACTS_MODEL), then the rest as the file has them
+ * (bands, classes, tile, scale, mean, std: the file's, null or empty when it
+ * has none, not what a run would resolve). "features" is "feature_dim" under
+ * its first name, kept for readers of earlier versions. ("_bottleneck",
+ * "_stem_kernel", "_stem_stride": the text's only.) */
 static json_t *model_facts(const char *path, const tw_model_file *mf, const tw_resnet *net,
                            bool *ok)
 {
@@ -192,21 +129,21 @@ static json_t *model_facts(const char *path, const tw_model_file *mf, const tw_r
     for (int i = 0; i < mf->n_tensors; i++)
         if (!strstr(mf->tensors[i].name, "running_") && !strstr(mf->tensors[i].name, "num_batches"))
             params += mf->tensors[i].numel;
-    char arch[32];
-    tw_resnet_arch_name(net, arch, sizeof arch);
+    tw_resolved m = {.stem = net->stem_kind,
+                     .in_bands = net->in_bands,
+                     .feat_dim = net->feat_dim,
+                     .headless = net->headless};
+    tw_resnet_arch_name(net, m.arch, sizeof m.arch);
+    memcpy(m.model_sha256, mf->sha256, sizeof m.model_sha256);
     json_t *f = json_object(), *classes = json_array();
     tw_info_put(f, "type", json_string("model"), ok);
     tw_info_put(f, "path", tw_info_str(path), ok);
-    tw_info_put(f, "task", json_string("classification"), ok);
-    tw_info_put(f, "arch", tw_info_str(arch), ok);
+    tw_model_facts_json(f, &m, TW_FACTS_MODEL, ok);
     tw_info_put(f, "family", tw_info_str(tw_resnet_family_name(net->family)), ok);
     tw_info_put(f, "groups", json_integer(net->groups), ok);
     tw_info_put(f, "base_width", json_integer(net->base_width), ok);
-    tw_info_put(f, "stem", tw_info_str(tw_stem_names[net->stem_kind]), ok);
     tw_info_put(f, "blocks", int_array(net->stage_blocks, 4, ok), ok);
-    tw_info_put(f, "in_bands", json_integer(net->in_bands), ok);
     tw_info_put(f, "bands", int_array(mf->bands, mf->n_bands, ok), ok);
-    tw_info_put(f, "head", json_boolean(!net->headless), ok);
     tw_info_put(f, "n_classes", json_integer(net->headless ? 0 : net->n_classes), ok);
     for (int i = 0; i < mf->n_classes; i++) tw_info_push(classes, tw_info_str(mf->classes[i]), ok);
     tw_info_put(f, "classes", classes, ok);
@@ -216,7 +153,6 @@ static json_t *model_facts(const char *path, const tw_model_file *mf, const tw_r
     tw_info_put(f, "mean", real_array(mf->mean, mf->n_mean, ok), ok);
     tw_info_put(f, "std", real_array(mf->std, mf->n_std, ok), ok);
     tw_info_put(f, "tile", mf->tile ? json_integer(mf->tile) : json_null(), ok);
-    tw_info_put(f, "sha256", tw_info_str(mf->sha256), ok);
     tw_info_put(f, "checksum", tw_info_str(tw_model_checksum_name(mf->checksum)), ok);
     if (mf->format == TW_MODEL_FORMAT_ONNX) tw_info_put(f, "onnx", onnx_facts(&mf->onnx, ok), ok);
     tw_info_put(f, "_bottleneck", json_boolean(net->bottleneck), ok);

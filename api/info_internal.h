@@ -19,7 +19,7 @@
 #include "io/modelfile/model_file.h"
 #include "model/segnet.h"
 
-/* Building: a member or an element; v or o NULL (jansson could not
+/* (info_tree.c) Building: a member or an element; v or o NULL (jansson could not
  * allocate) or a failed insertion turns *ok false (v is released either
  * way), so a builder that could not allocate its tree is caught where the
  * tree is put. */

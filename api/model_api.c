@@ -80,41 +80,19 @@ static tw_dtype to_internal(int t, bool *ok)
     return TW_DT_BYTE;
 }
 
+/* The model's facts in their one shape (pipeline/resolved.h), between its
+ * path and how this handle runs it. */
 static void model_info_json(tilewise_model *mo)
 {
-    const tw_resolved *m = &mo->m;
-    json_t *o = json_object(), *bands = json_array(), *classes = json_array();
-    json_t *mean = json_array(), *std = json_array();
-    for (int i = 0; i < m->n_bands; i++) json_array_append_new(bands, json_integer(m->bands[i]));
-    for (int c = 0; c < m->n_classes; c++)
-        json_array_append_new(classes, json_string_nocheck(m->classes[c]));
-    for (int c = 0; c < m->n_norm; c++) {
-        json_array_append_new(mean, json_real((double)m->mean[c]));
-        json_array_append_new(std, json_real((double)m->std[c]));
-    }
-    json_object_set_new(o, "path", json_string_nocheck(mo->p.model.weights));
-    json_object_set_new(o, "arch", json_string_nocheck(m->arch));
-    json_object_set_new(o, "bands", bands);
-    json_object_set_new(o, "in_bands", json_integer(m->in_bands));
-    json_object_set_new(o, "classes", classes);
-    json_object_set_new(o, "n_classes", json_integer(m->n_classes));
-    json_object_set_new(o, "feature_dim", json_integer(m->feat_dim));
-    json_object_set_new(o, "tile", json_integer(m->tile));
-    json_object_set_new(o, "stride", json_integer(m->stride));
-    json_object_set_new(o, "task",
-                        json_string(m->segmentation ? "segmentation" : "classification"));
-    json_object_set_new(o, "tile_multiple", json_integer(m->multiple));
-    json_object_set_new(o, "scale", json_real(m->scale));
-    /* a headless backbone: its probabilities are a stand-in head's (all 1) */
-    json_object_set_new(o, "head", json_boolean(!m->headless));
-    json_object_set_new(o, "mean", mean);
-    json_object_set_new(o, "std", std);
-    json_object_set_new(o, "sha256", json_string_nocheck(m->model_sha256));
+    json_t *o = json_object();
+    bool ok = o && json_object_set_new(o, "path", json_string_nocheck(mo->p.model.weights)) == 0;
+    if (ok) tw_model_facts_json(o, &mo->m, TW_FACTS_MODEL | TW_FACTS_RESOLVED, &ok);
     json_object_set_new(o, "backend", json_string(mo->have_be ? mo->be.i->name : ""));
     json_object_set_new(o, "batch", json_integer(mo->batch));
     json_object_set_new(o, "memory", json_integer((json_int_t)mo->p.runtime.memory));
     /* 17 digits: the float32 mean/std and the double scale read back exactly */
-    char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    char *text =
+        ok ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(o);
     free(mo->info);
     mo->info = text; /* NULL when out of memory: tilewise_model_info_json gives "{}" */

@@ -38,6 +38,33 @@ typedef struct tw_resolved {
     char model_sha256[65];
 } tw_resolved;
 
+/* The model's facts as JSON: one shape, one name per fact, which
+ * `tilewise info` (api/info.c), the API's model info (api/model_api.c,
+ * tilewise_model_info_json) and the merge manifest's "model"
+ * (pipeline/store/manifest.c) share. TW_FACTS_MODEL: what the model file
+ * itself says - "task" ("classification" or "segmentation"), "arch",
+ * "stem", "in_bands", "feature_dim" (the embedding width D), "head" (false:
+ * a headless backbone), "tile_multiple" (a tile side the network takes is a
+ * multiple of it: 32 for a U-Net, else 1), "sha256". TW_FACTS_RESOLVED:
+ * what a run resolves against the configuration - "bands", "classes",
+ * "n_classes", "tile", "stride", "scale", "mean", "std" (`tilewise info`
+ * shows the file's own values of these, not resolved ones, and writes them
+ * itself). Added to o in that order; strings as tw_json_exact_str writes
+ * them, numbers as tw_json_exact_real. *ok becomes false when out of memory. */
+#define TW_FACTS_MODEL 1u
+#define TW_FACTS_RESOLVED 2u
+struct json_t;
+void tw_model_facts_json(struct json_t *o, const tw_resolved *m, unsigned which, bool *ok);
+
+/* A string as JSON: itself when it is valid UTF-8 (the usual case), else
+ * {"hex": "..."} of its bytes, so that any path or name survives the round
+ * trip exactly (the manifest reads both). NULL when out of memory. */
+struct json_t *tw_json_exact_str(const char *s);
+/* A double as a JSON number (17 significant digits when dumped with
+ * JSON_REAL_PRECISION(17): an exact round trip); non-finite ones as the
+ * strings "nan", "inf", "-inf". */
+struct json_t *tw_json_exact_real(double d);
+
 /* output.stac: what input i's STAC item says besides its files, resolved
  * before the first tile (pipeline/report/stac_run.h, tw_stac_run_input) and
  * carried by the manifest to `tilewise merge`. */

@@ -14,21 +14,13 @@ set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 limit=${TW_FUNCTION_LIMIT:-100}
 
-# FILE:FUNCTION pairs over the limit that are being split (issue 35, item 4)
-# by other hands at the time this check was written; each entry goes when its
-# function is split. Do not add to it: split the function by step instead.
+# FILE:FUNCTION pairs over the limit, each with its reason. Do not add to
+# it: split the function by step instead (issue 35, item 4).
 allow=(
-  # io/output/: resampling and the STAC item
-  io/output/resample.c:tw_resample_to_input
-  io/output/stac_out.c:item_json
-  # pipeline/: report, merge, the products' assembly, run, validate, the store
-  pipeline/report/report.c:config_value
-  pipeline/report/report.c:tw_report_render
-  pipeline/run/merge.c:tw_merge_ex
-  pipeline/run/products.c:tw_products_assemble
+  # pipeline/run/run.c (104 lines): the run driver is being changed by other
+  # hands (the segmentation work) at the time the rest of this list was
+  # split; split run_scoped by step once that has landed
   pipeline/run/run.c:run_scoped
-  pipeline/run/validate.c:tw_validate
-  pipeline/store/assemble.c:tw_parts_assemble
 )
 
 # FILE<TAB>LINE<TAB>NAME<TAB>LENGTH for each function over the limit

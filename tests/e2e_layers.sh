@@ -81,4 +81,29 @@ if [ -n "${TW_BIN:-}" ] && [ -e "$so" ] && command -v nm >/dev/null; then
 else
   echo "note: no libtilewise.so beside TW_BIN: the symbol check is skipped"
 fi
+# no circle between files of different jobs (issue 35): each pair below
+# called each other once; now one calls the other, never back (the objects'
+# symbols: what one defines and the other uses). advice.c (the advice)
+# includes nothing of preflight (the output checks).
+objs=$(dirname "${TW_BIN:-}")/CMakeFiles/tilewise_obj.dir
+if [ -n "${TW_BIN:-}" ] && [ -d "$objs" ] && command -v nm >/dev/null; then
+  for pair in api/info.c:api/info_stac.c api/info.c:api/info_tree.c api/info_stac.c:api/info_tree.c \
+              io/output/polygons.c:io/output/polygons_label.c \
+              io/output/polygons.c:io/output/polygons_simplify.c \
+              io/output/stac_out.c:io/output/stac_items.c; do
+    a=$objs/${pair%%:*}.o b=$objs/${pair#*:}.o
+    [ -e "$a" ] && [ -e "$b" ] || continue
+    ab=$(comm -12 <(nm -u "$a" | awk '{print $2}' | sort -u) <(nm --defined-only "$b" | awk '{print $3}' | sort -u))
+    ba=$(comm -12 <(nm -u "$b" | awk '{print $2}' | sort -u) <(nm --defined-only "$a" | awk '{print $3}' | sort -u))
+    if [ -n "$ab" ] && [ -n "$ba" ]; then
+      echo "FAIL: ${pair%%:*} and ${pair#*:} call each other (${ab//$'\n'/ } / ${ba//$'\n'/ })"
+      fail=1
+    fi
+  done
+  [ $fail -eq 0 ] && echo "ok   no circle between info, its tree and STAC; polygons and its steps; the STAC item and items.json"
+fi
+if grep -q '#include "pipeline/run/preflight.h"' "$src/pipeline/run/advice.c"; then
+  echo "FAIL: pipeline/run/advice.c includes pipeline/run/preflight.h (the padding share is advice's)"
+  fail=1
+fi
 [ $fail -eq 0 ] && echo "e2e_layers: all checks passed" || exit 1

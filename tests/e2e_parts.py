@@ -8,7 +8,10 @@
   in any key an output byte depends on (prob_type, resolution, format,
   products, creation_options, colours, class names). `merge` then names why rows are
   missing (shard 2/2 committed nothing). The matching shard 2/2 runs, and
-  `merge` gives the same class and probability rasters as one run.
+  `merge` gives the same class and probability rasters as one run - with
+  the manifest rewritten in the model facts' shape an earlier version wrote
+  ("feat_dim", "headless"; no "feature_dim", "head", "n_classes"): parts
+  run by an earlier version still merge.
 * --restart discards the other configuration's parts (a notice naming the
   keys) and the run completes equal to a fresh run of that configuration.
 * Single runs: a run interrupted (SIGTERM, exit 75) and rerun with another
@@ -23,6 +26,7 @@
 """
 import glob
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -61,6 +65,25 @@ def digests(out):
         with open(p, "rb") as f:
             res[os.path.basename(p)] = hashlib.sha256(f.read()).hexdigest()
     return res
+
+
+def to_old_manifest(out):
+    """The manifests under out in the shape written before the model facts'
+    one shape (issue 35): "feat_dim" for "feature_dim", "headless" (only when
+    true) for "head", no "n_classes". Returns how many were rewritten."""
+    n = 0
+    for p in glob.glob(f"{out}/.tilewise/*/manifest"):
+        with open(p) as f:
+            man = json.load(f)
+        model = man["model"]
+        model["feat_dim"] = model.pop("feature_dim")
+        if not model.pop("head"):
+            model["headless"] = True
+        del model["n_classes"]
+        with open(p, "w") as f:
+            json.dump(man, f, indent=2)
+        n += 1
+    return n
 
 
 def main():
@@ -117,8 +140,9 @@ def main():
               f"merge names the missing shard: {r.stderr.strip()}", True)
         r = run("run", wf, "-q", "--shard", "2/2", "--set", f"output.dir={out}")
         check(r.returncode == 0, f"matching shard 2/2: {r.stderr}")
+        check(to_old_manifest(out) == 1, "the manifest rewritten in the earlier model shape")
         r = run("merge", "-q", out)
-        check(r.returncode == 0, f"merge: {r.stderr}")
+        check(r.returncode == 0, f"merge (a manifest of the earlier shape): {r.stderr}")
         check(same(outputs(gdal, out), ref), "merged shards equal one run", True)
         # merging again has no work: exit 0, says so, leaves no empty .tilewise/
         # (it was exit 3, "no shard outputs to merge"), also when an empty

@@ -17,6 +17,7 @@
 
 #include "pipeline/engine/budget.h"
 #include "pipeline/store/parts.h"
+#include "pipeline/run/advice.h"
 #include "pipeline/run/preflight.h"
 #include "testutil.h"
 
@@ -204,26 +205,25 @@ static void padding_share(void **state)
 {
     (void)state;
     /* 41 x 41 in one 64 px tile */
-    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_PAD), 1 - 41.0 * 41 / 4096,
-                       1e-12);
+    assert_float_equal(tw_advice_padding(41, 41, 64, 64, TW_EDGE_PAD), 1 - 41.0 * 41 / 4096, 1e-12);
     /* the sample, 349 x 352: at tile 64 stride 64, 6 x 6 tiles with 349 and
      * 352 of 384 px inside: 17 %; at stride 32, 10 x 10 tiles, x inside
      * 9 * 64 + 61, y all: 0.5 % */
-    assert_float_equal(tw_preflight_padding(349, 352, 64, 64, TW_EDGE_PAD),
+    assert_float_equal(tw_advice_padding(349, 352, 64, 64, TW_EDGE_PAD),
                        1 - (349.0 * 352) / (384.0 * 384), 1e-12);
-    assert_float_equal(tw_preflight_padding(349, 352, 64, 32, TW_EDGE_PAD), 1 - 637.0 / 640, 1e-12);
+    assert_float_equal(tw_advice_padding(349, 352, 64, 32, TW_EDGE_PAD), 1 - 637.0 / 640, 1e-12);
     /* 65 x 65: two tiles per axis, 65 of 128 px inside */
-    assert_float_equal(tw_preflight_padding(65, 65, 64, 64, TW_EDGE_PAD),
+    assert_float_equal(tw_advice_padding(65, 65, 64, 64, TW_EDGE_PAD),
                        1 - (65.0 * 65) / (128.0 * 128), 1e-12);
     /* edge shift: the last tile flush with the edge, no padding */
-    assert_float_equal(tw_preflight_padding(65, 65, 64, 64, TW_EDGE_SHIFT), 0, 1e-12);
+    assert_float_equal(tw_advice_padding(65, 65, 64, 64, TW_EDGE_SHIFT), 0, 1e-12);
     /* shift falls back to pad when the raster is smaller than a tile */
-    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_SHIFT), 1 - 41.0 * 41 / 4096,
+    assert_float_equal(tw_advice_padding(41, 41, 64, 64, TW_EDGE_SHIFT), 1 - 41.0 * 41 / 4096,
                        1e-12);
     /* exactly half: 32 of 64 columns, every row */
-    assert_float_equal(tw_preflight_padding(32, 640, 64, 64, TW_EDGE_PAD), 0.5, 1e-12);
+    assert_float_equal(tw_advice_padding(32, 640, 64, 64, TW_EDGE_PAD), 0.5, 1e-12);
     /* no plan: edge skip on a raster smaller than a tile */
-    assert_float_equal(tw_preflight_padding(41, 41, 64, 64, TW_EDGE_SKIP), -1, 0);
+    assert_float_equal(tw_advice_padding(41, 41, 64, 64, TW_EDGE_SKIP), -1, 0);
 }
 
 static void fingerprint_diff(void **state)

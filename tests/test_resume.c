@@ -214,6 +214,55 @@ static void test_key_order(void **state)
     free(b);
 }
 
+/* The model in the model facts' one shape (pipeline/resolved.h:
+ * "feature_dim", "head", "n_classes", as `tilewise info` and the API write
+ * them); a manifest written before it ("feat_dim", "headless" only when
+ * true, no "n_classes" nor "head") still reads the same, so that parts run by
+ * an earlier version still merge. */
+static void to_old_shape(json_t *model)
+{
+    json_t *fd = json_object_get(model, "feature_dim");
+    assert_non_null(fd);
+    json_object_set(model, "feat_dim", fd);
+    json_object_del(model, "feature_dim");
+    json_t *head = json_object_get(model, "head");
+    assert_true(json_is_boolean(head));
+    if (json_is_false(head)) json_object_set_new(model, "headless", json_true());
+    json_object_del(model, "head");
+    json_object_del(model, "n_classes");
+}
+
+static void test_model_facts_shape(void **state)
+{
+    (void)state;
+    tw_manifest *a = sample(), *b = calloc(1, sizeof *b);
+    char msg[TW_ERROR_MSG_MAX];
+    for (int headless = 0; headless < 2; headless++) {
+        a->m.headless = headless;
+        size_t len;
+        char *text = format(a, &len);
+        json_error_t jerr;
+        json_t *root = json_loadb(text, len, 0, &jerr);
+        json_t *model = json_object_get(root, "model");
+        assert_int_equal(json_integer_value(json_object_get(model, "feature_dim")), 2048);
+        assert_int_equal(json_integer_value(json_object_get(model, "n_classes")), 4);
+        assert_true(json_is_boolean(json_object_get(model, "head")));
+        assert_int_equal(json_is_true(json_object_get(model, "head")), !headless);
+        assert_null(json_object_get(model, "feat_dim"));
+        assert_null(json_object_get(model, "headless"));
+        to_old_shape(model);
+        char *old = json_dumps(root, JSON_REAL_PRECISION(17));
+        memset(b, 0, sizeof *b);
+        assert_int_equal(parse(old, strlen(old), b, msg), TW_OK);
+        assert_same(a, b);
+        free(old);
+        json_decref(root);
+        free(text);
+    }
+    free(a);
+    free(b);
+}
+
 static void test_other_versions(void **state)
 {
     (void)state;
@@ -343,10 +392,22 @@ static void not_a_manifest(json_t *r)
     json_object_set_new(r, "format", json_string("geojson"));
 }
 
+static void n_classes_off(json_t *r)
+{
+    json_object_set_new(json_object_get(r, "model"), "n_classes", json_integer(3));
+}
+
+static void head_as_string(json_t *r)
+{
+    json_object_set_new(json_object_get(r, "model"), "head", json_string("yes"));
+}
+
 static void test_garbage(void **state)
 {
     (void)state;
     expect_refused(tile_as_string, "M: damaged run manifest: key model.tile is not an integer");
+    expect_refused(n_classes_off, "key model.n_classes is 3 but model.classes names 4");
+    expect_refused(head_as_string, "key model.head is not true or false");
     expect_refused(tile_zero, "key model.tile is not an integer in 1..65536");
     expect_refused(stride_not_divisor, "model.stride 48 does not divide model.tile 64");
     expect_refused(unknown_key, "unknown key output.pyramids");
@@ -505,9 +566,10 @@ static void test_every_byte_key_carried(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip),      cmocka_unit_test(test_key_order),
-        cmocka_unit_test(test_other_versions), cmocka_unit_test(test_garbage),
-        cmocka_unit_test(test_truncated),      cmocka_unit_test(test_every_byte_key_carried),
+        cmocka_unit_test(test_roundtrip),         cmocka_unit_test(test_key_order),
+        cmocka_unit_test(test_other_versions),    cmocka_unit_test(test_garbage),
+        cmocka_unit_test(test_truncated),         cmocka_unit_test(test_every_byte_key_carried),
+        cmocka_unit_test(test_model_facts_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

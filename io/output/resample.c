@@ -13,16 +13,12 @@
 #include "core/argmax.h"
 #include "io/gdal_msgs.h"
 
-tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *wp,
-                               const tw_resample_input *in, int64_t *hist, int64_t *nodata_pixels,
-                               int64_t *unclassified, tw_error *err)
+/* The cell grid's probabilities (cells_prob) warped onto the input's grid,
+ * as a VRT (*vrt, over *src): output pixel (x, y) samples the cell grid at
+ * its own centre, bilinear. */
+static tw_status warp_to_input(const char *cells_prob, const double *gt, int W, int H,
+                               GDALDatasetH *src_out, GDALDatasetH *vrt_out, tw_error *err)
 {
-    const double *gt = wp->geotransform;
-    if (gt[2] != 0.0 || gt[4] != 0.0)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "output.resolution: input needs a north-up raster (its geotransform "
-                            "is rotated); use output.resolution: cells");
-    const int W = wp->grid_w, H = wp->grid_h, C = wp->n_classes;
     tw_gdal_msgs msg;
     tw_gdal_capture_begin(&msg);
     GDALDatasetH src = GDALOpen(cells_prob, GA_ReadOnly);
@@ -52,6 +48,67 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
                               cells_prob, msg.failure);
     }
     tw_gdal_capture_end();
+    *src_out = src;
+    *vrt_out = vrt;
+    return st;
+}
+
+/* The input reopened (its nodata rule as the run's) for its nodata pixels,
+ * with strips of rows rows for its values (*raw) and validity (*valid); it
+ * must still be W x H. */
+static tw_status open_input(const tw_resample_input *in, int W, int H, int rows, tw_raster **src_in,
+                            void **raw, uint8_t **valid, tw_error *err)
+{
+    tw_raster_open_params op = {.tiff_direct = false};
+    tw_status st = tw_raster_open_ex(in->path, in->bands, in->n_bands, &op, src_in, err);
+    if (st != TW_OK) return st;
+    const tw_raster_info *ri = tw_raster_get_info(*src_in);
+    tw_raster_set_nodata_rule(*src_in, in->nodata_auto, in->nodata);
+    if (ri->width != W || ri->height != H)
+        st = tw_error_set(err, TW_ERR_INPUT, "%s is %d x %d now, the run read %d x %d", in->path,
+                          ri->width, ri->height, W, H);
+    *raw = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W *
+                                      (size_t)tw_raster_selected_bands(*src_in) *
+                                      tw_dtype_size(ri->dtype));
+    *valid = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W);
+    if (st == TW_OK && (!*raw || !*valid)) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    return st;
+}
+
+/* Which of n pixels have a class (has[]: not nodata in the cells, nor in the
+ * input when valid says), counted into hist, nodata_pixels and
+ * unclassified (each when not NULL). */
+static void mark_pixels(const float *probs, uint8_t *has, const uint8_t *valid, size_t n, int C,
+                        int64_t *hist, int64_t *nodata_pixels, int64_t *unclassified)
+{
+    for (size_t q = 0; q < n; q++) {
+        const float *p = probs + q * (size_t)C;
+        has[q] = p[0] >= 0.0f; /* nodata is -1 in every band */
+        if (valid && !valid[q]) {
+            has[q] = 0; /* nodata in the input: nodata in every product */
+        } else if (valid && !has[q] && unclassified) {
+            (*unclassified)++;
+        }
+        if (!has[q]) {
+            if (nodata_pixels) (*nodata_pixels)++;
+            continue;
+        }
+        if (hist) hist[tw_argmax(p, (size_t)C)]++;
+    }
+}
+
+tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *wp,
+                               const tw_resample_input *in, int64_t *hist, int64_t *nodata_pixels,
+                               int64_t *unclassified, tw_error *err)
+{
+    const double *gt = wp->geotransform;
+    if (gt[2] != 0.0 || gt[4] != 0.0)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "output.resolution: input needs a north-up raster (its geotransform "
+                            "is rotated); use output.resolution: cells");
+    const int W = wp->grid_w, H = wp->grid_h, C = wp->n_classes;
+    GDALDatasetH src = NULL, vrt = NULL;
+    tw_status st = warp_to_input(cells_prob, gt, W, H, &src, &vrt, err);
 
     /* Strips of about 8 MiB of probabilities. */
     int rows = (int)((8u << 20) / ((size_t)W * (size_t)C * sizeof(float) + 1));
@@ -62,29 +119,14 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
     void *raw = NULL;
     tw_writer *w = NULL;
     tw_raster *src_in = NULL;
-    if (st == TW_OK && in && in->path) {
-        tw_raster_open_params op = {.tiff_direct = false};
-        st = tw_raster_open_ex(in->path, in->bands, in->n_bands, &op, &src_in, err);
-        if (st == TW_OK) {
-            const tw_raster_info *ri = tw_raster_get_info(src_in);
-            tw_raster_set_nodata_rule(src_in, in->nodata_auto, in->nodata);
-            if (ri->width != W || ri->height != H)
-                st = tw_error_set(err, TW_ERR_INPUT, "%s is %d x %d now, the run read %d x %d",
-                                  in->path, ri->width, ri->height, W, H);
-            raw = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W *
-                                             (size_t)tw_raster_selected_bands(src_in) *
-                                             tw_dtype_size(ri->dtype));
-            valid = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W);
-            if (st == TW_OK && (!raw || !valid))
-                st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-        }
-    }
+    if (st == TW_OK && in && in->path) st = open_input(in, W, H, rows, &src_in, &raw, &valid, err);
     if (st == TW_OK) {
         probs = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W * (size_t)C * sizeof(float));
         has = tw_alloc(TW_MEM_STRIP, (size_t)rows * (size_t)W);
         if (!probs || !has) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     }
     if (st == TW_OK) st = tw_writer_create(wp, &w, err);
+    tw_gdal_msgs msg;
     for (int r = 0; st == TW_OK && r < H; r += rows) {
         int n = H - r < rows ? H - r : rows;
         tw_gdal_capture_begin(&msg);
@@ -102,20 +144,7 @@ tw_status tw_resample_to_input(const char *cells_prob, const tw_writer_params *w
             st = tw_raster_read(src_in, 0, r, W, n, raw, valid, &n_nodata, &n_inside, err);
             if (st != TW_OK) break;
         }
-        for (size_t q = 0; q < (size_t)n * W; q++) {
-            const float *p = probs + q * (size_t)C;
-            has[q] = p[0] >= 0.0f; /* nodata is -1 in every band */
-            if (valid && !valid[q]) {
-                has[q] = 0; /* nodata in the input: nodata in every product */
-            } else if (valid && !has[q] && unclassified) {
-                (*unclassified)++;
-            }
-            if (!has[q]) {
-                if (nodata_pixels) (*nodata_pixels)++;
-                continue;
-            }
-            if (hist) hist[tw_argmax(p, (size_t)C)]++;
-        }
+        mark_pixels(probs, has, valid, (size_t)n * W, C, hist, nodata_pixels, unclassified);
         st = tw_writer_write_rows(w, r, n, probs, has, err);
     }
     if (st == TW_OK) st = tw_writer_finish(w, err);

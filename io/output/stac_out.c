@@ -1,4 +1,7 @@
-/* stac_out.c - STAC Items and Collections of a run's products: see stac_out.h */
+/* stac_out.c - the STAC Item of a run's products (stac_out.h): its files'
+ * hrefs and checksums, each asset from core/products.h's table, the
+ * footprint, the classes and the model (mlm); items.json and the collection
+ * are stac_items.c, the input's acquisition time stac_datetime.c. */
 #include "io/output/stac_out.h"
 
 #include <cpl_conv.h>
@@ -22,6 +25,7 @@
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "core/products.h"
+#include "io/output/stac_out_internal.h"
 
 #define EXT_PROJ "https://stac-extensions.github.io/projection/v1.1.0/schema.json"
 #define EXT_RASTER "https://stac-extensions.github.io/raster/v1.1.0/schema.json"
@@ -32,57 +36,6 @@
 /* Points per footprint edge: a reprojected straight edge bends; 32 segments
  * keep a UTM scene's outline within centimetres of the curve. */
 #define EDGE_SEGMENTS 32
-
-/* ------------------------------------------------------------------------ */
-/* datetimes                                                                */
-
-/* Metadata text to RFC 3339: "YYYY:MM:DD HH:MM:SS" (TIFF) or
- * "YYYY-MM-DD[T ]HH:MM:SS[.f][zone]"; UTC when no zone is given. */
-static bool normalize_datetime(const char *v, char *out, size_t size)
-{
-    char t[64];
-    snprintf(t, sizeof t, "%s", v);
-    size_t n = strlen(t);
-    while (n && isspace((unsigned char)t[n - 1])) t[--n] = '\0';
-    if (n < 19) return false;
-    if (t[4] == ':' && t[7] == ':') t[4] = t[7] = '-';
-    if (t[10] == ' ') t[10] = 'T';
-    char cand[80];
-    if (n == 19 || (t[19] == '.' && strspn(t + 20, "0123456789") == n - 20))
-        snprintf(cand, sizeof cand, "%sZ", t);
-    else
-        snprintf(cand, sizeof cand, "%s", t);
-    if (!tw_rfc3339_check(cand, NULL, 0) || strlen(cand) >= size) return false;
-    snprintf(out, size, "%s", cand);
-    return true;
-}
-
-bool tw_stac_raster_datetime(const char *gdal_path, char *out, size_t size, char *source,
-                             size_t source_size)
-{
-    static const struct {
-        const char *domain, *item;
-    } where[] = {
-        {"IMAGERY", "ACQUISITIONDATETIME"}, {NULL, "ACQUISITIONDATETIME"},
-        {NULL, "ACQUISITION_DATETIME"},     {NULL, "DATETIME"},
-        {NULL, "TIFFTAG_DATETIME"},
-    };
-    CPLPushErrorHandler(CPLQuietErrorHandler);
-    GDALDatasetH ds = GDALOpenEx(gdal_path, GDAL_OF_RASTER | GDAL_OF_READONLY, NULL, NULL, NULL);
-    CPLPopErrorHandler();
-    if (!ds) return false;
-    bool found = false;
-    for (size_t i = 0; !found && i < sizeof where / sizeof where[0]; i++) {
-        const char *v = GDALGetMetadataItem(ds, where[i].item, where[i].domain);
-        if (v && normalize_datetime(v, out, size)) {
-            found = true;
-            snprintf(source, source_size, "%s%s%s", where[i].domain ? where[i].domain : "",
-                     where[i].domain ? ":" : "", where[i].item);
-        }
-    }
-    GDALClose(ds);
-    return found;
-}
 
 /* ------------------------------------------------------------------------ */
 /* files                                                                    */
@@ -218,19 +171,6 @@ static void unknown_kind(const char *suffix, asset_kind *k, char *key, size_t ke
     k->type = "application/octet-stream";
     for (size_t i = 0; ext && i < sizeof types / sizeof types[0]; i++)
         if (strcmp(ext, types[i].ext) == 0) k->type = types[i].type;
-}
-
-/* ------------------------------------------------------------------------ */
-/* JSON helpers: every set remembers a failed allocation in *ok             */
-
-static void set(json_t *o, const char *k, json_t *v, bool *ok)
-{
-    if (!o || !v || json_object_set_new(o, k, v) != 0) *ok = false;
-}
-
-static void push(json_t *a, json_t *v, bool *ok)
-{
-    if (!a || !v || json_array_append_new(a, v) != 0) *ok = false;
 }
 
 static json_t *strs(const char *const *s, int n, bool *ok)
@@ -638,6 +578,140 @@ static void model_fields(json_t *props, const tw_stac_model *m, bool *ok)
 }
 
 /* The item as JSON; NULL with err set. */
+/* The item's properties: datetime, created, version; proj: the input's CRS
+ * and extent (the grid of the products replaces the extent when an asset
+ * gives one: file_asset); the model, as mlm fields or tilewise:model. */
+static json_t *item_props(const tw_stac_item_params *ip, bool mlm, bool *ok)
+{
+    json_t *props = json_object();
+    set(props, "datetime", json_string(ip->datetime), ok);
+    if (ip->created) set(props, "created", json_string(ip->created), ok);
+    set(props, "tilewise:version", json_string(TW_VERSION), ok);
+    /* proj: the input's CRS and extent; the grid of the products (the
+     * class map's, or the first raster's: its shape, transform and bbox,
+     * which covers whole cells past the input's edge) replaces the extent
+     * below when there is one */
+    int epsg = 0;
+    if (ip->crs_wkt && ip->crs_wkt[0]) {
+        OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
+        if (srs && OSRSetFromUserInput(srs, ip->crs_wkt) == OGRERR_NONE) epsg = epsg_of(srs);
+        OSRDestroySpatialReference(srs);
+    }
+    set(props, "proj:epsg", epsg > 0 ? json_integer(epsg) : json_null(), ok);
+    if (epsg <= 0 && ip->crs_wkt && ip->crs_wkt[0])
+        set(props, "proj:wkt2", json_string(ip->crs_wkt), ok);
+    const double *g = ip->geotransform;
+    double x0 = g[0], y0 = g[3], x1 = g[0] + ip->width * g[1] + ip->height * g[2],
+           y1 = g[3] + ip->width * g[4] + ip->height * g[5];
+    json_t *pb = json_array();
+    push(pb, json_real(fmin(x0, x1)), ok);
+    push(pb, json_real(fmin(y0, y1)), ok);
+    push(pb, json_real(fmax(x0, x1)), ok);
+    push(pb, json_real(fmax(y0, y1)), ok);
+    set(props, "proj:bbox", pb, ok);
+    if (mlm)
+        mlm_fields(props, ip->model, ok);
+    else if (ip->model)
+        model_fields(props, ip->model, ok);
+    return props;
+}
+
+/* The item's links: its collection (as collection, parent and root) and the
+ * input's STAC item it derives from. */
+static json_t *item_links(const tw_stac_item_params *ip, json_t *item, bool *ok)
+{
+    json_t *links = json_array();
+    if (ip->collection) {
+        static const char *const rels[] = {"collection", "parent", "root"};
+        for (int i = 0; i < 3; i++) {
+            json_t *l = json_object();
+            set(l, "rel", json_string(rels[i]), ok);
+            set(l, "href", json_string("./collection.json"), ok);
+            set(l, "type", json_string("application/json"), ok);
+            push(links, l, ok);
+        }
+        set(item, "collection", json_string(ip->collection), ok);
+    }
+    if (ip->derived_from && ip->derived_from[0]) {
+        json_t *l = json_object();
+        set(l, "rel", json_string("derived_from"), ok);
+        set(l, "href", json_string(ip->derived_from), ok);
+        set(l, "type", json_string("application/geo+json"), ok);
+        set(l, "title", json_string("the input's STAC item"), ok);
+        push(links, l, ok);
+    }
+    return links;
+}
+
+/* The asset of product file path into assets (under its kind's key): href,
+ * type, title, roles, size and checksum, its raster fields and classes; the
+ * first raster's grid becomes the item's (*have_grid). false with *err set
+ * when the file cannot be read. */
+static bool file_asset(const tw_stac_item_params *ip, const char *path, json_t *assets,
+                       json_t *props, bool *have_grid, bool *ok, tw_error *err)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    asset_kind k;
+    char key[64];
+    size_t idlen = strlen(ip->id);
+    const char *suffix = strncmp(base, ip->id, idlen) == 0 ? base + idlen : base;
+    if (!product_kind(suffix, &k)) unknown_kind(suffix, &k, key, sizeof key);
+    json_t *a = json_object();
+    char href[PATH_MAX + 4];
+    snprintf(href, sizeof href, "./%s", base);
+    set(a, "href", json_string(href), ok);
+    int64_t size = 0;
+    char hex[69];
+    tw_status st = hash_file(path, &size, hex, err);
+    if (st != TW_OK) {
+        json_decref(a);
+        return false;
+    }
+    int colors[TW_MAX_CLASSES];
+    for (int c = 0; c < TW_MAX_CLASSES; c++) colors[c] = -1;
+    bool cog = false;
+    int nc = ip->model ? ip->model->n_classes : 0;
+    bool raster = raster_fields(path, a, &k, &cog, k.classes ? colors : NULL, nc, ok);
+    const char *type = k.type;
+    if (!type)
+        type = cog ? "image/tiff; application=geotiff; profile=cloud-optimized"
+                   : "image/tiff; application=geotiff";
+    set(a, "type", json_string(type), ok);
+    if (k.title) set(a, "title", json_string(k.title), ok);
+    const char *roles[] = {"data"};
+    set(a, "roles", strs(roles, 1, ok), ok);
+    set(a, "file:size", json_integer(size), ok);
+    set(a, "file:checksum", json_string(hex), ok);
+    if (k.classes && ip->model)
+        set(a, "classification:classes", class_list(ip->model, colors, ok), ok);
+    if (raster && !*have_grid && json_object_get(a, "proj:shape")) {
+        /* the item's grid: the first raster's (the class map comes first) */
+        set(props, "proj:shape", json_deep_copy(json_object_get(a, "proj:shape")), ok);
+        set(props, "proj:transform", json_deep_copy(json_object_get(a, "proj:transform")), ok);
+        set(props, "proj:bbox", json_deep_copy(json_object_get(a, "proj:bbox")), ok);
+        *have_grid = true;
+    }
+    set(assets, k.key, a, ok);
+    return true;
+}
+
+/* The model's asset (mlm: its weights, with an href). */
+static json_t *model_asset(const tw_stac_model *m, bool *ok)
+{
+    json_t *a = json_object();
+    set(a, "href", json_string(m->weights_href), ok);
+    set(a, "type", json_string("application/octet-stream"), ok);
+    set(a, "title", json_string("Model weights"), ok);
+    const char *roles[] = {"mlm:model", "mlm:weights", "model"};
+    set(a, "roles", strs(roles, 3, ok), ok);
+    if (m->weights_size >= 0) set(a, "file:size", json_integer(m->weights_size), ok);
+    char hex[69];
+    snprintf(hex, sizeof hex, "1220%s", m->weights_sha256);
+    set(a, "file:checksum", json_string(hex), ok);
+    return a;
+}
+
 static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
 {
     bool ok = true;
@@ -657,125 +731,18 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
         for (int i = 0; i < 4; i++) push(b, json_real(bbox[i]), &ok);
         set(item, "bbox", b, &ok);
     }
-
-    json_t *props = json_object();
-    set(props, "datetime", json_string(ip->datetime), &ok);
-    if (ip->created) set(props, "created", json_string(ip->created), &ok);
-    set(props, "tilewise:version", json_string(TW_VERSION), &ok);
-    /* proj: the input's CRS and extent; the grid of the products (the
-     * class map's, or the first raster's: its shape, transform and bbox,
-     * which covers whole cells past the input's edge) replaces the extent
-     * below when there is one */
-    int epsg = 0;
-    if (ip->crs_wkt && ip->crs_wkt[0]) {
-        OGRSpatialReferenceH srs = OSRNewSpatialReference(NULL);
-        if (srs && OSRSetFromUserInput(srs, ip->crs_wkt) == OGRERR_NONE) epsg = epsg_of(srs);
-        OSRDestroySpatialReference(srs);
-    }
-    set(props, "proj:epsg", epsg > 0 ? json_integer(epsg) : json_null(), &ok);
-    if (epsg <= 0 && ip->crs_wkt && ip->crs_wkt[0])
-        set(props, "proj:wkt2", json_string(ip->crs_wkt), &ok);
-    const double *g = ip->geotransform;
-    double x0 = g[0], y0 = g[3], x1 = g[0] + ip->width * g[1] + ip->height * g[2],
-           y1 = g[3] + ip->width * g[4] + ip->height * g[5];
-    json_t *pb = json_array();
-    push(pb, json_real(fmin(x0, x1)), &ok);
-    push(pb, json_real(fmin(y0, y1)), &ok);
-    push(pb, json_real(fmax(x0, x1)), &ok);
-    push(pb, json_real(fmax(y0, y1)), &ok);
-    set(props, "proj:bbox", pb, &ok);
-    if (mlm)
-        mlm_fields(props, ip->model, &ok);
-    else if (ip->model)
-        model_fields(props, ip->model, &ok);
+    json_t *props = item_props(ip, mlm, &ok);
     set(item, "properties", props, &ok);
-
-    json_t *links = json_array();
-    if (ip->collection) {
-        static const char *const rels[] = {"collection", "parent", "root"};
-        for (int i = 0; i < 3; i++) {
-            json_t *l = json_object();
-            set(l, "rel", json_string(rels[i]), &ok);
-            set(l, "href", json_string("./collection.json"), &ok);
-            set(l, "type", json_string("application/json"), &ok);
-            push(links, l, &ok);
-        }
-        set(item, "collection", json_string(ip->collection), &ok);
-    }
-    if (ip->derived_from && ip->derived_from[0]) {
-        json_t *l = json_object();
-        set(l, "rel", json_string("derived_from"), &ok);
-        set(l, "href", json_string(ip->derived_from), &ok);
-        set(l, "type", json_string("application/geo+json"), &ok);
-        set(l, "title", json_string("the input's STAC item"), &ok);
-        push(links, l, &ok);
-    }
-    set(item, "links", links, &ok);
-
+    set(item, "links", item_links(ip, item, &ok), &ok);
     json_t *assets = json_object();
     set(item, "assets", assets, &ok);
-    size_t idlen = strlen(ip->id);
     bool have_grid = false;
-    for (int f = 0; ok && f < ip->n_files; f++) {
-        const char *path = ip->files[f];
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        asset_kind k;
-        char key[64];
-        const char *suffix = strncmp(base, ip->id, idlen) == 0 ? base + idlen : base;
-        if (!product_kind(suffix, &k)) unknown_kind(suffix, &k, key, sizeof key);
-        json_t *a = json_object();
-        char href[PATH_MAX + 4];
-        snprintf(href, sizeof href, "./%s", base);
-        set(a, "href", json_string(href), &ok);
-        int64_t size = 0;
-        char hex[69];
-        tw_status st = hash_file(path, &size, hex, err);
-        if (st != TW_OK) {
-            json_decref(a);
+    for (int f = 0; ok && f < ip->n_files; f++)
+        if (!file_asset(ip, ip->files[f], assets, props, &have_grid, &ok, err)) {
             json_decref(item);
             return NULL;
         }
-        int colors[TW_MAX_CLASSES];
-        for (int c = 0; c < TW_MAX_CLASSES; c++) colors[c] = -1;
-        bool cog = false;
-        int nc = ip->model ? ip->model->n_classes : 0;
-        bool raster = raster_fields(path, a, &k, &cog, k.classes ? colors : NULL, nc, &ok);
-        const char *type = k.type;
-        if (!type)
-            type = cog ? "image/tiff; application=geotiff; profile=cloud-optimized"
-                       : "image/tiff; application=geotiff";
-        set(a, "type", json_string(type), &ok);
-        if (k.title) set(a, "title", json_string(k.title), &ok);
-        const char *roles[] = {"data"};
-        set(a, "roles", strs(roles, 1, &ok), &ok);
-        set(a, "file:size", json_integer(size), &ok);
-        set(a, "file:checksum", json_string(hex), &ok);
-        if (k.classes && ip->model)
-            set(a, "classification:classes", class_list(ip->model, colors, &ok), &ok);
-        if (raster && !have_grid && json_object_get(a, "proj:shape")) {
-            /* the item's grid: the first raster's (the class map comes first) */
-            set(props, "proj:shape", json_deep_copy(json_object_get(a, "proj:shape")), &ok);
-            set(props, "proj:transform", json_deep_copy(json_object_get(a, "proj:transform")), &ok);
-            set(props, "proj:bbox", json_deep_copy(json_object_get(a, "proj:bbox")), &ok);
-            have_grid = true;
-        }
-        set(assets, k.key, a, &ok);
-    }
-    if (mlm) {
-        const tw_stac_model *m = ip->model;
-        json_t *a = json_object();
-        set(a, "href", json_string(m->weights_href), &ok);
-        set(a, "type", json_string("application/octet-stream"), &ok);
-        set(a, "title", json_string("Model weights"), &ok);
-        const char *roles[] = {"mlm:model", "mlm:weights", "model"};
-        set(a, "roles", strs(roles, 3, &ok), &ok);
-        if (m->weights_size >= 0) set(a, "file:size", json_integer(m->weights_size), &ok);
-        char hex[69];
-        snprintf(hex, sizeof hex, "1220%s", m->weights_sha256);
-        set(a, "file:checksum", json_string(hex), &ok);
-        set(assets, "model", a, &ok);
-    }
+    if (mlm) set(assets, "model", model_asset(ip->model, &ok), &ok);
     if (!ok) {
         json_decref(item);
         tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -784,7 +751,7 @@ static json_t *item_json(const tw_stac_item_params *ip, tw_error *err)
     return item;
 }
 
-static tw_status write_json(const char *path, json_t *j, tw_error *err)
+tw_status tw_stac_write_json(const char *path, json_t *j, tw_error *err)
 {
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     if (!text) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -809,220 +776,7 @@ tw_status tw_stac_item_write(const tw_stac_item_params *ip, tw_error *err)
                             ip->dir);
     json_t *item = item_json(ip, err);
     if (!item) return err->status;
-    tw_status st = write_json(path, item, err);
+    tw_status st = tw_stac_write_json(path, item, err);
     json_decref(item);
-    return st;
-}
-
-/* ------------------------------------------------------------------------ */
-/* items.json: the items as one FeatureCollection (GDAL's STACIT input)      */
-
-static void items_path(const char *dir, char *out, size_t size)
-{
-    snprintf(out, size, "%s/" TW_STAC_ITEMS, dir);
-}
-
-/* items.json's features, or a new empty array when there is none (or it is
- * not a FeatureCollection: it is rebuilt from the items written from now). */
-static json_t *items_load(const char *dir)
-{
-    char path[TW_PATH_MAX + 64];
-    items_path(dir, path, sizeof path);
-    json_t *root = json_load_file(path, 0, NULL);
-    json_t *f = json_object_get(root, "features");
-    json_t *features = json_is_array(f) ? json_incref(f) : json_array();
-    json_decref(root);
-    return features;
-}
-
-/* The feature of id in features, -1 none. */
-static int items_find(json_t *features, const char *id)
-{
-    size_t i;
-    json_t *it;
-    json_array_foreach(features, i, it)
-    {
-        const char *fid = json_string_value(json_object_get(it, "id"));
-        if (fid && strcmp(fid, id) == 0) return (int)i;
-    }
-    return -1;
-}
-
-/* Write features as dir/items.json (atomically); none: remove it. Takes
- * features. */
-static tw_status items_store(const char *dir, json_t *features, tw_error *err)
-{
-    char path[TW_PATH_MAX + 64];
-    items_path(dir, path, sizeof path);
-    if (!features) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    if (json_array_size(features) == 0) {
-        json_decref(features);
-        if (unlink(path) != 0 && errno != ENOENT)
-            return tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot remove %s: %s", path,
-                                strerror(errno));
-        return TW_OK;
-    }
-    bool ok = true;
-    json_t *fc = json_object();
-    set(fc, "type", json_string("FeatureCollection"), &ok);
-    set(fc, "features", features, &ok);
-    set(fc, "links", json_array(), &ok);
-    if (!ok) {
-        json_decref(fc);
-        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    }
-    tw_status st = write_json(path, fc, err);
-    json_decref(fc);
-    return st;
-}
-
-/* dir/<id>.stac.json as written; NULL with err set. */
-static json_t *item_load(const char *dir, const char *id, tw_error *err)
-{
-    char path[TW_PATH_MAX + 300];
-    tw_stac_item_path(dir, id, path, sizeof path);
-    json_error_t je;
-    json_t *it = json_load_file(path, 0, &je);
-    if (!it)
-        tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot read the item %s: %s", path, je.text);
-    return it;
-}
-
-tw_status tw_stac_items_add(const char *dir, const char *id, tw_error *err)
-{
-    json_t *it = item_load(dir, id, err);
-    if (!it) return err->status;
-    json_t *features = items_load(dir);
-    int at = items_find(features, id);
-    int bad = at >= 0 ? json_array_set_new(features, (size_t)at, it)
-                      : json_array_append_new(features, it);
-    if (bad || !features) {
-        json_decref(features);
-        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    }
-    return items_store(dir, features, err);
-}
-
-static tw_status items_drop(const char *dir, const char *id, tw_error *err)
-{
-    char path[TW_PATH_MAX + 64];
-    items_path(dir, path, sizeof path);
-    if (access(path, F_OK) != 0) return TW_OK;
-    json_t *features = items_load(dir);
-    int at = items_find(features, id);
-    if (at < 0) {
-        json_decref(features);
-        return TW_OK;
-    }
-    json_array_remove(features, (size_t)at);
-    return items_store(dir, features, err);
-}
-
-tw_status tw_stac_item_remove(const char *dir, const char *id, bool collection, tw_error *err)
-{
-    tw_status dst = items_drop(dir, id, err);
-    if (dst != TW_OK) return dst;
-    char path[TW_PATH_MAX + 300];
-    if (tw_stac_item_path(dir, id, path, sizeof path) && unlink(path) != 0 && errno != ENOENT)
-        return tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot remove %s: %s", path,
-                            strerror(errno));
-    snprintf(path, sizeof path, "%s/collection.json", dir);
-    if (collection && unlink(path) != 0 && errno != ENOENT)
-        return tw_error_set(err, TW_ERR_OUTPUT, "output.stac: cannot remove %s: %s", path,
-                            strerror(errno));
-    return TW_OK;
-}
-
-tw_status tw_stac_collection_write(const char *dir, const char *id, const char *description,
-                                   const char *const *item_ids, int n, tw_error *err)
-{
-    bool ok = true;
-    double bb[4] = {INFINITY, INFINITY, -INFINITY, -INFINITY};
-    char t0[TW_STAC_DATETIME_MAX] = "", t1[TW_STAC_DATETIME_MAX] = "";
-    json_t *links = json_array();
-    json_t *root = json_object();
-    set(root, "rel", json_string("root"), &ok);
-    set(root, "href", json_string("./collection.json"), &ok);
-    set(root, "type", json_string("application/json"), &ok);
-    push(links, root, &ok);
-    json_t *il = json_object();
-    set(il, "rel", json_string("items"), &ok);
-    set(il, "href", json_string("./" TW_STAC_ITEMS), &ok);
-    set(il, "type", json_string("application/geo+json"), &ok);
-    set(il, "title", json_string("the items as one FeatureCollection (GDAL's STACIT opens it)"),
-        &ok);
-    push(links, il, &ok);
-    json_t *features = json_array();
-    tw_status st = TW_OK;
-    bool any_bbox = false;
-    for (int i = 0; st == TW_OK && i < n; i++) {
-        json_t *it = item_load(dir, item_ids[i], err);
-        if (!it) {
-            st = err->status;
-            break;
-        }
-        push(features, json_incref(it), &ok);
-        json_t *b = json_object_get(it, "bbox");
-        for (int k = 0; json_array_size(b) == 4 && k < 4; k++) {
-            double v = json_number_value(json_array_get(b, (size_t)k));
-            bb[k] = k < 2 ? fmin(bb[k], v) : fmax(bb[k], v);
-            any_bbox = true;
-        }
-        /* RFC 3339 texts of one form sort as times only in UTC; items keep
-         * what the inputs say, so the extent compares them as given */
-        const char *dt =
-            json_string_value(json_object_get(json_object_get(it, "properties"), "datetime"));
-        if (dt && (!t0[0] || strcmp(dt, t0) < 0)) snprintf(t0, sizeof t0, "%s", dt);
-        if (dt && (!t1[0] || strcmp(dt, t1) > 0)) snprintf(t1, sizeof t1, "%s", dt);
-        json_decref(it);
-        json_t *l = json_object();
-        char href[TW_PATH_MAX + 300];
-        snprintf(href, sizeof href, "./%s.stac.json", item_ids[i]);
-        set(l, "rel", json_string("item"), &ok);
-        set(l, "href", json_string(href), &ok);
-        set(l, "type", json_string("application/geo+json"), &ok);
-        push(links, l, &ok);
-    }
-    if (st != TW_OK) {
-        json_decref(links);
-        json_decref(features);
-        return st;
-    }
-    /* items.json: exactly the collection's items */
-    st = items_store(dir, features, err);
-    if (st != TW_OK) {
-        json_decref(links);
-        return st;
-    }
-    json_t *c = json_object();
-    set(c, "type", json_string("Collection"), &ok);
-    set(c, "stac_version", json_string("1.0.0"), &ok);
-    set(c, "stac_extensions", json_array(), &ok);
-    set(c, "id", json_string(id), &ok);
-    set(c, "description", json_string(description), &ok);
-    set(c, "license", json_string("proprietary"), &ok);
-    json_t *extent = json_object(), *spatial = json_object(), *temporal = json_object();
-    json_t *bboxes = json_array(), *bbox = json_array();
-    double whole[4] = {-180, -90, 180, 90};
-    for (int k = 0; k < 4; k++) push(bbox, json_real(any_bbox ? bb[k] : whole[k]), &ok);
-    push(bboxes, bbox, &ok);
-    set(spatial, "bbox", bboxes, &ok);
-    json_t *intervals = json_array(), *iv = json_array();
-    push(iv, t0[0] ? json_string(t0) : json_null(), &ok);
-    push(iv, t1[0] ? json_string(t1) : json_null(), &ok);
-    push(intervals, iv, &ok);
-    set(temporal, "interval", intervals, &ok);
-    set(extent, "spatial", spatial, &ok);
-    set(extent, "temporal", temporal, &ok);
-    set(c, "extent", extent, &ok);
-    set(c, "links", links, &ok);
-    if (!ok) {
-        json_decref(c);
-        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-    }
-    char path[TW_PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/collection.json", dir);
-    st = write_json(path, c, err);
-    json_decref(c);
     return st;
 }

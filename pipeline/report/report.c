@@ -19,6 +19,95 @@
 #include "io/url.h"
 #include "pipeline/report/report.h"
 
+/* A list-valued key's value (paths redacted, bands, assets, mean, std,
+ * classes, colours, products, creation options); any other key: nothing. */
+static void list_value(tw_json *j, tw_key_id k, const char *key, const tw_run_params *r)
+{
+    const tw_input_params *in = &r->input;
+    if ((k == TW_KEY_INPUT_ASSETS && in->n_assets == 0) ||
+        (k == TW_KEY_MODEL_COLORS && r->model.n_colors == 0))
+        return;
+    tw_json_open(j, key, '[');
+    switch (k) {
+    case TW_KEY_INPUT_PATH:
+        for (int i = 0; i < in->n_paths; i++) {
+            char shown[TW_URL_SHOWN_MAX]; /* no credentials in run.json or TILEWISE_RUN */
+            tw_url_redact(in->paths[i], shown, sizeof shown);
+            tw_json_str(j, NULL, shown);
+        }
+        break;
+    case TW_KEY_INPUT_BANDS:
+        for (int i = 0; i < in->n_bands; i++) tw_json_int(j, NULL, in->bands[i]);
+        break;
+    case TW_KEY_INPUT_ASSETS:
+        for (int i = 0; i < in->n_assets; i++) tw_json_str(j, NULL, in->assets[i]);
+        break;
+    case TW_KEY_MODEL_MEAN:
+    case TW_KEY_MODEL_STD:
+        for (int i = 0; i < r->model.n_mean; i++)
+            tw_json_num(j, NULL, k == TW_KEY_MODEL_MEAN ? r->model.mean[i] : r->model.std[i]);
+        break;
+    case TW_KEY_MODEL_CLASSES:
+        for (int i = 0; i < r->model.n_classes; i++) tw_json_str(j, NULL, r->model.classes[i]);
+        break;
+    case TW_KEY_MODEL_COLORS:
+        for (int i = 0; i < r->model.n_colors; i++) {
+            char hex[8];
+            snprintf(hex, sizeof hex, "#%02x%02x%02x", r->model.colors[i][0], r->model.colors[i][1],
+                     r->model.colors[i][2]);
+            tw_json_str(j, NULL, hex);
+        }
+        break;
+    case TW_KEY_OUTPUT_PRODUCTS:
+        for (int i = 0; i < TW_PRODUCT_COUNT; i++) {
+            if (r->output.products & tw_products[i].bit) tw_json_str(j, NULL, tw_products[i].word);
+        }
+        break;
+    case TW_KEY_OUTPUT_CREATION_OPTIONS:
+        for (int i = 0; i < r->output.n_creation_options; i++)
+            tw_json_str(j, NULL, r->output.creation_options[i]);
+        break;
+    default: break;
+    }
+    tw_json_close(j, ']');
+}
+
+/* An integer-valued key's value; "auto" where the key allows it and it was
+ * left so. */
+static void int_value(tw_json *j, tw_key_id k, const char *key, const tw_run_params *r)
+{
+    const tw_input_params *in = &r->input;
+    long long v = k == TW_KEY_INPUT_RETRIES     ? in->retries
+                  : k == TW_KEY_TILING_TILE     ? r->tiling.tile
+                  : k == TW_KEY_TILING_STRIDE   ? r->tiling.stride
+                  : k == TW_KEY_TILING_MARGIN   ? r->tiling.margin
+                  : k == TW_KEY_TILING_BATCH    ? r->tiling.batch
+                  : k == TW_KEY_RUNTIME_THREADS ? r->runtime.threads
+                  : k == TW_KEY_RUNTIME_READERS ? r->runtime.readers
+                                                : (long long)r->runtime.memory;
+    if (tw_keys[k].type == TW_KT_AUTO_INT && v == 0)
+        tw_json_str(j, key, "auto");
+    else
+        tw_json_int(j, key, v);
+}
+
+/* A word's or a path's value: the table's own text, without YAML's
+ * quotes. */
+static void word_value(tw_json *j, tw_key_id k, const char *key, const tw_run_params *r)
+{
+    const char *v = k == TW_KEY_MODEL_ARCH       ? r->model.arch
+                    : k == TW_KEY_RUNTIME_DEVICE ? r->runtime.device
+                    : k == TW_KEY_OUTPUT_DIR     ? r->output.dir
+                    : k == TW_KEY_OUTPUT_NAME    ? r->output.name
+                                                 : NULL;
+    char word[32];
+    if (!v) {
+        tw_key_format(k, r, word, sizeof word);
+        v = word;
+    }
+    tw_json_str(j, key, v);
+}
+
 /* One key's value in run.json's "config" (and the products' TILEWISE_RUN),
  * from the resolved params r: JSON types where core/keys.h's text is a
  * word or a list. Every key of the table has its case (-Wswitch). */
@@ -28,25 +117,14 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     const tw_input_params *in = &r->input;
     switch (k) {
     case TW_KEY_INPUT_PATH:
-        tw_json_open(j, key, '[');
-        for (int i = 0; i < in->n_paths; i++) {
-            char shown[TW_URL_SHOWN_MAX]; /* no credentials in run.json or TILEWISE_RUN */
-            tw_url_redact(in->paths[i], shown, sizeof shown);
-            tw_json_str(j, NULL, shown);
-        }
-        tw_json_close(j, ']');
-        break;
     case TW_KEY_INPUT_BANDS:
-        tw_json_open(j, key, '[');
-        for (int i = 0; i < in->n_bands; i++) tw_json_int(j, NULL, in->bands[i]);
-        tw_json_close(j, ']');
-        break;
     case TW_KEY_INPUT_ASSETS:
-        if (in->n_assets == 0) break;
-        tw_json_open(j, key, '[');
-        for (int i = 0; i < in->n_assets; i++) tw_json_str(j, NULL, in->assets[i]);
-        tw_json_close(j, ']');
-        break;
+    case TW_KEY_MODEL_MEAN:
+    case TW_KEY_MODEL_STD:
+    case TW_KEY_MODEL_CLASSES:
+    case TW_KEY_MODEL_COLORS:
+    case TW_KEY_OUTPUT_PRODUCTS:
+    case TW_KEY_OUTPUT_CREATION_OPTIONS: list_value(j, k, key, r); break;
     case TW_KEY_INPUT_NODATA:
         if (in->nodata_auto)
             tw_json_str(j, key, "auto");
@@ -63,40 +141,6 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_MODEL_WEIGHTS:
         tw_json_str(j, key, r->model.weights);
         tw_json_str(j, "sha256", m->model_sha256);
-        break;
-    case TW_KEY_MODEL_MEAN:
-    case TW_KEY_MODEL_STD:
-        tw_json_open(j, key, '[');
-        for (int i = 0; i < r->model.n_mean; i++)
-            tw_json_num(j, NULL, k == TW_KEY_MODEL_MEAN ? r->model.mean[i] : r->model.std[i]);
-        tw_json_close(j, ']');
-        break;
-    case TW_KEY_MODEL_CLASSES:
-        tw_json_open(j, key, '[');
-        for (int i = 0; i < r->model.n_classes; i++) tw_json_str(j, NULL, r->model.classes[i]);
-        tw_json_close(j, ']');
-        break;
-    case TW_KEY_MODEL_COLORS:
-    case TW_KEY_OUTPUT_PRODUCTS:
-    case TW_KEY_OUTPUT_CREATION_OPTIONS:
-        if (k == TW_KEY_MODEL_COLORS && r->model.n_colors == 0) break;
-        tw_json_open(j, key, '[');
-        if (k == TW_KEY_MODEL_COLORS)
-            for (int i = 0; i < r->model.n_colors; i++) {
-                char hex[8];
-                snprintf(hex, sizeof hex, "#%02x%02x%02x", r->model.colors[i][0],
-                         r->model.colors[i][1], r->model.colors[i][2]);
-                tw_json_str(j, NULL, hex);
-            }
-        else if (k == TW_KEY_OUTPUT_PRODUCTS)
-            for (int i = 0; i < TW_PRODUCT_COUNT; i++) {
-                if (r->output.products & tw_products[i].bit)
-                    tw_json_str(j, NULL, tw_products[i].word);
-            }
-        else
-            for (int i = 0; i < r->output.n_creation_options; i++)
-                tw_json_str(j, NULL, r->output.creation_options[i]);
-        tw_json_close(j, ']');
         break;
     case TW_KEY_INPUT_SCALE:
     case TW_KEY_INPUT_RETRY_DELAY:
@@ -119,22 +163,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_TILING_BATCH:
     case TW_KEY_RUNTIME_THREADS:
     case TW_KEY_RUNTIME_READERS:
-    case TW_KEY_RUNTIME_MEMORY: {
-        /* integers; "auto" where the key allows it and it was left so */
-        long long v = k == TW_KEY_INPUT_RETRIES     ? in->retries
-                      : k == TW_KEY_TILING_TILE     ? r->tiling.tile
-                      : k == TW_KEY_TILING_STRIDE   ? r->tiling.stride
-                      : k == TW_KEY_TILING_MARGIN   ? r->tiling.margin
-                      : k == TW_KEY_TILING_BATCH    ? r->tiling.batch
-                      : k == TW_KEY_RUNTIME_THREADS ? r->runtime.threads
-                      : k == TW_KEY_RUNTIME_READERS ? r->runtime.readers
-                                                    : (long long)r->runtime.memory;
-        if (tw_keys[k].type == TW_KT_AUTO_INT && v == 0)
-            tw_json_str(j, key, "auto");
-        else
-            tw_json_int(j, key, v);
-        break;
-    }
+    case TW_KEY_RUNTIME_MEMORY: int_value(j, k, key, r); break;
     case TW_KEY_INPUT_ON_ERROR:
     case TW_KEY_MODEL_ARCH:
     case TW_KEY_MODEL_STEM:
@@ -148,21 +177,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_OUTPUT_EMBEDDING_TYPE:
     case TW_KEY_OUTPUT_RESOLUTION:
     case TW_KEY_OUTPUT_FORMAT:
-    case TW_KEY_OUTPUT_VECTOR_FORMAT: {
-        /* words and paths: the table's own text, without YAML's quotes */
-        const char *v = k == TW_KEY_MODEL_ARCH       ? r->model.arch
-                        : k == TW_KEY_RUNTIME_DEVICE ? r->runtime.device
-                        : k == TW_KEY_OUTPUT_DIR     ? r->output.dir
-                        : k == TW_KEY_OUTPUT_NAME    ? r->output.name
-                                                     : NULL;
-        char word[32];
-        if (!v) {
-            tw_key_format(k, r, word, sizeof word);
-            v = word;
-        }
-        tw_json_str(j, key, v);
-        break;
-    }
+    case TW_KEY_OUTPUT_VECTOR_FORMAT: word_value(j, k, key, r); break;
     case TW_KEY_COUNT: break;
     }
 }
@@ -207,6 +222,116 @@ size_t tw_report_config_json(const tw_run_params *p, const tw_resolved *m, char 
 }
 
 static const char *stage_names[TW_STAGE_COUNT] = {"read", "normalize", "infer", "write"};
+
+/* run.json's "memory": the budget, its items and the allocator's peaks. */
+static void render_memory(tw_json *j, const tw_run_params *p, const tw_run_result *r)
+{
+    tw_json_open(j, "memory", '{');
+    tw_json_int(j, "budget", (long long)p->runtime.memory);
+    tw_json_int(j, "estimate", (long long)r->budget.estimate);
+    tw_json_int(j, "worst_case", (long long)r->budget.total);
+    tw_json_int(j, "batch", r->budget.batch);
+    tw_json_int(j, "slots", r->budget.n_slots);
+    tw_json_int(j, "slot_bytes", (long long)r->budget.slot_bytes);
+    tw_json_int(j, "readers", r->budget.readers);
+    tw_json_int(j, "read_strip_width", r->budget.read_strip_w);
+    tw_json_open(j, "items", '{');
+    tw_json_int(j, "base", (long long)r->budget.base);
+    tw_json_int(j, "weights", (long long)r->budget.weights);
+    tw_json_int(j, "slots", (long long)r->budget.slots);
+    tw_json_int(j, "read", (long long)r->budget.read);
+    tw_json_int(j, "workspace", (long long)r->budget.workspace);
+    tw_json_int(j, "strip", (long long)r->budget.strip);
+    if (r->budget.polygons) tw_json_int(j, "polygons", (long long)r->budget.polygons);
+    tw_json_int(j, "gdal_cache", (long long)r->budget.gdal_cache);
+    tw_json_int(j, "margin", (long long)r->budget.margin);
+    tw_json_close(j, '}');
+    tw_json_open(j, "allocator_peak", '{');
+    for (int t = 0; t <= TW_MEM_TAG_COUNT; t++)
+        tw_json_int(j, tw_mem_tag_name((tw_mem_tag)t), (long long)r->mem_peak[t]);
+    tw_json_close(j, '}');
+    tw_json_close(j, '}');
+}
+
+/* run.json's "backend_stats": the backend's times, device and choices. */
+static void render_backend_stats(tw_json *j, const tw_run_result *r)
+{
+    tw_json_open(j, "backend_stats", '{');
+    tw_json_num(j, "compute_s", r->backend_stats.compute_s);
+    tw_json_num(j, "copy_in_s", r->backend_stats.copy_in_s);
+    tw_json_num(j, "copy_out_s", r->backend_stats.copy_out_s);
+    tw_json_num(j, "copy_hidden_s", r->backend_stats.copy_hidden_s);
+    tw_json_int(j, "device_peak_bytes", (long long)r->backend_stats.device_peak_bytes);
+    tw_json_int(j, "batch_halvings", r->backend_stats.batch_halvings);
+    tw_json_str(j, "precision", tw_precision_name(r->backend_stats.precision));
+    tw_json_int(j, "winograd_convs", r->backend_stats.winograd_convs);
+    tw_json_int(j, "lowerings_refused", r->backend_stats.lowerings_refused);
+    tw_json_int(j, "unfused_convs", r->backend_stats.unfused_convs);
+    if (r->backend_stats.int8_weight_bits > 0)
+        tw_json_int(j, "int8_weight_bits", r->backend_stats.int8_weight_bits);
+    tw_json_str(j, "device", r->backend_stats.device);
+    tw_json_str(j, "library", r->backend_stats.library);
+    tw_json_str(j, "algorithms", r->backend_stats.algorithms);
+    tw_json_close(j, '}');
+}
+
+/* One input's entry of run.json's "inputs": size, tiles, times per stage,
+ * classes, outputs. */
+static void render_input(tw_json *j, const tw_run_params *p, const tw_run_result *r,
+                         const tw_input_result *in)
+{
+    tw_json_open(j, NULL, '{');
+    tw_json_str(j, "path", in->path);
+    if (in->skipped[0]) tw_json_str(j, "skipped", in->skipped);
+    tw_json_int(j, "width", in->width);
+    tw_json_int(j, "height", in->height);
+    tw_json_int(j, "grid_width", in->grid_w);
+    tw_json_int(j, "grid_height", in->grid_h);
+    tw_json_int(j, "tiles_total", in->tiles_total);
+    tw_json_int(j, "tiles_classified", in->tiles_classified);
+    tw_json_int(j, "tiles_nodata", in->tiles_nodata);
+    tw_json_int(j, "tiles_read_errors", in->tiles_read_errors);
+    if (p->input.aoi[0]) tw_json_int(j, "tiles_outside_aoi", in->tiles_outside_aoi);
+    tw_json_num(j, "seconds", in->seconds);
+    tw_json_num(j, "tiles_per_s", in->seconds > 0 ? in->tiles_classified / in->seconds : 0);
+    tw_json_int(j, "steady_state_allocs", (long long)in->steady_state_allocs);
+    tw_json_int(j, "rows_resumed", in->rows_resumed);
+    tw_json_str(j, "reader", in->reader);
+    tw_json_open(j, "stages", '{');
+    for (int s = 0; s < TW_STAGE_COUNT; s++) {
+        tw_json_open(j, stage_names[s], '{');
+        tw_json_num(j, "busy_s", in->stage[s].busy_s);
+        tw_json_num(j, "wait_s", in->stage[s].wait_s);
+        tw_json_num(j, "cpu_s", in->stage[s].cpu_s);
+        if (s == TW_STAGE_READ) {
+            /* busy_s and wait_s are sums over the reader workers */
+            tw_json_int(j, "workers", in->read_workers);
+            tw_json_int(j, "bytes", in->read_bytes);
+            /* a TIFF tile decoded by several readers counts once per reader */
+            tw_json_int(j, "tiff_tiles_decoded", in->tiff_tiles_decoded);
+        }
+        tw_json_close(j, '}');
+    }
+    tw_json_close(j, '}');
+    tw_json_open(j, "class_cells", '{');
+    /* a headless backbone has no classes (its stand-in head's one is not shown) */
+    for (int c = 0; !r->model.headless && c < r->model.n_classes; c++)
+        tw_json_int(j, r->model.classes[c], in->hist[c]);
+    tw_json_close(j, '}');
+    tw_json_int(j, "nodata_cells", in->nodata_cells);
+    if (p->output.resolution == TW_RESOLUTION_INPUT)
+        tw_json_int(j, "valid_pixels_unclassified", in->valid_unclassified);
+    tw_json_open(j, "outputs", '[');
+    for (int o = 0; o < in->n_outputs; o++) tw_json_str(j, NULL, in->outputs[o]);
+    tw_json_close(j, ']');
+    if (in->n_stale > 0) {
+        /* product files of this name that this run did not write */
+        tw_json_open(j, "stale", '[');
+        for (int o = 0; o < in->n_stale; o++) tw_json_str(j, NULL, in->stale[o]);
+        tw_json_close(j, ']');
+    }
+    tw_json_close(j, '}');
+}
 
 tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_status status,
                            const char *message, char **json, size_t *len, tw_error *err)
@@ -264,106 +389,10 @@ tw_status tw_report_render(const tw_run_params *p, const tw_run_result *r, tw_st
         tw_json_num(&j, "tiles_per_s", r->seconds > 0 ? r->tiles_classified / r->seconds : 0);
         tw_json_int(&j, "peak_rss_bytes", (long long)r->peak_rss);
 
-        tw_json_open(&j, "memory", '{');
-        tw_json_int(&j, "budget", (long long)p->runtime.memory);
-        tw_json_int(&j, "estimate", (long long)r->budget.estimate);
-        tw_json_int(&j, "worst_case", (long long)r->budget.total);
-        tw_json_int(&j, "batch", r->budget.batch);
-        tw_json_int(&j, "slots", r->budget.n_slots);
-        tw_json_int(&j, "slot_bytes", (long long)r->budget.slot_bytes);
-        tw_json_int(&j, "readers", r->budget.readers);
-        tw_json_int(&j, "read_strip_width", r->budget.read_strip_w);
-        tw_json_open(&j, "items", '{');
-        tw_json_int(&j, "base", (long long)r->budget.base);
-        tw_json_int(&j, "weights", (long long)r->budget.weights);
-        tw_json_int(&j, "slots", (long long)r->budget.slots);
-        tw_json_int(&j, "read", (long long)r->budget.read);
-        tw_json_int(&j, "workspace", (long long)r->budget.workspace);
-        tw_json_int(&j, "strip", (long long)r->budget.strip);
-        if (r->budget.polygons) tw_json_int(&j, "polygons", (long long)r->budget.polygons);
-        tw_json_int(&j, "gdal_cache", (long long)r->budget.gdal_cache);
-        tw_json_int(&j, "margin", (long long)r->budget.margin);
-        tw_json_close(&j, '}');
-        tw_json_open(&j, "allocator_peak", '{');
-        for (int t = 0; t <= TW_MEM_TAG_COUNT; t++)
-            tw_json_int(&j, tw_mem_tag_name((tw_mem_tag)t), (long long)r->mem_peak[t]);
-        tw_json_close(&j, '}');
-        tw_json_close(&j, '}');
-
-        tw_json_open(&j, "backend_stats", '{');
-        tw_json_num(&j, "compute_s", r->backend_stats.compute_s);
-        tw_json_num(&j, "copy_in_s", r->backend_stats.copy_in_s);
-        tw_json_num(&j, "copy_out_s", r->backend_stats.copy_out_s);
-        tw_json_num(&j, "copy_hidden_s", r->backend_stats.copy_hidden_s);
-        tw_json_int(&j, "device_peak_bytes", (long long)r->backend_stats.device_peak_bytes);
-        tw_json_int(&j, "batch_halvings", r->backend_stats.batch_halvings);
-        tw_json_str(&j, "precision", tw_precision_name(r->backend_stats.precision));
-        tw_json_int(&j, "winograd_convs", r->backend_stats.winograd_convs);
-        tw_json_int(&j, "lowerings_refused", r->backend_stats.lowerings_refused);
-        tw_json_int(&j, "unfused_convs", r->backend_stats.unfused_convs);
-        if (r->backend_stats.int8_weight_bits > 0)
-            tw_json_int(&j, "int8_weight_bits", r->backend_stats.int8_weight_bits);
-        tw_json_str(&j, "device", r->backend_stats.device);
-        tw_json_str(&j, "library", r->backend_stats.library);
-        tw_json_str(&j, "algorithms", r->backend_stats.algorithms);
-        tw_json_close(&j, '}');
-
+        render_memory(&j, p, r);
+        render_backend_stats(&j, r);
         tw_json_open(&j, "inputs", '[');
-        for (int i = 0; i < r->n_inputs; i++) {
-            const tw_input_result *in = &r->inputs[i];
-            tw_json_open(&j, NULL, '{');
-            tw_json_str(&j, "path", in->path);
-            if (in->skipped[0]) tw_json_str(&j, "skipped", in->skipped);
-            tw_json_int(&j, "width", in->width);
-            tw_json_int(&j, "height", in->height);
-            tw_json_int(&j, "grid_width", in->grid_w);
-            tw_json_int(&j, "grid_height", in->grid_h);
-            tw_json_int(&j, "tiles_total", in->tiles_total);
-            tw_json_int(&j, "tiles_classified", in->tiles_classified);
-            tw_json_int(&j, "tiles_nodata", in->tiles_nodata);
-            tw_json_int(&j, "tiles_read_errors", in->tiles_read_errors);
-            if (p->input.aoi[0]) tw_json_int(&j, "tiles_outside_aoi", in->tiles_outside_aoi);
-            tw_json_num(&j, "seconds", in->seconds);
-            tw_json_num(&j, "tiles_per_s",
-                        in->seconds > 0 ? in->tiles_classified / in->seconds : 0);
-            tw_json_int(&j, "steady_state_allocs", (long long)in->steady_state_allocs);
-            tw_json_int(&j, "rows_resumed", in->rows_resumed);
-            tw_json_str(&j, "reader", in->reader);
-            tw_json_open(&j, "stages", '{');
-            for (int s = 0; s < TW_STAGE_COUNT; s++) {
-                tw_json_open(&j, stage_names[s], '{');
-                tw_json_num(&j, "busy_s", in->stage[s].busy_s);
-                tw_json_num(&j, "wait_s", in->stage[s].wait_s);
-                tw_json_num(&j, "cpu_s", in->stage[s].cpu_s);
-                if (s == TW_STAGE_READ) {
-                    /* busy_s and wait_s are sums over the reader workers */
-                    tw_json_int(&j, "workers", in->read_workers);
-                    tw_json_int(&j, "bytes", in->read_bytes);
-                    /* a TIFF tile decoded by several readers counts once per reader */
-                    tw_json_int(&j, "tiff_tiles_decoded", in->tiff_tiles_decoded);
-                }
-                tw_json_close(&j, '}');
-            }
-            tw_json_close(&j, '}');
-            tw_json_open(&j, "class_cells", '{');
-            /* a headless backbone has no classes (its stand-in head's one is not shown) */
-            for (int c = 0; !r->model.headless && c < r->model.n_classes; c++)
-                tw_json_int(&j, r->model.classes[c], in->hist[c]);
-            tw_json_close(&j, '}');
-            tw_json_int(&j, "nodata_cells", in->nodata_cells);
-            if (p->output.resolution == TW_RESOLUTION_INPUT)
-                tw_json_int(&j, "valid_pixels_unclassified", in->valid_unclassified);
-            tw_json_open(&j, "outputs", '[');
-            for (int o = 0; o < in->n_outputs; o++) tw_json_str(&j, NULL, in->outputs[o]);
-            tw_json_close(&j, ']');
-            if (in->n_stale > 0) {
-                /* product files of this name that this run did not write */
-                tw_json_open(&j, "stale", '[');
-                for (int o = 0; o < in->n_stale; o++) tw_json_str(&j, NULL, in->stale[o]);
-                tw_json_close(&j, ']');
-            }
-            tw_json_close(&j, '}');
-        }
+        for (int i = 0; i < r->n_inputs; i++) render_input(&j, p, r, &r->inputs[i]);
         tw_json_close(&j, ']');
     }
     tw_json_close(&j, '}');

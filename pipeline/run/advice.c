@@ -12,7 +12,6 @@
 #include "io/input/raster.h"
 #include "io/url.h"
 #include "pipeline/engine/plan.h"
-#include "pipeline/run/preflight.h"
 #include "pipeline/resolved.h"
 
 __attribute__((format(printf, 5, 6))) static void add(tw_advice *a, bool warning, const char *code,
@@ -32,6 +31,36 @@ __attribute__((format(printf, 5, 6))) static void add(tw_advice *a, bool warning
 
 #define WARN(code, ...) add(a, true, code, input, __VA_ARGS__)
 #define NOTE(kind, ...) add(a, false, kind, input, __VA_ARGS__)
+
+/* ---- padding (the plan a run makes; advice.h) ---- */
+
+/* Pixels of the tiles along one axis that lie inside the raster. */
+static int64_t axis_inside(const tw_axis *ax, int tile, int stride)
+{
+    int64_t in = 0;
+    for (int a = 0; a < ax->n_pos; a++) {
+        int pos = tw_axis_pos(ax, tile, stride, a);
+        int n = ax->size - pos < tile ? ax->size - pos : tile;
+        if (n > 0) in += n;
+    }
+    return in;
+}
+
+double tw_advice_padding(int width, int height, int tile, int stride, tw_edge_mode edge)
+{
+    tw_plan plan;
+    tw_error e;
+    tw_error_init(&e);
+    /* (cells of a pixel: only the tiles' places count here, and they do not
+     * depend on the cells; any stride in 1..tile) */
+    if (tw_plan_make_cell(width, height, tile, stride, 1, edge, 0, 1, &plan, &e) != TW_OK ||
+        plan.x.n_pos < 1 || plan.y.n_pos < 1)
+        return -1;
+    /* Tiles are the product of the two axes' positions. */
+    double inside =
+        (double)axis_inside(&plan.x, tile, stride) * (double)axis_inside(&plan.y, tile, stride);
+    return 1.0 - inside / ((double)plan.x.n_pos * tile * (double)plan.y.n_pos * tile);
+}
 
 static void check_georef(tw_advice *a, int input, const char *path, const tw_inspect *ri, int tile)
 {
@@ -90,7 +119,7 @@ static void check_georef(tw_advice *a, int input, const char *path, const tw_ins
 static void check_padding(tw_advice *a, int input, const char *path, const tw_inspect *ri,
                           const tw_resolved *m, tw_edge_mode edge)
 {
-    double pad = tw_preflight_padding(ri->width, ri->height, m->tile, m->stride, edge);
+    double pad = tw_advice_padding(ri->width, ri->height, m->tile, m->stride, edge);
     if (pad > 0.5)
         WARN("padding",
              "%s: %d x %d pixels in tiles of %d: %.0f %% of the pixels of its tiles are padding "

@@ -34,4 +34,11 @@
 struct tw_resolved;
 void tw_advice_collect(const tw_run_params *p, const struct tw_resolved *m, tw_advice *a);
 
+/* The share of the pixels of a width x height raster's tiles (tile, stride,
+ * edge mode: the plan a run makes) that lie outside the raster: padding,
+ * 0 after normalization (edge pad, and any raster smaller than a tile).
+ * In [0, 1); -1 when no plan can be made (edge skip on a raster smaller
+ * than a tile, a stride that does not divide the tile). Allocates nothing. */
+double tw_advice_padding(int width, int height, int tile, int stride, tw_edge_mode edge);
+
 #endif

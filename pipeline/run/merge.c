@@ -48,6 +48,86 @@ tw_status tw_merge(const char *out_dir, bool quiet, tw_run_result **result, tw_e
     return tw_merge_ex(out_dir, quiet, NULL, result, err);
 }
 
+/* Nothing to merge. An empty .tilewise/ (a run stopped before its first
+ * chunk) goes; rmdir leaves one that holds anything. */
+static tw_status no_parts(const char *out_dir, tw_error *err)
+{
+    char dir[TW_PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/.tilewise", out_dir);
+    rmdir(dir);
+    /* Merged already (parts are removed only after the products are
+     * written): a second merge has no work and succeeds, with no input
+     * in the result. */
+    if (!has_products(out_dir))
+        return tw_error_set(err, TW_ERR_INPUT,
+                            "%s: no shard outputs to merge (no %s/.tilewise/ parts)", out_dir,
+                            out_dir);
+    return TW_OK;
+}
+
+/* One input of the merge: its result's path and grid, its parts (as the
+ * shards wrote them, under out_dir) assembled into its products, its STAC
+ * item written when output.stac (*item; the collection's id chosen by the
+ * first of several inputs), the stale products listed. */
+static tw_status merge_input(const char *out_dir, bool quiet, const char *stem,
+                             const tw_manifest *mf, tw_input_result *res, bool first_of_several,
+                             char *collection_id, size_t cid_size, bool *item, tw_error *err)
+{
+    snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[0]);
+    for (int k = 0; k < mf->p.input.n_paths; k++) {
+        char name[256];
+        if (tw_output_name(&mf->p, k, name, sizeof name, NULL) == TW_OK && strcmp(name, stem) == 0)
+            snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[k]);
+    }
+    snprintf(res->stem, sizeof res->stem, "%s", stem);
+    tw_plan plan;
+    tw_status st = tw_plan_make_cell(mf->info.width, mf->info.height, mf->m.tile, mf->m.stride,
+                                     mf->m.cell, mf->p.tiling.edge, 0, 1, &plan, err);
+    if (st != TW_OK) return st;
+    res->width = mf->info.width;
+    res->height = mf->info.height;
+    res->grid_w = plan.grid_w;
+    res->grid_h = plan.grid_h;
+    bool emb = (mf->p.output.products & TW_PRODUCT_EMB) != 0;
+    tw_parts_params pp = {
+        .out_dir = out_dir,
+        .stem = stem,
+        .fingerprint = mf->fingerprint,
+        .grid_w = plan.grid_w,
+        .grid_h = plan.grid_h,
+        .n_classes = mf->m.n_classes,
+        .feat_dim = emb ? mf->m.feat_dim : 0,
+        .cell_emb = tw_run_cell_emb(mf->p.output.products, mf->m.feat_dim),
+        .tiles = tw_run_keeps_tiles(mf->p.output.products),
+        .shard_index = 0,
+        .shard_count = 1,
+        .merge_only = true,
+    };
+    tw_parts *parts = NULL;
+    st = tw_parts_open(&pp, quiet, &parts, err);
+    /* output.stac: the merged products' item, written once they are final */
+    bool stac = mf->p.output.stac;
+    if (stac && first_of_several) tw_stac_run_collection_id(out_dir, collection_id, cid_size);
+    if (st == TW_OK && stac) st = tw_stac_run_forget(&mf->p, stem, collection_id[0] != '\0', err);
+    if (st == TW_OK) {
+        /* merge runs no model: its budget is the base, the margin and
+         * GDAL's block cache */
+        tw_budget mb = {.base = TW_BUDGET_BASE,
+                        .margin = TW_BUDGET_MARGIN,
+                        .gdal_cache = (size_t)GDALGetCacheMax64()};
+        st = tw_products_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json,
+                                  tw_budget_assembly_room(&mb, mf->p.runtime.memory), parts, res,
+                                  err);
+    }
+    if (st == TW_OK && stac)
+        st = tw_stac_run_item(&mf->p, &mf->m, &mf->info, &mf->stac,
+                              collection_id[0] ? collection_id : NULL, res, err);
+    *item = st == TW_OK && stac;
+    if (st == TW_OK) tw_products_stale(&mf->p, res);
+    tw_parts_close(parts);
+    return st;
+}
+
 tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic_t *stop,
                       tw_run_result **result, tw_error *err)
 {
@@ -61,20 +141,7 @@ tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic
     int n_items = 0;
     if (!r || !stems || !mf) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
     int n = st == TW_OK ? tw_parts_list(out_dir, stems, TW_MAX_INPUTS) : 0;
-    if (st == TW_OK && n <= 0) {
-        /* Nothing to merge. An empty .tilewise/ (a run stopped before its
-         * first chunk) goes; rmdir leaves one that holds anything. */
-        char dir[TW_PATH_MAX + 64];
-        snprintf(dir, sizeof dir, "%s/.tilewise", out_dir);
-        rmdir(dir);
-        /* Merged already (parts are removed only after the products are
-         * written): a second merge has no work and succeeds, with no input
-         * in the result. */
-        if (!has_products(out_dir))
-            st = tw_error_set(err, TW_ERR_INPUT,
-                              "%s: no shard outputs to merge (no %s/.tilewise/ parts)", out_dir,
-                              out_dir);
-    }
+    if (st == TW_OK && n <= 0) st = no_parts(out_dir, err);
     if (st == TW_OK && n > 0) {
         r->inputs = tw_calloc(TW_MEM_OTHER, (size_t)n, sizeof(tw_input_result));
         if (!r->inputs) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -98,61 +165,10 @@ tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic
             snprintf(r->backend, sizeof r->backend, "merge");
         }
         tw_input_result *res = &r->inputs[r->n_inputs++];
-        snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[0]);
-        for (int k = 0; k < mf->p.input.n_paths; k++) {
-            char stem[256];
-            if (tw_output_name(&mf->p, k, stem, sizeof stem, NULL) == TW_OK &&
-                strcmp(stem, stems[i]) == 0)
-                snprintf(res->path, sizeof res->path, "%s", mf->p.input.paths[k]);
-        }
-        snprintf(res->stem, sizeof res->stem, "%s", stems[i]);
-        tw_plan plan;
-        st = tw_plan_make_cell(mf->info.width, mf->info.height, mf->m.tile, mf->m.stride,
-                               mf->m.cell, mf->p.tiling.edge, 0, 1, &plan, err);
-        if (st != TW_OK) break;
-        res->width = mf->info.width;
-        res->height = mf->info.height;
-        res->grid_w = plan.grid_w;
-        res->grid_h = plan.grid_h;
-        bool emb = (mf->p.output.products & TW_PRODUCT_EMB) != 0;
-        tw_parts_params pp = {
-            .out_dir = out_dir,
-            .stem = stems[i],
-            .fingerprint = mf->fingerprint,
-            .grid_w = plan.grid_w,
-            .grid_h = plan.grid_h,
-            .n_classes = mf->m.n_classes,
-            .feat_dim = emb ? mf->m.feat_dim : 0,
-            .cell_emb = tw_run_cell_emb(mf->p.output.products, mf->m.feat_dim),
-            .tiles = tw_run_keeps_tiles(mf->p.output.products),
-            .shard_index = 0,
-            .shard_count = 1,
-            .merge_only = true,
-        };
-        tw_parts *parts = NULL;
-        st = tw_parts_open(&pp, quiet, &parts, err);
-        /* output.stac: the merged products' item, written once they are final */
-        bool stac = mf->p.output.stac;
-        if (stac && i == 0 && n > 1)
-            tw_stac_run_collection_id(out_dir, collection_id, sizeof collection_id);
-        if (st == TW_OK && stac)
-            st = tw_stac_run_forget(&mf->p, stems[i], collection_id[0] != '\0', err);
-        if (st == TW_OK) {
-            /* merge runs no model: its budget is the base, the margin and
-             * GDAL's block cache */
-            tw_budget mb = {.base = TW_BUDGET_BASE,
-                            .margin = TW_BUDGET_MARGIN,
-                            .gdal_cache = (size_t)GDALGetCacheMax64()};
-            st = tw_products_assemble(&mf->p, &mf->m, &mf->info, res->path, mf->config_json,
-                                      tw_budget_assembly_room(&mb, mf->p.runtime.memory), parts,
-                                      res, err);
-        }
-        if (st == TW_OK && stac)
-            st = tw_stac_run_item(&mf->p, &mf->m, &mf->info, &mf->stac,
-                                  collection_id[0] ? collection_id : NULL, res, err);
-        n_items += st == TW_OK && stac;
-        if (st == TW_OK) tw_products_stale(&mf->p, res);
-        tw_parts_close(parts);
+        bool item = false;
+        st = merge_input(out_dir, quiet, stems[i], mf, res, i == 0 && n > 1, collection_id,
+                         sizeof collection_id, &item, err);
+        n_items += item;
     }
     if (st == TW_OK && n_items > 1) st = tw_stac_run_collection(out_dir, &r->model, r, err);
     tw_free(stems);

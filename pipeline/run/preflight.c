@@ -258,36 +258,6 @@ static tw_status trial_write(const tw_run_params *p, int n_classes, tw_error *er
     return st;
 }
 
-/* ---- padding ---- */
-
-/* Pixels of the tiles along one axis that lie inside the raster. */
-static int64_t axis_inside(const tw_axis *ax, int tile, int stride)
-{
-    int64_t in = 0;
-    for (int a = 0; a < ax->n_pos; a++) {
-        int pos = tw_axis_pos(ax, tile, stride, a);
-        int n = ax->size - pos < tile ? ax->size - pos : tile;
-        if (n > 0) in += n;
-    }
-    return in;
-}
-
-double tw_preflight_padding(int width, int height, int tile, int stride, tw_edge_mode edge)
-{
-    tw_plan plan;
-    tw_error e;
-    tw_error_init(&e);
-    /* (cells of a pixel: only the tiles' places count here, and they do not
-     * depend on the cells; any stride in 1..tile) */
-    if (tw_plan_make_cell(width, height, tile, stride, 1, edge, 0, 1, &plan, &e) != TW_OK ||
-        plan.x.n_pos < 1 || plan.y.n_pos < 1)
-        return -1;
-    /* Tiles are the product of the two axes' positions. */
-    double inside =
-        (double)axis_inside(&plan.x, tile, stride) * (double)axis_inside(&plan.y, tile, stride);
-    return 1.0 - inside / ((double)plan.x.n_pos * tile * (double)plan.y.n_pos * tile);
-}
-
 /* ---- output directory ---- */
 
 uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp)

@@ -9,8 +9,7 @@
  * a trial write of every product (16 x 16 cells with the run's format,
  * types, options and colours), output.dir (a writable directory, or
  * creatable in one), the final product paths, and the free disk space
- * against an estimate of the outputs (a warning); and for validate's advice,
- * how much of an input's tiles is padding. Model fit, inputs and the
+ * against an estimate of the outputs (a warning). Model fit, inputs and the
  * memory budget are checked by prepare itself, right after.
  *
  * Nothing here leaves a file or a directory under output.dir: the trial
@@ -82,12 +81,5 @@ uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp);
  * out; a local input GDAL cannot open counts with its own path. */
 tw_status tw_preflight_output(const tw_preflight_params *pp, tw_preflight_warnings *warn,
                               tw_error *err);
-
-/* The share of the pixels of a width x height raster's tiles (tile, stride,
- * edge mode: the plan a run makes) that lie outside the raster: padding,
- * 0 after normalization (edge pad, and any raster smaller than a tile).
- * In [0, 1); -1 when no plan can be made (edge skip on a raster smaller
- * than a tile, a stride that does not divide the tile). Allocates nothing. */
-double tw_preflight_padding(int width, int height, int tile, int stride, tw_edge_mode edge);
 
 #endif

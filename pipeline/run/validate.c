@@ -97,6 +97,70 @@ tw_status tw_check_inputs(const tw_run_params *p, tw_error *err)
     return st;
 }
 
+/* Input i's entry of the plan as data: its size, type, tiles and grid
+ * (this shard's), what it writes, whether it is remote (and what reading
+ * it costs), its AOI's tiles, its output name and STAC facts. */
+static void describe_input(const run_ctx *c, const tw_run_params *p, int i, const tw_plan *plan,
+                           tw_validation_input *in)
+{
+    const tw_raster_info *info = &c->infos[i].info;
+    in->width = info->width;
+    in->height = info->height;
+    in->bands = c->infos[i].bands;
+    in->dtype = info->dtype;
+    in->tiles_x = plan->x.n_pos;
+    in->tiles_y = plan->ty_end - plan->ty_begin;
+    in->n_tiles = plan->n_tiles;
+    in->tile = plan->tile;
+    in->stride = plan->stride;
+    in->grid_w = plan->grid_w;
+    in->grid_h = plan->row_end - plan->row_begin;
+    {
+        /* what it writes (preflight's upper bound), D bands of the
+         * embedding raster included */
+        int w1 = info->width, h1 = info->height;
+        tw_preflight_params pf = {.run = p,
+                                  .n_classes = c->m.n_classes,
+                                  .feat_dim = c->m.feat_dim,
+                                  .tile = c->m.tile,
+                                  .stride = c->m.stride,
+                                  .cell = c->m.cell,
+                                  .n_inputs = 1,
+                                  .width = &w1,
+                                  .height = &h1};
+        in->output_bytes = tw_preflight_output_bytes(&pf);
+    }
+    in->remote = tw_url_is_remote(p->input.paths[i]);
+    for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
+        in->remote = in->remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
+    if (in->remote) remote_cost(c, i, plan, in);
+    in->aoi_tiles = c->infos[i].aoi_tiles;
+    in->all_tiles = c->infos[i].all_tiles;
+    tw_output_name(p, i, in->stem, sizeof in->stem, NULL);
+    if (p->output.stac) {
+        const tw_stac_input *si = &c->infos[i].stac;
+        snprintf(in->stac_datetime, sizeof in->stac_datetime, "%s", si->datetime);
+        snprintf(in->stac_source, sizeof in->stac_source, "%s", si->source);
+        snprintf(in->stac_derived_from, sizeof in->stac_derived_from, "%s", si->derived_from);
+    }
+}
+
+/* The advice before the first tile (advice.h) after the run's own
+ * checks, as far as TW_ADVICE_MAX allows. */
+static tw_status add_advice(const run_ctx *c, const tw_run_params *p, tw_validation *v,
+                            tw_error *err)
+{
+    tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
+    if (!a) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    tw_advice_collect(p, &c->m, a);
+    for (int i = 0; i < a->n && v->advice.n < TW_ADVICE_MAX; i++) {
+        v->advice.items[v->advice.n++] = a->items[i];
+        v->advice.n_warnings += a->items[i].warning;
+    }
+    tw_free(a);
+    return TW_OK;
+}
+
 tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
 {
     memset(v, 0, sizeof *v);
@@ -138,46 +202,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
             if (st == TW_OK) st = tw_run_probe_parts(c, i, &plan, err);
             if (st != TW_OK) break;
             v->n_inputs = i + 1;
-            in->width = info->width;
-            in->height = info->height;
-            in->bands = c->infos[i].bands;
-            in->dtype = info->dtype;
-            in->tiles_x = plan.x.n_pos;
-            in->tiles_y = plan.ty_end - plan.ty_begin;
-            in->n_tiles = plan.n_tiles;
-            in->tile = plan.tile;
-            in->stride = plan.stride;
-            in->grid_w = plan.grid_w;
-            in->grid_h = plan.row_end - plan.row_begin;
-            {
-                /* what it writes (preflight's upper bound), D bands of the
-                 * embedding raster included */
-                int w1 = info->width, h1 = info->height;
-                tw_preflight_params pf = {.run = p,
-                                          .n_classes = c->m.n_classes,
-                                          .feat_dim = c->m.feat_dim,
-                                          .tile = c->m.tile,
-                                          .stride = c->m.stride,
-                                          .cell = c->m.cell,
-                                          .n_inputs = 1,
-                                          .width = &w1,
-                                          .height = &h1};
-                in->output_bytes = tw_preflight_output_bytes(&pf);
-            }
-            in->remote = tw_url_is_remote(p->input.paths[i]);
-            for (int k = 0; c->stacs[i] && k < p->input.n_assets; k++)
-                in->remote = in->remote || tw_url_is_remote(tw_stac_asset(c->stacs[i], k));
-            if (in->remote) remote_cost(c, i, &plan, in);
-            in->aoi_tiles = c->infos[i].aoi_tiles;
-            in->all_tiles = c->infos[i].all_tiles;
-            tw_output_name(p, i, in->stem, sizeof in->stem, NULL);
-            if (p->output.stac) {
-                const tw_stac_input *si = &c->infos[i].stac;
-                snprintf(in->stac_datetime, sizeof in->stac_datetime, "%s", si->datetime);
-                snprintf(in->stac_source, sizeof in->stac_source, "%s", si->source);
-                snprintf(in->stac_derived_from, sizeof in->stac_derived_from, "%s",
-                         si->derived_from);
-            }
+            describe_input(c, p, i, &plan, in);
         }
         for (int i = 0; st == TW_OK && p->output.stac && i < p->input.n_paths; i++)
             v->stac_items += !c->infos[i].skipped;
@@ -194,19 +219,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
             GDALSetCacheMax64((GIntBig)c->bud.gdal_cache);
         }
     }
-    if (v->planned) {
-        tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
-        if (a) {
-            tw_advice_collect(p, &c->m, a);
-            for (int i = 0; i < a->n && v->advice.n < TW_ADVICE_MAX; i++) {
-                v->advice.items[v->advice.n++] = a->items[i];
-                v->advice.n_warnings += a->items[i].warning;
-            }
-            tw_free(a);
-        } else {
-            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-        }
-    }
+    if (v->planned) st = add_advice(c, p, v, err);
     tw_run_ctx_release(c);
     tw_free(c);
     return st;

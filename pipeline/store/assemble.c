@@ -137,9 +137,11 @@ static tw_status int8_ranges(tw_parts *pt, const chunk_span *spans, int used, fl
     return st;
 }
 
-tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
-                            const tw_gpkg_params *gp, int64_t *hist, int64_t *nodata_cells,
-                            tw_error *err)
+/* Every output row committed, or TW_ERR_INPUT naming the first rows that
+ * are not and why: which shard owns them and whether it is running, has
+ * not finished them or committed nothing; chunks that failed their
+ * check. */
+static tw_status check_finished(const tw_parts *pt, tw_error *err)
 {
     const int H = pt->p.grid_h;
     for (int r = 0; r < H; r++) {
@@ -181,6 +183,62 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
                                 pt->p.stem, r, r1 - 1, why);
         }
     }
+    return TW_OK;
+}
+
+/* The tiles of the chunk span into the tile table tt and the GeoPackage gk
+ * (either may be NULL), cap at a time through *tbuf (allocated on first
+ * use, the caller's to free). path: a buffer for the chunk's path. */
+static tw_status copy_tiles(tw_parts *pt, const chunk_span *span, tw_tiletable *tt, tw_gpkg *gk,
+                            size_t K, float **tbuf, char *path, size_t path_size, tw_error *err)
+{
+    chunk_path(pt, "tiles", span->r0, span->r1, path, path_size);
+    FILE *f = fopen(path, "rb");
+    tiles_header th;
+    if (!f || fread(&th, sizeof th, 1, f) != 1) {
+        if (f) fclose(f);
+        return tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
+    }
+    const size_t F = (size_t)th.feat_dim;
+    enum { cap = 256 };
+    int32_t rc_rows[cap], rc_cols[cap];
+    if (!*tbuf) *tbuf = tw_alloc(TW_MEM_STRIP, sizeof(float) * cap * (K + F));
+    if (!*tbuf) {
+        fclose(f);
+        return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    }
+    float *tp_probs = *tbuf;
+    float *tp_emb = *tbuf + (size_t)cap * K;
+    tw_status st = TW_OK;
+    for (int64_t t = 0; st == TW_OK && t < th.n_tiles;) {
+        int m = th.n_tiles - t < cap ? (int)(th.n_tiles - t) : cap;
+        for (int k = 0; k < m; k++) {
+            int32_t rc[2];
+            if (fread(rc, sizeof rc, 1, f) != 1 ||
+                fread(tp_probs + (size_t)k * K, sizeof(float), K, f) != K ||
+                (F && fread(tp_emb + (size_t)k * F, sizeof(float), F, f) != F)) {
+                st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
+                break;
+            }
+            rc_rows[k] = rc[0];
+            rc_cols[k] = rc[1];
+        }
+        if (st == TW_OK && tt)
+            st = tw_tiletable_append(tt, m, rc_rows, rc_cols, tp_probs, F ? tp_emb : NULL, err);
+        if (st == TW_OK && gk) st = tw_gpkg_append(gk, m, rc_rows, rc_cols, tp_probs, err);
+        t += m;
+    }
+    fclose(f);
+    return st;
+}
+
+tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_tiletable_params *tp,
+                            const tw_gpkg_params *gp, int64_t *hist, int64_t *nodata_cells,
+                            tw_error *err)
+{
+    const int H = pt->p.grid_h;
+    tw_status st = check_finished(pt, err);
+    if (st != TW_OK) return st;
     int max_spans = H + 1;
     chunk_span *spans = tw_alloc(TW_MEM_OTHER, sizeof(chunk_span) * (size_t)max_spans);
     if (!spans) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -194,7 +252,6 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
         spans[used++] = spans[i];
         next = spans[i].r1;
     }
-    tw_status st = TW_OK;
     if (next != H)
         st = tw_error_set(err, TW_ERR_INPUT, "%s: the committed chunks do not cover rows %d..%d",
                           pt->p.stem, next, H - 1);
@@ -253,44 +310,7 @@ tw_status tw_parts_assemble(tw_parts *pt, const tw_writer_params *wp, const tw_t
         }
         fclose(f);
         if (st != TW_OK || (!tt && !gk)) continue;
-        chunk_path(pt, "tiles", spans[i].r0, spans[i].r1, path, sizeof path);
-        f = fopen(path, "rb");
-        tiles_header th;
-        if (!f || fread(&th, sizeof th, 1, f) != 1) {
-            st = tw_error_set(err, TW_ERR_INPUT, "cannot read %s", path);
-            if (f) fclose(f);
-            break;
-        }
-        const size_t F = (size_t)th.feat_dim;
-        enum { cap = 256 };
-        int32_t rc_rows[cap], rc_cols[cap];
-        if (!tbuf) tbuf = tw_alloc(TW_MEM_STRIP, sizeof(float) * cap * (K + F));
-        if (!tbuf) {
-            st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-            fclose(f);
-            break;
-        }
-        float *tp_probs = tbuf;
-        float *tp_emb = tbuf + (size_t)cap * K;
-        for (int64_t t = 0; st == TW_OK && t < th.n_tiles;) {
-            int m = th.n_tiles - t < cap ? (int)(th.n_tiles - t) : cap;
-            for (int k = 0; k < m; k++) {
-                int32_t rc[2];
-                if (fread(rc, sizeof rc, 1, f) != 1 ||
-                    fread(tp_probs + (size_t)k * K, sizeof(float), K, f) != K ||
-                    (F && fread(tp_emb + (size_t)k * F, sizeof(float), F, f) != F)) {
-                    st = tw_error_set(err, TW_ERR_INPUT, "%s is truncated", path);
-                    break;
-                }
-                rc_rows[k] = rc[0];
-                rc_cols[k] = rc[1];
-            }
-            if (st == TW_OK && tt)
-                st = tw_tiletable_append(tt, m, rc_rows, rc_cols, tp_probs, F ? tp_emb : NULL, err);
-            if (st == TW_OK && gk) st = tw_gpkg_append(gk, m, rc_rows, rc_cols, tp_probs, err);
-            t += m;
-        }
-        fclose(f);
+        st = copy_tiles(pt, &spans[i], tt, gk, K, &tbuf, path, sizeof path, err);
     }
     if (st == TW_OK && w) st = tw_writer_finish(w, err);
     if (st == TW_OK && tt) st = tw_tiletable_finish(tt, err);

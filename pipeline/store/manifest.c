@@ -28,31 +28,6 @@ tw_status tw_manifest_path(const char *out_dir, const char *stem, char *buf, siz
 /* ------------------------------------------------------------------------ */
 /* Writing                                                                  */
 
-/* A string as JSON: itself when it is valid UTF-8 (the usual case), else
- * {"hex": "..."} of its bytes, so that any path the file system allows
- * survives the round trip exactly. */
-static json_t *put_str(const char *s)
-{
-    json_t *v = json_string(s);
-    if (v) return v;
-    size_t n = strlen(s);
-    char *hex = malloc(2 * n + 1);
-    if (!hex) return NULL;
-    for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)s[i]);
-    v = json_pack("{s:s}", "hex", hex);
-    free(hex);
-    return v;
-}
-
-/* Doubles as JSON numbers written with 17 significant digits (exact round
- * trip); non-finite ones (a NaN nodata) as the strings "nan", "inf", "-inf". */
-static json_t *put_real(double d)
-{
-    if (isnan(d)) return json_string("nan");
-    if (isinf(d)) return json_string(d > 0 ? "inf" : "-inf");
-    return json_real(d);
-}
-
 /* json_object_set_new that remembers a failed allocation in *ok. */
 static void set(json_t *obj, const char *key, json_t *v, bool *ok)
 {
@@ -70,8 +45,8 @@ static void format_output(json_t *root, const tw_run_params *p, bool *ok)
 {
     json_t *out = json_object();
     if (out) {
-        set(out, "dir", put_str(p->output.dir), ok);
-        set(out, "name", put_str(p->output.name), ok);
+        set(out, "dir", tw_json_exact_str(p->output.dir), ok);
+        set(out, "name", tw_json_exact_str(p->output.name), ok);
         json_t *prods = json_array();
         for (size_t i = 0; prods && i < TW_PRODUCT_COUNT; i++)
             if (p->output.products & tw_products[i].bit)
@@ -82,7 +57,7 @@ static void format_output(json_t *root, const tw_run_params *p, bool *ok)
         set(out, "format", json_string(tw_format_names[p->output.format]), ok);
         json_t *co = json_array();
         for (int i = 0; co && i < p->output.n_creation_options; i++)
-            append(co, put_str(p->output.creation_options[i]), ok);
+            append(co, tw_json_exact_str(p->output.creation_options[i]), ok);
         set(out, "creation_options", co, ok);
         /* merge writes the products as the run would: their grid and colours */
         set(out, "resolution",
@@ -97,8 +72,8 @@ static void format_output(json_t *root, const tw_run_params *p, bool *ok)
         set(out, "colors", colors, ok);
         /* the polygons merge writes */
         set(out, "vector_format", json_string(tw_vector_format_names[p->output.vector_format]), ok);
-        set(out, "min_area", put_real(p->output.min_area), ok);
-        set(out, "simplify", put_real(p->output.simplify), ok);
+        set(out, "min_area", tw_json_exact_real(p->output.min_area), ok);
+        set(out, "simplify", tw_json_exact_real(p->output.simplify), ok);
     }
     set(root, "output", out, ok);
 }
@@ -110,51 +85,23 @@ static void format_stac(json_t *root, const tw_manifest *mf, bool *ok)
     if (p->output.stac) { /* merge writes the merged products' STAC item */
         json_t *stac = json_object();
         set(stac, "datetime", json_string(mf->stac.datetime), ok);
-        set(stac, "source", put_str(mf->stac.source), ok);
-        set(stac, "derived_from", put_str(mf->stac.derived_from), ok);
-        set(stac, "weights", put_str(p->model.weights), ok);
+        set(stac, "source", tw_json_exact_str(mf->stac.source), ok);
+        set(stac, "derived_from", tw_json_exact_str(mf->stac.derived_from), ok);
+        set(stac, "weights", tw_json_exact_str(p->model.weights), ok);
         json_t *names = json_array();
         for (int i = 0; names && i < p->input.n_assets; i++)
-            append(names, put_str(p->input.assets[i]), ok);
+            append(names, tw_json_exact_str(p->input.assets[i]), ok);
         set(stac, "assets", names, ok);
         set(root, "stac", stac, ok);
     }
 }
 
-/* model: what the shards run (the resolved model). */
+/* model: what the shards run (the resolved model), in the model facts' one
+ * shape (pipeline/resolved.h). */
 static void format_model(json_t *root, const tw_resolved *m, bool *ok)
 {
     json_t *model = json_object();
-    if (model) {
-        set(model, "arch", put_str(m->arch), ok);
-        set(model, "stem", put_str(tw_stem_names[m->stem]), ok);
-        json_t *bands = json_array();
-        for (int i = 0; bands && i < m->n_bands; i++) append(bands, json_integer(m->bands[i]), ok);
-        set(model, "bands", bands, ok);
-        set(model, "scale", put_real(m->scale), ok);
-        json_t *mean = json_array(), *std = json_array();
-        for (int i = 0; mean && std && i < m->n_norm; i++) {
-            append(mean, put_real(m->mean[i]), ok);
-            append(std, put_real(m->std[i]), ok);
-        }
-        set(model, "mean", mean, ok);
-        set(model, "std", std, ok);
-        json_t *classes = json_array();
-        for (int i = 0; classes && i < m->n_classes; i++)
-            append(classes, put_str(m->classes[i]), ok);
-        set(model, "classes", classes, ok);
-        set(model, "tile", json_integer(m->tile), ok);
-        set(model, "stride", json_integer(m->stride), ok);
-        set(model, "in_bands", json_integer(m->in_bands), ok);
-        set(model, "feat_dim", json_integer(m->feat_dim), ok);
-        if (m->headless) set(model, "headless", json_true(), ok); /* absent: a head */
-        /* absent: a classifier (manifests before segmentation) */
-        if (m->segmentation) {
-            set(model, "segmentation", json_true(), ok);
-            set(model, "multiple", json_integer(m->multiple), ok);
-        }
-        set(model, "sha256", put_str(m->model_sha256), ok);
-    }
+    if (model) tw_model_facts_json(model, m, TW_FACTS_MODEL | TW_FACTS_RESOLVED, ok);
     set(root, "model", model, ok);
 }
 
@@ -170,13 +117,13 @@ static void format_raster(json_t *root, const tw_raster_info *info, bool *ok)
         set(ras, "block_w", json_integer(info->block_w), ok);
         set(ras, "block_h", json_integer(info->block_h), ok);
         set(ras, "has_nodata", json_boolean(info->has_nodata), ok);
-        set(ras, "nodata", put_real(info->nodata), ok);
+        set(ras, "nodata", tw_json_exact_real(info->nodata), ok);
         json_t *gt = json_array();
-        for (int i = 0; gt && i < 6; i++) append(gt, put_real(info->geotransform[i]), ok);
+        for (int i = 0; gt && i < 6; i++) append(gt, tw_json_exact_real(info->geotransform[i]), ok);
         set(ras, "geotransform", gt, ok);
         set(ras, "has_geotransform", json_boolean(info->has_geotransform), ok);
-        set(ras, "crs_wkt", put_str(info->crs_wkt), ok);
-        set(ras, "driver", put_str(info->driver), ok);
+        set(ras, "crs_wkt", tw_json_exact_str(info->crs_wkt), ok);
+        set(ras, "driver", tw_json_exact_str(info->driver), ok);
     }
     set(root, "raster", ras, ok);
 }
@@ -195,10 +142,11 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
 
     json_t *inputs = json_array();
     for (int i = 0; inputs && i < p->input.n_paths; i++)
-        append(inputs, put_str(p->input.paths[i]), ok);
+        append(inputs, tw_json_exact_str(p->input.paths[i]), ok);
     set(root, "inputs", inputs, ok);
     /* merge reads the inputs' own nodata again at output.resolution: input */
-    set(root, "nodata", p->input.nodata_auto ? json_string("auto") : put_real(p->input.nodata), ok);
+    set(root, "nodata",
+        p->input.nodata_auto ? json_string("auto") : tw_json_exact_real(p->input.nodata), ok);
 
     json_t *tiling = json_object();
     if (tiling) {
@@ -212,8 +160,8 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
     format_stac(root, mf, ok);
     format_model(root, &mf->m, ok);
     format_raster(root, &mf->info, ok);
-    set(root, "config_json", put_str(mf->config_json), ok);
-    set(root, "fingerprint", put_str(mf->fingerprint), ok);
+    set(root, "config_json", tw_json_exact_str(mf->config_json), ok);
+    set(root, "fingerprint", tw_json_exact_str(mf->fingerprint), ok);
     return root;
 }
 
@@ -546,11 +494,13 @@ static void parse_model(rd *r, json_t *root, tw_resolved *m)
 {
     json_t *model = need_obj(r, root, "model");
     if (model) {
-        static const char *const model_keys[] = {"arch",     "stem",         "bands",    "scale",
-                                                 "mean",     "std",          "classes",  "tile",
-                                                 "stride",   "in_bands",     "feat_dim", "sha256",
-                                                 "headless", "segmentation", "multiple"};
-        only_keys(r, model, "model", model_keys, 15);
+        /* feat_dim and headless: the names of manifests written before the
+         * model facts' one shape (feature_dim, head), still merged */
+        static const char *const model_keys[] = {
+            "arch",     "stem",      "bands", "scale",    "mean",     "std",
+            "classes",  "n_classes", "tile",  "stride",   "in_bands", "feature_dim",
+            "feat_dim", "sha256",    "head",  "headless", "task",     "tile_multiple"};
+        only_keys(r, model, "model", model_keys, 18);
         get_str(r, model, "model", "arch", m->arch, sizeof m->arch);
         /* stem: absent in manifests written before the small stem (standard) */
         const char *stem = json_string_value(json_object_get(model, "stem"));
@@ -588,22 +538,37 @@ static void parse_model(rd *r, json_t *root, tw_resolved *m)
         if (classes) m->n_classes = (int)json_array_size(classes);
         get_int(r, model, "model", "tile", 1, 1 << 16, &m->tile);
         get_int(r, model, "model", "stride", 1, 1 << 16, &m->stride);
-        json_t *sg = json_object_get(model, "segmentation");
-        if (sg && !json_is_boolean(sg)) fail(r, "key model.segmentation is not true or false");
-        m->segmentation = sg && json_is_true(sg);
+        /* task, tile_multiple: absent in manifests before segmentation (a
+         * classifier, 1) */
+        const char *task = json_string_value(json_object_get(model, "task"));
+        if (json_object_get(model, "task") &&
+            (!task || (strcmp(task, "classification") != 0 && strcmp(task, "segmentation") != 0)))
+            fail(r, "key model.task is not classification or segmentation");
+        m->segmentation = task && strcmp(task, "segmentation") == 0;
         m->multiple = 1;
-        if (m->segmentation) get_int(r, model, "model", "multiple", 1, 1 << 16, &m->multiple);
+        if (json_object_get(model, "tile_multiple"))
+            get_int(r, model, "model", "tile_multiple", 1, 1 << 16, &m->multiple);
         m->cell = m->segmentation ? 1 : m->stride;
         if (r->st == TW_OK && m->segmentation && m->stride > m->tile)
             fail(r, "model.stride %d is larger than model.tile %d", m->stride, m->tile);
         if (r->st == TW_OK && !m->segmentation && m->tile % m->stride != 0)
             fail(r, "model.stride %d does not divide model.tile %d", m->stride, m->tile);
         get_int(r, model, "model", "in_bands", 1, TW_MAX_BANDS, &m->in_bands);
-        get_int(r, model, "model", "feat_dim", 0, 1 << 20, &m->feat_dim);
+        if (classes && r->st == TW_OK && json_object_get(model, "n_classes")) {
+            int n = 0;
+            get_int(r, model, "model", "n_classes", 1, TW_MAX_CLASSES, &n);
+            if (r->st == TW_OK && n != m->n_classes)
+                fail(r, "key model.n_classes is %d but model.classes names %d", n, m->n_classes);
+        }
+        get_int(r, model, "model", json_object_get(model, "feat_dim") ? "feat_dim" : "feature_dim",
+                0, 1 << 20, &m->feat_dim);
         get_str(r, model, "model", "sha256", m->model_sha256, sizeof m->model_sha256);
-        json_t *hl = json_object_get(model, "headless");
+        /* head; manifests written before the one shape say "headless",
+         * present only when true (absent in either: a head) */
+        json_t *head = json_object_get(model, "head"), *hl = json_object_get(model, "headless");
+        if (head && !json_is_boolean(head)) fail(r, "key model.head is not true or false");
         if (hl && !json_is_boolean(hl)) fail(r, "key model.headless is not true or false");
-        m->headless = hl && json_is_true(hl);
+        m->headless = head ? json_is_false(head) : hl && json_is_true(hl);
     }
 }
 

@@ -385,6 +385,21 @@ def test_info_is_the_cli_json():
     assert isinstance(e.value, ValueError) and "not_a_raster.txt" in e.value.message
 
 
+def test_model_facts_one_shape():
+    """The model's facts have one shape and one name each (issue 35): what
+    `tilewise info --json` says of a model file and what Model(path).info
+    says agree on each shared fact; info keeps "features" beside
+    "feature_dim"."""
+    for name in ("demo_resnet18.h5", "demo_resnet50.h5"):
+        path = os.path.join(SRC, "sample_data", name)
+        d = tilewise.info(path)
+        m = tilewise.Model(path, {"runtime.device": "cpu"}).info
+        for k in ("arch", "stem", "in_bands", "feature_dim", "head", "sha256"):
+            assert k in d and k in m and d[k] == m[k], (name, k, d.get(k), m.get(k))
+        assert d["features"] == d["feature_dim"] == m["feature_dim"] > 0
+        assert "feat_dim" not in d and "feat_dim" not in m
+
+
 def test_version():
     v = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     assert tilewise.__version__ == tilewise.version() == v.split()[1]
