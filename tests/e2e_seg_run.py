@@ -102,7 +102,8 @@ output:
 # ---- the reference ----
 
 def reference(gdal, model, raster, stride, edge, blend, margin, max_nodata=0.5):
-    """(probabilities h x w x C float64, has h x w bool, tiles left out)."""
+    """(probabilities h x w x C float64, has h x w bool, tiles classified,
+    tiles left out)."""
     import torch
     import e2e_blend_ref as br
     ds = gdal.Open(raster)
@@ -139,7 +140,7 @@ def reference(gdal, model, raster, stride, edge, blend, margin, max_nodata=0.5):
         den[y0:y0 + T, x0:x0 + T] += wt
     num, den = num[:h, :w], den[:h, :w]
     has = den > 0
-    return num / np.where(has, den, 1.0)[:, :, None], has, left_out
+    return num / np.where(has, den, 1.0)[:, :, None], has, len(where), left_out
 
 
 def check_products(gdal, out, stem, raster, ref, has, what):
@@ -261,10 +262,15 @@ def main():
                                                     blend=blend, margin=margin, **more))
             r = tw("run", wf, "-q")
             check(r.returncode == 0, f"{what}: run exit {r.returncode}: {r.stderr.strip()}")
-            ref, has, left_out = reference(gdal, model, raster, stride, edge, blend, margin,
+            ref, has, n_tiles, left_out = reference(gdal, model, raster, stride, edge, blend, margin,
                                            more.get("max_nodata_fraction", 0.5))
             stem = os.path.splitext(os.path.basename(raster))[0]
             check_products(gdal, out, stem, raster, ref, has, what)
+            with open(f"{out}/run.json") as f:
+                rep = json.load(f)["inputs"][0]
+            check(rep["tiles_classified"] == n_tiles and rep["tiles_nodata"] == left_out,
+                  f"{what}: run.json counts {rep['tiles_classified']} tiles classified, "
+                  f"{rep['tiles_nodata']} nodata (the reference: {n_tiles}, {left_out})", True)
             if raster == holed:
                 check(left_out >= 2 and (~has).sum() > 0,
                       f"{what}: {left_out} tiles above max_nodata_fraction left out", True)
