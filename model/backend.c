@@ -149,6 +149,13 @@ bool tw_backend_segments(const tw_backend *b)
     return b->i->seg_reserve && b->i->seg_workspace_bytes;
 }
 
+bool tw_backend_device_segments(const char *device)
+{
+    for (int i = 0; i < g_n_registered; i++)
+        if (strcmp(device, g_registered[i].device) == 0) return true; /* created, then asked */
+    return strcmp(device, "cuda") != 0 && strncmp(device, "cuda:", 5) != 0;
+}
+
 tw_status tw_backend_reserve_seg(tw_backend *b, const tw_segnet *net, int tile, int *max_batch,
                                  tw_precision prec, const tw_log *log, tw_error *err)
 {

@@ -193,6 +193,11 @@ tw_status tw_backend_reserve_seg(tw_backend *b, const tw_segnet *net, int tile, 
                                  tw_precision prec, const tw_log *log, tw_error *err);
 /* Whether b runs segmentation models. */
 bool tw_backend_segments(const tw_backend *b);
+/* Whether runtime.device `device` can run a segmentation model, known
+ * before any backend is created: "cuda" and "cuda:N" cannot (the CUDA
+ * backend has no seg_reserve yet), so a run refuses the model (exit 2)
+ * whether or not this build or machine has CUDA. */
+bool tw_backend_device_segments(const char *device);
 /* Run one batch after checking it against the reservation (size, tile,
  * buffers): a mismatch is TW_ERR_INTERNAL naming both. */
 tw_status tw_backend_infer(tw_backend *b, const tw_infer_batch *batch, tw_error *err);

@@ -589,6 +589,13 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     /* runtime.device auto: a segmentation model runs where it can (the CPU) */
     const char *device =
         c->seg && strcmp(p->runtime.device, "auto") == 0 ? "cpu" : p->runtime.device;
+    /* before the device is looked for: without CUDA (build or machine) the
+     * refusal would otherwise be "no CUDA device", exit 4 */
+    if (c->seg && !tw_backend_device_segments(device))
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "runtime.device %s: the CUDA backend runs no segmentation model yet "
+                            "(%s is %s); use runtime.device: cpu or auto",
+                            p->runtime.device, p->model.weights, c->m.arch);
     st = tw_backend_create_ex(device, &bp, &c->be, err);
     if (st != TW_OK) return st;
     c->have_be = true;
