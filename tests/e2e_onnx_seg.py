@@ -253,11 +253,13 @@ def main():
                 r, got = run(tmp, meta, x)
                 check(got is not None and float(np.abs(got - want).max()) <= TOL,
                       f"Deepness metadata: loads, same probabilities ({r.stderr.strip()})", True)
-                info = subprocess.run([BIN, "info", meta], capture_output=True, text=True)
-                check(info.returncode == 0 and "Segmentor" in info.stdout
-                      and "tiles_overlap" in info.stdout and "forest" in info.stdout,
-                      f"tilewise info shows the metadata ({info.stdout.strip()[-300:]}"
-                      f"{info.stderr.strip()})", True)
+                exe = os.path.join(os.path.dirname(BIN), "seg_forward")
+                r = subprocess.run([exe, meta, "64", "0", "-", "-"], capture_output=True, text=True)
+                facts = r.stdout.splitlines()[-1].split() if r.returncode == 0 else []
+                want_facts = ["tile", "64", "classes", "5", "water", "mean", "0.1", "std", "0.5",
+                              "scale", "0.00392157", "overlap", "25", "type", "Segmentor"]
+                check(facts == want_facts, f"Deepness metadata read into the model file's facts "
+                      f"({r.stdout.strip()} {r.stderr.strip()})", True)
                 for key, val, word in (("tiles_overlap", "100", "tiles_overlap"),
                                        ("tiles_size", "96", "tiles_size")):
                     add_metadata(path, meta, dict(props, **{key: val}))

@@ -73,8 +73,8 @@ static const attr_rule k_attr_rules[] = {
     {"Resize", "mode", AT(STRING), 10, 0, A_MATCHED, NULL},
     {"Resize", "coordinate_transformation_mode", AT(STRING), 11, 0, A_MATCHED, NULL},
     {"Resize", "nearest_mode", AT(STRING), 11, 0, A_MATCHED, NULL},
-    {"Resize", "cubic_coeff_a", AT(FLOAT), 11, 0, A_ANY, NULL},           /* cubic only */
-    {"Resize", "extrapolation_value", AT(FLOAT), 11, 0, A_ANY, NULL},     /* crop only */
+    {"Resize", "cubic_coeff_a", AT(FLOAT), 11, 0, A_ANY, NULL},       /* cubic only */
+    {"Resize", "extrapolation_value", AT(FLOAT), 11, 0, A_ANY, NULL}, /* crop only */
     {"Resize", "exclude_outside", AT(INT), 11, 0, A_ZERO, "0"},
     {"Resize", "antialias", AT(INT), 18, 0, A_ZERO, "0"},
     {"Resize", "axes", AT(INTS), 18, 0, A_MATCHED, NULL},

@@ -180,8 +180,8 @@ tw_status onnx_read_metadata(octx *c)
              * (tw_onnx_info), not applied: tiling.stride says the stride. */
             json_t *j = meta_json(c, k, v);
             if (!j) return TW_ERR_MODEL;
-            bool ok = json_is_integer(j) && json_integer_value(j) >= 0 &&
-                      json_integer_value(j) <= 99;
+            bool ok =
+                json_is_integer(j) && json_integer_value(j) >= 0 && json_integer_value(j) <= 99;
             if (ok) oi->tiles_overlap = (int)json_integer_value(j);
             json_decref(j);
             if (!ok)

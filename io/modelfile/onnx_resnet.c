@@ -15,7 +15,6 @@
 /* ------------------------------------------------------------------------ */
 /* Convolutions, batch norm                                                  */
 
-
 void onnx_conv_free(onnx_conv *cv)
 {
     tw_free(cv->w);
@@ -301,8 +300,7 @@ tw_status onnx_match_stem(octx *c, int x, int *out)
      * reads it from conv1's kernel. */
     if (st == TW_OK && cv.group != 1)
         st = onnx_node_error(c, node, "is a grouped stem convolution (group %d)", cv.group);
-    bool small =
-        st == TW_OK && !c->seg && cv.k == 3 && cv.stride == 1 && cv.pad == 1 && !has_pool;
+    bool small = st == TW_OK && !c->seg && cv.k == 3 && cv.stride == 1 && cv.pad == 1 && !has_pool;
     if (st == TW_OK && cv.dil != 1)
         st = onnx_node_error(c, node, "is a dilated stem convolution (dilation %d)", cv.dil);
     if (st == TW_OK && small) {
@@ -354,13 +352,11 @@ tw_status onnx_match_stem(octx *c, int x, int *out)
     return st;
 }
 
-
 /* Follow conv -> [BN] -> what comes next: Relu or Add (or other). */
 int onnx_after(const octx *c, const onnx_conv *cv)
 {
     return onnx_n_consumers(c, cv->out) == 1 ? c->cons[c->cons_off[cv->out]] : -1;
 }
-
 
 /* The readers of value x: the block's first convolution into *main_node, and
  * its projection (or -1) into *down_node. *done set when x goes to the
@@ -547,16 +543,13 @@ tw_status onnx_block_emit(octx *c, const onnx_blocks *bs, onnx_block *b, int *ou
     if (st == TW_OK) st = onnx_take_relu(c, r, a_out, out);
     char nm[64], bn[64];
     for (int i = 0; i < b->np && st == TW_OK; i++) {
-        snprintf(nm, sizeof nm, "%slayer%d.%d.conv%d", S(c->prefix), bs->stage + 1, bs->idx,
-                 i + 1);
+        snprintf(nm, sizeof nm, "%slayer%d.%d.conv%d", S(c->prefix), bs->stage + 1, bs->idx, i + 1);
         snprintf(bn, sizeof bn, "%slayer%d.%d.bn%d", S(c->prefix), bs->stage + 1, bs->idx, i + 1);
         st = onnx_emit_conv(c, &b->path[i], nm, bn);
     }
     if (st == TW_OK && b->down.w) {
-        snprintf(nm, sizeof nm, "%slayer%d.%d.downsample.0", S(c->prefix), bs->stage + 1,
-                 bs->idx);
-        snprintf(bn, sizeof bn, "%slayer%d.%d.downsample.1", S(c->prefix), bs->stage + 1,
-                 bs->idx);
+        snprintf(nm, sizeof nm, "%slayer%d.%d.downsample.0", S(c->prefix), bs->stage + 1, bs->idx);
+        snprintf(bn, sizeof bn, "%slayer%d.%d.downsample.1", S(c->prefix), bs->stage + 1, bs->idx);
         st = onnx_emit_conv(c, &b->down, nm, bn);
     }
     return st;
@@ -898,7 +891,6 @@ tw_status onnx_graph_input(octx *c, int *x, int64_t *in_c)
 
     return TW_OK;
 }
-
 
 tw_status onnx_recognise(octx *c)
 {

@@ -106,8 +106,8 @@ static tw_status sym_node(octx *c, int node, dim_sym *out, int *n, int depth)
         int k = 0;
         int64_t ax[1] = {0}, step[1] = {1};
         int nax = 0, nst = 0;
-        bool ok = node_ints(c, nd, 1, a, 1, &na) && na == 1 && node_ints(c, nd, 2, b, 1, &nb) &&
-                  nb == 1;
+        bool ok =
+            node_ints(c, nd, 1, a, 1, &na) && na == 1 && node_ints(c, nd, 2, b, 1, &nb) && nb == 1;
         if (ok && nd->n_input >= 4 && *S(nd->input[3]))
             ok = node_ints(c, nd, 3, ax, 1, &nax) && nax == 1 && (ax[0] == 0 || ax[0] == -1);
         if (ok && nd->n_input >= 5 && *S(nd->input[4]))
@@ -265,8 +265,8 @@ static tw_status take_resize(octx *c, int node, int v, const resize_want *w, int
         int nd = 0;
         if (!t) return onnx_node_error(c, node, "has scales that are not a constant");
         if ((st = onnx_tensor_floats(c, t, "Resize scales", &s, sh, &nd)) != TW_OK) return st;
-        bool x2 = nd == 1 && sh[0] == 4 && s[0] == 1.0f && s[1] == 1.0f && s[2] == 2.0f &&
-                  s[3] == 2.0f;
+        bool x2 =
+            nd == 1 && sh[0] == 4 && s[0] == 1.0f && s[1] == 1.0f && s[2] == 2.0f && s[3] == 2.0f;
         bool empty = nd == 1 && sh[0] == 0;
         tw_free(s);
         if (has_sizes ? !empty : !(x2 && w->nearest2))
@@ -296,11 +296,10 @@ static tw_status take_resize(octx *c, int node, int v, const resize_want *w, int
                 ok = d[i].k > 0 && (w->like_side <= 0 || d[i].k == w->like_side) &&
                      (side == 0 || d[i].k == side);
             if (!ok)
-                return onnx_node_error(c, node,
-                                       "resizes dimension %d to other than the %s's side", i,
-                                       w->like == onnx_val(c, c->g->input[0]->name)
-                                           ? "network input"
-                                           : "map it is concatenated with");
+                return onnx_node_error(
+                    c, node, "resizes dimension %d to other than the %s's side", i,
+                    w->like == onnx_val(c, c->g->input[0]->name) ? "network input"
+                                                                 : "map it is concatenated with");
             if (d[i].v < 0) side = (int)d[i].k;
         }
         if (w->got_side) *w->got_side = side;
@@ -344,11 +343,24 @@ static tw_status take_conv_at(octx *c, int node, int v, conv_want w, bool relu, 
     return TW_OK;
 }
 
-/* The one reader of value v (the output of node from), or an error naming
- * what reads it. */
-static tw_status one_reader(octx *c, int v, int from, const char *expect, int *out)
+/* The one reader of value v (the output of node from), of operator op: no
+ * reader, or another reader besides it, is refused naming that other one. */
+static tw_status one_reader(octx *c, int v, int from, const char *op, const char *expect, int *out)
 {
-    return onnx_next_node(c, v, from, expect, out);
+    int n = onnx_n_consumers(c, v);
+    const int *cs = c->cons + c->cons_off[v];
+    if (n == 1) {
+        *out = cs[0];
+        return TW_OK;
+    }
+    if (n == 0)
+        return onnx_node_error(c, from, "has no successor where the network has %s", expect);
+    int other = cs[1];
+    for (int i = n - 1; i >= 0; i--)
+        if (!op_is(c->g->node[cs[i]], op)) other = cs[i];
+    return onnx_node_error(c, other,
+                           "also reads the output of node #%d, where the network has %s alone",
+                           from, expect);
 }
 
 /* Emit cv as NAME.weight + NAME.bias (a conv with its own bias, no BN). */
@@ -527,7 +539,7 @@ static tw_status match_tail(octx *c, int v, int from, int input, bool resize, in
     tw_status st = TW_OK;
     if (resize) {
         resize_want w = {false, input, oi->input_size, side};
-        st = one_reader(c, v, from, "the Resize to the input's size", &node);
+        st = one_reader(c, v, from, "Resize", "the Resize to the input's size", &node);
         if (st == TW_OK) st = take_resize(c, node, v, &w, &out);
         if (st == TW_OK) from = node;
     }
@@ -536,8 +548,9 @@ static tw_status match_tail(octx *c, int v, int from, int input, bool resize, in
         const Onnx__NodeProto *s = c->g->node[sm];
         int64_t axis = onnx_attr_int(s, "axis", c->opset >= 13 ? -1 : 1);
         if (!op_is(s, "Softmax"))
-            return onnx_node_error(c, sm, "follows the logits (only a Softmax over the classes "
-                                          "may)");
+            return onnx_node_error(c, sm,
+                                   "follows the logits (only a Softmax over the classes "
+                                   "may)");
         if (c->opset < 13 || (axis != 1 && axis != -3))
             return onnx_node_error(c, sm,
                                    "has attribute axis = %lld at opset %lld (the classes are axis "
@@ -562,7 +575,7 @@ static tw_status match_fcn(octx *c, const encoder *e, int input, int *side)
     int nx = -1;
     onnx_conv cv;
     memset(&cv, 0, sizeof cv);
-    if (st == TW_OK) st = one_reader(c, h, node, "classifier.4 (a 1x1 convolution)", &nx);
+    if (st == TW_OK) st = one_reader(c, h, node, "Conv", "classifier.4 (a 1x1 convolution)", &nx);
     if (st == TW_OK) st = take_conv_at(c, nx, h, (conv_want){1, 1, 1, "classifier.4"}, false, &cv);
     int v = cv.out, last = cv.last;
     if (st == TW_OK) st = emit_biased(c, &cv, "classifier.4");
@@ -594,20 +607,21 @@ static tw_status aspp_pool(octx *c, int node, int x, int *out, int *side)
     c->used[node] = true;
     int p, cn, g;
     tw_status st = onnx_out0(c, node, &p);
-    if (st == TW_OK) st = one_reader(c, p, node, "the pooling branch's 1x1 convolution", &cn);
+    if (st == TW_OK)
+        st = one_reader(c, p, node, "Conv", "the pooling branch's 1x1 convolution", &cn);
     if (st == TW_OK)
         st = conv_emit(c, cn, p, (conv_want){1, 1, 1, "the ASPP's pooling branch"}, true,
                        "classifier.0.convs.4.1", "classifier.0.convs.4.2", &g);
     int rz = -1;
-    if (st == TW_OK) st = one_reader(c, g, cn, "the pooling branch's Resize", &rz);
+    if (st == TW_OK) st = one_reader(c, g, cn, "Resize", "the pooling branch's Resize", &rz);
     resize_want w = {false, x, 0, side};
     if (st == TW_OK) st = take_resize(c, rz, g, &w, out);
     return st;
 }
 
-/* DeepLabV3's head from layer4's output x (see the file's comment). */
-static tw_status match_deeplab(octx *c, const encoder *e, int input, int *side, int *aspp_side,
-                               int *aspp_node)
+/* DeepLabV3's ASPP from layer4's output x to the Concat of its five
+ * branches (their tensors emitted; the Concat node into *cat_out). */
+static tw_status match_aspp(octx *c, const encoder *e, int *cat_out, int *aspp_side, int *aspp_node)
 {
     int x = e->feat[4], nc = onnx_n_consumers(c, x);
     const int *cs = c->cons + c->cons_off[x];
@@ -646,12 +660,13 @@ static tw_status match_deeplab(octx *c, const encoder *e, int input, int *side, 
     }
     /* the Concat of the five, in torchvision's order */
     int cat = -1;
-    if (st == TW_OK) st = one_reader(c, br[0].out, br[0].last, "the ASPP's Concat", &cat);
+    if (st == TW_OK) st = one_reader(c, br[0].out, br[0].last, "Concat", "the ASPP's Concat", &cat);
     const Onnx__NodeProto *cn = st == TW_OK ? c->g->node[cat] : NULL;
-    if (st == TW_OK && (!op_is(cn, "Concat") || cn->n_input != 5 ||
-                        onnx_attr_int(cn, "axis", 0) != 1))
-        st = onnx_node_error(c, cat, "is where DeepLabV3 concatenates its 5 ASPP branches "
-                                     "(axis 1)");
+    if (st == TW_OK &&
+        (!op_is(cn, "Concat") || cn->n_input != 5 || onnx_attr_int(cn, "axis", 0) != 1))
+        st = onnx_node_error(c, cat,
+                             "is where DeepLabV3 concatenates its 5 ASPP branches "
+                             "(axis 1)");
     /* every branch of a rate torchvision has, in another order: the Concat
      * is what differs */
     int slot_seen = 0;
@@ -700,28 +715,39 @@ static tw_status match_deeplab(octx *c, const encoder *e, int input, int *side, 
         st = onnx_emit_conv(c, &br[branch_node[i]], nm, bn);
     }
     for (int i = 0; i < 4; i++) onnx_conv_free(&br[i]);
+    *cat_out = cat;
+    return st;
+}
+
+/* DeepLabV3's head from layer4's output x (see the file's comment). */
+static tw_status match_deeplab(octx *c, const encoder *e, int input, int *side, int *aspp_side,
+                               int *aspp_node)
+{
+    int cat = -1;
+    tw_status st = match_aspp(c, e, &cat, aspp_side, aspp_node);
     if (st != TW_OK) return st;
     c->used[cat] = true;
     int v, p = -1, h, q = -1, r = -1;
     st = onnx_out0(c, cat, &v);
-    if (st == TW_OK) st = one_reader(c, v, cat, "the ASPP's projection", &p);
+    if (st == TW_OK) st = one_reader(c, v, cat, "Conv", "the ASPP's projection", &p);
     if (st == TW_OK)
         st = conv_emit(c, p, v, (conv_want){1, 1, 1, "the ASPP's projection"}, true,
                        "classifier.0.project.0", "classifier.0.project.1", &h);
-    if (st == TW_OK) st = one_reader(c, h, p, "classifier.1 (a 3x3 convolution)", &q);
+    if (st == TW_OK) st = one_reader(c, h, p, "Conv", "classifier.1 (a 3x3 convolution)", &q);
     if (st == TW_OK)
         st = conv_emit(c, q, h, (conv_want){3, 1, 1, "DeepLabV3's classifier.1"}, true,
                        "classifier.1", "classifier.2", &h);
     onnx_conv cv;
     memset(&cv, 0, sizeof cv);
-    if (st == TW_OK) st = one_reader(c, h, q, "classifier.4 (a 1x1 convolution)", &r);
+    if (st == TW_OK) st = one_reader(c, h, q, "Conv", "classifier.4 (a 1x1 convolution)", &r);
     if (st == TW_OK) st = take_conv_at(c, r, h, (conv_want){1, 1, 1, "classifier.4"}, false, &cv);
     int lv = cv.out, last = cv.last;
     if (st == TW_OK) st = emit_biased(c, &cv, "classifier.4");
     onnx_conv_free(&cv);
     if (st == TW_OK) st = match_tail(c, lv, last, input, true, side);
     snprintf(c->mf->onnx.head, sizeof c->mf->onnx.head,
-             "DeepLabV3 ASPP 12/24/36, Resize (bilinear)%s", c->mf->onnx.softmax ? ", Softmax" : "");
+             "DeepLabV3 ASPP 12/24/36, Resize (bilinear)%s",
+             c->mf->onnx.softmax ? ", Softmax" : "");
     return st;
 }
 
@@ -734,11 +760,11 @@ static tw_status match_unet(octx *c, const encoder *e, int input)
     for (int i = 0; i < 5 && st == TW_OK; i++) {
         int rz = -1, u, cat = -1, cv1 = -1, cv2 = -1, h;
         resize_want w = {true, -1, 0, NULL};
-        st = one_reader(c, x, from, "the decoder's nearest x2 Resize", &rz);
+        st = one_reader(c, x, from, "Resize", "the decoder's nearest x2 Resize", &rz);
         if (st == TW_OK) st = take_resize(c, rz, x, &w, &u);
         from = rz;
         if (st == TW_OK && i < 4) {
-            st = one_reader(c, u, rz, "the decoder's Concat with its skip", &cat);
+            st = one_reader(c, u, rz, "Concat", "the decoder's Concat with its skip", &cat);
             const Onnx__NodeProto *cn = st == TW_OK ? c->g->node[cat] : NULL;
             if (st == TW_OK &&
                 (!op_is(cn, "Concat") || cn->n_input != 2 || onnx_attr_int(cn, "axis", 0) != 1 ||
@@ -755,13 +781,13 @@ static tw_status match_unet(octx *c, const encoder *e, int input)
         }
         snprintf(nm, sizeof nm, "decoder.blocks.%d.conv1.0", i);
         snprintf(bn, sizeof bn, "decoder.blocks.%d.conv1.1", i);
-        if (st == TW_OK) st = one_reader(c, u, from, "the decoder block's conv1", &cv1);
+        if (st == TW_OK) st = one_reader(c, u, from, "Conv", "the decoder block's conv1", &cv1);
         if (st == TW_OK)
             st = conv_emit(c, cv1, u, (conv_want){3, 1, 1, "a U-Net decoder block"}, true, nm, bn,
                            &h);
         snprintf(nm, sizeof nm, "decoder.blocks.%d.conv2.0", i);
         snprintf(bn, sizeof bn, "decoder.blocks.%d.conv2.1", i);
-        if (st == TW_OK) st = one_reader(c, h, cv1, "the decoder block's conv2", &cv2);
+        if (st == TW_OK) st = one_reader(c, h, cv1, "Conv", "the decoder block's conv2", &cv2);
         if (st == TW_OK)
             st = conv_emit(c, cv2, h, (conv_want){3, 1, 1, "a U-Net decoder block"}, true, nm, bn,
                            &x);
@@ -771,7 +797,8 @@ static tw_status match_unet(octx *c, const encoder *e, int input)
     int hd = -1;
     onnx_conv cv;
     memset(&cv, 0, sizeof cv);
-    if (st == TW_OK) st = one_reader(c, x, from, "segmentation_head.0 (a 3x3 convolution)", &hd);
+    if (st == TW_OK)
+        st = one_reader(c, x, from, "Conv", "segmentation_head.0 (a 3x3 convolution)", &hd);
     if (st == TW_OK)
         st = take_conv_at(c, hd, x, (conv_want){3, 1, 1, "segmentation_head.0"}, false, &cv);
     int v = cv.out, last = cv.last;
@@ -798,10 +825,15 @@ static int side8(int t)
  * attributes (onnx_attrs.c). */
 static tw_status seg_ops(octx *c)
 {
-    static const char *const k_ops[] = {
-        "Conv",   "BatchNormalization", "Relu",  "MaxPool",   "Add",      "GlobalAveragePool",
-        "ReduceMean", "Resize",         "Concat", "Softmax", "Identity", "Constant",
-        "Shape",  "Gather",             "Unsqueeze", "Slice", "Cast"};
+    static const char *const k_ops[] = {"Conv",       "BatchNormalization",
+                                        "Relu",       "MaxPool",
+                                        "Add",        "GlobalAveragePool",
+                                        "ReduceMean", "Resize",
+                                        "Concat",     "Softmax",
+                                        "Identity",   "Constant",
+                                        "Shape",      "Gather",
+                                        "Unsqueeze",  "Slice",
+                                        "Cast"};
     const Onnx__GraphProto *g = c->g;
     for (size_t i = 0; i < g->n_node; i++) {
         const Onnx__NodeProto *n = g->node[i];
