@@ -11,7 +11,8 @@ into the convolutions by the exporter):
 * torchvision deeplabv3_resnet50, 64 px (sizes fixed at export: the tile is
   the graph's); the same with dynamic H, W (the sizes computed from Shape /
   Gather / Unsqueeze / Concat / Cast, read at 100 px) and a Softmax appended;
-* torchvision fcn_resnet50 (aux_loss=True, the export of its 'out' alone);
+* torchvision fcn_resnet50 (aux_loss=True): the export of its 'out' alone, and
+  of 'out' and 'aux' both at opset 13 (the aux head is read and ignored);
 * the U-Net-ResNet34 of e2e_seg_parity in SMP's layout (nearest x2 Resize with
   constant scales, Concat of [upsampled, skip]), 128 px.
 Each must be detected as its arch and give PyTorch's probabilities within
@@ -62,27 +63,33 @@ def tiles(tile, n=1):
 
 
 class Out(__import__("torch").nn.Module):
-    """A torchvision segmentation model's 'out' (optionally softmaxed)."""
+    """A torchvision segmentation model's 'out' (optionally softmaxed), or
+    with aux its 'out' and 'aux' both."""
 
-    def __init__(self, m, softmax=False):
+    def __init__(self, m, softmax=False, aux=False):
         super().__init__()
         self.m = m
         self.softmax = softmax
+        self.aux = aux
 
     def forward(self, x):
         import torch
         o = self.m(x)
+        if self.aux:
+            return o["out"], o["aux"]
         o = o["out"] if isinstance(o, dict) else o
         return torch.softmax(o, dim=1) if self.softmax else o
 
 
-def export(m, x, path, dynamic=False, softmax=False):
+def export(m, x, path, dynamic=False, softmax=False, aux=False, opset=17):
     import torch
     kw = {}
     if dynamic:
         kw["dynamic_axes"] = {"input": {0: "n", 2: "h", 3: "w"}, "out": {0: "n", 2: "h", 3: "w"}}
-    torch.onnx.export(Out(m, softmax).eval(), torch.from_numpy(x), path, opset_version=17,
-                      input_names=["input"], output_names=["out"], **kw)
+    torch.onnx.export(Out(m, softmax, aux).eval(), torch.from_numpy(x), path, opset_version=opset,
+                      input_names=["input"], output_names=["out"] + (["aux"] if aux else []),
+                      **kw)
+    m.eval()
 
 
 def run(tmp, model, x):
@@ -266,6 +273,14 @@ def main():
                     r, _ = run(tmp, meta, x)
                     check(r.returncode == 1 and f"'{word}'" in r.stderr,
                           f"metadata {key} = {val} refused naming it ({r.stderr.strip()})", True)
+            if name == "fcn":
+                # aux_loss on, both outputs exported (opset 13): aux_classifier read and ignored
+                both = os.path.join(tmp, "fcn_aux.onnx")
+                export(m, x, both, aux=True, opset=13)
+                r, got = run(tmp, both, x)
+                d = float(np.abs(got - want).max()) if got is not None else 1
+                check(d <= TOL, f"fcn with its aux output (opset 13): {d:.3g} <= {TOL} "
+                      f"({r.stderr.strip()})", True)
             if name == "unet":
                 bad = os.path.join(tmp, "bad.onnx")
                 node = edited(path, bad, lambda g: (lambda n: (set_attr(n, "mode", b"linear"),

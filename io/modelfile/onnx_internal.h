@@ -3,8 +3,9 @@
  * node and attribute helpers. onnx.c decodes the file, indexes the graph
  * and loads; onnx_attrs.c checks every attribute against the ONNX operator
  * schemas; onnx_tensors.c reads tensors (external data files too);
- * onnx_resnet.c recognises the ResNet; onnx_meta.c reads Deepness's
- * metadata. Private to io/modelfile/ (scripts/check_layers.sh). */
+ * onnx_resnet.c recognises the ResNet; onnx_seg.c a segmentation network
+ * (FCN, DeepLabV3, U-Net) from the same stem and blocks; onnx_meta.c reads
+ * Deepness's metadata. Private to io/modelfile/ (scripts/check_layers.sh). */
 #ifndef TW_IO_ONNX_INTERNAL_H
 #define TW_IO_ONNX_INTERNAL_H
 

@@ -811,6 +811,86 @@ static tw_status match_unet(octx *c, const encoder *e, int input)
 }
 
 /* ------------------------------------------------------------------------ */
+/* torchvision's aux_classifier as a second output                           */
+
+/* The node producing value `name` (through Identity), or -1. */
+static int producer(const octx *c, const char *name)
+{
+    int v = onnx_val(c, name);
+    return v >= 0 && c->values[v].kind == V_NODE ? c->values[v].index : -1;
+}
+
+/* Mark node n and the size arithmetic behind it (down to Shape nodes and
+ * constants) as the aux head's. */
+static void mark_sizes(octx *c, bool *aux, int n, int depth)
+{
+    if (n < 0 || aux[n] || depth > SYM_DEPTH) return;
+    aux[n] = true;
+    const Onnx__NodeProto *nd = c->g->node[n];
+    if (op_is(nd, "Shape")) return;
+    for (size_t i = 0; i < nd->n_input; i++) {
+        int p = *S(nd->input[i]) ? producer(c, nd->input[i]) : -1;
+        if (p >= 0 && !op_is(c->g->node[p], "Conv") && !op_is(c->g->node[p], "Relu") &&
+            !op_is(c->g->node[p], "BatchNormalization"))
+            mark_sizes(c, aux, p, depth + 1);
+    }
+}
+
+/* A graph output besides the first: torchvision's aux_classifier (read and
+ * ignored, as its state_dict keys are): Conv 3x3 [BN] ReLU, Conv 1x1, a
+ * bilinear Resize to the input. Its nodes are marked used and leave the
+ * readers' lists; the value it reads into *aux_in (-1 without one). */
+static tw_status drop_aux(octx *c, int *aux_in)
+{
+    const Onnx__GraphProto *g = c->g;
+    *aux_in = -1;
+    if (g->n_output == 1) return TW_OK;
+    if (g->n_output > 2)
+        return tw_model_error(c->err, c->path,
+                              "graph has %zu outputs (a segmentation network has its map and at "
+                              "most torchvision's aux_classifier's)",
+                              g->n_output);
+    bool *aux = tw_calloc(TW_MEM_OTHER, g->n_node + 1, sizeof *aux);
+    if (!aux) return tw_model_nomem(c->err, c->path, g->n_node);
+    int rz = producer(c, g->output[1]->name), c2 = -1, r = -1, c1 = -1;
+    tw_status st = TW_OK;
+    if (rz < 0 || !op_is(g->node[rz], "Resize"))
+        st = tw_model_error(c->err, c->path,
+                            "graph output 2 is not torchvision's aux_classifier (a Resize)");
+    if (st == TW_OK) c2 = producer(c, g->node[rz]->input[0]);
+    if (st == TW_OK && (c2 < 0 || !op_is(g->node[c2], "Conv")))
+        st = onnx_node_error(c, rz, "resizes what is not aux_classifier.4 (a Conv)");
+    if (st == TW_OK) r = producer(c, g->node[c2]->input[0]);
+    if (st == TW_OK && (r < 0 || !op_is(g->node[r], "Relu")))
+        st = onnx_node_error(c, c2, "reads what is not aux_classifier's ReLU");
+    if (st == TW_OK) c1 = producer(c, g->node[r]->input[0]);
+    if (st == TW_OK && c1 >= 0 && op_is(g->node[c1], "BatchNormalization")) {
+        aux[c1] = true;
+        c1 = producer(c, g->node[c1]->input[0]);
+    }
+    if (st == TW_OK && (c1 < 0 || !op_is(g->node[c1], "Conv")))
+        st = onnx_node_error(c, r, "reads what is not aux_classifier.0 (a Conv)");
+    if (st == TW_OK) {
+        aux[c2] = aux[r] = aux[c1] = true;
+        mark_sizes(c, aux, rz, 0);
+        *aux_in = onnx_val(c, g->node[c1]->input[0]);
+        /* the aux head's nodes leave the readers' lists */
+        int k = 0;
+        for (size_t v = 0; v < c->n_values; v++) {
+            int start = c->cons_off[v];
+            c->cons_off[v] = k;
+            for (int i = start; i < c->cons_off[v + 1]; i++)
+                if (!aux[c->cons[i]]) c->cons[k++] = c->cons[i];
+        }
+        c->cons_off[c->n_values] = k;
+        for (size_t i = 0; i < g->n_node; i++)
+            if (aux[i]) c->used[i] = true;
+    }
+    tw_free(aux);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The whole graph                                                           */
 
 /* The side of the output-stride-8 map for a tile of side t (conv1, the
@@ -884,10 +964,16 @@ tw_status onnx_recognise_seg(octx *c)
     int x = -1;
     int64_t in_c = 0;
     if (st == TW_OK) st = onnx_graph_input(c, &x, &in_c);
+    int aux_in = -1;
+    if (st == TW_OK) st = drop_aux(c, &aux_in);
     encoder e;
     memset(&e, 0, sizeof e);
     if (st == TW_OK) st = match_encoder(c, x, &e);
     if (st != TW_OK) return st;
+    if (aux_in >= 0 && (!e.dilated || aux_in != e.feat[3]))
+        return tw_model_error(c->err, c->path,
+                              "graph output 2 reads other than layer3 of a dilated backbone "
+                              "(torchvision's aux_classifier)");
     const tw_tensor *c1 = tw_model_file_find(c->mf, "conv1.weight");
     if (in_c > 0 && c1 && c1->shape[1] != in_c)
         return tw_model_error(c->err, c->path,
@@ -907,6 +993,8 @@ tw_status onnx_recognise_seg(octx *c)
         st = match_unet(c, &e, x);
     }
     if (st != TW_OK) return st;
+    size_t hl = strlen(oi->head);
+    if (aux_in >= 0) snprintf(oi->head + hl, sizeof oi->head - hl, "; aux output ignored");
     /* sizes fixed at export: the tile the graph was exported for (the
      * default tile; model/segnet.c resizes to whatever tile it runs, as the
      * PyTorch module does) */
