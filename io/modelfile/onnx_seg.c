@@ -257,9 +257,11 @@ static tw_status take_resize(octx *c, int node, int v, const resize_want *w, int
     if (st != TW_OK) return st;
     bool has_sizes = n->n_input >= 4 && *S(n->input[3]);
     if (w->got_side) *w->got_side = 0;
-    if (*S(n->input[2])) {
-        /* scales: [1, 1, 2, 2] for nearest x2; empty where sizes are given */
-        const Onnx__TensorProto *t = onnx_constant(c, n->input[2]);
+    /* scales: [1, 1, 2, 2] for nearest x2; empty where sizes are given (an
+     * empty tensor, as opset 11 wants, or none) */
+    const Onnx__TensorProto *t = *S(n->input[2]) ? onnx_constant(c, n->input[2]) : NULL;
+    bool no_scales = !*S(n->input[2]) || (t && t->n_dims == 1 && t->dims[0] == 0);
+    if (!no_scales) {
         float *s = NULL;
         int64_t sh[4];
         int nd = 0;
@@ -267,9 +269,8 @@ static tw_status take_resize(octx *c, int node, int v, const resize_want *w, int
         if ((st = onnx_tensor_floats(c, t, "Resize scales", &s, sh, &nd)) != TW_OK) return st;
         bool x2 =
             nd == 1 && sh[0] == 4 && s[0] == 1.0f && s[1] == 1.0f && s[2] == 2.0f && s[3] == 2.0f;
-        bool empty = nd == 1 && sh[0] == 0;
         tw_free(s);
-        if (has_sizes ? !empty : !(x2 && w->nearest2))
+        if (has_sizes || !(x2 && w->nearest2))
             return onnx_node_error(c, node, "has scales where %s",
                                    w->nearest2 ? "a U-Net decoder doubles its map ([1, 1, 2, 2])"
                                                : "the network resizes to a given size");
