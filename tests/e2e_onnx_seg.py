@@ -14,7 +14,7 @@ into the convolutions by the exporter):
 * torchvision fcn_resnet50 (aux_loss=True): the export of its 'out' alone, and
   of 'out' and 'aux' both at opset 13 (the aux head is read and ignored);
 * the U-Net-ResNet34 of e2e_seg_parity in SMP's layout (nearest x2 Resize with
-  constant scales, Concat of [upsampled, skip]), 128 px; and its narrow
+  constant scales, Concat of [upsampled, skip]), 64 px; and its narrow
   U-Net-ResNet18 exported at opset 11, 64 px;
 * the DeepLabV3 export with its ASPP pooling edited into ReduceMean over H, W.
 Each must be detected as its arch and give PyTorch's probabilities within
@@ -32,7 +32,7 @@ align_corners coordinates. Deepness's metadata keys (model_type Segmentor,
 class_names as a Python dict, tiles_size, tiles_overlap, resolution,
 standardization_mean/std) load with the graph; a tiles_overlap out of 0..99
 and a tiles_size that is not the graph's fixed input are refused naming the key.
-About 40 s on 2 cores.
+About 2-3 min on 2 idle cores (seven torch exports).
 """
 import os
 import subprocess
@@ -213,7 +213,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name, tile, seed, arch, opset in (("deeplabv3", 64, 2, "deeplabv3_resnet50", 17),
                                               ("fcn", 64, 3, "fcn_resnet50", 17),
-                                              ("unet", 128, 1, "unet_resnet34", 17),
+                                              ("unet", 64, 1, "unet_resnet34", 17),
                                               ("unet18_narrow", 64, 4, "unet_resnet18", 11)):
             x, src = tiles(tile)
             print(f"{name}: tile of {tile} px from the {src}, opset {opset}")
