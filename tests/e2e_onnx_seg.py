@@ -27,7 +27,7 @@ Hand-edited graphs are refused (exit 1 from seg_forward, the message naming the
 node): an ASPP rate-24 conv with dilation 23, a backbone conv with the wrong
 dilation, the final Resize made nearest, an ASPP Concat with two branches
 swapped, an extra Relu between the logits and the Resize, an extra node off the
-path, a foreign operator (Sigmoid), a U-Net decoder Resize made linear, and
+path, an extra reader of layer2's output, a foreign operator (Sigmoid), a U-Net decoder Resize made linear, and
 align_corners coordinates. Deepness's metadata keys (model_type Segmentor,
 class_names as a Python dict, tiles_size, tiles_overlap, resolution,
 standardization_mean/std) load with the graph; a tiles_overlap out of 0..99
@@ -189,6 +189,15 @@ def to_reducemean(g):
     return gap.name
 
 
+def relu_on_layer2(g):
+    """An extra Relu reading layer2's output (the last ReLU of layer2)."""
+    import onnx
+    n = [n for n in g.node if n.op_type == "Relu" and "layer2" in n.name][-1]
+    g.node.insert(list(g.node).index(n) + 1,
+                  onnx.helper.make_node("Relu", [n.output[0]], ["extra"], name="extra_relu2"))
+    return "extra_relu2"
+
+
 def add_metadata(path, dst, props):
     import onnx
     m = onnx.load(path)
@@ -259,6 +268,7 @@ def main():
                         ("ASPP branches swapped", swap_aspp, ("order",)),
                         ("extra Relu before the Resize", relu_before_resize, ()),
                         ("extra node off the path", dangling_add, ()),
+                        ("extra Relu on layer2's output", relu_on_layer2, ("layer2.3",)),
                         ("foreign Sigmoid", sigmoid_after, ("not part of",))):
                     node = edited(path, bad, edit)
                     refuse(tmp, bad, x, node, what, words)

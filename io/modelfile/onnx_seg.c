@@ -400,10 +400,8 @@ static tw_status conv_emit(octx *c, int node, int v, conv_want w, bool relu, con
 /* The encoder                                                               */
 
 typedef struct encoder {
-    int feat[5]; /* the stem's ReLU, layer1..4's outputs */
-    int stage_nodes[4];
+    int feat[5];  /* the stem's ReLU, layer1..4's outputs */
     bool dilated; /* layer3/4 dilated (torchvision's FCN / DeepLabV3) */
-    int depth_blocks[4];
 } encoder;
 
 /* The readers of value x: a block's first conv and its projection (or the
@@ -520,10 +518,21 @@ static tw_status match_encoder(octx *c, int x, encoder *e)
         if (done) break;
         if (bs.n > 1000) return tw_model_error(c->err, c->path, "more than 1000 blocks");
     }
-    if (bs.stage != 3)
+    if (bs.stage != 3) {
+        /* the head came early: name what reads the last block's output */
+        int nc = onnx_n_consumers(c, y), bad = -1;
+        for (int i = 0; i < nc && bad < 0; i++)
+            if (!op_is(c->g->node[c->cons[c->cons_off[y] + i]], "Concat"))
+                bad = c->cons[c->cons_off[y] + i];
+        if (bad >= 0)
+            return onnx_node_error(c, bad,
+                                   "reads the output of layer%d.%d where a ResNet encoder (4 "
+                                   "stages) goes on with its next block",
+                                   bs.stage + 1, bs.idx - 1);
         return tw_model_error(c->err, c->path,
                               "the encoder has %d stages before its head (a ResNet has 4)",
                               bs.stage + 1);
+    }
     e->feat[4] = y;
     return TW_OK;
 }
