@@ -27,7 +27,8 @@ Hand-edited graphs are refused (exit 1 from seg_forward, the message naming the
 node): an ASPP rate-24 conv with dilation 23, a backbone conv with the wrong
 dilation, the final Resize made nearest, an ASPP Concat with two branches
 swapped, an extra Relu between the logits and the Resize, an extra node off the
-path, an extra reader of layer2's output, a foreign operator (Sigmoid), a U-Net decoder Resize made linear, and
+path, an extra reader of layer2's output, a foreign operator (Sigmoid), a
+U-Net decoder Resize made linear, a U-Net Concat of [skip, upsampled], and
 align_corners coordinates. Deepness's metadata keys (model_type Segmentor,
 class_names as a Python dict, tiles_size, tiles_overlap, resolution,
 standardization_mean/std) load with the graph; a tiles_overlap out of 0..99
