@@ -54,10 +54,8 @@ typedef struct octx {
     int cap;               /* capacity of mf->tensors */
     struct sha256_ctx sha; /* the file's digest, then external data */
     int64_t opset;
-    bool seg;           /* a segmentation graph (onnx_seg.c): dilated convolutions pass
-                           conv geometry, stage outputs may have skip readers */
-    const char *prefix; /* of the encoder's tensor names: "" (classifier),
-                           "backbone." or "encoder." */
+    bool seg; /* a segmentation graph (onnx_seg.c): dilated convolutions pass conv
+                 geometry, the stem's ReLU may have skip readers, Shape reads no data */
 } octx;
 
 static inline const char *S(const char *s)
@@ -192,8 +190,8 @@ tw_status onnx_take_relu(octx *c, int node, int v, int *out);
 /* The single reader of cv's output, or -1. */
 int onnx_after(const octx *c, const onnx_conv *cv);
 
-/* The stem from the graph input x (conv1, bn1, ReLU, max-pool) under
- * c->prefix; the max-pool's output into *out. With c->seg the stem's ReLU
+/* The stem from the graph input x (conv1, bn1, ReLU, max-pool); the
+ * max-pool's output into *out. With c->seg the stem's ReLU
  * may have other readers (a U-Net's skip) and the stem must be 7x7. */
 tw_status onnx_match_stem(octx *c, int x, int *out);
 
@@ -203,7 +201,7 @@ tw_status onnx_block_paths(octx *c, int main_node, int down_node, onnx_block *b)
 tw_status onnx_block_joins(octx *c, const onnx_blocks *bs, int x, const onnx_block *b);
 
 /* The block's Add and ReLU (output into *out), then its tensors under
- * c->prefix + torchvision's names (layerS.I.convN, layerS.I.downsample). */
+ * torchvision's names (layerS.I.convN, layerS.I.downsample). */
 tw_status onnx_block_emit(octx *c, const onnx_blocks *bs, onnx_block *b, int *out);
 
 /* The graph's one image input: its value into *x, its channels (0 when not

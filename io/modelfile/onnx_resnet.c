@@ -344,10 +344,7 @@ tw_status onnx_match_stem(octx *c, int x, int *out)
         c->used[mp] = true;
         st = onnx_out0(c, mp, out);
     }
-    char nm[64], bn[64];
-    snprintf(nm, sizeof nm, "%sconv1", S(c->prefix));
-    snprintf(bn, sizeof bn, "%sbn1", S(c->prefix));
-    if (st == TW_OK) st = onnx_emit_conv(c, &cv, nm, bn);
+    if (st == TW_OK) st = onnx_emit_conv(c, &cv, "conv1", "bn1");
     onnx_conv_free(&cv);
     return st;
 }
@@ -543,13 +540,13 @@ tw_status onnx_block_emit(octx *c, const onnx_blocks *bs, onnx_block *b, int *ou
     if (st == TW_OK) st = onnx_take_relu(c, r, a_out, out);
     char nm[64], bn[64];
     for (int i = 0; i < b->np && st == TW_OK; i++) {
-        snprintf(nm, sizeof nm, "%slayer%d.%d.conv%d", S(c->prefix), bs->stage + 1, bs->idx, i + 1);
-        snprintf(bn, sizeof bn, "%slayer%d.%d.bn%d", S(c->prefix), bs->stage + 1, bs->idx, i + 1);
+        snprintf(nm, sizeof nm, "layer%d.%d.conv%d", bs->stage + 1, bs->idx, i + 1);
+        snprintf(bn, sizeof bn, "layer%d.%d.bn%d", bs->stage + 1, bs->idx, i + 1);
         st = onnx_emit_conv(c, &b->path[i], nm, bn);
     }
     if (st == TW_OK && b->down.w) {
-        snprintf(nm, sizeof nm, "%slayer%d.%d.downsample.0", S(c->prefix), bs->stage + 1, bs->idx);
-        snprintf(bn, sizeof bn, "%slayer%d.%d.downsample.1", S(c->prefix), bs->stage + 1, bs->idx);
+        snprintf(nm, sizeof nm, "layer%d.%d.downsample.0", bs->stage + 1, bs->idx);
+        snprintf(bn, sizeof bn, "layer%d.%d.downsample.1", bs->stage + 1, bs->idx);
         st = onnx_emit_conv(c, &b->down, nm, bn);
     }
     return st;
