@@ -20,6 +20,7 @@
 #include "io/input/raster.h"
 #include "io/url.h"
 #include "model/resnet.h"
+#include "model/segnet.h"
 #include "pipeline/report/json.h"
 
 /* ---- the tree (info_internal.h) ---- */
@@ -196,6 +197,7 @@ static json_t *model_facts(const char *path, const tw_model_file *mf, const tw_r
     json_t *f = json_object(), *classes = json_array();
     tw_info_put(f, "type", json_string("model"), ok);
     tw_info_put(f, "path", tw_info_str(path), ok);
+    tw_info_put(f, "task", json_string("classification"), ok);
     tw_info_put(f, "arch", tw_info_str(arch), ok);
     tw_info_put(f, "family", tw_info_str(tw_resnet_family_name(net->family)), ok);
     tw_info_put(f, "groups", json_integer(net->groups), ok);
@@ -228,6 +230,16 @@ static tw_status info_model(const char *path, json_t **facts, tw_error *err)
     tw_model_file *mf = NULL;
     tw_status st = tw_model_file_load(path, &mf, err);
     if (st != TW_OK) return st;
+    if (tw_segnet_detect(mf)) {
+        tw_segnet *seg = NULL;
+        st = tw_segnet_create(mf, mf->arch, &seg, err);
+        bool ok = true;
+        if (st == TW_OK) *facts = tw_info_seg_facts(path, mf, seg, &ok);
+        if (st == TW_OK && !ok) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+        tw_segnet_destroy(seg);
+        tw_model_file_destroy(mf);
+        return st;
+    }
     tw_resnet *net = NULL;
     st = tw_resnet_create(mf, mf->arch, &net, err);
     if (st == TW_OK) {
@@ -242,6 +254,10 @@ static tw_status info_model(const char *path, json_t **facts, tw_error *err)
 
 static void model_text(const json_t *f, FILE *out)
 {
+    if (strcmp(tw_info_get_str(f, "task"), "segmentation") == 0) {
+        tw_info_seg_text(f, out);
+        return;
+    }
     const json_t *o = json_object_get(f, "onnx");
     json_t *mean = json_object_get(f, "mean"), *std = json_object_get(f, "std");
     json_t *v;

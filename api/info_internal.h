@@ -16,6 +16,8 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "io/modelfile/model_file.h"
+#include "model/segnet.h"
 
 /* Building: a member or an element; v or o NULL (jansson could not
  * allocate) or a failed insertion turns *ok false (v is released either
@@ -47,5 +49,13 @@ bool tw_info_shown(const json_t *o, const char *key, const char *fmt, char *buf,
 bool tw_info_is_stac(const char *path);
 tw_status tw_info_stac_facts(const char *path, json_t **facts, tw_error *err);
 void tw_info_stac_text(const json_t *f, FILE *out);
+
+/* (info_seg.c) A segmentation model's facts (task "segmentation", arch,
+ * network, encoder, output stride, the tile sides it takes, bands,
+ * classes, normalisation, checksum) from its file and built net; and their
+ * text onto out. */
+json_t *tw_info_seg_facts(const char *path, const tw_model_file *mf, const tw_segnet *net,
+                          bool *ok);
+void tw_info_seg_text(const json_t *f, FILE *out);
 
 #endif

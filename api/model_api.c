@@ -142,7 +142,7 @@ tilewise_status tilewise_model_open(const char *path, const char *const *sets, i
         if (st == TW_OK) st = tw_model_file_load(path, &mf, &err);
     }
     if (st == TW_OK) st = tw_resnet_create(mf, mo->p.model.arch, &mo->net, &err);
-    if (st == TW_OK) st = tw_resolve_loaded(&mo->p, mf, mo->net, &mo->m, &err);
+    if (st == TW_OK) st = tw_resolve_loaded(&mo->p, mf, mo->net, NULL, &mo->m, &err);
     tw_model_file_destroy(mf);
     if (st == TW_OK) st = tw_api_backend_for(&mo->p, &mo->be, &err);
     if (st == TW_OK) {

@@ -32,11 +32,19 @@ static void write_input(const tw_validation *v, const tw_validation_input *in, F
                 in->skip_reason);
         return;
     }
-    fprintf(out,
-            "input     %s: %d x %d, %d bands %s; tiles %d x %d = %lld (tile %d, stride "
-            "%d); output grid %d x %d\n",
-            in->shown, in->width, in->height, in->bands, tw_dtype_name(in->dtype), in->tiles_x,
-            in->tiles_y, (long long)in->n_tiles, in->tile, in->stride, in->grid_w, in->grid_h);
+    if (v->model.segmentation)
+        fprintf(out,
+                "input     %s: %d x %d, %d bands %s; tiles %d x %d = %lld (tile %d, stride %d, "
+                "blend %s, margin %d); output per pixel, %d x %d\n",
+                in->shown, in->width, in->height, in->bands, tw_dtype_name(in->dtype), in->tiles_x,
+                in->tiles_y, (long long)in->n_tiles, in->tile, in->stride, tw_blend_names[v->blend],
+                v->margin, in->grid_w, in->grid_h);
+    else
+        fprintf(out,
+                "input     %s: %d x %d, %d bands %s; tiles %d x %d = %lld (tile %d, stride "
+                "%d); output grid %d x %d\n",
+                in->shown, in->width, in->height, in->bands, tw_dtype_name(in->dtype), in->tiles_x,
+                in->tiles_y, (long long)in->n_tiles, in->tile, in->stride, in->grid_w, in->grid_h);
     char b1[32];
     fprintf(out, "outputs   %s: at most %s on disk (uncompressed, parts included)%s\n", in->shown,
             tw_format_bytes(in->output_bytes, b1, sizeof b1),
@@ -67,7 +75,12 @@ void tw_validate_write(const tw_validation *v, FILE *out)
 {
     if (!v->resolved) return;
     const tw_resolved *m = &v->model;
-    if (m->headless)
+    if (m->segmentation)
+        fprintf(out,
+                "model     %s: %s (segmentation: a class per pixel), %d bands, %d classes, tiles "
+                "a multiple of %d px (sha256 %.12s)\n",
+                v->weights, m->arch, m->in_bands, m->n_classes, m->multiple, m->model_sha256);
+    else if (m->headless)
         fprintf(out,
                 "model     %s: %s, %d bands, no head (embedding products only), %d features "
                 "(sha256 %.12s)\n",
@@ -231,6 +244,9 @@ tilewise_status tilewise_validation_plan(const tilewise_validation *v, tilewise_
         .strip_bytes = b->strip,
         .gdal_cache_bytes = b->gdal_cache,
         .margin_bytes = b->margin,
+        .task = d->model.segmentation ? "segmentation" : "classification",
+        .blend = tw_blend_names[d->blend],
+        .margin = d->margin,
     };
     memcpy(s, &f, s->size < sizeof f ? s->size : sizeof f);
     return tw_api_give(out, TW_OK, NULL);

@@ -473,9 +473,20 @@ static tw_status check_all(wf_ctx *c, const tw_run_params *p)
             "model.weights is required (an HDF5 bundle, a safetensors file or an ONNX model)");
     const tw_tiling_params *t = &p->tiling;
     char why[TW_ERROR_MSG_MAX / 2];
+    /* A classifier's stride divides its tile (its cells); a segmentation
+     * model's output is per pixel and takes any stride up to the tile. When
+     * the workflow says which (model.arch, tiling.blend, tiling.margin) the
+     * check is made here; else the run makes it once the model is read. */
+    bool seg = given(c, TW_KEY_TILING_BLEND) || given(c, TW_KEY_TILING_MARGIN) ||
+               tw_key_arch_segments(p->model.arch);
     if (t->tile > 0 && t->stride > 0 &&
-        tw_key_check_stride(t->tile, t->stride, NULL, why, sizeof why) != 0)
+        (seg ? t->stride > t->tile
+             : tw_key_check_stride(t->tile, t->stride, NULL, why, sizeof why) != 0)) {
+        if (seg)
+            snprintf(why, sizeof why, "%d is larger than tile %d (expected 1..tile)", t->stride,
+                     t->tile);
         return fail_key(c, TW_KEY_TILING_STRIDE, "%s", why);
+    }
     const tw_model_params *m = &p->model;
     if (m->n_mean > 0 && m->n_std > 0 && m->n_mean != m->n_std)
         return fail_key(c, TW_KEY_MODEL_STD,

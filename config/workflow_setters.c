@@ -36,6 +36,7 @@ static tw_status set_enum(wf_ctx *c, const yaml_node_t *v, tw_run_params *p)
     case TW_KEY_MODEL_ARCH: snprintf(p->model.arch, sizeof p->model.arch, "%s", k->names[i]); break;
     case TW_KEY_MODEL_STEM: p->model.stem = (tw_stem)i; break;
     case TW_KEY_TILING_EDGE: p->tiling.edge = (tw_edge_mode)i; break;
+    case TW_KEY_TILING_BLEND: p->tiling.blend = (tw_blend_mode)i; break;
     case TW_KEY_RUNTIME_PRECISION: p->runtime.precision = (tw_precision)i; break;
     case TW_KEY_OUTPUT_PROB_TYPE: p->output.prob_type = (tw_prob_type)i; break;
     case TW_KEY_OUTPUT_EMBEDDING_TYPE: p->output.emb_type = (tw_emb_type)i; break;
@@ -54,6 +55,7 @@ static int *int_field(int key, tw_run_params *p)
     case TW_KEY_INPUT_RETRIES: return &p->input.retries;
     case TW_KEY_TILING_TILE: return &p->tiling.tile;
     case TW_KEY_TILING_STRIDE: return &p->tiling.stride;
+    case TW_KEY_TILING_MARGIN: return &p->tiling.margin;
     case TW_KEY_TILING_BATCH: return &p->tiling.batch;
     case TW_KEY_RUNTIME_THREADS: return &p->runtime.threads;
     case TW_KEY_RUNTIME_READERS: return &p->runtime.readers;
@@ -420,6 +422,8 @@ const wf_setter wf_setters[TW_KEY_COUNT] = {
     [TW_KEY_TILING_BATCH] = set_auto_int,
     [TW_KEY_TILING_EDGE] = set_enum,
     [TW_KEY_TILING_MAX_NODATA_FRACTION] = set_number,
+    [TW_KEY_TILING_BLEND] = set_enum,
+    [TW_KEY_TILING_MARGIN] = set_int,
     [TW_KEY_RUNTIME_DEVICE] = set_runtime_device,
     [TW_KEY_RUNTIME_PRECISION] = set_enum,
     [TW_KEY_RUNTIME_MEMORY] = set_runtime_memory,

@@ -237,7 +237,7 @@ tw_status wf_get_number(wf_ctx *c, const yaml_node_t *n, double *out)
 tw_status wf_get_choice(wf_ctx *c, const yaml_node_t *n, const char *const *choices, int n_choices,
                         int *idx)
 {
-    char what[256] = "one of ";
+    char what[512] = "one of ";
     for (int i = 0; i < n_choices; i++) {
         if (i) strncat(what, " | ", sizeof what - strlen(what) - 1);
         strncat(what, choices[i], sizeof what - strlen(what) - 1);

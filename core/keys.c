@@ -12,10 +12,15 @@ const char *const tw_key_sections[TW_KEY_SECTIONS] = {"input", "model", "tiling"
                                                       "output"};
 
 static const char *const on_error_names[] = {"fail", "skip"};
-static const char *const arch_names[] = {"resnet18",         "resnet34",         "resnet50",
-                                         "resnet101",        "resnet152",        "resnext50_32x4d",
-                                         "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
-                                         "wide_resnet101_2"};
+static const char *const arch_names[] = {"resnet18",           "resnet34",
+                                         "resnet50",           "resnet101",
+                                         "resnet152",          "resnext50_32x4d",
+                                         "resnext101_32x8d",   "resnext101_64x4d",
+                                         "wide_resnet50_2",    "wide_resnet101_2",
+                                         "fcn_resnet50",       "fcn_resnet101",
+                                         "deeplabv3_resnet50", "deeplabv3_resnet101",
+                                         "unet_resnet18",      "unet_resnet34",
+                                         "unet_resnet50",      "unet_resnet101"};
 static const char *const precision_names[] = {"fp32", "tf32", "fp16", "bf16", "int8"};
 static const char *const resolution_names[] = {"cells", "input"};
 #define NAMES(a) a, (int)(sizeof a / sizeof a[0])
@@ -82,6 +87,10 @@ const tw_key tw_keys[TW_KEY_COUNT] = {
     [TW_KEY_TILING_MAX_NODATA_FRACTION] = {"tiling.max_nodata_fraction", TW_KT_NUMBER, .lo = 0,
                                            .hi = 1, .range = "0..1", .def = "0.5",
                                            .flags = TW_KEY_BYTES},
+    [TW_KEY_TILING_BLEND] = {"tiling.blend", TW_KT_ENUM, NAMES(tw_blend_names),
+                             .def = TW_BLEND_DEFAULT_NAME, .flags = TW_KEY_BYTES},
+    [TW_KEY_TILING_MARGIN] = {"tiling.margin", TW_KT_INT, .lo = 0, .hi = 2048, .range = "0..2048",
+                              .def = "0", .flags = TW_KEY_BYTES},
     [TW_KEY_RUNTIME_DEVICE] = {"runtime.device", TW_KT_SPECIAL,
                                .range = "auto | cpu | cuda | cuda:N", .def = "auto",
                                .why = EXECUTION "CPU and GPU agree to ~1e-6, not bit for bit, "
@@ -248,6 +257,12 @@ static void add_products(kbuf *b, unsigned products)
     add(b, "]");
 }
 
+bool tw_key_arch_segments(const char *arch)
+{
+    return arch && (strncmp(arch, "fcn_", 4) == 0 || strncmp(arch, "deeplabv3_", 10) == 0 ||
+                    strncmp(arch, "unet_", 5) == 0);
+}
+
 int tw_key_check_stride(int tile, int stride, const char *tile_from, char *msg, size_t size)
 {
     if (stride >= 1 && stride <= tile && tile % stride == 0) return 0;
@@ -333,6 +348,8 @@ size_t tw_key_format(tw_key_id k, const tw_run_params *p, char *buf, size_t size
     case TW_KEY_TILING_BATCH: add_auto_int(&b, p->tiling.batch); break;
     case TW_KEY_TILING_EDGE: add(&b, "%s", tw_key_word(k, (int)p->tiling.edge)); break;
     case TW_KEY_TILING_MAX_NODATA_FRACTION: add_double(&b, p->tiling.max_nodata_fraction); break;
+    case TW_KEY_TILING_BLEND: add(&b, "%s", tw_key_word(k, (int)p->tiling.blend)); break;
+    case TW_KEY_TILING_MARGIN: add(&b, "%d", p->tiling.margin); break;
     case TW_KEY_RUNTIME_DEVICE: add_str(&b, p->runtime.device); break;
     case TW_KEY_RUNTIME_PRECISION: add(&b, "%s", tw_key_word(k, (int)p->runtime.precision)); break;
     case TW_KEY_RUNTIME_MEMORY: add(&b, "%zu", p->runtime.memory); break;

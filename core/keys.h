@@ -32,6 +32,7 @@
 #ifndef TW_KEYS_H
 #define TW_KEYS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/params.h"
@@ -62,6 +63,8 @@ typedef enum tw_key_id {
     TW_KEY_TILING_BATCH,
     TW_KEY_TILING_EDGE,
     TW_KEY_TILING_MAX_NODATA_FRACTION,
+    TW_KEY_TILING_BLEND,
+    TW_KEY_TILING_MARGIN,
     TW_KEY_RUNTIME_DEVICE,
     TW_KEY_RUNTIME_PRECISION,
     TW_KEY_RUNTIME_MEMORY,
@@ -149,6 +152,10 @@ int tw_key_section(tw_key_id k);
  * run.c): the run's needs the model, which config/ comes after. Cannot
  * fail; thread-safe. */
 int tw_key_check_stride(int tile, int stride, const char *tile_from, char *msg, size_t size);
+
+/* Whether model.arch names a segmentation network (fcn_*, deeplabv3_*,
+ * unet_*): its stride need not divide its tile. NULL or "": false. */
+bool tw_key_arch_segments(const char *arch);
 
 /* Word i of an enum key (names[i]; output.products, whose names is NULL:
  * tw_products[i].word), or "?" outside 0..n_names-1. Cannot fail. */

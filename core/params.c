@@ -5,6 +5,7 @@
 #include <string.h>
 
 const char *const tw_edge_names[3] = {"pad", "shift", "skip"};
+const char *const tw_blend_names[3] = {"mean", "linear", "cosine"};
 const char *const tw_prob_type_names[2] = {"float32", "uint8"};
 const char *const tw_format_names[2] = {"GTiff", "COG"};
 const char *const tw_emb_type_names[3] = {"float32", "float16", "int8"};
@@ -32,6 +33,8 @@ tw_run_params tw_run_default_params(void)
     p.runtime.cpu_nhwc = -1;
     p.tiling.edge = TW_EDGE_PAD;
     p.tiling.max_nodata_fraction = 0.5;
+    p.tiling.blend = TW_BLEND_DEFAULT;
+    p.tiling.margin = 0;
     strcpy(p.runtime.device, "auto");
     p.runtime.precision = TW_PREC_FP32;
     p.runtime.memory = (size_t)2 << 30;

@@ -24,6 +24,12 @@
 
 typedef enum { TW_EDGE_PAD = 0, TW_EDGE_SHIFT, TW_EDGE_SKIP } tw_edge_mode;
 typedef enum { TW_ON_ERROR_FAIL = 0, TW_ON_ERROR_SKIP } tw_on_error;
+/* tiling.blend: how a segmentation model's overlapping tiles are weighted
+ * (pipeline/engine/blend.h has the formulas) */
+typedef enum tw_blend_mode { TW_BLEND_MEAN = 0, TW_BLEND_LINEAR, TW_BLEND_COSINE } tw_blend_mode;
+/* tiling.blend's default, chosen by the seams measured in bench/RESULTS.md */
+#define TW_BLEND_DEFAULT TW_BLEND_LINEAR
+#define TW_BLEND_DEFAULT_NAME "linear"
 typedef enum {
     TW_PREC_FP32 = 0,
     TW_PREC_TF32,
@@ -54,6 +60,7 @@ extern const char *const tw_format_names[2];        /* GTiff, COG */
 extern const char *const tw_emb_type_names[3];      /* float32, float16, int8 */
 extern const char *const tw_vector_format_names[2]; /* gpkg, fgb */
 extern const char *const tw_stem_names[3];          /* auto, standard, small */
+extern const char *const tw_blend_names[3];         /* mean, linear, cosine */
 
 typedef struct tw_input_params {
     char paths[TW_MAX_INPUTS][TW_PATH_MAX];
@@ -92,10 +99,13 @@ typedef struct tw_model_params {
 
 typedef struct tw_tiling_params {
     int tile;   /* 0: bundle's, else 64 */
-    int stride; /* 0: = tile. tile % stride must be 0 */
+    int stride; /* 0: = tile (a classifier: tile % stride must be 0; segmentation: 1..tile) */
     int batch;  /* 0: auto */
     tw_edge_mode edge;
     double max_nodata_fraction; /* default 0.5 */
+    /* segmentation models only (a classifier refuses them when set) */
+    tw_blend_mode blend; /* default TW_BLEND_DEFAULT */
+    int margin;          /* pixels dropped at each tile edge with a neighbour; default 0 */
 } tw_tiling_params;
 
 typedef struct tw_runtime_params {

@@ -378,6 +378,11 @@ typedef struct tilewise_plan_summary {
     /* The worst case's items: */
     uint64_t base_bytes, weights_bytes, slots_bytes, read_bytes, workspace_bytes, strip_bytes,
         gdal_cache_bytes, margin_bytes;
+    /* "classification" (a value per cell of stride pixels) or "segmentation"
+     * (a value per pixel; tiles blended by blend and margin) */
+    const char *task;
+    const char *blend; /* tiling.blend (segmentation) */
+    int margin;        /* tiling.margin (segmentation) */
 } tilewise_plan_summary;
 
 /* One input as planned. Set size as above. */

@@ -144,6 +144,52 @@ tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_b
     return TW_OK;
 }
 
+bool tw_backend_segments(const tw_backend *b)
+{
+    return b->i->seg_reserve && b->i->seg_workspace_bytes;
+}
+
+tw_status tw_backend_reserve_seg(tw_backend *b, const tw_segnet *net, int tile, int *max_batch,
+                                 tw_precision prec, const tw_log *log, tw_error *err)
+{
+    b->reserved = false;
+    if (!tw_backend_segments(b))
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "runtime.device: the %s backend runs no segmentation model yet (%s); "
+                            "use runtime.device: cpu",
+                            b->i->name, net->arch);
+    if (tile < 1 || *max_batch < 1)
+        return tw_error_set(err, TW_ERR_INTERNAL, "%s backend: reserve for %d tiles of %d px",
+                            b->i->name, *max_batch, tile);
+    if (prec != TW_PREC_FP32)
+        tw_log_printf(log, TW_LOG_NOTICE,
+                      "runtime.precision %s: segmentation models run in fp32 on the %s backend; "
+                      "computing in fp32",
+                      tw_precision_name(prec), b->i->name);
+    int batch = *max_batch;
+    for (;;) {
+        tw_error local;
+        tw_error_init(&local);
+        tw_status st = b->i->seg_reserve(b->ctx, net, tile, batch, &local);
+        if (st == TW_OK) break;
+        if (st != TW_ERR_NOMEM || batch == 1)
+            return tw_error_set(err, local.set ? local.status : st, "%s",
+                                local.set ? local.msg : "reserve failed");
+        batch /= 2;
+        b->batch_halvings++;
+    }
+    if (batch != *max_batch)
+        tw_log_printf(log, TW_LOG_NOTICE,
+                      "%s backend: batch lowered from %d to %d tiles (they did not fit in memory)",
+                      b->i->name, *max_batch, batch);
+    *max_batch = batch;
+    b->reserved = true;
+    b->tile = tile;
+    b->max_batch = batch;
+    b->precision = TW_PREC_FP32;
+    return TW_OK;
+}
+
 static tw_status check_batch(const tw_backend *b, const tw_infer_batch *x, tw_error *err)
 {
     if (!b->reserved)

@@ -26,13 +26,16 @@
 #include "core/error.h"
 #include "core/params.h"
 #include "model/resnet.h"
+#include "model/segnet.h"
 
 /* One batch as the backend sees it. All buffers belong to the batch slot.
  *   x      [n][bands][tile][tile] float32, already normalized (CPU path)
  *   raw    [n][bands][tile][tile] of raw_type, with valid [n][tile][tile]
  *          (1 = valid pixel): for backends with wants_raw (GPU path)
- *   probs  out: [n][n_classes] softmax probabilities
- *   emb    out: [n][feat_dim] pooled features, or NULL when not wanted */
+ *   probs  out: [n][n_classes] softmax probabilities; after seg_reserve
+ *          (a segmentation model) [n][n_classes][tile][tile], per pixel
+ *   emb    out: [n][feat_dim] pooled features, or NULL when not wanted
+ *          (always NULL for a segmentation model) */
 typedef struct tw_infer_batch {
     int n;
     int tile;
@@ -129,6 +132,14 @@ struct tw_backend_i {
     void (*host_free)(void *ctx, void *p);
     void (*get_stats)(void *ctx, tw_backend_stats *out);
     void (*destroy)(void *ctx);
+    /* Segmentation models (model/segnet.h), in fp32; both NULL where the
+     * backend runs none. seg_workspace_bytes: what seg_reserve takes for
+     * batches of max_batch tiles (activations, scratch, weights in its
+     * layouts), without allocating. seg_reserve: as reserve, for net (which
+     * must outlive the reservation); infer then writes per-pixel
+     * probabilities. A later reserve of either kind replaces it. */
+    size_t (*seg_workspace_bytes)(void *ctx, const tw_segnet *net, int tile, int max_batch);
+    tw_status (*seg_reserve)(void *ctx, const tw_segnet *net, int tile, int batch, tw_error *err);
 };
 
 typedef struct tw_backend {
@@ -174,6 +185,14 @@ tw_backend_params tw_backend_default_params(void);
  * *max_batch receives the batch reserved. consume: see reserve(). */
 tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_batch,
                              tw_precision prec, bool consume, const tw_log *log, tw_error *err);
+/* tw_backend_reserve for a segmentation model: fp32 whatever prec asks (a
+ * notice on log when it asks another), the batch halved after each
+ * TW_ERR_NOMEM down to 1. TW_ERR_CONFIG naming the backend when it runs
+ * no segmentation model (seg_reserve NULL). */
+tw_status tw_backend_reserve_seg(tw_backend *b, const tw_segnet *net, int tile, int *max_batch,
+                                 tw_precision prec, const tw_log *log, tw_error *err);
+/* Whether b runs segmentation models. */
+bool tw_backend_segments(const tw_backend *b);
 /* Run one batch after checking it against the reservation (size, tile,
  * buffers): a mismatch is TW_ERR_INTERNAL naming both. */
 tw_status tw_backend_infer(tw_backend *b, const tw_infer_batch *batch, tw_error *err);

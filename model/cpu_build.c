@@ -31,6 +31,8 @@ void cpu_release(cpu_ctx *c)
     c->scratch = NULL;
     c->in_mem = NULL;
     c->fc_w = c->fc_b = NULL;
+    tw_seg_cpu_destroy(c->seg);
+    c->seg = NULL;
     c->reserved = false;
 }
 

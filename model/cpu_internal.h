@@ -27,6 +27,7 @@
 
 #include "model/backend.h"
 #include "model/resnet.h"
+#include "model/seg_cpu.h"
 #include "core/error.h"
 
 enum { N_ACT = 4 };
@@ -209,8 +210,9 @@ typedef struct cpu_ctx {
     int gemm;                /* the cpu_gemm knob */
     int int8_levels;         /* int8 weights' steps per side (cpu_int8_weight_levels) */
     int n_conv;
-    int n_refused;  /* lowerings refused at reserve (plan.n_refused) */
-    gemm_memo memo; /* rows_independent's answers, for every plan of this backend */
+    int n_refused;   /* lowerings refused at reserve (plan.n_refused) */
+    gemm_memo memo;  /* rows_independent's answers, for every plan of this backend */
+    tw_seg_cpu *seg; /* after seg_reserve: a segmentation model's forward (seg_cpu.h) */
     tw_backend_stats stats;
 } cpu_ctx;
 

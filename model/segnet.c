@@ -366,6 +366,12 @@ static bool any_prefix(const tw_model_file *mf, const char *prefix)
     return false;
 }
 
+bool tw_segnet_detect(const tw_model_file *mf)
+{
+    return (any_prefix(mf, "backbone.") && any_prefix(mf, "classifier.")) ||
+           (any_prefix(mf, "encoder.") && any_prefix(mf, "decoder.blocks."));
+}
+
 static const char *const k_archs[] = {
     "fcn_resnet50",  "fcn_resnet101", "deeplabv3_resnet50", "deeplabv3_resnet101",
     "unet_resnet18", "unet_resnet34", "unet_resnet50",      "unet_resnet101",

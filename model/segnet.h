@@ -94,6 +94,11 @@ tw_status tw_segnet_create(const tw_model_file *mf, const char *arch, tw_segnet 
 /* Release; accepts NULL. */
 void tw_segnet_destroy(tw_segnet *net);
 
+/* Whether mf's tensors are a segmentation layout (backbone.* with
+ * classifier.*, or encoder.* with decoder.blocks.*): tw_segnet_create then
+ * builds it or says what is wrong. Cannot fail. */
+bool tw_segnet_detect(const tw_model_file *mf);
+
 /* The channels c[v] and side h[v] of every value v (n_values entries each)
  * for tiles of tile x tile pixels. TW_ERR_CONFIG naming the tile when a map
  * would vanish or the concatenated maps of a U-Net disagree (the tile is not

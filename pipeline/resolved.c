@@ -19,4 +19,7 @@ void tw_run_params_resolved(const tw_run_params *p, const tw_resolved *m, tw_run
     memcpy(out->model.classes, m->classes, sizeof out->model.classes);
     out->tiling.tile = m->tile;
     out->tiling.stride = m->stride;
+    /* a segmentation model's cells are the input's pixels: its products are
+     * on the input's grid whatever output.resolution says */
+    if (m->segmentation) out->output.resolution = TW_RESOLUTION_INPUT;
 }

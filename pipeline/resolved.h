@@ -27,6 +27,12 @@ typedef struct tw_resolved {
     char classes[TW_MAX_CLASSES][TW_NAME_MAX];
     int n_classes;
     int tile, stride;
+    /* A segmentation model (model/segnet.h): per-pixel outputs (cells of
+     * one pixel), tiles blended (tiling.blend, tiling.margin), any stride
+     * in 1..tile; else a classifier, whose cell is its stride. */
+    bool segmentation;
+    int cell;     /* an output cell's side in pixels: stride, or 1 (segmentation) */
+    int multiple; /* a tile side the network takes is a multiple of this (U-Net: 32) */
     int in_bands, feat_dim;
     bool headless; /* no fc: embedding products only (n_classes 1, a stand-in head) */
     char model_sha256[65];

@@ -334,6 +334,8 @@ static void fingerprint_covers_bytes_keys(void **state)
         [TW_KEY_TILING_BATCH] = "auto",
         [TW_KEY_TILING_EDGE] = "skip",
         [TW_KEY_TILING_MAX_NODATA_FRACTION] = "0.5",
+        [TW_KEY_TILING_BLEND] = "cosine",
+        [TW_KEY_TILING_MARGIN] = "4",
         [TW_KEY_RUNTIME_DEVICE] = "cpu",
         [TW_KEY_RUNTIME_PRECISION] = "fp32",
         [TW_KEY_RUNTIME_MEMORY] = "1GiB",

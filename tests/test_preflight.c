@@ -230,8 +230,8 @@ static void fingerprint_diff(void **state)
 {
     (void)state;
     char buf[512];
-    const char *a = "tilewise-parts 4\ntiling.tile 64\ntiling.stride 32\nmodel.mean 1 2\n";
-    const char *b = "tilewise-parts 4\ntiling.tile 64\ntiling.stride 16\nmodel.mean 1 2\n"
+    const char *a = "tilewise-parts 5\ntiling.tile 64\ntiling.stride 32\nmodel.mean 1 2\n";
+    const char *b = "tilewise-parts 5\ntiling.tile 64\ntiling.stride 16\nmodel.mean 1 2\n"
                     "extra 1\n";
     assert_int_equal(tw_parts_fingerprint_diff(a, a, buf, sizeof buf), 0);
     assert_string_equal(buf, "");
@@ -272,8 +272,8 @@ static void parts_refuse_and_lock(void **state)
 {
     (void)state;
     const char *dir = tw_test_tmpdir();
-    const char *fp1 = "tilewise-parts 4\ntiling.stride 32\n";
-    const char *fp2 = "tilewise-parts 4\ntiling.stride 16\n";
+    const char *fp1 = "tilewise-parts 5\ntiling.stride 32\n";
+    const char *fp2 = "tilewise-parts 5\ntiling.stride 16\n";
     tw_error err;
     tw_parts *pt = NULL;
     tw_parts_params pp = parts_params(dir, fp1, 0, 2);
@@ -348,13 +348,13 @@ static void parts_refuse_and_lock(void **state)
 static void parts_fingerprint_damaged(void **state)
 {
     (void)state;
-    const char *fp1 = "tilewise-parts 4\ntiling.stride 32\ninput.raster 64x64 uint8\n";
+    const char *fp1 = "tilewise-parts 5\ntiling.stride 32\ninput.raster 64x64 uint8\n";
     static const struct {
         const char *name, *bytes, *says;
     } cases[] = {
         {"missing", NULL, "is missing"},
         {"empty", "", "is empty"},
-        {"cut", "tilewise-parts 4\ntiling.str", "is cut short"},
+        {"cut", "tilewise-parts 5\ntiling.str", "is cut short"},
         {"garbage", "\x89PNG\r\n\x1a\nnot a fingerprint\n", "is not a tilewise parts fingerprint"},
         {"unreadable", NULL, "cannot be read"}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -441,7 +441,7 @@ static void parts_lock_in_process(void **state)
 {
     (void)state;
     const char *dir = tw_test_tmpdir();
-    const char *fp = "tilewise-parts 4\ntiling.stride 32\n";
+    const char *fp = "tilewise-parts 5\ntiling.stride 32\n";
     tw_parts_params pp = parts_params(dir, fp, 0, 1);
     tw_error err;
     tw_error_init(&err);

@@ -56,6 +56,8 @@ static tw_manifest *sample(void)
     snprintf(m->classes[3], TW_NAME_MAX, "urban");
     m->tile = 64;
     m->stride = 32;
+    m->cell = 32;
+    m->multiple = 1;
     m->in_bands = 3;
     m->feat_dim = 2048;
     snprintf(m->model_sha256, sizeof m->model_sha256, "%064d", 7);
@@ -86,6 +88,8 @@ static void assert_same(const tw_manifest *a, const tw_manifest *b)
     for (int i = 0; i < a->p.input.n_paths; i++)
         assert_string_equal(a->p.input.paths[i], b->p.input.paths[i]);
     assert_int_equal(a->p.tiling.edge, b->p.tiling.edge);
+    assert_int_equal(a->p.tiling.blend, b->p.tiling.blend);
+    assert_int_equal(a->p.tiling.margin, b->p.tiling.margin);
     assert_string_equal(a->p.output.dir, b->p.output.dir);
     assert_int_equal(a->p.output.products, b->p.output.products);
     assert_int_equal(a->p.output.prob_type, b->p.output.prob_type);
@@ -427,6 +431,7 @@ static const char *other_value(const tw_key *k, char *buf, size_t size)
         {"output.products", "[class, prob, confidence, polygons]"},
         {"output.creation_options", "[COMPRESS=LZW, PREDICTOR=2]"},
         {"model.colors", "['#102030', '#a0b0c0']"},
+        {"tiling.margin", "4"},
     };
     for (size_t i = 0; i < sizeof special / sizeof *special; i++)
         if (strcmp(k->path, special[i].path) == 0) return special[i].value;

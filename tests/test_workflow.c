@@ -409,7 +409,9 @@ static const bad_case k_bad[] = {
      NULL,
      {"flow.yaml:4: model.arch: expected one of resnet18 | resnet34 | resnet50 | resnet101 | "
       "resnet152 | resnext50_32x4d | resnext101_32x8d | resnext101_64x4d | wide_resnet50_2 | "
-      "wide_resnet101_2, got 'vgg16'"}},
+      "wide_resnet101_2 | fcn_resnet50 | fcn_resnet101 | deeplabv3_resnet50 | "
+      "deeplabv3_resnet101 | unet_resnet18 | unet_resnet34 | unet_resnet50 | unet_resnet101, got "
+      "'vgg16'"}},
     {"input: {path: a.tif}\nmodel:\n  weights: m.h5\n  stem: tiny\n",
      NULL,
      {"flow.yaml:4: model.stem: expected one of auto | standard | small, got 'tiny'"}},

@@ -24,17 +24,16 @@ struct tw_blend {
     int64_t nodata_pixels;
 };
 
-static const char *const k_mode_names[] = {"mean", "linear", "cosine"};
-
 const char *tw_blend_mode_name(tw_blend_mode mode)
 {
-    return (unsigned)mode < sizeof k_mode_names / sizeof *k_mode_names ? k_mode_names[mode] : NULL;
+    return (unsigned)mode < sizeof tw_blend_names / sizeof *tw_blend_names ? tw_blend_names[mode]
+                                                                           : NULL;
 }
 
 bool tw_blend_mode_from_name(const char *name, tw_blend_mode *mode)
 {
-    for (int i = 0; i < (int)(sizeof k_mode_names / sizeof *k_mode_names); i++)
-        if (name && strcmp(name, k_mode_names[i]) == 0) {
+    for (int i = 0; i < (int)(sizeof tw_blend_names / sizeof *tw_blend_names); i++)
+        if (name && strcmp(name, tw_blend_names[i]) == 0) {
             *mode = (tw_blend_mode)i;
             return true;
         }

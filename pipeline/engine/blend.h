@@ -70,8 +70,6 @@
 #include "pipeline/engine/plan.h"
 #include "pipeline/engine/stitch.h"
 
-typedef enum tw_blend_mode { TW_BLEND_MEAN = 0, TW_BLEND_LINEAR, TW_BLEND_COSINE } tw_blend_mode;
-
 /* "mean", "linear", "cosine"; NULL for a value out of range. */
 const char *tw_blend_mode_name(tw_blend_mode mode);
 /* The mode of a name (as tiling.blend spells it); false when unknown. */

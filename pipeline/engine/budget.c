@@ -41,8 +41,9 @@ size_t tw_budget_slot_bytes(const tw_budget_in *in, int batch, int ref_capacity)
     size_t bytes = b * (size_t)in->bands * px * tw_dtype_size(in->dtype); /* raw */
     bytes += b * px;                                                      /* valid */
     if (!in->backend->i->wants_raw(in->backend->ctx))
-        bytes += b * (size_t)in->bands * px * sizeof(float);             /* normalized */
-    bytes += b * (size_t)in->n_classes * sizeof(float);                  /* probs */
+        bytes += b * (size_t)in->bands * px * sizeof(float); /* normalized */
+    /* probabilities: per tile, or per pixel (a segmentation model) */
+    bytes += b * (size_t)in->n_classes * (in->seg ? px : 1) * sizeof(float);
     if (in->want_emb) bytes += b * (size_t)in->feat_dim * sizeof(float); /* embeddings */
     bytes += (size_t)ref_capacity * 48;                                  /* tile refs */
     return bytes + 8 * 64;
@@ -88,7 +89,9 @@ static size_t total_for(const tw_budget_in *in, int batch, tw_budget *b)
               (tw_raster_strip_bytes(b->read_strip_w, in->tile, in->bands, in->dtype, in->mask) +
                (size_t)batch * (sizeof(int) + 2 * sizeof(int64_t)));
     b->workspace =
-        in->backend->i->workspace_bytes(in->backend->ctx, in->net, in->tile, batch, in->precision);
+        in->seg ? in->backend->i->seg_workspace_bytes(in->backend->ctx, in->seg, in->tile, batch)
+                : in->backend->i->workspace_bytes(in->backend->ctx, in->net, in->tile, batch,
+                                                  in->precision);
     b->weights = in->weights;
     b->strip = in->strip;
     b->polygons = in->polygons;

@@ -42,7 +42,8 @@ typedef struct tw_budget_in {
     size_t weights;        /* folded weights on the host */
     bool weights_consumed; /* freed by the backend's reserve (consumes_weights) */
     const tw_backend *backend;
-    const tw_resnet *net;
+    const tw_resnet *net; /* a classifier, or */
+    const tw_segnet *seg; /* a segmentation model: per-pixel probabilities in the slots */
     tw_precision precision;
     int tile, stride, bands;
     tw_dtype dtype;

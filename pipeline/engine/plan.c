@@ -11,6 +11,7 @@ static int ceil_div(int64_t a, int64_t b)
 void tw_axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax)
 {
     ax->size = size;
+    ax->cell = S;
     ax->cells = ceil_div(size, S);
     ax->shifted = false;
     if (size <= T) {
@@ -34,6 +35,14 @@ int tw_axis_pos(const tw_axis *ax, int tile, int stride, int a)
 
 void tw_axis_cells(const tw_axis *ax, int tile, int stride, int a, int *c0, int *c1)
 {
+    if (ax->cell != stride) {
+        /* cells of another side (per pixel): those starting inside the tile */
+        int64_t pos = tw_axis_pos(ax, tile, stride, a);
+        *c0 = ceil_div(pos, ax->cell);
+        *c1 = ceil_div(pos + tile, ax->cell);
+        if (*c1 > ax->cells) *c1 = ax->cells;
+        return;
+    }
     int k = tile / stride;
     if (a < ax->n_aligned) {
         *c0 = a;
@@ -50,9 +59,20 @@ void tw_axis_cells(const tw_axis *ax, int tile, int stride, int a, int *c0, int 
 tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode edge,
                        int shard_index, int shard_count, tw_plan *out, tw_error *err)
 {
-    if (tile <= 0 || stride <= 0 || tile % stride != 0)
+    return tw_plan_make_cell(width, height, tile, stride, stride, edge, shard_index, shard_count,
+                             out, err);
+}
+
+tw_status tw_plan_make_cell(int width, int height, int tile, int stride, int cell,
+                            tw_edge_mode edge, int shard_index, int shard_count, tw_plan *out,
+                            tw_error *err)
+{
+    if (cell == stride && (tile <= 0 || stride <= 0 || tile % stride != 0))
         return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride: %d does not divide tiling.tile %d",
                             stride, tile);
+    if (cell != stride && (cell != 1 || stride < 1 || stride > tile))
+        return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride: %d is not in 1..tile %d", stride,
+                            tile);
     if (width <= 0 || height <= 0)
         return tw_error_set(err, TW_ERR_INPUT, "raster has no pixels (%d x %d)", width, height);
     if (edge == TW_EDGE_SKIP && (width < tile || height < tile))
@@ -66,10 +86,16 @@ tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode
     tw_plan *p = out;
     p->tile = tile;
     p->stride = stride;
-    p->k = tile / stride;
+    p->cell = cell;
+    p->k = ceil_div(tile, cell);
     p->edge = edge;
     tw_axis_make(width, tile, stride, edge, &p->x);
     tw_axis_make(height, tile, stride, edge, &p->y);
+    if (cell != stride) {
+        p->x.cell = p->y.cell = cell;
+        p->x.cells = ceil_div(width, cell);
+        p->y.cells = ceil_div(height, cell);
+    }
     p->grid_w = p->x.cells;
     p->grid_h = p->y.cells;
 

@@ -1,9 +1,13 @@
 /* plan.h - the tiling plan: where tiles go and which output cells they feed.
  *
- * Output cell (i, j) covers input rows [i*S, i*S+S) and cols [j*S, j*S+S)
- * (S = stride); the grid is ceil(H/S) x ceil(W/S) whatever the edge mode.
- * T = tile must be a multiple of S (k = T/S): an aligned tile at position a
- * covers cells [a, a+k). Per axis, edge mode decides the last tiles:
+ * Output cell (i, j) covers input rows [i*C, i*C+C) and cols [j*C, j*C+C),
+ * C the cell's side; the grid is ceil(H/C) x ceil(W/C) whatever the edge
+ * mode. A classifier's cell is its stride S (C = S): T = tile must be a
+ * multiple of S (k = T/S), and an aligned tile at position a covers cells
+ * [a, a+k). A segmentation model's cell is one pixel (C = 1, any S in
+ * 1..T): a tile at position p covers cells [p, p+T). In general a tile
+ * feeds the cells that start inside it. Per axis, edge mode decides the
+ * last tiles:
  *   pad   aligned tiles until the raster is covered; the last ones read past
  *         the edge (padding is 0 after normalization, not counted as nodata)
  *   shift aligned tiles that fit, plus one tile flush with the edge
@@ -24,14 +28,16 @@
 
 typedef struct tw_axis {
     int size;      /* raster pixels along this axis */
-    int cells;     /* output cells: ceil(size / S) */
+    int cell;      /* an output cell's side: S (a classifier) or 1 (per pixel) */
+    int cells;     /* output cells: ceil(size / cell) */
     int n_aligned; /* aligned tile positions a = 0..n_aligned-1 at a*S */
     bool shifted;  /* one more tile at size - T */
     int n_pos;     /* n_aligned + shifted */
 } tw_axis;
 
 typedef struct tw_plan {
-    int tile, stride, k;
+    int tile, stride, k; /* k: cell rows a tile covers, ceil(T / cell) */
+    int cell;            /* 1: per pixel (segmentation), else = stride */
     tw_edge_mode edge;
     tw_axis x, y;
     int grid_w, grid_h; /* = x.cells, y.cells */
@@ -47,6 +53,12 @@ typedef struct tw_plan {
  * the raster is smaller than one tile. */
 tw_status tw_plan_make(int width, int height, int tile, int stride, tw_edge_mode edge,
                        int shard_index, int shard_count, tw_plan *out, tw_error *err);
+/* The same with cells of `cell` pixels: cell == stride is tw_plan_make;
+ * cell 1 is a segmentation model's per-pixel grid, for any stride in
+ * 1..tile (TW_ERR_CONFIG outside it). */
+tw_status tw_plan_make_cell(int width, int height, int tile, int stride, int cell,
+                            tw_edge_mode edge, int shard_index, int shard_count, tw_plan *out,
+                            tw_error *err);
 
 /* Narrow a plan to output rows [row_begin, row_end) (within the grid): the
  * tile rows to run become those touching them. Cannot fail. */
@@ -59,7 +71,8 @@ void tw_plan_restrict(tw_plan *p, int row_begin, int row_end);
 void tw_axis_make(int size, int T, int S, tw_edge_mode edge, tw_axis *ax);
 /* Pixel position of tile index a along an axis. */
 int tw_axis_pos(const tw_axis *ax, int tile, int stride, int a);
-/* Cells [*c0, *c1) fed by tile index a along an axis (clipped to the grid). */
+/* Cells [*c0, *c1) fed by tile index a along an axis (clipped to the grid):
+ * those that start inside the tile. */
 void tw_axis_cells(const tw_axis *ax, int tile, int stride, int a, int *c0, int *c1);
 
 /* Is a tile with n_nodata nodata pixels of its n_inside pixels inside the

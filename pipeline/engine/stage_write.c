@@ -1,8 +1,65 @@
 /* stage_write.c - the write stage (stages.h): stitch the batches in raster
  * order, commit the chunks of finished rows, take checkpoints, report
- * progress; one worker (see stages_internal.h for the parts). */
+ * progress; one worker (see stages_internal.h for the parts). A classifier's
+ * tiles go to the stitcher (stitch.h, a value per cell), a segmentation
+ * model's to the blender (blend.h, per pixel): the same steps, the same
+ * chunks and checkpoints. */
 #include "core/clock.h"
 #include "pipeline/engine/stages_internal.h"
+
+/* -- the stitcher or the blender, whichever the run has -- */
+
+static tw_status acc_begin_row(tw_pipe *pp, int ty, tw_error *err)
+{
+    return pp->blend ? tw_blend_begin_row(pp->blend, ty, err)
+                     : tw_stitch_begin_row(pp->stitch, ty, err);
+}
+
+static tw_status acc_finish(tw_pipe *pp, tw_error *err)
+{
+    return pp->blend ? tw_blend_finish(pp->blend, err) : tw_stitch_finish(pp->stitch, err);
+}
+
+static tw_status acc_reset(tw_pipe *pp, const tw_plan *plan, tw_error *err)
+{
+    if (pp->blend) return tw_blend_reset(pp->blend, plan->row_begin, plan->row_end, err);
+    tw_stitch_reset(pp->stitch, plan);
+    return TW_OK;
+}
+
+static int acc_rows_done(const tw_pipe *pp)
+{
+    return pp->blend ? tw_blend_rows_done(pp->blend) : tw_stitch_rows_done(pp->stitch);
+}
+
+/* The held rows for a checkpoint: the first row held; *sum and *count
+ * (the blender's sums of weights, floats of the same size) borrowed. */
+static int acc_held(const tw_pipe *pp, const float **sum, const void **count, int *k)
+{
+    if (!pp->blend) {
+        const uint32_t *c;
+        int r0 = tw_stitch_held(pp->stitch, sum, &c, k);
+        *count = c;
+        return r0;
+    }
+    const float *w;
+    int r0 = tw_blend_held(pp->blend, sum, &w, k);
+    *count = w;
+    return r0;
+}
+
+static void acc_restore(tw_pipe *pp, const tw_parts_state *ps, float **sum, void **count)
+{
+    if (!pp->blend) {
+        uint32_t *c;
+        tw_stitch_restore(pp->stitch, ps->r0, sum, &c);
+        *count = c;
+        return;
+    }
+    float *w;
+    tw_blend_restore(pp->blend, ps->r0, ps->tx, ps->ty, sum, &w);
+    *count = w;
+}
 
 /* -- write: stitch in raster order, commit chunks, report progress -- */
 
@@ -45,7 +102,7 @@ tw_status tw_pipe_parts_sink(void *user, int row0, int n, const float *probs, co
  * sure the chunk holding its first row is open, so its tiles land there. */
 static tw_status writer_begin_row(tw_pipe *pp, const tw_segment *seg, int ty, tw_error *err)
 {
-    tw_status st = tw_stitch_begin_row(pp->stitch, ty, err);
+    tw_status st = acc_begin_row(pp, ty, err);
     if (st != TW_OK) return st;
     int c0, c1;
     tw_axis_cells(&seg->plan.y, seg->plan.tile, seg->plan.stride, ty, &c0, &c1);
@@ -66,8 +123,8 @@ static tw_status restore_state(tw_pipe *pp, const tw_segment *seg, int *cur_ty)
 {
     const tw_parts_state *ps = &pp->state;
     float *sum;
-    uint32_t *count;
-    tw_stitch_restore(pp->stitch, ps->r0, &sum, &count);
+    void *count;
+    acc_restore(pp, ps, &sum, &count);
     int r0, r1;
     pipe_chunk_of(pp, seg, ps->r0, &r0, &r1);
     tw_status st = tw_parts_chunk_begin(pp->parts, ps->r0, r1, pp->err);
@@ -96,15 +153,15 @@ static tw_status checkpoint(tw_pipe *pp, bool ending)
     if (pp->cur_seg < 0) return TW_OK; /* nothing stitched by this run */
     const tw_segment *seg = &pp->segs[pp->cur_seg];
     if (pp->written_end >= seg->first + seg->plan.n_tiles - seg->skip)
-        return ending ? tw_stitch_finish(pp->stitch, pp->err) : TW_OK;
+        return ending ? acc_finish(pp, pp->err) : TW_OK;
     if (pp->written_end == pp->checkpoint_end) return TW_OK; /* kept already */
     int si, ty, tx;
     pipe_locate(pp, pp->written_end, &si, &ty, &tx);
     TW_ASSERT(si == pp->cur_seg);
     const float *sum;
-    const uint32_t *count;
+    const void *count;
     tw_parts_state ps = {.row_end = seg->plan.row_end, .ty = ty, .tx = tx};
-    ps.r0 = tw_stitch_held(pp->stitch, &sum, &count, &ps.k);
+    ps.r0 = acc_held(pp, &sum, &count, &ps.k);
     double t0 = tw_clock_now();
     tw_status st = tw_parts_checkpoint(pp->parts, &ps, sum, count, pp->err);
     pp->t_commit = tw_clock_now();
@@ -130,10 +187,9 @@ static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
     for (int i = 0; i < s->n_refs; i++) {
         const tw_tile_ref *ref = &s->refs[i];
         if (ref->seg != pp->cur_seg) {
-            if (pp->cur_seg >= 0 && tw_stitch_finish(pp->stitch, pp->err) != TW_OK)
-                return pp->err->status;
+            if (pp->cur_seg >= 0 && acc_finish(pp, pp->err) != TW_OK) return pp->err->status;
             pp->cur_seg = ref->seg;
-            tw_stitch_reset(pp->stitch, &pp->segs[ref->seg].plan);
+            if (acc_reset(pp, &pp->segs[ref->seg].plan, pp->err) != TW_OK) return pp->err->status;
             *cur_ty = -1;
             if (ref->seg == pp->state_seg &&
                 restore_state(pp, &pp->segs[ref->seg], cur_ty) != TW_OK)
@@ -144,7 +200,14 @@ static tw_status write_tiles(tw_pipe *pp, tw_slot *s)
             if (writer_begin_row(pp, seg, ref->ty, pp->err) != TW_OK) return pp->err->status;
             *cur_ty = ref->ty;
         }
-        if (ref->kept >= 0) {
+        if (ref->kept >= 0 && pp->blend) {
+            /* per pixel: the tile's [C][T][T] probabilities, its valid mask */
+            const size_t px = (size_t)seg->plan.tile * (size_t)seg->plan.tile;
+            if (tw_blend_add(pp->blend, ref->tx, ref->ty, s->probs + (size_t)ref->kept * C * px,
+                             s->valid + (size_t)ref->kept * px, pp->err) != TW_OK)
+                return pp->err->status;
+            pp->res->tiles_classified++;
+        } else if (ref->kept >= 0) {
             const float *pr = s->probs + (size_t)ref->kept * C;
             tw_stitch_add_emb(pp->stitch, ref->tx, ref->ty, pr,
                               FE ? s->emb + (size_t)ref->kept * pp->m->feat_dim : NULL);
@@ -182,7 +245,7 @@ static work_result write_work(worker *w, tw_slot *s, tw_slot **out)
     }
     pp->written_end = s->first + s->n_tiles;
     pp->tiles_done += s->n_refs;
-    if (!pp->steady && tw_stitch_rows_done(pp->stitch) > 0) {
+    if (!pp->steady && acc_rows_done(pp) > 0) {
         pp->steady = true;
         pp->allocs_mark = tw_pipe_alloc_count(pp);
     }
@@ -212,8 +275,7 @@ static tw_status write_stop(worker *w)
     tw_pipe *pp = w->pp;
     if (pipe_aborted(pp) || pp->cur_seg < 0) return TW_OK;
     /* every tile in: finish the rows; stopped early: keep what is in */
-    tw_status st = pp->written_end >= pp->n_tiles ? tw_stitch_finish(pp->stitch, pp->err)
-                                                  : checkpoint(pp, true);
+    tw_status st = pp->written_end >= pp->n_tiles ? acc_finish(pp, pp->err) : checkpoint(pp, true);
     if (st != TW_OK) pipe_abort(pp);
     return st;
 }

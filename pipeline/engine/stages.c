@@ -85,7 +85,9 @@ tw_status tw_pipe_slots_alloc(tw_pipe *pp, int tile, tw_error *err)
         s->valid = tw_alloc(TW_MEM_SLOTS, nb * px);
         if (!pp->wants_raw)
             s->x = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->norm.bands * px * sizeof(float));
-        s->probs = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->n_classes * sizeof(float));
+        /* per tile, or per pixel (a segmentation model: [batch][classes][T][T]) */
+        size_t per = pp->m->segmentation ? (size_t)tile * (size_t)tile : 1;
+        s->probs = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->n_classes * per * sizeof(float));
         if (pp->want_emb)
             s->emb = tw_alloc(TW_MEM_SLOTS, nb * (size_t)pp->m->feat_dim * sizeof(float));
         s->orow = tw_alloc(TW_MEM_SLOTS, nb * sizeof(int32_t));
@@ -125,8 +127,8 @@ tw_status tw_pipe_calibrate(tw_pipe *pp, const tw_raster_info *info, tw_error *e
     if (!backend_runs_int8(pp->be)) return TW_OK;
     const tw_run_params *p = pp->p;
     tw_plan full;
-    tw_status st = tw_plan_make(info->width, info->height, pp->m->tile, pp->m->stride,
-                                p->tiling.edge, 0, 1, &full, err);
+    tw_status st = tw_plan_make_cell(info->width, info->height, pp->m->tile, pp->m->stride,
+                                     pp->m->cell, p->tiling.edge, 0, 1, &full, err);
     if (st != TW_OK) return st;
     const int T = full.tile;
     const size_t px = (size_t)T * T;

@@ -68,6 +68,7 @@
 #include "pipeline/resolved.h"
 #include "pipeline/result.h"
 #include "pipeline/engine/stitch.h"
+#include "pipeline/engine/blend.h"
 
 typedef struct tw_tile_ref {
     int32_t tx, ty;
@@ -89,7 +90,7 @@ typedef struct tw_slot {
     bool raw_backend;     /* raw came from the backend's host_alloc (pinned) */
     uint8_t *valid;       /* [batch][T][T] */
     float *x;             /* [batch][bands][T][T], NULL when the backend normalizes */
-    float *probs;         /* [batch][classes] */
+    float *probs;         /* [batch][classes], or [batch][classes][T][T] (segmentation) */
     float *emb;           /* [batch][feat] or NULL */
     int32_t *orow, *ocol; /* [batch] tile origins, for the tile table */
 } tw_slot;
@@ -128,7 +129,8 @@ typedef struct tw_pipe {
     int chunk_rows;
     double checkpoint_s; /* 0: TW_CHECKPOINT_S */
     int64_t n_tiles;     /* over all segments (tw_pipe_run deducts the skipped ones) */
-    tw_stitch *stitch;
+    tw_stitch *stitch;   /* a classifier's cells, or */
+    tw_blend *blend;     /* a segmentation model's pixels (m->segmentation) */
     tw_parts *parts;
     tw_input_result *res; /* stage seconds, tile counts, reader, bytes read */
     const tw_aoi *aoi;    /* input.aoi, or NULL: every tile */

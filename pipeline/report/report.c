@@ -115,6 +115,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_INPUT_RETRIES:
     case TW_KEY_TILING_TILE:
     case TW_KEY_TILING_STRIDE:
+    case TW_KEY_TILING_MARGIN:
     case TW_KEY_TILING_BATCH:
     case TW_KEY_RUNTIME_THREADS:
     case TW_KEY_RUNTIME_READERS:
@@ -123,6 +124,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
         long long v = k == TW_KEY_INPUT_RETRIES     ? in->retries
                       : k == TW_KEY_TILING_TILE     ? r->tiling.tile
                       : k == TW_KEY_TILING_STRIDE   ? r->tiling.stride
+                      : k == TW_KEY_TILING_MARGIN   ? r->tiling.margin
                       : k == TW_KEY_TILING_BATCH    ? r->tiling.batch
                       : k == TW_KEY_RUNTIME_THREADS ? r->runtime.threads
                       : k == TW_KEY_RUNTIME_READERS ? r->runtime.readers
@@ -137,6 +139,7 @@ static void config_value(tw_json *j, tw_key_id k, const tw_run_params *r, const 
     case TW_KEY_MODEL_ARCH:
     case TW_KEY_MODEL_STEM:
     case TW_KEY_TILING_EDGE:
+    case TW_KEY_TILING_BLEND:
     case TW_KEY_RUNTIME_DEVICE:
     case TW_KEY_RUNTIME_PRECISION:
     case TW_KEY_OUTPUT_DIR:

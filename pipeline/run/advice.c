@@ -272,8 +272,8 @@ static void check_unclassified(tw_advice *a, int input, const char *path, const 
     uint8_t *valid = tw_alloc(TW_MEM_OTHER, px);
     /* k = tile / stride tiles feed a cell on each axis: up to 64 are looked at */
     if (raw && valid && m->tile / m->stride <= 64 &&
-        tw_plan_make(ri->width, ri->height, m->tile, m->stride, p->tiling.edge, 0, 1, &pl, &e) ==
-            TW_OK) {
+        tw_plan_make_cell(ri->width, ri->height, m->tile, m->stride, m->cell, p->tiling.edge, 0, 1,
+                          &pl, &e) == TW_OK) {
         int64_t cells = (int64_t)pl.grid_w * pl.grid_h, n_s = cells < 128 ? cells : 128;
         int64_t valid_px = 0, lost_px = 0;
         for (int64_t s = 0; s < n_s; s++) {

@@ -107,8 +107,8 @@ tw_status tw_merge_ex(const char *out_dir, bool quiet, const volatile sig_atomic
         }
         snprintf(res->stem, sizeof res->stem, "%s", stems[i]);
         tw_plan plan;
-        st = tw_plan_make(mf->info.width, mf->info.height, mf->m.tile, mf->m.stride,
-                          mf->p.tiling.edge, 0, 1, &plan, err);
+        st = tw_plan_make_cell(mf->info.width, mf->info.height, mf->m.tile, mf->m.stride,
+                               mf->m.cell, mf->p.tiling.edge, 0, 1, &plan, err);
         if (st != TW_OK) break;
         res->width = mf->info.width;
         res->height = mf->info.height;

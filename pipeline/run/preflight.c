@@ -277,7 +277,9 @@ double tw_preflight_padding(int width, int height, int tile, int stride, tw_edge
     tw_plan plan;
     tw_error e;
     tw_error_init(&e);
-    if (tw_plan_make(width, height, tile, stride, edge, 0, 1, &plan, &e) != TW_OK ||
+    /* (cells of a pixel: only the tiles' places count here, and they do not
+     * depend on the cells; any stride in 1..tile) */
+    if (tw_plan_make_cell(width, height, tile, stride, 1, edge, 0, 1, &plan, &e) != TW_OK ||
         plan.x.n_pos < 1 || plan.y.n_pos < 1)
         return -1;
     /* Tiles are the product of the two axes' positions. */
@@ -296,7 +298,7 @@ uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp)
     uint64_t total = 0;
     for (int i = 0; i < pp->n_inputs; i++) {
         if (pp->width[i] <= 0) continue;
-        uint64_t S = (uint64_t)pp->stride;
+        uint64_t S = (uint64_t)(pp->cell > 0 ? pp->cell : pp->stride);
         uint64_t gw = ((uint64_t)pp->width[i] + S - 1) / S,
                  gh = ((uint64_t)pp->height[i] + S - 1) / S;
         uint64_t cells = gw * gh, per = 0;
@@ -317,8 +319,9 @@ uint64_t tw_preflight_output_bytes(const tw_preflight_params *pp)
         uint64_t E = (prod & TW_PRODUCT_EMB_RASTER) ? (uint64_t)pp->feat_dim : 0;
         static const uint64_t emb_bytes[] = {4, 2, 1};
         if (E) total += cells * E * emb_bytes[p->output.emb_type];
-        per += (C + E) * 4 + 1; /* committed chunks, until assembly */
-        uint64_t tiles = cells / ((uint64_t)pp->tile / S) / ((uint64_t)pp->tile / S) + 1;
+        per += (C + E) * 4 + 1;              /* committed chunks, until assembly */
+        uint64_t k = (uint64_t)pp->tile / S; /* (tile products: a classifier's, S = stride) */
+        uint64_t tiles = cells / k / k + 1;
         if (prod & (TW_PRODUCT_TILES | TW_PRODUCT_EMB | TW_PRODUCT_TILES_GPKG))
             total +=
                 tiles * (8 + 4 * (C + ((prod & TW_PRODUCT_EMB) ? (uint64_t)pp->feat_dim : 0))) * 2;

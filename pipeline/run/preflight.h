@@ -39,6 +39,7 @@ typedef struct tw_preflight_warnings {
 typedef struct tw_preflight_params {
     const tw_run_params *run;
     int n_classes, feat_dim, tile, stride;
+    int cell; /* an output cell's side (tw_resolved.cell); 0: the stride */
     int n_inputs;
     const int *width, *height;  /* [n_inputs] input pixels */
     const char (*stems)[256];   /* [n_inputs] output file stems */

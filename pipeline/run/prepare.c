@@ -34,22 +34,113 @@
 #include "pipeline/run/run_internal.h"
 #include "pipeline/engine/stages.h"
 #include "pipeline/engine/stitch.h"
+#include "pipeline/engine/blend.h"
 
 /* ------------------------------------------------------------------------ */
 /* Model and inputs: resolve config against the bundle, check before work.  */
 
+/* A segmentation model's default stride leaves 1/TW_SEG_DEFAULT_OVERLAP of
+ * the tile to the overlap with each neighbour. */
+#define TW_SEG_DEFAULT_OVERLAP 2
+
+/* batch: auto's bound for a segmentation model: its tiles run one at a
+ * time (seg_cpu.h), so a batch only saves the stages' hand-overs, while
+ * each tile's per-pixel probabilities fill its slot. */
+#define TW_SEG_MAX_AUTO_BATCH 4
+
+/* The network's own facts: a classifier's (net) or a segmentation
+ * model's (seg); one of the two is NULL. */
+static tw_status resolve_net(const tw_run_params *p, const tw_resnet *net, const tw_segnet *seg,
+                             tw_resolved *m, tw_error *err)
+{
+    if (seg) {
+        snprintf(m->arch, sizeof m->arch, "%s", seg->arch);
+        m->stem = TW_STEM_STANDARD;
+        m->segmentation = true;
+        m->multiple = seg->multiple;
+        m->in_bands = seg->in_bands;
+        m->n_classes = seg->n_classes;
+        return TW_OK;
+    }
+    tw_resnet_arch_name(net, m->arch, sizeof m->arch);
+    m->stem = net->stem_kind;
+    m->multiple = 1;
+    m->in_bands = net->in_bands;
+    m->n_classes = net->n_classes;
+    m->feat_dim = net->feat_dim;
+    m->headless = net->headless;
+    return tw_resnet_check_stem(net, p->model.stem, p->model.weights, "model.stem", err);
+}
+
+/* tiling.tile and tiling.stride against the network: a classifier's stride
+ * divides its tile; a segmentation model's is any in 1..tile and its tile
+ * a multiple of what the network takes; tiling.blend and tiling.margin are
+ * a segmentation model's alone. */
+static tw_status resolve_tiling(const tw_run_params *p, const tw_model_file *mf, tw_resolved *m,
+                                tw_error *err)
+{
+    const char *wpath = p->model.weights;
+    const char *from = p->tiling.tile > 0 ? "tiling.tile" : "the model bundle's tile size";
+    m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
+    /* a segmentation model's tiles overlap by default: the seams measured
+     * in bench/RESULTS.md ("Seams") chose TW_SEG_DEFAULT_OVERLAP */
+    m->stride = p->tiling.stride > 0 ? p->tiling.stride
+                : m->segmentation    ? m->tile - m->tile / TW_SEG_DEFAULT_OVERLAP
+                                     : m->tile;
+    if (m->tile < 32)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "tiling.tile %d is too small for a ResNet (32 pixels at least)",
+                            m->tile);
+    if (m->segmentation) {
+        m->cell = 1;
+        if (m->stride > m->tile)
+            return tw_error_set(err, TW_ERR_CONFIG,
+                                "tiling.stride: %d is larger than tile %d (%s) (expected 1..tile)",
+                                m->stride, m->tile, from);
+        if (m->tile % m->multiple != 0)
+            return tw_error_set(err, TW_ERR_CONFIG,
+                                "tiling.tile: %s (%s) takes tiles whose side is a multiple of %d; "
+                                "%d is not (use %d or %d)",
+                                wpath, m->arch, m->multiple, m->tile,
+                                m->tile / m->multiple * m->multiple > 0
+                                    ? m->tile / m->multiple * m->multiple
+                                    : m->multiple,
+                                (m->tile / m->multiple + 1) * m->multiple);
+        int mmax = (m->tile - m->stride) / 2;
+        if (p->tiling.margin > mmax)
+            return tw_error_set(err, TW_ERR_CONFIG,
+                                "tiling.margin: %d is too large for tile %d and stride %d: at most "
+                                "%d (floor((tile - stride) / 2); a larger margin leaves pixels "
+                                "between two tiles that neither gives a weight)",
+                                p->tiling.margin, m->tile, m->stride, mmax);
+        return TW_OK;
+    }
+    m->cell = m->stride;
+    if (p->tiling.margin != 0 || p->tiling.blend != TW_BLEND_DEFAULT)
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "tiling.%s: %s is a classifier (one answer per tile): only a "
+                            "segmentation model blends per pixel",
+                            p->tiling.margin != 0 ? "margin" : "blend", wpath);
+    /* The tile came from the bundle (the parser checks a given one): the
+     * parser's message, saying so. */
+    char why[TW_ERROR_MSG_MAX / 2];
+    if (tw_key_check_stride(m->tile, m->stride, from, why, sizeof why) != 0)
+        return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride: %s", why);
+    return TW_OK;
+}
+
 static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
-                               const tw_resnet *net, tw_resolved *m, tw_error *err)
+                               const tw_resnet *net, const tw_segnet *seg, tw_resolved *m,
+                               tw_error *err)
 {
     memset(m, 0, sizeof *m);
     const char *wpath = p->model.weights;
-    tw_resnet_arch_name(net, m->arch, sizeof m->arch);
-    m->stem = net->stem_kind;
-    tw_status st0 = tw_resnet_check_stem(net, p->model.stem, wpath, "model.stem", err);
+    tw_status st0 = resolve_net(p, net, seg, m, err);
     if (st0 != TW_OK) return st0;
-    m->in_bands = net->in_bands;
-    m->feat_dim = net->feat_dim;
-    m->headless = net->headless;
+    const char *conv1 =
+        seg ? (seg->kind == TW_SEG_UNET ? "encoder.conv1.weight" : "backbone.conv1.weight")
+            : "conv1.weight";
+    const char *head = seg ? "the last convolution" : "fc.weight";
     memcpy(m->model_sha256, mf->sha256, sizeof m->model_sha256);
 
     if (p->input.n_bands > 0) {
@@ -59,51 +150,49 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
         m->n_bands = mf->n_bands;
         memcpy(m->bands, mf->bands, sizeof(int) * (size_t)m->n_bands);
     }
-    if (m->n_bands > 0 && m->n_bands != net->in_bands)
-        return tw_error_set(
-            err, TW_ERR_MODEL, "%s expects %d input bands (conv1.weight) but %s selects %d", wpath,
-            net->in_bands, p->input.n_bands > 0 ? "input.bands" : "the bundle's band list",
-            m->n_bands);
+    if (m->n_bands > 0 && m->n_bands != m->in_bands)
+        return tw_error_set(err, TW_ERR_MODEL, "%s expects %d input bands (%s) but %s selects %d",
+                            wpath, m->in_bands, conv1,
+                            p->input.n_bands > 0 ? "input.bands" : "the bundle's band list",
+                            m->n_bands);
 
     m->scale = !isnan(p->input.scale) ? p->input.scale
                                       : (!isnan(mf->scale) && mf->scale > 0 ? mf->scale : 1.0);
 
-    m->n_norm = net->in_bands;
+    m->n_norm = m->in_bands;
     int n_mean = p->model.n_mean > 0 ? p->model.n_mean : mf->n_mean;
     int n_std = p->model.n_std > 0 ? p->model.n_std : mf->n_std;
     const float *mean = p->model.n_mean > 0 ? p->model.mean : mf->mean;
     const float *std = p->model.n_std > 0 ? p->model.std : mf->std;
-    if (n_mean > 0 && n_mean != net->in_bands)
+    if (n_mean > 0 && n_mean != m->in_bands)
         return tw_error_set(err, TW_ERR_CONFIG,
                             "model.mean has %d values but %s expects %d input bands", n_mean, wpath,
-                            net->in_bands);
-    if (n_std > 0 && n_std != net->in_bands)
+                            m->in_bands);
+    if (n_std > 0 && n_std != m->in_bands)
         return tw_error_set(err, TW_ERR_CONFIG,
                             "model.std has %d values but %s expects %d input bands", n_std, wpath,
-                            net->in_bands);
-    for (int c = 0; c < net->in_bands; c++) {
+                            m->in_bands);
+    for (int c = 0; c < m->in_bands; c++) {
         m->mean[c] = n_mean > 0 ? mean[c] : 0.0f;
         m->std[c] = n_std > 0 ? std[c] : 1.0f;
         if (!(m->std[c] > 0.0f) || !isfinite(m->std[c]) || !isfinite(m->mean[c]))
             return tw_error_set(err, TW_ERR_CONFIG, "model.std[%d] must be a positive number", c);
     }
 
-    m->n_classes = net->n_classes;
-    if (net->headless && (p->model.n_classes > 0 || p->model.n_colors > 0))
+    if (m->headless && (p->model.n_classes > 0 || p->model.n_colors > 0))
         return tw_error_set(err, TW_ERR_CONFIG,
                             "model.%s: %s is a headless backbone (no fc.weight): it has no classes",
                             p->model.n_classes > 0 ? "classes" : "colors", wpath);
-    if (net->n_classes > TW_MAX_CLASSES)
+    if (m->n_classes > TW_MAX_CLASSES)
         return tw_error_set(err, TW_ERR_MODEL, "%s has %d classes; tilewise supports at most %d",
-                            wpath, net->n_classes, TW_MAX_CLASSES);
-    if (p->model.n_classes > 0 && p->model.n_classes != net->n_classes)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "model.classes names %d classes but %s has %d (fc.weight)",
-                            p->model.n_classes, wpath, net->n_classes);
-    for (int c = 0; c < net->n_classes; c++) {
+                            wpath, m->n_classes, TW_MAX_CLASSES);
+    if (p->model.n_classes > 0 && p->model.n_classes != m->n_classes)
+        return tw_error_set(err, TW_ERR_CONFIG, "model.classes names %d classes but %s has %d (%s)",
+                            p->model.n_classes, wpath, m->n_classes, head);
+    for (int c = 0; c < m->n_classes; c++) {
         if (p->model.n_classes > 0)
             snprintf(m->classes[c], TW_NAME_MAX, "%s", p->model.classes[c]);
-        else if (mf->n_classes == net->n_classes)
+        else if (mf->n_classes == m->n_classes)
             snprintf(m->classes[c], TW_NAME_MAX, "%s", mf->classes[c]);
         else
             snprintf(m->classes[c], TW_NAME_MAX, "class_%d", c);
@@ -118,25 +207,12 @@ static tw_status resolve_model(const tw_run_params *p, const tw_model_file *mf,
                                     wpath, c + 1, *ch);
     }
 
-    if (p->model.n_colors > 0 && p->model.n_colors != net->n_classes)
+    if (p->model.n_colors > 0 && p->model.n_colors != m->n_classes)
         return tw_error_set(err, TW_ERR_CONFIG,
-                            "model.colors has %d colours but %s has %d classes (fc.weight)",
-                            p->model.n_colors, wpath, net->n_classes);
+                            "model.colors has %d colours but %s has %d classes (%s)",
+                            p->model.n_colors, wpath, m->n_classes, head);
 
-    m->tile = p->tiling.tile > 0 ? p->tiling.tile : (mf->tile > 0 ? mf->tile : 64);
-    m->stride = p->tiling.stride > 0 ? p->tiling.stride : m->tile;
-    /* The tile came from the bundle (the parser checks a given one): the
-     * parser's message, saying so. */
-    char why[TW_ERROR_MSG_MAX / 2];
-    if (tw_key_check_stride(m->tile, m->stride,
-                            p->tiling.tile > 0 ? "tiling.tile" : "the model bundle's tile size",
-                            why, sizeof why) != 0)
-        return tw_error_set(err, TW_ERR_CONFIG, "tiling.stride: %s", why);
-    if (m->tile < 32)
-        return tw_error_set(err, TW_ERR_CONFIG,
-                            "tiling.tile %d is too small for a ResNet (32 pixels at least)",
-                            m->tile);
-    return TW_OK;
+    return resolve_tiling(p, mf, m, err);
 }
 
 /* input.aoi for one raster, on the tile grid of its full plan (tile
@@ -148,8 +224,8 @@ tw_status tw_run_aoi_for(const tw_run_params *p, const tw_resolved *m, const tw_
     *out = NULL;
     if (!p->input.aoi[0]) return TW_OK;
     tw_plan full;
-    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
-                                &full, err);
+    tw_status st = tw_plan_make_cell(info->width, info->height, m->tile, m->stride, m->cell,
+                                     p->tiling.edge, 0, 1, &full, err);
     if (st != TW_OK) return st;
     int *xs = tw_calloc(TW_MEM_OTHER, (size_t)full.x.n_pos + (size_t)full.y.n_pos, sizeof(int));
     if (!xs) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
@@ -240,8 +316,8 @@ static tw_status check_inputs(const tw_run_params *p, const tw_resolved *m,
         tw_plan plan;
         tw_error perr;
         tw_error_init(&perr);
-        if (tw_plan_make(infos[i].info.width, infos[i].info.height, m->tile, m->stride,
-                         p->tiling.edge, 0, 1, &plan, &perr) != TW_OK)
+        if (tw_plan_make_cell(infos[i].info.width, infos[i].info.height, m->tile, m->stride,
+                              m->cell, p->tiling.edge, 0, 1, &plan, &perr) != TW_OK)
             return tw_error_set(err, perr.status, "%s: %s", shown, perr.msg);
         /* input.aoi: read and placed on every raster before any tile. */
         infos[i].all_tiles = plan.n_tiles;
@@ -288,6 +364,7 @@ void tw_run_ctx_release(run_ctx *c)
     c->net_saved = NULL;
     if (c->have_be) tw_backend_destroy(&c->be);
     tw_resnet_destroy(c->net);
+    tw_segnet_destroy(c->seg);
     tw_free(c->infos);
 }
 
@@ -311,6 +388,17 @@ static tw_status check_products(const tw_run_params *p, const tw_resolved *m, tw
                             "embeddings only",
                             name, p->model.weights);
     }
+    /* a segmentation model answers per pixel: no tile table, no pooled
+     * features */
+    unsigned per_tile =
+        TW_PRODUCT_TILES | TW_PRODUCT_TILES_GPKG | TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER;
+    for (int i = 0; m->segmentation && i < TW_PRODUCT_COUNT; i++)
+        if (p->output.products & per_tile & tw_products[i].bit)
+            return tw_error_set(err, TW_ERR_CONFIG,
+                                "output.products: '%s' is a classifier's product, but %s is a "
+                                "segmentation model (%s, one answer per pixel): ask for class, "
+                                "prob, confidence or polygons",
+                                tw_products[i].word, p->model.weights, m->arch);
     /* the products against other keys: config/workflow.c's check_all */
     return TW_OK;
 }
@@ -335,6 +423,7 @@ static tw_status preflight(run_ctx *c, const tw_run_params *p, tw_error *err)
         .feat_dim = c->m.feat_dim,
         .tile = c->m.tile,
         .stride = c->m.stride,
+        .cell = c->m.cell,
         .n_inputs = n,
         .width = wh,
         .height = wh + n,
@@ -384,8 +473,8 @@ int64_t tw_run_polygons_fit(const run_ctx *c, int i, int *grid_w, int *grid_h)
     tw_error e;
     tw_error_init(&e);
     if (c->p->output.resolution != TW_RESOLUTION_INPUT &&
-        tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, c->p->tiling.edge, 0, 1,
-                     &plan, &e) == TW_OK) {
+        tw_plan_make_cell(info->width, info->height, c->m.tile, c->m.stride, c->m.cell,
+                          c->p->tiling.edge, 0, 1, &plan, &e) == TW_OK) {
         gw = plan.grid_w;
         gh = plan.grid_h;
     }
@@ -437,8 +526,8 @@ tw_status tw_run_prepare_inputs(run_ctx *c, const tw_run_params *p, tw_error *er
     char note[TW_ERROR_MSG_MAX]; /* a bundle without a tensors checksum (an older export) */
     if (tw_model_file_notice(mf, note, sizeof note))
         tw_log_printf(tw_run_log(c), TW_LOG_NOTICE, "%s", note);
-    st = tw_resnet_create(mf, p->model.arch, &c->net, err);
-    if (st == TW_OK) st = resolve_model(p, mf, c->net, &c->m, err);
+    st = tw_load_net(p, mf, &c->net, &c->seg, err);
+    if (st == TW_OK) st = resolve_model(p, mf, c->net, c->seg, &c->m, err);
     tw_model_file_destroy(mf);
     if (st == TW_OK) st = check_products(p, &c->m, err);
     if (st != TW_OK) return st;
@@ -493,9 +582,17 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     bp.cpu_nhwc = p->runtime.cpu_nhwc;
     bp.cuda_fail_above = p->runtime.cuda_fail_above;
     bp.log = quiet ? NULL : tw_run_log(c);
-    st = tw_backend_create_ex(p->runtime.device, &bp, &c->be, err);
+    /* runtime.device auto: a segmentation model runs where it can (the CPU) */
+    const char *device =
+        c->seg && strcmp(p->runtime.device, "auto") == 0 ? "cpu" : p->runtime.device;
+    st = tw_backend_create_ex(device, &bp, &c->be, err);
     if (st != TW_OK) return st;
     c->have_be = true;
+    if (c->seg && !tw_backend_segments(&c->be))
+        return tw_error_set(err, TW_ERR_CONFIG,
+                            "runtime.device %s: the %s backend runs no segmentation model yet "
+                            "(%s is %s); use runtime.device: cpu",
+                            p->runtime.device, c->be.i->name, p->model.weights, c->m.arch);
 
     /* Budget over the widest input: one plan for all of them. */
     int widest = 0;
@@ -505,12 +602,15 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
             widest = i;
     const tw_raster_info *wi = &c->infos[widest].info;
     tw_plan plan;
-    st = tw_plan_make(wi->width, wi->height, c->m.tile, c->m.stride, p->tiling.edge, 0, 1, &plan,
-                      err);
+    st = tw_plan_make_cell(wi->width, wi->height, c->m.tile, c->m.stride, c->m.cell, p->tiling.edge,
+                           0, 1, &plan, err);
     if (st != TW_OK) return st;
     /* values per cell: the probabilities and (embedding_raster) the features */
     int cell_values = c->m.n_classes + tw_run_cell_emb(p->output.products, c->m.feat_dim);
-    size_t strip = tw_stitch_bytes(&plan, cell_values) +
+    /* the stitcher's or the blender's held rows, and as many rows on their
+     * way to the chunks */
+    size_t strip = (c->seg ? tw_blend_bytes(plan.grid_w, plan.tile, cell_values)
+                           : tw_stitch_bytes(&plan, cell_values)) +
                    (size_t)plan.k * (size_t)plan.grid_w * ((size_t)cell_values * 4 + 8);
     /* embedding_raster's assembly: 16 rows of D floats per cell read back from
      * the chunks and as many in the writer's band-interleaved strip */
@@ -526,10 +626,11 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
     tw_budget_in bin = {
         .total = p->runtime.memory,
         .base = TW_BUDGET_BASE, /* the run's own, not the host process's (budget.h) */
-        .weights = c->net->weight_bytes,
-        .weights_consumed = c->be.i->consumes_weights(c->be.ctx, p->runtime.precision),
+        .weights = c->seg ? c->seg->weight_bytes : c->net->weight_bytes,
+        .weights_consumed = !c->seg && c->be.i->consumes_weights(c->be.ctx, p->runtime.precision),
         .backend = &c->be,
         .net = c->net,
+        .seg = c->seg,
         .precision = p->runtime.precision,
         .tile = c->m.tile,
         .stride = c->m.stride,
@@ -539,7 +640,8 @@ tw_status tw_run_prepare(run_ctx *c, const tw_run_params *p, bool quiet, tw_erro
         .feat_dim = c->m.feat_dim,
         .want_emb = (p->output.products & (TW_PRODUCT_EMB | TW_PRODUCT_EMB_RASTER)) != 0,
         .fixed_batch = p->tiling.batch,
-        .max_auto_batch = c->be.i->auto_batch(c->be.ctx, c->net, c->m.tile),
+        .max_auto_batch =
+            c->seg ? TW_SEG_MAX_AUTO_BATCH : c->be.i->auto_batch(c->be.ctx, c->net, c->m.tile),
         .raster_w = wi->width,
         .block_w = wi->block_w,
         .block_h = wi->block_h,
@@ -561,16 +663,28 @@ tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err)
 {
     tw_model_file *mf = NULL;
     tw_resnet *net = NULL;
+    tw_segnet *seg = NULL;
     tw_status st = tw_model_file_load(p->model.weights, &mf, err);
-    if (st == TW_OK) st = tw_resnet_create(mf, p->model.arch, &net, err);
-    if (st == TW_OK) st = resolve_model(p, mf, net, m, err);
+    if (st == TW_OK) st = tw_load_net(p, mf, &net, &seg, err);
+    if (st == TW_OK) st = resolve_model(p, mf, net, seg, m, err);
     tw_resnet_destroy(net);
+    tw_segnet_destroy(seg);
     tw_model_file_destroy(mf);
     return st;
 }
 
 tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, const tw_resnet *net,
-                            tw_resolved *m, tw_error *err)
+                            const tw_segnet *seg, tw_resolved *m, tw_error *err)
 {
-    return resolve_model(p, mf, net, m, err);
+    return resolve_model(p, mf, net, seg, m, err);
+}
+
+tw_status tw_load_net(const tw_run_params *p, const tw_model_file *mf, tw_resnet **net,
+                      tw_segnet **seg, tw_error *err)
+{
+    *net = NULL;
+    *seg = NULL;
+    if (tw_key_arch_segments(p->model.arch) || tw_segnet_detect(mf))
+        return tw_segnet_create(mf, p->model.arch, seg, err);
+    return tw_resnet_create(mf, p->model.arch, net, err);
 }

@@ -18,7 +18,7 @@
 static void output_geotransform(const tw_raster_info *info, const tw_plan *pl, double gt[6])
 {
     const double *g = info->geotransform;
-    double S = pl->stride;
+    double S = pl->cell; /* the stride, or 1 (a segmentation model's pixels) */
     gt[0] = g[0];
     gt[1] = g[1] * S;
     gt[2] = g[2] * S;
@@ -63,8 +63,8 @@ tw_status tw_products_assemble(const tw_run_params *p, const tw_resolved *m,
                                tw_input_result *res, tw_error *err)
 {
     tw_plan plan;
-    tw_status st = tw_plan_make(info->width, info->height, m->tile, m->stride, p->tiling.edge, 0, 1,
-                                &plan, err);
+    tw_status st = tw_plan_make_cell(info->width, info->height, m->tile, m->stride, m->cell,
+                                     p->tiling.edge, 0, 1, &plan, err);
     if (st != TW_OK) return st;
     tw_writer_params wp;
     writer_params_for(p, m, config_json, info, &plan, res->stem, &wp);
@@ -109,7 +109,8 @@ tw_status tw_products_assemble(const tw_run_params *p, const tw_resolved *m,
     pw.creation_options = NULL;
     pw.n_creation_options = 0;
     int64_t scratch_hist[TW_MAX_CLASSES + 1], scratch_nodata = 0;
-    if ((rasters || polys) && p->output.resolution == TW_RESOLUTION_INPUT) {
+    /* (a segmentation model's cells are the input's pixels already) */
+    if ((rasters || polys) && p->output.resolution == TW_RESOLUTION_INPUT && !m->segmentation) {
         /* The cell grid's probabilities first (float32, in the parts
          * directory), then resampled onto the input's grid. */
         char cdir[TW_PATH_MAX + 300], cells[TW_PATH_MAX + 400];

@@ -357,10 +357,25 @@ static tw_status compute(run_ctx *c, int idx, const tw_plan *plan, tw_input_resu
                       c->be.i->name);
     }
     if (st == TW_OK) st = tw_pipe_calibrate(pp, &c->infos[idx].info, err);
-    if (st == TW_OK)
+    if (st == TW_OK && c->seg) {
+        const tw_plan *sp = &pp->segs[0].plan;
+        tw_blend_params bp = tw_blend_default_params();
+        bp.width = c->infos[idx].info.width;
+        bp.height = c->infos[idx].info.height;
+        bp.tile = sp->tile;
+        bp.stride = sp->stride;
+        bp.edge = sp->edge;
+        bp.mode = p->tiling.blend;
+        bp.margin = p->tiling.margin;
+        bp.n_classes = c->m.n_classes;
+        bp.row_begin = sp->row_begin;
+        bp.row_end = sp->row_end;
+        st = tw_blend_create(bp, tw_pipe_parts_sink, pp, &pp->blend, err);
+    } else if (st == TW_OK) {
         st = tw_stitch_create_ex(&pp->segs[0].plan, c->m.n_classes,
                                  tw_run_cell_emb(p->output.products, c->m.feat_dim),
                                  tw_pipe_parts_sink, pp, &pp->stitch, err);
+    }
     bool interrupted = false;
     if (st == TW_OK) st = tw_pipe_run(pp, &interrupted);
     if (st == TW_OK && interrupted)
@@ -370,9 +385,10 @@ static tw_status compute(run_ctx *c, int idx, const tw_plan *plan, tw_input_resu
                           res->path, tw_parts_rows_done(pp->parts), plan->grid_h);
     if (st == TW_OK && pp->steady)
         res->steady_state_allocs = tw_pipe_alloc_count(pp) - pp->allocs_mark;
-    if (pp->stitch) {
+    if (pp->stitch || pp->blend) {
         int64_t nod = 0;
-        const int64_t *h = tw_stitch_histogram(pp->stitch, &nod);
+        const int64_t *h =
+            pp->blend ? tw_blend_histogram(pp->blend, &nod) : tw_stitch_histogram(pp->stitch, &nod);
         memcpy(res->hist, h, sizeof(int64_t) * (size_t)c->m.n_classes);
         res->nodata_cells = nod;
     }
@@ -412,8 +428,8 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     res->height = info->height;
 
     tw_plan plan;
-    st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
-                      p->shard_index, p->shard_count, &plan, err);
+    st = tw_plan_make_cell(info->width, info->height, c->m.tile, c->m.stride, c->m.cell,
+                           p->tiling.edge, p->shard_index, p->shard_count, &plan, err);
     if (st != TW_OK) return st;
     res->grid_w = plan.grid_w;
     res->grid_h = plan.grid_h;
@@ -433,6 +449,7 @@ static tw_status run_one(run_ctx *c, int idx, tw_input_result *res, tw_error *er
     if (st == TW_OK) st = plan_segments(&plan, &pp, res, err);
     if (st == TW_OK && pp.n_segs > 0) st = compute(c, idx, &plan, res, &pp, err);
     tw_stitch_destroy(pp.stitch);
+    tw_blend_destroy(pp.blend);
     tw_pipe_slots_free(&pp);
     tw_free(pp.segs);
     if (st == TW_OK) st = finish(c, idx, res, pp.parts, err);
@@ -569,8 +586,10 @@ static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
          * machine has less free memory than runtime.memory): the backend
          * halves the batch itself, down to 1, and says so (backend.h). */
         int batch = c->bud.batch;
-        st = tw_backend_reserve(&c->be, c->net, c->m.tile, &batch, p->runtime.precision, true,
-                                tw_run_log(c), err);
+        st = c->seg ? tw_backend_reserve_seg(&c->be, c->seg, c->m.tile, &batch,
+                                             p->runtime.precision, tw_run_log(c), err)
+                    : tw_backend_reserve(&c->be, c->net, c->m.tile, &batch, p->runtime.precision,
+                                         true, tw_run_log(c), err);
         tw_backend_stats bs;
         tw_backend_get_stats(&c->be, &bs);
         if (st == TW_OK && bs.unfused_convs > 0)

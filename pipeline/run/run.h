@@ -22,6 +22,7 @@
 #include "io/modelfile/model_file.h"
 #include "model/backend.h"
 #include "model/resnet.h"
+#include "model/segnet.h"
 #include "pipeline/report/report.h"
 #include "pipeline/resolved.h"
 #include "pipeline/result.h"
@@ -39,9 +40,16 @@ tw_status tw_run(const tw_run_params *p, const tw_run_hooks *hooks, tw_run_resul
  * For the CLI's extra validation. */
 tw_status tw_resolve(const tw_run_params *p, tw_resolved *m, tw_error *err);
 /* The same resolution for a model file the caller has loaded and built (the
- * public API keeps the net to classify tiles in memory). Borrows mf and net. */
+ * public API keeps the net to classify tiles in memory): a classifier (net)
+ * or a segmentation model (seg), the other NULL. Borrows mf, net and seg. */
 tw_status tw_resolve_loaded(const tw_run_params *p, const tw_model_file *mf, const tw_resnet *net,
-                            tw_resolved *m, tw_error *err);
+                            const tw_segnet *seg, tw_resolved *m, tw_error *err);
+/* Build the network mf holds: a segmentation model (model.arch names one,
+ * or the tensors are one: tw_segnet_detect) into *seg, else a classifier
+ * into *net; the other stays NULL. The errors of tw_segnet_create and
+ * tw_resnet_create. */
+tw_status tw_load_net(const tw_run_params *p, const tw_model_file *mf, tw_resnet **net,
+                      tw_segnet **seg, tw_error *err);
 
 /* Reader workers a run uses: runtime.readers, or for auto: 1 with a backend
  * that normalizes on the host (the CPU: inference owns the cores), else the

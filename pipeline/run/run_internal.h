@@ -20,6 +20,7 @@
 #include "io/url.h"
 #include "model/backend.h"
 #include "model/resnet.h"
+#include "model/segnet.h"
 #include "core/error.h"
 #include "core/params.h"
 #include "pipeline/run/advice.h"
@@ -53,7 +54,8 @@ typedef struct run_ctx {
     const tw_run_params *p;
     const tw_run_hooks *hooks;
     tw_resolved m;
-    tw_resnet *net;
+    tw_resnet *net; /* a classifier, or */
+    tw_segnet *seg; /* a segmentation model */
     tw_backend be;
     bool have_be;
     bool told_pinned; /* the pinned-memory fallback was said */

@@ -104,6 +104,8 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
     snprintf(v->aoi, sizeof v->aoi, "%s", p->input.aoi);
     v->retries = p->input.retries;
     v->stac = p->output.stac;
+    v->blend = p->tiling.blend;
+    v->margin = p->tiling.margin;
     v->products = p->output.products;
     v->vector_format = p->output.vector_format;
     v->shard_count = p->shard_count;
@@ -130,8 +132,8 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
                 continue;
             }
             tw_plan plan;
-            st = tw_plan_make(info->width, info->height, c->m.tile, c->m.stride, p->tiling.edge,
-                              p->shard_index, p->shard_count, &plan, err);
+            st = tw_plan_make_cell(info->width, info->height, c->m.tile, c->m.stride, c->m.cell,
+                                   p->tiling.edge, p->shard_index, p->shard_count, &plan, err);
             /* what the run would refuse in output.dir, with its words */
             if (st == TW_OK) st = tw_run_probe_parts(c, i, &plan, err);
             if (st != TW_OK) break;
@@ -156,6 +158,7 @@ tw_status tw_validate(const tw_run_params *p, tw_validation *v, tw_error *err)
                                           .feat_dim = c->m.feat_dim,
                                           .tile = c->m.tile,
                                           .stride = c->m.stride,
+                                          .cell = c->m.cell,
                                           .n_inputs = 1,
                                           .width = &w1,
                                           .height = &h1};

@@ -57,6 +57,8 @@ typedef struct tw_validation {
     size_t polygons_room; /* products: [polygons]: memory left at assembly (its rows and
                              the regions: tw_budget_assembly_room) */
     int stac_items;       /* items a run writes (inputs not skipped) */
+    tw_blend_mode blend;  /* tiling.blend, tiling.margin (a segmentation model's) */
+    int margin;
     int shard_count;
     bool resolved; /* model, backend and precision below are set */
     tw_resolved model;

@@ -148,6 +148,11 @@ static void format_model(json_t *root, const tw_resolved *m, bool *ok)
         set(model, "in_bands", json_integer(m->in_bands), ok);
         set(model, "feat_dim", json_integer(m->feat_dim), ok);
         if (m->headless) set(model, "headless", json_true(), ok); /* absent: a head */
+        /* absent: a classifier (manifests before segmentation) */
+        if (m->segmentation) {
+            set(model, "segmentation", json_true(), ok);
+            set(model, "multiple", json_integer(m->multiple), ok);
+        }
         set(model, "sha256", put_str(m->model_sha256), ok);
     }
     set(root, "model", model, ok);
@@ -196,7 +201,11 @@ static json_t *format_object(const tw_manifest *mf, bool *ok)
     set(root, "nodata", p->input.nodata_auto ? json_string("auto") : put_real(p->input.nodata), ok);
 
     json_t *tiling = json_object();
-    if (tiling) set(tiling, "edge", json_string(tw_edge_names[p->tiling.edge]), ok);
+    if (tiling) {
+        set(tiling, "edge", json_string(tw_edge_names[p->tiling.edge]), ok);
+        set(tiling, "blend", json_string(tw_blend_names[p->tiling.blend]), ok);
+        set(tiling, "margin", json_integer(p->tiling.margin), ok);
+    }
     set(root, "tiling", tiling, ok);
 
     format_output(root, p, ok);
@@ -442,11 +451,17 @@ static void parse_inputs(rd *r, json_t *root, tw_run_params *p)
 static void parse_tiling(rd *r, json_t *root, tw_run_params *p)
 {
     json_t *tiling = need_obj(r, root, "tiling");
-    static const char *const tiling_keys[] = {"edge"};
-    if (tiling) only_keys(r, tiling, "tiling", tiling_keys, 1);
+    static const char *const tiling_keys[] = {"edge", "blend", "margin"};
+    if (tiling) only_keys(r, tiling, "tiling", tiling_keys, 3);
     int e = 0;
     if (tiling && get_enum(r, tiling, "tiling", "edge", tw_edge_names, 3, &e))
         p->tiling.edge = (tw_edge_mode)e;
+    /* blend and margin: absent in manifests before segmentation (defaults) */
+    if (tiling && json_object_get(tiling, "blend") &&
+        get_enum(r, tiling, "tiling", "blend", tw_blend_names, 3, &e))
+        p->tiling.blend = (tw_blend_mode)e;
+    if (tiling && json_object_get(tiling, "margin"))
+        get_int(r, tiling, "tiling", "margin", 0, 1 << 16, &p->tiling.margin);
 }
 
 /* output: where, what and how the products are written (merge writes them
@@ -531,10 +546,11 @@ static void parse_model(rd *r, json_t *root, tw_resolved *m)
 {
     json_t *model = need_obj(r, root, "model");
     if (model) {
-        static const char *const model_keys[] = {
-            "arch", "stem",   "bands",    "scale",    "mean",   "std",     "classes",
-            "tile", "stride", "in_bands", "feat_dim", "sha256", "headless"};
-        only_keys(r, model, "model", model_keys, 13);
+        static const char *const model_keys[] = {"arch",     "stem",         "bands",    "scale",
+                                                 "mean",     "std",          "classes",  "tile",
+                                                 "stride",   "in_bands",     "feat_dim", "sha256",
+                                                 "headless", "segmentation", "multiple"};
+        only_keys(r, model, "model", model_keys, 15);
         get_str(r, model, "model", "arch", m->arch, sizeof m->arch);
         /* stem: absent in manifests written before the small stem (standard) */
         const char *stem = json_string_value(json_object_get(model, "stem"));
@@ -572,7 +588,15 @@ static void parse_model(rd *r, json_t *root, tw_resolved *m)
         if (classes) m->n_classes = (int)json_array_size(classes);
         get_int(r, model, "model", "tile", 1, 1 << 16, &m->tile);
         get_int(r, model, "model", "stride", 1, 1 << 16, &m->stride);
-        if (r->st == TW_OK && m->tile % m->stride != 0)
+        json_t *sg = json_object_get(model, "segmentation");
+        if (sg && !json_is_boolean(sg)) fail(r, "key model.segmentation is not true or false");
+        m->segmentation = sg && json_is_true(sg);
+        m->multiple = 1;
+        if (m->segmentation) get_int(r, model, "model", "multiple", 1, 1 << 16, &m->multiple);
+        m->cell = m->segmentation ? 1 : m->stride;
+        if (r->st == TW_OK && m->segmentation && m->stride > m->tile)
+            fail(r, "model.stride %d is larger than model.tile %d", m->stride, m->tile);
+        if (r->st == TW_OK && !m->segmentation && m->tile % m->stride != 0)
             fail(r, "model.stride %d does not divide model.tile %d", m->stride, m->tile);
         get_int(r, model, "model", "in_bands", 1, TW_MAX_BANDS, &m->in_bands);
         get_int(r, model, "model", "feat_dim", 0, 1 << 20, &m->feat_dim);

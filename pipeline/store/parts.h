@@ -59,7 +59,7 @@ typedef struct tw_parts tw_parts;
  * Winograd convs run in groups of 4 tiles, which changes the last bits on
  * CPUs whose kernel summed otherwise for other batches): parts committed
  * before are refused, never merged with the new bits. */
-#define TW_PARTS_FINGERPRINT_VERSION 4
+#define TW_PARTS_FINGERPRINT_VERSION 5
 #define TW_FINGERPRINT_MAX ((size_t)64 << 10)
 
 typedef struct tw_parts_params {
@@ -151,9 +151,11 @@ void tw_parts_chunk_mark(tw_parts *pt);
  * s->r0 (the open chunk must have reached r0: its rows [c_r0, r0) are
  * written), reopen the chunk's rest from r0 with the records after the mark,
  * and replace the state with s, sum [k][grid_w][n_classes] and count
- * [k][grid_w]. On an error the state on disk is the previous one. */
+ * [k][grid_w] (4 bytes each: the stitcher's uint32 counts or the blender's
+ * float sums of weights, kept as bytes). On an error the state on disk is
+ * the previous one. */
 tw_status tw_parts_checkpoint(tw_parts *pt, const tw_parts_state *s, const float *sum,
-                              const uint32_t *count, tw_error *err);
+                              const void *count, tw_error *err);
 
 /* The state this shard's last run left (read and verified at open), if it
  * counts (see the top): true and *out filled. */
@@ -163,7 +165,7 @@ bool tw_parts_state_get(const tw_parts *pt, tw_parts_state *out);
  * count [k][grid_w], and add its tile records to the open chunk (which the
  * caller has begun at its r0). The state is used up: tw_parts_state_get then
  * says false. TW_ERR_OUTPUT when the file can no longer be read. */
-tw_status tw_parts_state_restore(tw_parts *pt, float *sum, uint32_t *count, tw_error *err);
+tw_status tw_parts_state_restore(tw_parts *pt, float *sum, void *count, tw_error *err);
 
 /* Remove the parts directory (after a successful assembly). */
 tw_status tw_parts_remove(tw_parts *pt, tw_error *err);

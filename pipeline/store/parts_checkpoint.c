@@ -104,7 +104,7 @@ static tw_status copy_bytes(int src, const char *src_name, off_t off, size_t n, 
 }
 
 tw_status tw_parts_checkpoint(tw_parts *pt, const tw_parts_state *s, const float *sum,
-                              const uint32_t *count, tw_error *err)
+                              const void *count, tw_error *err)
 {
     const bool open = pt->c_r0 >= 0;
     TW_ASSERT(!open || (pt->c_next == s->r0 && pt->c_r0 <= s->r0 && s->r0 < pt->c_r1));
@@ -191,7 +191,7 @@ bool tw_parts_state_get(const tw_parts *pt, tw_parts_state *out)
     return pt->has_state;
 }
 
-tw_status tw_parts_state_restore(tw_parts *pt, float *sum, uint32_t *count, tw_error *err)
+tw_status tw_parts_state_restore(tw_parts *pt, float *sum, void *count, tw_error *err)
 {
     TW_ASSERT(pt->has_state && (pt->state_tiles == 0 || pt->c_r0 == pt->state.r0));
     pt->has_state = false;
