@@ -8,8 +8,12 @@
  * total same" on success (arena: tw_seg_cpu_batch_bytes' activation arena;
  * total: tw_seg_cpu_bytes; same: "same" when every tile run alone gave the
  * bits it got in the batch, "-" for N = 1); on error the library's message
- * on stderr, exit 1. N = 0: the line without running (IN and OUT unread).
+ * on stderr, exit 1. N = 0: the line without running (IN and OUT unread),
+ * then the model file's facts: "tile T classes K FIRST_CLASS mean M0 std S0
+ * scale X overlap O type TYPE" (0 / - / nan / -1 when the file has none;
+ * overlap and type: an ONNX file's Deepness tiles_overlap and model_type).
  */
+#include <math.h>
 #include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +42,13 @@ int main(int argc, char **argv)
     if (tw_model_file_load(argv[1], &mf, &err) != TW_OK) return fail(&err);
     tw_segnet *net = NULL;
     tw_status st = tw_segnet_create(mf, argc == 7 ? argv[6] : "", &net, &err);
+    char facts[512];
+    snprintf(
+        facts, sizeof facts, "tile %d classes %d %s mean %g std %g scale %g overlap %d type %s",
+        mf->tile, mf->n_classes, mf->n_classes ? mf->classes[0] : "-",
+        mf->n_mean ? (double)mf->mean[0] : NAN, mf->n_std ? (double)mf->std[0] : NAN, mf->scale,
+        mf->format == TW_MODEL_FORMAT_ONNX ? mf->onnx.tiles_overlap : -1,
+        mf->format == TW_MODEL_FORMAT_ONNX && mf->onnx.model_type[0] ? mf->onnx.model_type : "-");
     tw_model_file_destroy(mf);
     if (st != TW_OK) return fail(&err);
     tw_seg_cpu *cpu = NULL;
@@ -45,8 +56,8 @@ int main(int argc, char **argv)
     size_t px = (size_t)tile * (size_t)tile, total = 0, arena = 0;
     if (tw_seg_cpu_batch_bytes(net, tile, n, &total, &arena, &err) != TW_OK) return fail(&err);
     if (n == 0) {
-        printf("%s %d %d %zu %zu -\n", net->arch, net->n_classes, net->in_bands, arena,
-               tw_seg_cpu_bytes(cpu));
+        printf("%s %d %d %zu %zu -\n%s\n", net->arch, net->n_classes, net->in_bands, arena,
+               tw_seg_cpu_bytes(cpu), facts);
         tw_seg_cpu_destroy(cpu);
         tw_segnet_destroy(net);
         return 0;

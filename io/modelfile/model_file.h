@@ -92,6 +92,8 @@ typedef struct tw_onnx_info {
     char metadata[160];  /* metadata_props keys used, comma-separated ("" when none) */
     double resolution;   /* Deepness's 'resolution' (cm/px), NaN when absent: shown, not used */
     char model_type[32]; /* Deepness's 'model_type', "" when absent */
+    int tiles_overlap;   /* Deepness's 'tiles_overlap' (percent of the tile), -1 when
+                            absent: shown, not applied (tiling.stride says the stride) */
 } tw_onnx_info;
 
 typedef struct tw_model_file {

@@ -317,7 +317,9 @@ static tw_status index_consumers(octx *c)
         }
         for (size_t i = 0; i < g->n_node; i++) {
             const Onnx__NodeProto *nd = g->node[i];
-            if (op_is(nd, "Identity")) continue;
+            /* Identity aliases; a segmentation graph's Shape reads no data (its
+             * sizes are matched where a Resize reads them) */
+            if (op_is(nd, "Identity") || (c->seg && op_is(nd, "Shape"))) continue;
             for (size_t j = 0; j < nd->n_input; j++) {
                 if (!*S(nd->input[j])) continue;
                 int v = c->canon[onnx_find_value(c, nd->input[j])];
@@ -431,6 +433,7 @@ tw_status tw_onnx_load(tw_model_file *mf, uint64_t file_size, tw_error *err)
     octx c = {.mf = mf, .err = err, .path = path, .model = model, .g = model->graph};
     tw_onnx_info *oi = &mf->onnx;
     oi->resolution = NAN;
+    oi->tiles_overlap = -1;
     oi->ir_version = model->has_ir_version ? model->ir_version : 0;
     for (size_t i = 0; i < model->n_opset_import; i++) {
         const char *d = S(model->opset_import[i]->domain);

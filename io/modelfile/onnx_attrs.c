@@ -33,11 +33,14 @@ typedef struct attr_rule {
 
 #define AT(x) ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__##x
 /* From the ONNX operator schemas (onnx.defs) for opsets 7 to 22; the ops
- * onnx_recognise() accepts and no others. Relu, Add, GlobalAveragePool, MatMul
- * and Identity define no attribute. */
+ * onnx_recognise() and onnx_recognise_seg() accept and no others. Relu, Add,
+ * GlobalAveragePool, MatMul, Slice (opset 10 and later) and Identity define
+ * no attribute. */
 static const attr_rule k_attr_rules[] = {
     {"Conv", "auto_pad", AT(STRING), 1, 0, A_MATCHED, NULL},
-    {"Conv", "dilations", AT(INTS), 1, 0, A_ONES, "[1, 1]"},
+    /* dilations: 1 in a classifier, torchvision's at their place in a
+     * segmentation graph (onnx_resnet.c conv_geometry, onnx_seg.c) */
+    {"Conv", "dilations", AT(INTS), 1, 0, A_MATCHED, NULL},
     {"Conv", "group", AT(INT), 1, 0, A_MATCHED, NULL},
     {"Conv", "kernel_shape", AT(INTS), 1, 0, A_MATCHED, NULL},
     {"Conv", "pads", AT(INTS), 1, 0, A_MATCHED, NULL},
@@ -64,6 +67,25 @@ static const attr_rule k_attr_rules[] = {
     {"Gemm", "transA", AT(INT), 1, 0, A_ZERO, "0"},
     {"Gemm", "transB", AT(INT), 1, 0, A_BOOL, "0 or 1"},
     {"Softmax", "axis", AT(INT), 1, 0, A_MATCHED, NULL},
+    /* segmentation graphs (onnx_seg.c): the Resize's mode, coordinates,
+     * axes and aspect policy are checked against its place; the size
+     * arithmetic's attributes where it is evaluated */
+    {"Resize", "mode", AT(STRING), 10, 0, A_MATCHED, NULL},
+    {"Resize", "coordinate_transformation_mode", AT(STRING), 11, 0, A_MATCHED, NULL},
+    {"Resize", "nearest_mode", AT(STRING), 11, 0, A_MATCHED, NULL},
+    {"Resize", "cubic_coeff_a", AT(FLOAT), 11, 0, A_ANY, NULL},       /* cubic only */
+    {"Resize", "extrapolation_value", AT(FLOAT), 11, 0, A_ANY, NULL}, /* crop only */
+    {"Resize", "exclude_outside", AT(INT), 11, 0, A_ZERO, "0"},
+    {"Resize", "antialias", AT(INT), 18, 0, A_ZERO, "0"},
+    {"Resize", "axes", AT(INTS), 18, 0, A_MATCHED, NULL},
+    {"Resize", "keep_aspect_ratio_policy", AT(STRING), 18, 0, A_MATCHED, NULL},
+    {"Concat", "axis", AT(INT), 1, 0, A_MATCHED, NULL},
+    {"Shape", "start", AT(INT), 15, 0, A_MATCHED, NULL},
+    {"Shape", "end", AT(INT), 15, 0, A_MATCHED, NULL},
+    {"Gather", "axis", AT(INT), 1, 0, A_ZERO, "0"},
+    {"Unsqueeze", "axes", AT(INTS), 1, 12, A_MATCHED, NULL},
+    {"Cast", "to", AT(INT), 1, 0, A_MATCHED, NULL},
+    {"Cast", "saturate", AT(INT), 19, 0, A_ANY, NULL}, /* float8 only */
     {"Constant", "value", AT(TENSOR), 1, 0, A_ANY, NULL},
     {"Constant", "sparse_value", AT(SPARSE_TENSOR), 11, 0, A_NEVER, NULL},
     {"Constant", "value_float", AT(FLOAT), 12, 0, A_NEVER, NULL},

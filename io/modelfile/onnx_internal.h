@@ -3,8 +3,9 @@
  * node and attribute helpers. onnx.c decodes the file, indexes the graph
  * and loads; onnx_attrs.c checks every attribute against the ONNX operator
  * schemas; onnx_tensors.c reads tensors (external data files too);
- * onnx_resnet.c recognises the ResNet; onnx_meta.c reads Deepness's
- * metadata. Private to io/modelfile/ (scripts/check_layers.sh). */
+ * onnx_resnet.c recognises the ResNet; onnx_seg.c a segmentation network
+ * (FCN, DeepLabV3, U-Net) from the same stem and blocks; onnx_meta.c reads
+ * Deepness's metadata. Private to io/modelfile/ (scripts/check_layers.sh). */
 #ifndef TW_IO_ONNX_INTERNAL_H
 #define TW_IO_ONNX_INTERNAL_H
 
@@ -53,6 +54,8 @@ typedef struct octx {
     int cap;               /* capacity of mf->tensors */
     struct sha256_ctx sha; /* the file's digest, then external data */
     int64_t opset;
+    bool seg; /* a segmentation graph (onnx_seg.c): dilated convolutions pass conv
+                 geometry, the stem's ReLU may have skip readers, Shape reads no data */
 } octx;
 
 static inline const char *S(const char *s)
@@ -140,11 +143,84 @@ bool onnx_tensor_ints(const Onnx__TensorProto *tp, int64_t *out, int max, int *n
 tw_status onnx_add_tensor(octx *c, const char *name, float *data, int ndim, const int64_t *shape);
 
 /* ------------------------------------------------------------------------ */
-/* onnx_resnet.c, onnx_meta.c                                                */
+/* onnx_resnet.c: the ResNet's pieces, shared with onnx_seg.c                */
+
+/* A convolution as it is taken, its batch norm folded. */
+typedef struct onnx_conv {
+    int node;
+    int k, stride, pad, dil, group, cin, cout;
+    float *w, *b; /* folded; owned until emitted */
+    int64_t wshape[4];
+    int out;  /* canonical value after the conv (and its BN) */
+    int last; /* the node that produced out (conv or BN) */
+} onnx_conv;
+
+/* The kind of block seen so far: 0 unknown, 2 basic, 3 bottleneck. */
+typedef struct onnx_blocks {
+    int kind;
+    int stage, idx; /* where the next block goes */
+    int n;
+} onnx_blocks;
+
+/* One residual block as it is taken: its main path, its projection (down.w
+ * NULL without one) and the Add that joins them. */
+typedef struct onnx_block {
+    onnx_conv path[3], down;
+    int np;     /* convolutions on the main path */
+    int kind;   /* 2: basic, 3: bottleneck */
+    int add;    /* the Add node */
+    int stride; /* the block's stride */
+} onnx_block;
+
+void onnx_conv_free(onnx_conv *cv);
+
+/* Node `node` as a Conv (weight constant, optional bias) followed by an
+ * optional BatchNormalization, folded into cv->w, cv->b. Dilations other
+ * than 1 only when c->seg (the caller checks them against the place). */
+tw_status onnx_take_conv(octx *c, int node, onnx_conv *cv);
+
+/* Emit cv as NAME.weight and BN_NAME.{weight,bias,running_mean,running_var}
+ * (model_file.h: the batch norm an exact identity around the folded bias);
+ * cv's buffers move into the model file. */
+tw_status onnx_emit_conv(octx *c, onnx_conv *cv, const char *name, const char *bn_name);
+
+/* Node `node` must be a Relu reading value v; its output into *out. */
+tw_status onnx_take_relu(octx *c, int node, int v, int *out);
+
+/* The single reader of cv's output, or -1. */
+int onnx_after(const octx *c, const onnx_conv *cv);
+
+/* The stem from the graph input x (conv1, bn1, ReLU, max-pool); the
+ * max-pool's output into *out. With c->seg the stem's ReLU
+ * may have other readers (a U-Net's skip) and the stem must be 7x7. */
+tw_status onnx_match_stem(octx *c, int x, int *out);
+
+/* A block's convolutions from its first conv main_node and its projection
+ * down_node (-1: none), then its shape against the blocks before it. */
+tw_status onnx_block_paths(octx *c, int main_node, int down_node, onnx_block *b);
+tw_status onnx_block_joins(octx *c, const onnx_blocks *bs, int x, const onnx_block *b);
+
+/* The block's Add and ReLU (output into *out), then its tensors under
+ * torchvision's names (layerS.I.convN, layerS.I.downsample). */
+tw_status onnx_block_emit(octx *c, const onnx_blocks *bs, onnx_block *b, int *out);
+
+/* The graph's one image input: its value into *x, its channels (0 when not
+ * fixed) into *in_c; sets c->mf->onnx.input_size when fixed and square;
+ * mf->tensors allocated for five tensors per convolution. */
+tw_status onnx_graph_input(octx *c, int *x, int64_t *in_c);
+
+/* ------------------------------------------------------------------------ */
+/* onnx_resnet.c, onnx_seg.c, onnx_meta.c                                   */
 
 /* The graph recognised as a ResNet (the two passes of onnx.c's comment):
  * its tensors into c->mf under torchvision's names. */
 tw_status onnx_recognise(octx *c);
+
+/* The graph recognised as a segmentation network (onnx_seg.c; called by
+ * onnx_recognise for a graph with Resize or Concat nodes): torchvision's
+ * FCN / DeepLabV3 (backbone.*, classifier.*) or SMP's U-Net (encoder.*,
+ * decoder.blocks.*, segmentation_head.*), the tensors model/segnet.c reads. */
+tw_status onnx_recognise_seg(octx *c);
 
 /* Deepness's metadata_props (model_type, class_names, resolution, ...)
  * into c->mf->onnx and the model file's fields. */

@@ -174,6 +174,19 @@ tw_status onnx_read_metadata(octx *c)
             if (!ok)
                 return tw_model_error(c->err, c->path,
                                       "metadata 'resolution' is not a positive number");
+        } else if (strcmp(k, "tiles_overlap") == 0) {
+            /* Deepness: percent of the tile that neighbours share. The model
+             * file has no stride fact, so it is read, checked and shown
+             * (tw_onnx_info), not applied: tiling.stride says the stride. */
+            json_t *j = meta_json(c, k, v);
+            if (!j) return TW_ERR_MODEL;
+            bool ok =
+                json_is_integer(j) && json_integer_value(j) >= 0 && json_integer_value(j) <= 99;
+            if (ok) oi->tiles_overlap = (int)json_integer_value(j);
+            json_decref(j);
+            if (!ok)
+                return tw_model_error(c->err, c->path,
+                                      "metadata 'tiles_overlap' is not an integer percent 0..99");
         } else if (strcmp(k, "model_type") == 0) {
             json_t *j = json_loads(v, JSON_DECODE_ANY, NULL);
             char tb[32];
@@ -212,5 +225,6 @@ tw_status onnx_read_metadata(octx *c)
         meta_used(oi, tkey);
     }
     if (!isnan(oi->resolution)) meta_used(oi, "resolution");
+    if (oi->tiles_overlap >= 0) meta_used(oi, "tiles_overlap");
     return TW_OK;
 }

@@ -15,16 +15,7 @@
 /* ------------------------------------------------------------------------ */
 /* Convolutions, batch norm                                                  */
 
-typedef struct conv {
-    int node;
-    int k, stride, pad, group, cin, cout;
-    float *w, *b; /* folded; owned until emitted */
-    int64_t wshape[4];
-    int out;  /* canonical value after the conv (and its BN) */
-    int last; /* the node that produced out (conv or BN) */
-} conv;
-
-static void conv_free(conv *cv)
+void onnx_conv_free(onnx_conv *cv)
 {
     tw_free(cv->w);
     tw_free(cv->b);
@@ -33,7 +24,7 @@ static void conv_free(conv *cv)
 
 /* Node `node` as a Conv: its weights (a constant, 4-D, square kernel)
  * into cv->w, cv->wshape, cv->cout, cv->cin, cv->k. */
-static tw_status conv_weights(octx *c, int node, conv *cv)
+static tw_status conv_weights(octx *c, int node, onnx_conv *cv)
 {
     const Onnx__NodeProto *n = c->g->node[node];
     if (!op_is(n, "Conv")) return onnx_node_error(c, node, "is where a ResNet has a convolution");
@@ -56,7 +47,7 @@ static tw_status conv_weights(octx *c, int node, conv *cv)
 
 /* The Conv's attributes against its weights: kernel_shape, dilations,
  * strides, pads, auto_pad, group into cv->stride, cv->pad, cv->group. */
-static tw_status conv_geometry(octx *c, int node, conv *cv)
+static tw_status conv_geometry(octx *c, int node, onnx_conv *cv)
 {
     const Onnx__NodeProto *n = c->g->node[node];
     int64_t v[8];
@@ -67,11 +58,14 @@ static tw_status conv_geometry(octx *c, int node, conv *cv)
         (cnt && (cnt != 2 || v[0] != cv->k || v[1] != cv->k)))
         return onnx_node_error(c, node, "has attribute %s, which is not its weights' %dx%d",
                                onnx_attr_show(n, "kernel_shape", ab, sizeof ab), cv->k, cv->k);
+    /* dilated (a segmentation graph's, checked against its place there) or not */
     if (!onnx_attr_ints(n, "dilations", v, 2, &cnt) ||
-        (cnt && (cnt != 2 || v[0] != 1 || v[1] != 1)))
-        return onnx_node_error(c, node,
-                               "has attribute %s (a ResNet's convolutions are not dilated)",
-                               onnx_attr_show(n, "dilations", ab, sizeof ab));
+        (cnt && (cnt != 2 || v[0] != v[1] || v[0] < 1 || v[0] > 64 || (!c->seg && v[0] != 1))))
+        return onnx_node_error(c, node, "has attribute %s (%s)",
+                               onnx_attr_show(n, "dilations", ab, sizeof ab),
+                               c->seg ? "dilations that differ by axis or are out of range"
+                                      : "a ResNet's convolutions are not dilated");
+    cv->dil = cnt ? (int)v[0] : 1;
     if (!onnx_attr_ints(n, "strides", v, 2, &cnt) || (cnt && (cnt != 2 || v[0] != v[1])))
         return onnx_node_error(c, node, "has attribute %s (strides that differ by axis)",
                                onnx_attr_show(n, "strides", ab, sizeof ab));
@@ -95,7 +89,7 @@ static tw_status conv_geometry(octx *c, int node, conv *cv)
                     "has attribute auto_pad = '%s' at stride %d with a %dx%d kernel "
                     "(asymmetric padding)",
                     mode, cv->stride, cv->k, cv->k);
-            cv->pad = cv->k / 2;
+            cv->pad = cv->dil * (cv->k / 2);
         } else if (strcmp(mode, "VALID") == 0) {
             cv->pad = 0;
         } else if (strcmp(mode, "NOTSET") != 0) {
@@ -104,14 +98,14 @@ static tw_status conv_geometry(octx *c, int node, conv *cv)
                                    onnx_attr_show(n, "auto_pad", ab, sizeof ab));
         }
     }
-    if (cv->stride < 1 || cv->stride > 2 || cv->pad < 0 || cv->pad > 3)
+    if (cv->stride < 1 || cv->stride > 2 || cv->pad < 0 || cv->pad > 3 * cv->dil)
         return onnx_node_error(c, node, "has stride %d and padding %d", cv->stride, cv->pad);
     return TW_OK;
 }
 
 /* The groups against the outputs, and the Conv's optional bias (zeros
  * without one) into cv->b. */
-static tw_status conv_bias(octx *c, int node, conv *cv)
+static tw_status conv_bias(octx *c, int node, onnx_conv *cv)
 {
     const Onnx__NodeProto *n = c->g->node[node];
     /* Grouped (ResNeXt): the weights are [cout, cin / group, k, k], as in a
@@ -141,7 +135,7 @@ static tw_status conv_bias(octx *c, int node, conv *cv)
 
 /* BatchNormalization node bn, which reads cv's output alone, folded into
  * cv->w and cv->b; cv->out and cv->last move past it. */
-static tw_status fold_bn(octx *c, int bn, conv *cv)
+static tw_status fold_bn(octx *c, int bn, onnx_conv *cv)
 {
     const Onnx__NodeProto *bnn = c->g->node[bn];
     int o = cv->out;
@@ -198,7 +192,7 @@ static tw_status fold_bn(octx *c, int bn, conv *cv)
 
 /* Node `node` as a Conv (weight constant, optional bias) followed by an
  * optional BatchNormalization, folded into cv->w, cv->b. */
-static tw_status take_conv(octx *c, int node, conv *cv)
+tw_status onnx_take_conv(octx *c, int node, onnx_conv *cv)
 {
     memset(cv, 0, sizeof *cv);
     cv->node = node;
@@ -221,7 +215,7 @@ static tw_status take_conv(octx *c, int node, conv *cv)
 
 /* Emit cv as NAME.weight and BN_NAME.{weight,bias,running_mean,running_var},
  * the batch norm an exact identity around the folded bias (model_file.h). */
-static tw_status emit_conv(octx *c, conv *cv, const char *name, const char *bn_name)
+tw_status onnx_emit_conv(octx *c, onnx_conv *cv, const char *name, const char *bn_name)
 {
     char t[128];
     size_t n = (size_t)cv->cout;
@@ -270,7 +264,7 @@ static tw_status emit_conv(octx *c, conv *cv, const char *name, const char *bn_n
 }
 
 /* Node `node` must be a Relu reading value v; its output into *out. */
-static tw_status take_relu(octx *c, int node, int v, int *out)
+tw_status onnx_take_relu(octx *c, int node, int v, int *out)
 {
     const Onnx__NodeProto *n = c->g->node[node];
     if (!op_is(n, "Relu") || n->n_input != 1 || onnx_val(c, n->input[0]) != v)
@@ -282,26 +276,33 @@ static tw_status take_relu(octx *c, int node, int v, int *out)
 /* ------------------------------------------------------------------------ */
 /* Stem, blocks, head                                                        */
 
-static tw_status match_stem(octx *c, int x, int *out)
+tw_status onnx_match_stem(octx *c, int x, int *out)
 {
     int node = c->cons[c->cons_off[x]]; /* the input's one reader (onnx_recognise) */
-    conv cv;
-    tw_status st = take_conv(c, node, &cv);
+    onnx_conv cv;
+    tw_status st = onnx_take_conv(c, node, &cv);
     if (st != TW_OK) {
-        conv_free(&cv);
+        onnx_conv_free(&cv);
         return st;
     }
     int r = -1, y;
     if (st == TW_OK) st = onnx_next_node(c, cv.out, cv.last, "a ReLU", &r);
-    if (st == TW_OK) st = take_relu(c, r, cv.out, &y);
+    if (st == TW_OK) st = onnx_take_relu(c, r, cv.out, &y);
     int mp = -1;
     if (st == TW_OK && onnx_n_consumers(c, y) == 1) mp = c->cons[c->cons_off[y]];
+    /* a U-Net's stem ReLU is also its first skip: the max-pool among its
+     * readers (the decoder matches the others) */
+    for (int i = 0; st == TW_OK && c->seg && mp < 0 && i < onnx_n_consumers(c, y); i++)
+        if (op_is(c->g->node[c->cons[c->cons_off[y] + i]], "MaxPool"))
+            mp = c->cons[c->cons_off[y] + i];
     bool has_pool = mp >= 0 && op_is(c->g->node[mp], "MaxPool");
     /* The small-patch stem (3x3 stride-1 conv1, no max-pool): model/resnet.c
      * reads it from conv1's kernel. */
     if (st == TW_OK && cv.group != 1)
         st = onnx_node_error(c, node, "is a grouped stem convolution (group %d)", cv.group);
-    bool small = st == TW_OK && cv.k == 3 && cv.stride == 1 && cv.pad == 1 && !has_pool;
+    bool small = st == TW_OK && !c->seg && cv.k == 3 && cv.stride == 1 && cv.pad == 1 && !has_pool;
+    if (st == TW_OK && cv.dil != 1)
+        st = onnx_node_error(c, node, "is a dilated stem convolution (dilation %d)", cv.dil);
     if (st == TW_OK && small) {
         *out = y;
     } else if (st == TW_OK) {
@@ -343,33 +344,16 @@ static tw_status match_stem(octx *c, int x, int *out)
         c->used[mp] = true;
         st = onnx_out0(c, mp, out);
     }
-    if (st == TW_OK) st = emit_conv(c, &cv, "conv1", "bn1");
-    conv_free(&cv);
+    if (st == TW_OK) st = onnx_emit_conv(c, &cv, "conv1", "bn1");
+    onnx_conv_free(&cv);
     return st;
 }
 
-/* The kind of block seen so far: 0 unknown, 2 basic, 3 bottleneck. */
-typedef struct blocks {
-    int kind;
-    int stage, idx; /* where the next block goes */
-    int n;
-} blocks;
-
 /* Follow conv -> [BN] -> what comes next: Relu or Add (or other). */
-static int after(const octx *c, const conv *cv)
+int onnx_after(const octx *c, const onnx_conv *cv)
 {
     return onnx_n_consumers(c, cv->out) == 1 ? c->cons[c->cons_off[cv->out]] : -1;
 }
-
-/* One residual block as it is taken: its main path, its projection (down.w
- * NULL without one) and the Add that joins them. */
-typedef struct block {
-    conv path[3], down;
-    int np;     /* convolutions on the main path */
-    int kind;   /* 2: basic, 3: bottleneck */
-    int add;    /* the Add node */
-    int stride; /* the block's stride */
-} block;
 
 /* The readers of value x: the block's first convolution into *main_node, and
  * its projection (or -1) into *down_node. *done set when x goes to the
@@ -407,30 +391,30 @@ static tw_status block_start(octx *c, int x, int *main_node, int *down_node, boo
 
 /* The block's convolutions: the projection (the conv whose output goes to
  * an Add) and the main path, conv (relu conv)* until the Add. */
-static tw_status block_paths(octx *c, int main_node, int down_node, block *b)
+tw_status onnx_block_paths(octx *c, int main_node, int down_node, onnx_block *b)
 {
-    conv *path = b->path;
+    onnx_conv *path = b->path;
     tw_status st = TW_OK;
     if (down_node >= 0) {
         /* the projection is the conv whose output goes to an Add */
-        st = take_conv(c, main_node, &path[0]);
-        int a = st == TW_OK ? after(c, &path[0]) : -1;
+        st = onnx_take_conv(c, main_node, &path[0]);
+        int a = st == TW_OK ? onnx_after(c, &path[0]) : -1;
         if (st == TW_OK && a >= 0 && op_is(c->g->node[a], "Add")) {
             b->down = path[0];
             memset(&path[0], 0, sizeof path[0]);
-            st = take_conv(c, down_node, &path[0]);
+            st = onnx_take_conv(c, down_node, &path[0]);
         } else if (st == TW_OK) {
-            st = take_conv(c, down_node, &b->down);
+            st = onnx_take_conv(c, down_node, &b->down);
         }
     } else {
-        st = take_conv(c, main_node, &path[0]);
+        st = onnx_take_conv(c, main_node, &path[0]);
     }
     int np = 0;
     if (st == TW_OK) np = 1;
     /* the main path: conv (relu conv)* until the Add */
     int add = -1;
     while (st == TW_OK) {
-        int nx = after(c, &path[np - 1]);
+        int nx = onnx_after(c, &path[np - 1]);
         if (nx < 0) {
             st = onnx_next_node(c, path[np - 1].out, path[np - 1].last,
                                 "a ReLU or the residual Add", &nx);
@@ -442,11 +426,11 @@ static tw_status block_paths(octx *c, int main_node, int down_node, block *b)
             break;
         }
         int y, nc2 = -1;
-        st = take_relu(c, nx, path[np - 1].out, &y);
+        st = onnx_take_relu(c, nx, path[np - 1].out, &y);
         if (st == TW_OK && np == 3)
             st = onnx_node_error(c, nx, "continues a main path past 3 convolutions");
         if (st == TW_OK) st = onnx_next_node(c, y, nx, "a convolution", &nc2);
-        if (st == TW_OK) st = take_conv(c, nc2, &path[np]);
+        if (st == TW_OK) st = onnx_take_conv(c, nc2, &path[np]);
         if (st == TW_OK) np++;
     }
     b->np = np;
@@ -458,9 +442,9 @@ static tw_status block_paths(octx *c, int main_node, int down_node, block *b)
 /* The block's shape: two or three convolutions, of the kind of the blocks
  * before it, an Add of the main path and the shortcut (x or the
  * projection), and groups where a ResNeXt has them. */
-static tw_status block_joins(octx *c, const blocks *bs, int x, const block *b)
+tw_status onnx_block_joins(octx *c, const onnx_blocks *bs, int x, const onnx_block *b)
 {
-    const conv *path = b->path;
+    const onnx_conv *path = b->path;
     int np = b->np, kind = b->kind, add = b->add;
     tw_status st = TW_OK;
     if (np < 2) st = onnx_node_error(c, add, "ends a main path of one convolution");
@@ -477,7 +461,7 @@ static tw_status block_joins(octx *c, const blocks *bs, int x, const block *b)
         if (!((i0 == m && i1 == sc) || (i0 == sc && i1 == m)))
             st = onnx_node_error(c, add, "does not add the block's main path and its shortcut");
     }
-    if (st == TW_OK && b->down.w && after(c, &b->down) != add)
+    if (st == TW_OK && b->down.w && onnx_after(c, &b->down) != add)
         st =
             onnx_node_error(c, b->down.last, "is a projection that does not go to the block's Add");
     /* Groups: only a bottleneck's 3x3 may be grouped (ResNeXt), and each
@@ -502,10 +486,10 @@ static tw_status block_joins(octx *c, const blocks *bs, int x, const block *b)
 
 /* Geometry: torchvision's v1.5 blocks (what model/resnet.c assumes); a
  * stride-2 block starts the next stage. */
-static tw_status block_geometry(octx *c, blocks *bs, block *b)
+static tw_status block_geometry(octx *c, onnx_blocks *bs, onnx_block *b)
 {
-    const conv *path = b->path;
-    const conv *down = &b->down;
+    const onnx_conv *path = b->path;
+    const onnx_conv *down = &b->down;
     int np = b->np, kind = b->kind;
     tw_status st = TW_OK;
     int stride = kind == 3 ? path[1].stride : path[0].stride;
@@ -547,42 +531,42 @@ static tw_status block_geometry(octx *c, blocks *bs, block *b)
 
 /* The Add's ReLU (its output into *out), then the block's tensors under
  * torchvision's names (layerS.I.convN, layerS.I.downsample). */
-static tw_status block_emit(octx *c, const blocks *bs, block *b, int *out)
+tw_status onnx_block_emit(octx *c, const onnx_blocks *bs, onnx_block *b, int *out)
 {
     c->used[b->add] = true;
     int a_out, r = -1;
     tw_status st = onnx_out0(c, b->add, &a_out);
     if (st == TW_OK) st = onnx_next_node(c, a_out, b->add, "the block's ReLU", &r);
-    if (st == TW_OK) st = take_relu(c, r, a_out, out);
+    if (st == TW_OK) st = onnx_take_relu(c, r, a_out, out);
     char nm[64], bn[64];
     for (int i = 0; i < b->np && st == TW_OK; i++) {
         snprintf(nm, sizeof nm, "layer%d.%d.conv%d", bs->stage + 1, bs->idx, i + 1);
         snprintf(bn, sizeof bn, "layer%d.%d.bn%d", bs->stage + 1, bs->idx, i + 1);
-        st = emit_conv(c, &b->path[i], nm, bn);
+        st = onnx_emit_conv(c, &b->path[i], nm, bn);
     }
     if (st == TW_OK && b->down.w) {
         snprintf(nm, sizeof nm, "layer%d.%d.downsample.0", bs->stage + 1, bs->idx);
         snprintf(bn, sizeof bn, "layer%d.%d.downsample.1", bs->stage + 1, bs->idx);
-        st = emit_conv(c, &b->down, nm, bn);
+        st = onnx_emit_conv(c, &b->down, nm, bn);
     }
     return st;
 }
 
 /* One residual block reading value x; its output into *out. Returns
  * TW_OK with *done set when x goes to the pooling instead. */
-static tw_status match_block(octx *c, blocks *bs, int x, int *out, bool *done)
+static tw_status match_block(octx *c, onnx_blocks *bs, int x, int *out, bool *done)
 {
     int main_node = -1, down_node = -1;
     tw_status st = block_start(c, x, &main_node, &down_node, done);
     if (st != TW_OK || *done) return st;
-    block b;
+    onnx_block b;
     memset(&b, 0, sizeof b);
-    st = block_paths(c, main_node, down_node, &b);
-    if (st == TW_OK) st = block_joins(c, bs, x, &b);
+    st = onnx_block_paths(c, main_node, down_node, &b);
+    if (st == TW_OK) st = onnx_block_joins(c, bs, x, &b);
     if (st == TW_OK) st = block_geometry(c, bs, &b);
-    if (st == TW_OK) st = block_emit(c, bs, &b, out);
-    for (int i = 0; i < 3; i++) conv_free(&b.path[i]);
-    conv_free(&b.down);
+    if (st == TW_OK) st = onnx_block_emit(c, bs, &b, out);
+    for (int i = 0; i < 3; i++) onnx_conv_free(&b.path[i]);
+    onnx_conv_free(&b.down);
     if (st == TW_OK) {
         bs->kind = b.kind;
         bs->idx++;
@@ -856,11 +840,64 @@ static tw_status match_head(octx *c, int x, int channels)
 /* ------------------------------------------------------------------------ */
 /* The whole graph                                                           */
 
+/* The graph's one image input (see onnx_internal.h). */
+tw_status onnx_graph_input(octx *c, int *x, int64_t *in_c)
+{
+    const Onnx__GraphProto *g = c->g;
+    tw_onnx_info *oi = &c->mf->onnx;
+    int n_in = 0;
+    *x = -1;
+    for (size_t v = 0; v < c->n_values; v++)
+        if (c->values[v].kind == V_INPUT) {
+            *x = (int)v;
+            n_in++;
+        }
+    if (n_in != 1)
+        return tw_model_error(c->err, c->path, "graph has %d inputs (a ResNet has one image)",
+                              n_in);
+    const Onnx__ValueInfoProto *in = g->input[c->values[*x].index];
+    *in_c = 0;
+    if (in->type && in->type->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE &&
+        in->type->tensor_type && in->type->tensor_type->shape) {
+        const Onnx__TensorShapeProto *sh = in->type->tensor_type->shape;
+        char nb[96];
+        if (sh->n_dim != 4)
+            return tw_model_error(c->err, c->path,
+                                  "graph input '%s' has %zu dimensions (N, C, H, W expected)",
+                                  onnx_clean(in->name, nb, sizeof nb), sh->n_dim);
+        int64_t d[4];
+        for (int i = 0; i < 4; i++)
+            d[i] = sh->dim[i]->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE
+                       ? sh->dim[i]->dim_value
+                       : 0;
+        *in_c = d[1];
+        if (d[2] > 0 && d[2] == d[3] && d[2] <= 65536) oi->input_size = (int)d[2];
+    }
+    if (onnx_n_consumers(c, *x) != 1)
+        return tw_model_error(c->err, c->path,
+                              "graph input is read by %d nodes (a ResNet's by its "
+                              "stem convolution alone)",
+                              onnx_n_consumers(c, *x));
+
+    /* mf->tensors: five per convolution at most, plus fc */
+    size_t n_conv = 0;
+    for (size_t i = 0; i < g->n_node; i++) n_conv += op_is(g->node[i], "Conv");
+    c->cap = (int)(5 * n_conv + 2);
+    c->mf->tensors = tw_calloc(TW_MEM_OTHER, (size_t)c->cap, sizeof *c->mf->tensors);
+    if (!c->mf->tensors) return tw_model_nomem(c->err, c->path, (size_t)c->cap);
+
+    return TW_OK;
+}
+
 tw_status onnx_recognise(octx *c)
 {
     const Onnx__GraphProto *g = c->g;
     tw_onnx_info *oi = &c->mf->onnx;
     oi->n_nodes = (int)g->n_node;
+    /* resizing or concatenating: a segmentation network (onnx_seg.c) */
+    for (size_t i = 0; i < g->n_node; i++)
+        if (op_is(g->node[i], "Resize") || op_is(g->node[i], "Concat"))
+            return onnx_recognise_seg(c);
     static const char *const k_ops[] = {"Conv",       "BatchNormalization",
                                         "Relu",       "MaxPool",
                                         "Add",        "GlobalAveragePool",
@@ -887,56 +924,19 @@ tw_status onnx_recognise(octx *c)
         if (st != TW_OK) return st;
     }
     tw_status st = onnx_index_graph(c);
+    int x = -1;
+    int64_t in_c = 0;
+    if (st == TW_OK) st = onnx_graph_input(c, &x, &in_c);
     if (st != TW_OK) return st;
 
-    int x = -1, n_in = 0;
-    for (size_t v = 0; v < c->n_values; v++)
-        if (c->values[v].kind == V_INPUT) {
-            x = (int)v;
-            n_in++;
-        }
-    if (n_in != 1)
-        return tw_model_error(c->err, c->path, "graph has %d inputs (a ResNet has one image)",
-                              n_in);
-    const Onnx__ValueInfoProto *in = g->input[c->values[x].index];
-    int64_t in_c = 0;
-    if (in->type && in->type->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE &&
-        in->type->tensor_type && in->type->tensor_type->shape) {
-        const Onnx__TensorShapeProto *sh = in->type->tensor_type->shape;
-        char nb[96];
-        if (sh->n_dim != 4)
-            return tw_model_error(c->err, c->path,
-                                  "graph input '%s' has %zu dimensions (N, C, H, W expected)",
-                                  onnx_clean(in->name, nb, sizeof nb), sh->n_dim);
-        int64_t d[4];
-        for (int i = 0; i < 4; i++)
-            d[i] = sh->dim[i]->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE
-                       ? sh->dim[i]->dim_value
-                       : 0;
-        in_c = d[1];
-        if (d[2] > 0 && d[2] == d[3] && d[2] <= 65536) oi->input_size = (int)d[2];
-    }
-    if (onnx_n_consumers(c, x) != 1)
-        return tw_model_error(c->err, c->path,
-                              "graph input is read by %d nodes (a ResNet's by its "
-                              "stem convolution alone)",
-                              onnx_n_consumers(c, x));
-
-    /* mf->tensors: five per convolution at most, plus fc */
-    size_t n_conv = 0;
-    for (size_t i = 0; i < g->n_node; i++) n_conv += op_is(g->node[i], "Conv");
-    c->cap = (int)(5 * n_conv + 2);
-    c->mf->tensors = tw_calloc(TW_MEM_OTHER, (size_t)c->cap, sizeof *c->mf->tensors);
-    if (!c->mf->tensors) return tw_model_nomem(c->err, c->path, (size_t)c->cap);
-
     int y;
-    if ((st = match_stem(c, x, &y)) != TW_OK) return st;
+    if ((st = onnx_match_stem(c, x, &y)) != TW_OK) return st;
     const tw_tensor *c1 = tw_model_file_find(c->mf, "conv1.weight");
     if (in_c > 0 && c1 && c1->shape[1] != in_c)
         return tw_model_error(c->err, c->path,
                               "graph input has %lld channels but its stem convolution takes %lld",
                               (long long)in_c, (long long)c1->shape[1]);
-    blocks bs = {0, 0, 0, 0};
+    onnx_blocks bs = {0, 0, 0, 0};
     int channels = c1 ? (int)c1->shape[0] : 0;
     for (;;) {
         bool done;
