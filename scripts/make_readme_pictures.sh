@@ -71,3 +71,19 @@ while read -r idx name; do
     read -r r g b <<<"$rgb"
     printf '| %s | `#%02x%02x%02x` |\n' "$name" "$r" "$g" "$b"
 done <<<"$names"
+
+# docs/tiles_and_pixels.png: the tile classifier's class map (stride 8, as
+# above) beside the demo U-Net's per-pixel map (workflows/sample_seg.yaml),
+# both through their colour tables, on the image's pixel grid.
+"$bin" run workflows/sample_seg.yaml -q \
+    --set output.dir="$tmp/seg" \
+    --set 'output.products=[class]' >/dev/null
+gdal_translate -q -expand rgb "$tmp/seg/L7_ETMs.class.tif" "$tmp/seg_rgb.tif"
+gdal_translate -q -a_ullr "$shift_x0" "$y1" "$shift_x1" "$y0" -colorinterp red,green,blue \
+    "$tmp/seg_rgb.tif" "$tmp/seg_shifted.tif"
+gdal_translate -q -colorinterp red,green,blue "$tmp/class_grid.tif" "$tmp/class_left.tif"
+gdalbuildvrt -q -srcnodata none -vrtnodata 255 "$tmp/pair.vrt" "$tmp/class_left.tif" \
+    "$tmp/seg_shifted.tif"
+gdal_translate -q -of PNG -a_nodata none "$tmp/pair.vrt" docs/tiles_and_pixels.png
+rm -f docs/tiles_and_pixels.png.aux.xml
+echo "wrote docs/tiles_and_pixels.png ($((2 * w + gap)) x $h)"

@@ -353,7 +353,7 @@ def main():
                   f"({r.returncode}: {r.stderr.strip()})", True)
         r18 = f"{SRC}/sample_data/demo_resnet18.h5"
         l7 = f"{SRC}/sample_data/L7_ETMs.tif"
-        for key, value in (("blend", "cosine"), ("margin", 4)):
+        for key, value in (("blend", "mean"), ("margin", 4)):
             workflow(wf, l7, r18, f"{tmp}/bad", {"tile": T, "stride": 32, key: value})
             r = tw("run", wf, "-q")
             check(r.returncode == EXIT_USAGE and f"tiling.{key}" in r.stderr,

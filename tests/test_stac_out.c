@@ -460,6 +460,29 @@ static void class_names_and_model(void **state)
     assert_string_equal(json_string_value(json_object_get(ma, "href")), "./models/m.h5");
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(it, "properties"), "mlm:name")), "m");
+    json_t *tasks = json_object_get(json_object_get(it, "properties"), "mlm:tasks");
+    assert_string_equal(json_string_value(json_array_get(tasks, 0)), "classification");
+    json_decref(it);
+
+    /* a segmentation model: its task, and a probability per class and pixel */
+    m.segmentation = true;
+    m.arch = "unet_resnet34";
+    assert_int_equal(tw_stac_item_write(&ip, &err), TW_OK);
+    it = load(path);
+    props = json_object_get(it, "properties");
+    tasks = json_object_get(props, "mlm:tasks");
+    assert_int_equal(json_array_size(tasks), 1);
+    assert_string_equal(json_string_value(json_array_get(tasks, 0)), "semantic-segmentation");
+    assert_string_equal(json_string_value(json_object_get(props, "mlm:architecture")),
+                        "U-Net (ResNet-34 encoder)");
+    json_t *res =
+        json_object_get(json_array_get(json_object_get(props, "mlm:output"), 0), "result");
+    json_t *shape = json_object_get(res, "shape");
+    assert_int_equal(json_array_size(shape), 4);
+    assert_int_equal(json_integer_value(json_array_get(shape, 1)), 7);
+    assert_int_equal(json_integer_value(json_array_get(shape, 3)), 64);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(res, "dim_order"), 3)),
+                        "width");
     json_decref(it);
 }
 

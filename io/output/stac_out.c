@@ -463,6 +463,12 @@ static void arch_name(const tw_stac_model *m, char *arch, size_t size)
     int depth = 0;
     if (sscanf(m->arch, "resnet%d", &depth) == 1)
         snprintf(arch, size, "ResNet-%d", depth);
+    else if (sscanf(m->arch, "unet_resnet%d", &depth) == 1)
+        snprintf(arch, size, "U-Net (ResNet-%d encoder)", depth);
+    else if (sscanf(m->arch, "deeplabv3_resnet%d", &depth) == 1)
+        snprintf(arch, size, "DeepLabV3 (ResNet-%d)", depth);
+    else if (sscanf(m->arch, "fcn_resnet%d", &depth) == 1)
+        snprintf(arch, size, "FCN (ResNet-%d)", depth);
     else
         snprintf(arch, size, "%s", m->arch);
 }
@@ -492,7 +498,7 @@ static void mlm_fields(json_t *props, const tw_stac_model *m, bool *ok)
     arch_name(m, arch, sizeof arch);
     set(props, "mlm:name", json_string(m->name), ok);
     set(props, "mlm:architecture", json_string(arch), ok);
-    const char *tasks[] = {"classification"};
+    const char *tasks[] = {m->segmentation ? "semantic-segmentation" : "classification"};
     set(props, "mlm:tasks", strs(tasks, 1, ok), ok);
     set(props, "mlm:framework", json_string(m->framework ? m->framework : "PyTorch"), ok);
 
@@ -538,9 +544,13 @@ static void mlm_fields(json_t *props, const tw_stac_model *m, bool *ok)
     json_t *rshape = json_array();
     push(rshape, json_integer(-1), ok);
     push(rshape, json_integer(m->n_classes), ok);
+    if (m->segmentation) { /* a probability per class and pixel of the tile */
+        push(rshape, json_integer(m->tile), ok);
+        push(rshape, json_integer(m->tile), ok);
+    }
     set(rs, "shape", rshape, ok);
-    const char *rorder[] = {"batch", "class"};
-    set(rs, "dim_order", strs(rorder, 2, ok), ok);
+    const char *rorder[] = {"batch", "class", "height", "width"};
+    set(rs, "dim_order", strs(rorder, m->segmentation ? 4 : 2, ok), ok);
     set(rs, "data_type", json_string("float32"), ok);
     set(out, "result", rs, ok);
     int none[TW_MAX_CLASSES];

@@ -70,6 +70,9 @@ typedef struct tw_stac_model {
     const float *std;  /* [in_bands] */
     int n_classes;
     const char (*classes)[TW_NAME_MAX]; /* [n_classes] */
+    /* a segmentation model (mlm:tasks semantic-segmentation, a probability
+     * per class and pixel), else a classifier (classification, per tile) */
+    bool segmentation;
 } tw_stac_model;
 
 typedef struct tw_stac_item_params {

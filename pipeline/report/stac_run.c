@@ -86,6 +86,7 @@ tw_status tw_stac_run_item(const tw_run_params *p, const tw_resolved *m, const t
     bool named = p->input.n_assets == m->in_bands;
     tw_stac_model sm = {
         .name = name,
+        .segmentation = m->segmentation,
         .arch = m->arch,
         .framework = ext && strcmp(ext, ".onnx") == 0 ? "ONNX" : "PyTorch",
         .weights_href = href,
