@@ -261,6 +261,12 @@ static tw_status cpu_calibrate(void *ctx, const tw_infer_batch *b, const char *p
  * U-Net-ResNet34 and DeepLabV3-ResNet50 at 512 px (tw_seg_cpu_bytes less
  * the arena and the weights); counted generously. */
 #define CPU_SEG_SCRATCH ((size_t)8 << 20)
+/* What each op's primitive holds outside tw_alloc (its JIT-compiled kernel
+ * and descriptors): a segmentation net has one per op, twice a ResNet's
+ * convolutions, which the budget's margin was measured on. The demo U-Net
+ * peaked 1.4-2.1 MiB above the budget's worst case without it
+ * (bench/seg_memory.sh). */
+#define CPU_SEG_PER_OP ((size_t)128 << 10)
 
 static size_t cpu_seg_workspace_bytes(void *ctx, const tw_segnet *net, int tile, int max_batch)
 {
@@ -270,7 +276,7 @@ static size_t cpu_seg_workspace_bytes(void *ctx, const tw_segnet *net, int tile,
     tw_error e;
     tw_error_init(&e);
     if (tw_seg_cpu_batch_bytes(net, tile, 1, &all, &arena, &e) != TW_OK) return SIZE_MAX / 4;
-    return arena + net->weight_bytes + CPU_SEG_SCRATCH;
+    return arena + net->weight_bytes + CPU_SEG_SCRATCH + (size_t)net->n_ops * CPU_SEG_PER_OP;
 }
 
 static tw_status cpu_seg_reserve(void *ctx, const tw_segnet *net, int tile, int batch,

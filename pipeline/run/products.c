@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <gdal.h>
+
 #include "core/products.h"
 #include "io/output/gpkg.h"
 #include "io/output/polygons.h"
@@ -229,6 +231,26 @@ static void list_outputs(const tw_run_params *p, tw_input_result *res)
                      tw_product_suffix(files[i], p->output.vector_format == TW_VECTOR_FGB));
 }
 
+/* The writer's GeoTIFFs are tiled in 256 x 256 blocks and filled 16 rows
+ * at a time (the chunks' rows): a block that leaves GDAL's block cache
+ * before its 256 rows are in is compressed and written, then appended again
+ * at each later write. With the run's cache (sized for reading) a wide
+ * product was rewritten up to 16 times: a 4096 x 1024 prob.tif of 4 classes
+ * took 443 MB for 64 MiB of pixels, and an 8192 x 8192 one passed the
+ * classic TIFF's 4 GiB (a segmentation model's per-pixel products are the
+ * first this wide). The bytes one row of blocks of every raster product
+ * holds, on a grid w pixels wide. */
+static size_t block_row_bytes(const tw_run_params *p, const tw_resolved *m, int w)
+{
+    unsigned prod = p->output.products;
+    size_t per = 0;
+    if (prod & (TW_PRODUCT_CLASS | TW_PRODUCT_POLYGONS)) per += 1;
+    if (prod & TW_PRODUCT_PROB)
+        per += (size_t)m->n_classes * (p->output.prob_type == TW_PROB_UINT8 ? 1 : 4);
+    if (prod & (TW_PRODUCT_CONF | TW_PRODUCT_POLYGONS)) per += 4;
+    return (size_t)256 * (size_t)w * per;
+}
+
 tw_status tw_products_assemble(const tw_run_params *p, const tw_resolved *m,
                                const tw_raster_info *info, const char *source,
                                const char *config_json, size_t room, tw_parts *parts,
@@ -244,10 +266,16 @@ tw_status tw_products_assemble(const tw_run_params *p, const tw_resolved *m,
     memset(res->hist, 0, sizeof res->hist);
     res->nodata_cells = 0; /* assembly counts every cell again; the stitcher already did */
     /* (a segmentation model's cells are the input's pixels already) */
-    if ((a->rasters || a->polys) && p->output.resolution == TW_RESOLUTION_INPUT && !m->segmentation)
-        st = assemble_at_input(a, source, err);
-    else
-        st = assemble_cells(a, err);
+    bool at_input =
+        (a->rasters || a->polys) && p->output.resolution == TW_RESOLUTION_INPUT && !m->segmentation;
+    /* GDAL's cache holds a row of blocks while they fill (block_row_bytes),
+     * within what the budget leaves at assembly; as it was afterwards */
+    const GIntBig cache = GDALGetCacheMax64();
+    size_t want = block_row_bytes(p, m, at_input ? info->width : plan.grid_w);
+    want += want / 4 + ((size_t)4 << 20);
+    if ((GIntBig)want > cache && want - (size_t)cache <= room) GDALSetCacheMax64((GIntBig)want);
+    st = at_input ? assemble_at_input(a, source, err) : assemble_cells(a, err);
+    GDALSetCacheMax64(cache);
     if (st == TW_OK && a->polys) st = write_polygons(a, config_json, room, err);
     if (st == TW_OK) st = tw_parts_remove(parts, err);
     if (st != TW_OK) return st;

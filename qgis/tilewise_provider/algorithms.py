@@ -293,7 +293,11 @@ class ClassifyAlgorithm(_Base):
         return ("Classifies INPUT tile by tile with the model file (HDF5 bundle, safetensors "
                 "or ONNX) in bounded memory and writes a class map (colours and class names), "
                 "probabilities (one band per class) and what PRODUCTS asks into OUTPUT_FOLDER. "
-                "TILE 0 takes the model's tile size, STRIDE 0 the tile. BANDS, SCALE, MEAN and "
+                "A segmentation model (FCN, DeepLabV3, U-Net) gives a class per pixel, on the "
+                "input's grid, its overlapping tiles blended (cosine weights; tiling.blend and "
+                "tiling.margin through 'Run a tilewise workflow'). "
+                "TILE 0 takes the model's tile size, STRIDE 0 the model's default (a classifier: "
+                "the tile; a segmentation model: half a tile of overlap). BANDS, SCALE, MEAN and "
                 "STD are input.bands, input.scale, model.mean and model.std (empty: the model "
                 "file's, else all bands, 1, none). Cancel stops at a commit "
                 "point: run again with the same parameters to resume.")
@@ -307,7 +311,8 @@ class ClassifyAlgorithm(_Base):
             "TILE", "Tile size (pixels; 0 = the model's)", QgsProcessingParameterNumber.Integer,
             0, minValue=0))
         self.addParameter(QgsProcessingParameterNumber(
-            "STRIDE", "Stride (pixels; 0 = the tile; must divide it)",
+            "STRIDE",
+            "Stride (pixels; 0 = the model's default; a classifier's must divide the tile)",
             QgsProcessingParameterNumber.Integer, 0, minValue=0))
         self.addParameter(QgsProcessingParameterString(
             "BANDS", "Bands (1-based, in the model's order, e.g. 3,2,1; empty: the model's or all)",
