@@ -103,26 +103,27 @@ tw_status tw_backend_create_ex(const char *device, const tw_backend_params *para
                         device);
 }
 
-tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_batch,
-                             tw_precision prec, bool consume, const tw_log *log, tw_error *err)
+/* What one reserve tries: a classifier's or a segmentation model's. */
+typedef struct reserve_try {
+    tw_resnet *net;       /* a classifier (reserve), or */
+    const tw_segnet *seg; /* a segmentation model (seg_reserve) */
+    tw_precision prec;
+    bool consume;
+} reserve_try;
+
+/* The backend's reserve for *max_batch tiles, halving the batch after each
+ * TW_ERR_NOMEM down to 1 (the halvings silent; a lowered batch one notice),
+ * then b's reservation recorded with precision runs. */
+static tw_status reserve_halving(tw_backend *b, const reserve_try *t, int tile, int *max_batch,
+                                 tw_precision runs, const tw_log *log, tw_error *err)
 {
-    b->reserved = false;
-    if (tile < 1 || *max_batch < 1)
-        return tw_error_set(err, TW_ERR_INTERNAL, "%s backend: reserve for %d tiles of %d px",
-                            b->i->name, *max_batch, tile);
-    char why[512] = "";
-    tw_precision runs = prec;
-    if (!b->i->supports(b->ctx, net, tile, prec, &runs, why, sizeof why))
-        return tw_error_set(err, TW_ERR_CONFIG, "runtime.precision %s: the %s backend %s",
-                            tw_precision_name(prec), b->i->name, why);
-    if (runs != prec)
-        tw_log_printf(log, TW_LOG_NOTICE, "runtime.precision %s: %s; computing in %s",
-                      tw_precision_name(prec), why, tw_precision_name(runs));
     int batch = *max_batch;
     for (;;) {
         tw_error local;
         tw_error_init(&local);
-        tw_status st = b->i->reserve(b->ctx, net, tile, batch, runs, consume, &local);
+        tw_status st =
+            t->seg ? b->i->seg_reserve(b->ctx, t->seg, tile, batch, &local)
+                   : b->i->reserve(b->ctx, t->net, tile, batch, t->prec, t->consume, &local);
         if (st == TW_OK) break;
         if (st != TW_ERR_NOMEM || batch == 1) {
             /* only now record what went wrong (the halvings stay silent) */
@@ -142,6 +143,25 @@ tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_b
     b->max_batch = batch;
     b->precision = runs;
     return TW_OK;
+}
+
+tw_status tw_backend_reserve(tw_backend *b, tw_resnet *net, int tile, int *max_batch,
+                             tw_precision prec, bool consume, const tw_log *log, tw_error *err)
+{
+    b->reserved = false;
+    if (tile < 1 || *max_batch < 1)
+        return tw_error_set(err, TW_ERR_INTERNAL, "%s backend: reserve for %d tiles of %d px",
+                            b->i->name, *max_batch, tile);
+    char why[512] = "";
+    tw_precision runs = prec;
+    if (!b->i->supports(b->ctx, net, tile, prec, &runs, why, sizeof why))
+        return tw_error_set(err, TW_ERR_CONFIG, "runtime.precision %s: the %s backend %s",
+                            tw_precision_name(prec), b->i->name, why);
+    if (runs != prec)
+        tw_log_printf(log, TW_LOG_NOTICE, "runtime.precision %s: %s; computing in %s",
+                      tw_precision_name(prec), why, tw_precision_name(runs));
+    reserve_try t = {.net = net, .prec = runs, .consume = consume};
+    return reserve_halving(b, &t, tile, max_batch, runs, log, err);
 }
 
 bool tw_backend_segments(const tw_backend *b)
@@ -173,28 +193,8 @@ tw_status tw_backend_reserve_seg(tw_backend *b, const tw_segnet *net, int tile, 
                       "runtime.precision %s: segmentation models run in fp32 on the %s backend; "
                       "computing in fp32",
                       tw_precision_name(prec), b->i->name);
-    int batch = *max_batch;
-    for (;;) {
-        tw_error local;
-        tw_error_init(&local);
-        tw_status st = b->i->seg_reserve(b->ctx, net, tile, batch, &local);
-        if (st == TW_OK) break;
-        if (st != TW_ERR_NOMEM || batch == 1)
-            return tw_error_set(err, local.set ? local.status : st, "%s",
-                                local.set ? local.msg : "reserve failed");
-        batch /= 2;
-        b->batch_halvings++;
-    }
-    if (batch != *max_batch)
-        tw_log_printf(log, TW_LOG_NOTICE,
-                      "%s backend: batch lowered from %d to %d tiles (they did not fit in memory)",
-                      b->i->name, *max_batch, batch);
-    *max_batch = batch;
-    b->reserved = true;
-    b->tile = tile;
-    b->max_batch = batch;
-    b->precision = TW_PREC_FP32;
-    return TW_OK;
+    reserve_try t = {.seg = net, .prec = TW_PREC_FP32};
+    return reserve_halving(b, &t, tile, max_batch, TW_PREC_FP32, log, err);
 }
 
 static tw_status check_batch(const tw_backend *b, const tw_infer_batch *x, tw_error *err)

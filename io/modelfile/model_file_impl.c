@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/keys.h"
+
 /* Record a TW_ERR_MODEL message prefixed with the file name. */
 tw_status tw_model_error(tw_error *err, const char *path, const char *fmt, ...)
 {
@@ -30,20 +32,12 @@ tw_status tw_model_nomem(tw_error *err, const char *path, size_t bytes)
 /* Metadata shared by both formats. Values arrive as JSON (safetensors) or as
  * HDF5 attributes (bundle); both end in these checks. */
 
-static const char *const KNOWN_ARCHS[] = {"resnet18",           "resnet34",
-                                          "resnet50",           "resnet101",
-                                          "resnet152",          "resnext50_32x4d",
-                                          "resnext101_32x8d",   "resnext101_64x4d",
-                                          "wide_resnet50_2",    "wide_resnet101_2",
-                                          "fcn_resnet50",       "fcn_resnet101",
-                                          "deeplabv3_resnet50", "deeplabv3_resnet101",
-                                          "unet_resnet18",      "unet_resnet34",
-                                          "unet_resnet50",      "unet_resnet101"};
-
+/* The arch names a file may carry: model.arch's (core/keys.c, one list). */
 tw_status tw_model_set_arch(tw_model_file *mf, const char *arch, tw_error *err)
 {
-    for (size_t i = 0; i < sizeof KNOWN_ARCHS / sizeof KNOWN_ARCHS[0]; i++) {
-        if (strcmp(arch, KNOWN_ARCHS[i]) == 0) {
+    const tw_key *k = &tw_keys[TW_KEY_MODEL_ARCH];
+    for (int i = 0; i < k->n_names; i++) {
+        if (strcmp(arch, k->names[i]) == 0) {
             snprintf(mf->arch, sizeof mf->arch, "%s", arch);
             return TW_OK;
         }
