@@ -16,7 +16,12 @@ build without a sanitizer report.
   fresh copy of it and is signalled after a spread delay; one that exits
   75 is merged again to the end (exit 0).
 
-Release: 12 run tries and 5 merge tries. Under the sanitizers
+* AVX2 run (gemm_tries): oneDNN's JIT GEMM kernels, which a signal handled
+  on their thread corrupted the heap under (issue 39): ONEDNN_MAX_CPU_ISA=AVX2,
+  stride 8, SIGTERM at spread delays after the first chunk.
+
+Release: 12 run tries, 10 AVX2 tries (TW_STOP_STRESS_GEMM_TRIES) and 5 merge
+tries. Under the sanitizers
 (TW_SANITIZED) 8 and 3; `make test-tsan` runs it (8 and 3) under
 ThreadSanitizer too, where any report fails the try. TW_STOP_STRESS_TRIES sets the run tries (a long
 hunt by hand: 500).
