@@ -197,6 +197,11 @@ def main():
             check(same(outputs(gdal, out), outputs(gdal, slow_ref)),
                   "resumed single run equals one run", True)
         else:
+            # 0: it finished first (fine); anything else is a crash (issue 39:
+            # SIGABRT from a heap a signal frame overwrote) or a failure
+            check(p.returncode == 0,
+                  f"the interrupted run exits 75 (or 0, finished first), never by a signal: "
+                  f"exit {p.returncode} {err.strip()[-600:]}", True)
             print(f"note: the run finished before SIGTERM (exit {p.returncode}); "
                   "single-run refusal not exercised this time")
 

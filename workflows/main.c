@@ -20,6 +20,7 @@
  */
 #include <malloc.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,12 +99,34 @@ static void on_signal(int sig)
     __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
 }
 
+/* The thread that takes SIGINT, SIGTERM and SIGUSR1 (stop_on_signals). */
+static void *signal_thread(void *arg)
+{
+    const sigset_t *set = arg;
+    for (;;) {
+        int sig;
+        if (sigwait(set, &sig) == 0) on_signal(sig);
+    }
+    return NULL;
+}
+
 /* SIGINT, SIGTERM and SIGUSR1 set the stop flag. SA_RESTART: a system call
  * a signal interrupts in any thread (GDAL's, libtiff's, libcurl's reads,
  * writes and waits) is restarted rather than failing with EINTR, which
- * their callers may not expect. */
+ * their callers may not expect.
+ *
+ * They are taken by a thread of their own, and blocked in this one before
+ * it starts any other (the stage threads, the OpenMP team: they inherit
+ * the mask): a handler never runs on a thread that runs oneDNN. Its JIT
+ * GEMM kernels (the CPU backend's AVX2 path, inner products) point the
+ * stack pointer into a heap workspace while they run, so the kernel wrote
+ * the signal's frame there: the heap corrupted, the run ended in SIGABRT or
+ * SIGSEGV instead of exit 75 (issue 39; oneDNN issue 4845). The handler
+ * stays for threads a library started before this (OpenBLAS's). */
 static void stop_on_signals(void)
 {
+    static sigset_t set;
+    static bool started;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -112,6 +135,19 @@ static void stop_on_signals(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    if (started) return;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    pthread_t t;
+    if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) return;
+    if (pthread_create(&t, NULL, signal_thread, &set) != 0) {
+        pthread_sigmask(SIG_UNBLOCK, &set, NULL); /* the handler then, on any thread */
+        return;
+    }
+    pthread_detach(t);
+    started = true;
 }
 
 /* ---- help texts ---- */
@@ -906,7 +942,9 @@ static int print_help(const char *cmd)
  * are on disk (fsynced) before tilewise_run returns. Issue 39 saw two of
  * about 30 stopped runs crash after their last line ("free(): invalid
  * pointer", SIGSEGV): a clean stop must never end in a core dump, which a
- * SLURM requeue would not survive, whatever a library does at exit. */
+ * SLURM requeue would not survive, whatever a library does at exit. (The
+ * cause of those crashes was the signal's frame written into oneDNN's heap
+ * workspace: see stop_on_signals.) */
 static int leave_if_stopped(int rc)
 {
     if (rc != TILEWISE_EXIT_INTERRUPTED) return rc;
