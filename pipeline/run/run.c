@@ -502,6 +502,40 @@ int tw_run_normalize_threads(const tw_run_params *p, const tw_backend *be)
     return cores - used > 1 ? (int)(cores - used) : 1;
 }
 
+/* What a run says before its first tile: the skipped inputs, then the
+ * output checks' warnings and the advice validate gives (advice.h), logged
+ * and kept for run.json and the report; under --strict a warning refuses
+ * the run (TW_ERR_CONFIG). */
+static tw_status warn_before_first_tile(run_ctx *c, tw_run_result *r, tw_error *err)
+{
+    const tw_run_params *p = c->p;
+    for (int i = 0; i < p->input.n_paths; i++)
+        if (c->infos[i].skipped) {
+            char shown[TW_URL_SHOWN_MAX];
+            tw_url_redact(p->input.paths[i], shown, sizeof shown);
+            tw_log_printf(tw_run_log(c), TW_LOG_WARNING,
+                          "skipping input %s (input.on_error: skip): %s", shown,
+                          c->infos[i].skip_reason);
+        }
+    tw_run_checks_advice(c, &r->advice);
+    tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
+    if (!a) return tw_error_set(err, TW_ERR_NOMEM, "out of memory");
+    tw_advice_collect(p, &c->m, a);
+    for (int i = 0; i < a->n && r->advice.n < TW_ADVICE_MAX; i++)
+        if (a->items[i].warning) {
+            r->advice.items[r->advice.n++] = a->items[i];
+            r->advice.n_warnings++;
+        }
+    tw_free(a);
+    for (int i = 0; i < r->advice.n; i++)
+        tw_log_printf(tw_run_log(c), TW_LOG_WARNING, "%s", r->advice.items[i].text);
+    if (p->strict && r->advice.n_warnings > 0)
+        return tw_error_set(
+            err, TW_ERR_CONFIG, "--strict: %d warning%s before the first tile, the first: %s",
+            r->advice.n_warnings, r->advice.n_warnings == 1 ? "" : "s", r->advice.items[0].text);
+    return TW_OK;
+}
+
 /* The run proper: tw_run inside the run's allocator scope. */
 static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
                             tw_run_result **result, tw_error *err);
@@ -542,36 +576,7 @@ static tw_status run_scoped(const tw_run_params *p, const tw_run_hooks *hooks,
     c->p = p;
     c->hooks = hooks;
     tw_status st = tw_run_prepare(c, p, p->quiet, err);
-    if (st == TW_OK) /* skipped inputs are said before the work starts */
-        for (int i = 0; i < p->input.n_paths; i++)
-            if (c->infos[i].skipped) {
-                char shown[TW_URL_SHOWN_MAX];
-                tw_url_redact(p->input.paths[i], shown, sizeof shown);
-                tw_log_printf(tw_run_log(c), TW_LOG_WARNING,
-                              "skipping input %s (input.on_error: skip): %s", shown,
-                              c->infos[i].skip_reason);
-            }
-    /* Warnings before the first tile: the output checks', then the advice
-     * validate gives (advice.h), logged, kept for run.json and the report,
-     * and under --strict a refusal. */
-    if (st == TW_OK) tw_run_checks_advice(c, &r->advice);
-    if (st == TW_OK) {
-        tw_advice *a = tw_alloc(TW_MEM_OTHER, sizeof *a);
-        if (!a) st = tw_error_set(err, TW_ERR_NOMEM, "out of memory");
-        if (a) tw_advice_collect(p, &c->m, a);
-        for (int i = 0; a && i < a->n && r->advice.n < TW_ADVICE_MAX; i++)
-            if (a->items[i].warning) {
-                r->advice.items[r->advice.n++] = a->items[i];
-                r->advice.n_warnings++;
-            }
-        tw_free(a);
-    }
-    for (int i = 0; st == TW_OK && i < r->advice.n; i++)
-        tw_log_printf(tw_run_log(c), TW_LOG_WARNING, "%s", r->advice.items[i].text);
-    if (st == TW_OK && p->strict && r->advice.n_warnings > 0)
-        st = tw_error_set(
-            err, TW_ERR_CONFIG, "--strict: %d warning%s before the first tile, the first: %s",
-            r->advice.n_warnings, r->advice.n_warnings == 1 ? "" : "s", r->advice.items[0].text);
+    if (st == TW_OK) st = warn_before_first_tile(c, r, err);
     if (st == TW_OK) {
         r->model = c->m;
         snprintf(r->backend, sizeof r->backend, "%s", c->be.i->name);
