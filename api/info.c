@@ -195,7 +195,7 @@ static void model_text(const json_t *f, FILE *out)
         return;
     }
     const json_t *o = json_object_get(f, "onnx");
-    json_t *mean = json_object_get(f, "mean"), *std = json_object_get(f, "std");
+    json_t *mean = json_object_get(f, "mean");
     json_t *v;
     size_t i;
     fprintf(out, "model:      %s\n", tw_info_get_str(f, "path"));
@@ -262,23 +262,7 @@ static void model_text(const json_t *f, FILE *out)
     }
     fprintf(out, "features:   %lld (the embedding width D)\n", tw_info_get_int(f, "features"));
     fprintf(out, "parameters: %lld\n", tw_info_get_int(f, "parameters"));
-    if (!isnan(tw_info_get_num(f, "scale")))
-        fprintf(out, "scale:      %g\n", tw_info_get_num(f, "scale"));
-    if (json_array_size(mean)) {
-        fprintf(out, "mean:      ");
-        json_array_foreach(mean, i, v) fprintf(out, " %g", json_number_value(v));
-        fputc('\n', out);
-    }
-    if (json_array_size(std)) {
-        fprintf(out, "std:       ");
-        json_array_foreach(std, i, v) fprintf(out, " %g", json_number_value(v));
-        fputc('\n', out);
-    }
-    if (!json_array_size(mean) && !json_array_size(std))
-        fprintf(out, "normalize:  not in the file (give model.mean and model.std)\n");
-    if (json_is_integer(json_object_get(f, "tile")))
-        fprintf(out, "tile:       %lld\n", tw_info_get_int(f, "tile"));
-    fprintf(out, "sha256:     %s\n", tw_info_get_str(f, "sha256"));
+    tw_info_norm_text(f, out);
     const char *checksum = tw_info_get_str(f, "checksum");
     fprintf(out, "checksum:   %s\n",
             strcmp(checksum, "verified") == 0 ? "verified (the tensors match tensors_sha256)"

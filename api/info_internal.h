@@ -39,6 +39,10 @@ long long tw_info_get_int(const json_t *o, const char *key);
 double tw_info_get_num(const json_t *o, const char *key);
 bool tw_info_get_bool(const json_t *o, const char *key);
 bool tw_info_shown(const json_t *o, const char *key, const char *fmt, char *buf, size_t size);
+/* A model's text lines from "scale" to "sha256" (scale, mean, std or that
+ * the file has none, tile, sha256): a classifier's and a segmentation
+ * model's alike. */
+void tw_info_norm_text(const json_t *f, FILE *out);
 
 /* (info_stac.c) Whether path names a STAC item or collection a run writes
  * (*.stac.json, collection.json); its facts (*facts: the caller's, to

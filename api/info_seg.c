@@ -90,23 +90,6 @@ void tw_info_seg_text(const json_t *f, FILE *out)
     json_array_foreach(classes, i, v) fprintf(out, "%s%s", i ? ", " : " (", json_string_value(v));
     fprintf(out, "%s\n", json_array_size(classes) ? ")" : "");
     fprintf(out, "parameters: %lld\n", tw_info_get_int(f, "parameters"));
-    if (!isnan(tw_info_get_num(f, "scale")))
-        fprintf(out, "scale:      %g\n", tw_info_get_num(f, "scale"));
-    json_t *mean = json_object_get(f, "mean"), *std = json_object_get(f, "std");
-    if (json_array_size(mean)) {
-        fprintf(out, "mean:      ");
-        json_array_foreach(mean, i, v) fprintf(out, " %g", json_number_value(v));
-        fputc('\n', out);
-    }
-    if (json_array_size(std)) {
-        fprintf(out, "std:       ");
-        json_array_foreach(std, i, v) fprintf(out, " %g", json_number_value(v));
-        fputc('\n', out);
-    }
-    if (!json_array_size(mean) && !json_array_size(std))
-        fprintf(out, "normalize:  not in the file (give model.mean and model.std)\n");
-    if (json_is_integer(json_object_get(f, "tile")))
-        fprintf(out, "tile:       %lld\n", tw_info_get_int(f, "tile"));
-    fprintf(out, "sha256:     %s\n", tw_info_get_str(f, "sha256"));
+    tw_info_norm_text(f, out);
     fprintf(out, "checksum:   %s\n", tw_info_get_str(f, "checksum"));
 }
